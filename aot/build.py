@@ -1,0 +1,213 @@
+"""Ahead-of-time build of the FlashAttention cubins and the generated C++ kernel table.
+
+Runs at package build time on a machine with no GPU: `triton.compile` with an explicit
+`GPUTarget` (ptxas ships in the triton wheel). Each compiled variant is cached under a key of
+(kernel source, Triton version, variant, tile config, arch), so unchanged kernels are not
+recompiled across builds.
+
+    python aot/build.py --archs 80,90 --out BUILD/aot [--cache DIR] [--jobs N]
+
+Writes into --out: one .cubin per (variant, arch), `kernels.gen.S` (embeds them with .incbin),
+`kernel_table.gen.cc` (the table cpp/kernel_registry.cc searches) and `manifest.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import flash_fwd  # noqa: E402
+from variants import (DTYPE_CODES, MASK_KINDS, TRITON_VERSION, TileConfig, Variant,  # noqa: E402
+                      all_variants, get_fwd_config)
+
+# Largest dynamic shared memory a block may use, per arch (bytes).
+SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+# Launch ABI: the kernel's non-constexpr parameters, in order. cpp/cuda_launch.cc fills exactly
+# these (the generated table static_asserts the count); two null scratch pointers follow.
+POINTER_ARGS = ("Q", "K", "V", "Y", "Lse", "Mask", "SeqlensK")
+STRIDE_ARGS = tuple(f"stride_{t}{d}" for t in "qkvy" for d in ("b", "h", "m" if t in "qy" else "n"))
+SEQ_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_ym"}
+
+
+def _dtype_sig(dtype: str) -> str:
+    return {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}[dtype]
+
+
+def signature(v: Variant) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) for ASTSource."""
+    params = inspect.signature(flash_fwd.flash_fwd.fn).parameters
+    arg_names = params.keys()
+    t = _dtype_sig(v.dtype)
+    mask_t = {"none": "*i8", "bool": "*i8", "add": t}[v.mask]
+    sig = {}
+    for name in arg_names:
+        if name in ("Q", "K", "V", "Y"):
+            sig[name] = t
+        elif name == "Lse":
+            sig[name] = "*fp32"
+        elif name == "Mask":
+            sig[name] = mask_t
+        elif name == "SeqlensK":
+            sig[name] = "*i64"
+        elif name in ("scale", "softcap"):
+            sig[name] = "fp32"
+        elif name.startswith("stride_"):
+            sig[name] = "i64"
+        elif "constexpr" in str(params[name].annotation):
+            sig[name] = "constexpr"
+        else:
+            sig[name] = "i32"
+    names = list(arg_names)
+    attrs = {}
+    for name in ("Q", "K", "V", "Y", "Lse"):
+        attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+    if v.even_d:
+        for name in STRIDE_ARGS:
+            attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+    return sig, attrs, names
+
+
+def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    v, arch, cfg, cache_dir = job
+    key = cache_key(v, arch, cfg)
+    cached = Path(cache_dir) / key
+    if (cached / "kernel.cubin").exists() and (cached / "meta.json").exists():
+        meta = json.loads((cached / "meta.json").read_text())
+        meta.update(cached=True, cubin=str(cached / "kernel.cubin"))
+        return meta
+    sig, attrs, names = signature(v)
+    constexprs = {
+        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
+        "BLOCK_DV": v.head_dim, "EVEN_D": v.even_d, "IS_CAUSAL": v.causal,
+        "MASK_KIND": MASK_KINDS[v.mask], "EXTRAS": v.extras, "DOT_PRECISION": v.precision,
+    }
+    src = ASTSource(fn=flash_fwd.flash_fwd, signature=sig, constexprs=constexprs, attrs=attrs)
+    target = GPUTarget("cuda", arch, 32)
+    compiled = triton.compile(src, target=target,
+                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    md = compiled.metadata
+    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+        raise RuntimeError(f"{v.name} sm_{arch}: kernels needing scratch memory are not supported")
+    limit = SMEM_LIMIT.get(arch, 99 * 1024)
+    if md.shared > limit:
+        raise RuntimeError(f"{v.name} sm_{arch}: {md.shared} B shared memory exceeds {limit} B; "
+                           f"shrink its tile in aot/variants.py")
+    runtime_args = [n for n in names if sig[n] != "constexpr"]
+    meta = {
+        "variant": v.name, "arch": arch, "kernel_name": md.name, "num_warps": md.num_warps,
+        "shared": md.shared, "block_m": cfg.block_m, "block_n": cfg.block_n,
+        "num_stages": cfg.num_stages, "args": runtime_args, "triton": triton.__version__,
+    }
+    cached.mkdir(parents=True, exist_ok=True)
+    tmp = cached / "kernel.cubin.tmp"
+    tmp.write_bytes(compiled.asm["cubin"])
+    os.replace(tmp, cached / "kernel.cubin")
+    (cached / "meta.json").write_text(json.dumps(meta, indent=1))
+    meta.update(cached=False, cubin=str(cached / "kernel.cubin"))
+    return meta
+
+
+def source_hash() -> str:
+    """The kernel source and this script (it decides signatures and hints)."""
+    h = hashlib.sha256(Path(flash_fwd.__file__).read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
+    h = hashlib.sha256()
+    for part in (source_hash(), TRITON_VERSION, repr(v), repr(cfg), str(arch)):
+        h.update(part.encode())
+    return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"
+
+
+def _cxx_bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
+    out.mkdir(parents=True, exist_ok=True)
+    asm = ["/* Generated by aot/build.py; do not edit. Embeds the AOT-compiled cubins. */",
+           '\t.section .rodata']
+    rows = []
+    for i, m in enumerate(metas):
+        v = variants[m["variant"]]
+        cfg = TileConfig(m["block_m"], m["block_n"], m["num_warps"], m["num_stages"])
+        dst = out / f"{v.name}.sm{m['arch']}.cubin"
+        dst.write_bytes(Path(m.pop("cubin")).read_bytes())
+        sym = f"ort_flash_cubin_{i}"
+        asm += [f"\t.global {sym}", f"\t.global {sym}_end", "\t.balign 16", f"{sym}:",
+                f'\t.incbin "{dst.resolve()}"', f"{sym}_end:", "\t.byte 0"]
+        rows.append((sym, m, v, cfg))
+    asm.append('\t.section .note.GNU-stack,"",@progbits')
+    (out / "kernels.gen.S").write_text("\n".join(asm) + "\n")
+
+    nargs = len(metas[0]["args"]) if metas else 0
+    cc = ["// Generated by aot/build.py; do not edit. The AOT kernel table.",
+          '#include "kernel_table.h"', "", "extern \"C\" {"]
+    for sym, *_ in rows:
+        cc.append(f"extern const unsigned char {sym}[];")
+        cc.append(f"extern const unsigned char {sym}_end[];")
+    cc += ["}", "", "namespace ort_flash {", "",
+           f"static_assert(kLaunchArgCount == {nargs}, \"aot/flash_fwd.py's runtime arguments "
+           "changed: update cpp/cuda_launch.cc\");", "",
+           "static const KernelEntry kEntries[] = {"]
+    for sym, m, v, cfg in rows:
+        cc.append(
+            f"  {{{{DType({DTYPE_CODES[v.dtype]}), {v.head_dim}, {_cxx_bool(v.even_d)}, "
+            f"{_cxx_bool(v.causal)}, MaskKind({MASK_KINDS[v.mask]}), {_cxx_bool(v.extras)}, "
+            f"Fp32Precision({('ieee', 'tf32x3', 'tf32').index(v.precision) if v.dtype == 'fp32' else 0})}}, "
+            f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
+            f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end}},")
+    cc += ["};", "",
+           "const KernelEntry* kernel_table(size_t* count) {",
+           "  *count = sizeof(kEntries) / sizeof(kEntries[0]);",
+           "  return kEntries;", "}", "",
+           f"const char* kernel_table_triton_version() {{ return \"{TRITON_VERSION}\"; }}", "",
+           "}  // namespace ort_flash", ""]
+    (out / "kernel_table.gen.cc").write_text("\n".join(cc))
+    (out / "manifest.json").write_text(json.dumps(
+        {"triton": TRITON_VERSION, "source_sha256": source_hash(), "kernels": metas}, indent=1))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--archs", default="80,90", help="comma-separated SM versions, e.g. 80,90")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--cache", type=Path, default=Path(os.environ.get(
+        "ORT_FLASH_AOT_CACHE", Path.home() / ".cache" / "ort_flash" / "aot")))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args(argv)
+
+    import triton
+    if triton.__version__ != TRITON_VERSION:
+        print(f"aot/build.py: Triton {triton.__version__} found, kernels are pinned to "
+              f"{TRITON_VERSION}; install triton=={TRITON_VERSION}", file=sys.stderr)
+        return 1
+    archs = [int(a.strip().replace("sm_", "")) for a in args.archs.replace(";", ",").split(",") if a.strip()]
+    variants = {v.name: v for v in all_variants()}
+    jobs = [(v, arch, get_fwd_config(arch, v), str(args.cache)) for arch in archs for v in variants.values()]
+    args.cache.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        metas = list(pool.map(_compile_one, jobs))
+    fresh = sum(not m.pop("cached") for m in metas)
+    write_outputs(args.out, metas, variants)
+    print(f"aot/build.py: {len(metas)} kernels for sm_{', sm_'.join(map(str, archs))} "
+          f"({fresh} compiled, {len(metas) - fresh} from cache {args.cache})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The FlashAttention forward kernel family, the source of truth for every cubin.
+
+One Triton kernel, specialized through constexpr flags (dtype by pointer type, head-dim bucket,
+causal, mask kind, the "extras" group: windows, softcap and per-batch key lengths). It follows
+ort_flash's op contract (cpp/flash_params.h): query row i of batch b sits at absolute position
+i + offset_b and attends key j when j < key_end_b, causal (j <= pos), windows and the mask allow.
+
+Program grid: (cdiv(Sq, BLOCK_M), B * Hq). Online softmax in base 2 with the scale folded into
+one multiplier, fp32 accumulation, int64 offsets.
+"""
+import triton
+import triton.language as tl
+
+MASK_NONE = tl.constexpr(0)
+MASK_BOOL = tl.constexpr(1)
+MASK_ADD = tl.constexpr(2)
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def flash_fwd(
+    Q, K, V, Y, Lse, Mask, SeqlensK,
+    scale, softcap,
+    Hq, group, Sq, Skv, D, Dv, offset, window_left, window_right, mask_len, has_seqlens, store_lse,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_yb, stride_yh, stride_ym,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hq
+    h = pid_bh % Hq
+    hk = h // group
+
+    b64 = b.to(tl.int64)
+    q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+    y_base = Y + b64 * stride_yb + h.to(tl.int64) * stride_yh
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    # Key range of this batch and of this block of queries.
+    key_end = Skv
+    off = offset
+    if EXTRAS:
+        if has_seqlens != 0:
+            nonpad = tl.load(SeqlensK + b).to(tl.int32)
+            key_end = tl.minimum(key_end, nonpad)
+            off = nonpad - Sq
+    if MASK_KIND != MASK_NONE:
+        key_end = tl.minimum(key_end, mask_len)
+    pos_lo = pid_m * BLOCK_M + off
+    pos_hi = tl.minimum((pid_m + 1) * BLOCK_M, Sq) - 1 + off
+    lo = 0
+    hi = key_end
+    if IS_CAUSAL:
+        hi = tl.minimum(hi, pos_hi + 1)
+    if EXTRAS:
+        if window_right >= 0:
+            hi = tl.minimum(hi, pos_hi + window_right + 1)
+        if window_left >= 0:
+            lo = tl.maximum(0, pos_lo - window_left)
+            lo = (lo // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, lo)
+
+    row_ok = offs_m < Sq
+    if EVEN_D:
+        q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :],
+                    mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+
+    qk_scale = scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    pos = offs_m + off
+
+    if MASK_KIND != MASK_NONE:
+        m_base = Mask + b64 * stride_mb + h.to(tl.int64) * stride_mh \
+            + offs_m[:, None].to(tl.int64) * stride_mm
+
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < hi
+        if EVEN_D:
+            k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
+                        mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
+                        mask=col_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
+                        mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
+                        mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if EXTRAS:
+            if softcap > 0:
+                # c * tanh(x / c) = c * (1 - 2 / (exp(2x / c) + 1)), stable at both ends.
+                x = s * (scale / softcap)
+                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0))
+                s = s * 1.4426950408889634
+            else:
+                s = s * qk_scale
+        else:
+            s = s * qk_scale
+        keep = col_ok[None, :]
+        if IS_CAUSAL:
+            keep = keep & (cols[None, :] <= pos[:, None])
+        if EXTRAS:
+            if window_left >= 0:
+                keep = keep & (cols[None, :] >= pos[:, None] - window_left)
+            if window_right >= 0:
+                keep = keep & (cols[None, :] <= pos[:, None] + window_right)
+        if MASK_KIND == MASK_BOOL:
+            mv = tl.load(m_base + cols[None, :].to(tl.int64) * stride_mn,
+                         mask=row_ok[:, None] & col_ok[None, :], other=0)
+            keep = keep & (mv != 0)
+        if MASK_KIND == MASK_ADD:
+            mv = tl.load(m_base + cols[None, :].to(tl.int64) * stride_mn,
+                         mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            mv = mv.to(tl.float32)
+            # Clamp huge finite negatives (fp32 finfo.min) so the base-2 rescale cannot overflow
+            # them to -inf; -inf stays -inf. Either way such keys get weight 0 unless the whole
+            # row is equally masked, where both give the same uniform weights.
+            mv = tl.where(mv == float("-inf"), mv, tl.maximum(mv, -1.0e30))
+            s = s + mv * 1.4426950408889634
+        s = tl.where(keep, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    y_ptrs = y_base + offs_m[:, None].to(tl.int64) * stride_ym + offs_dv[None, :]
+    if EVEN_D:
+        tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < Dv))
+    if store_lse != 0:
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+        tl.store(Lse + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)

@@ -1,0 +1,27 @@
+# Runs aot/build.py (Triton, no GPU needed) to compile the FlashAttention cubins for
+# ORT_FLASH_CUDA_ARCHS and generate the kernel table. Compiled kernels are cached by
+# (kernel source, Triton version, variant, tile, arch) in ORT_FLASH_CACHE_DIR/aot.
+
+set(ORT_FLASH_AOT_DIR "${CMAKE_BINARY_DIR}/aot")
+if(NOT ORT_FLASH_CACHE_DIR)
+  if(DEFINED ENV{ORT_FLASH_CACHE_DIR})
+    set(ORT_FLASH_CACHE_DIR "$ENV{ORT_FLASH_CACHE_DIR}")
+  else()
+    set(ORT_FLASH_CACHE_DIR "$ENV{HOME}/.cache/ort_flash")
+  endif()
+endif()
+string(REPLACE ";" "," _archs "${ORT_FLASH_CUDA_ARCHS}")
+set(_aot_sources
+  "${PROJECT_SOURCE_DIR}/aot/build.py"
+  "${PROJECT_SOURCE_DIR}/aot/flash_fwd.py"
+  "${PROJECT_SOURCE_DIR}/aot/variants.py")
+add_custom_command(
+  OUTPUT "${ORT_FLASH_AOT_DIR}/kernels.gen.S" "${ORT_FLASH_AOT_DIR}/kernel_table.gen.cc"
+         "${ORT_FLASH_AOT_DIR}/manifest.json"
+  COMMAND "${Python_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/aot/build.py" --archs "${_archs}"
+          --out "${ORT_FLASH_AOT_DIR}" --cache "${ORT_FLASH_CACHE_DIR}/aot"
+  DEPENDS ${_aot_sources}
+  COMMENT "AOT-compiling FlashAttention kernels with Triton for sm ${ORT_FLASH_CUDA_ARCHS}"
+  VERBATIM)
+add_custom_target(ort_flash_aot DEPENDS "${ORT_FLASH_AOT_DIR}/kernels.gen.S"
+                                        "${ORT_FLASH_AOT_DIR}/kernel_table.gen.cc")

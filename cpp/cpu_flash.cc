@@ -1,0 +1,371 @@
+// FlashAttention-2 style forward pass on the CPU (see cpu_flash.h).
+//
+// Work item = (batch, kv head, tile of query rows). The rows of a tile are the packed
+// (query i, q head of the kv head's group) pairs in i-major order, so a decode step of a GQA
+// group shares one pass over K/V and a causal tile covers few distinct query positions. For
+// each key block (kBlockN keys) of the tile's attended key range, K^T and V are converted to
+// fp32 tile buffers, scores S = (scale * Q) K^T are formed with vectorizable loops, and every
+// row updates its running max m, sum l and output accumulator (online softmax, fp32).
+// Nothing of size Sq x Skv exists; the buffers are O(tile) and allocated once per task.
+//
+// Build with -O3 (auto-vectorization); never with -ffast-math / -ffinite-math-only: the
+// masking relies on IEEE -inf arithmetic.
+#include "cpu_flash.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ort_flash {
+namespace {
+
+constexpr int64_t kMaxRows = 64;   // query rows per tile, at most
+constexpr int64_t kMinRows = 8;    // tiles shrink down to this to give the pool enough tasks
+constexpr int64_t kMinTasks = 16;
+constexpr int64_t kBlockN = 64;    // keys per block
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+
+// ---- fp16 / bf16 <-> fp32 (stores round to nearest even) -----------------------------------
+
+struct Half { uint16_t bits; };
+struct BFloat16 { uint16_t bits; };
+
+inline float from_bits(uint32_t u) { float f; std::memcpy(&f, &u, sizeof f); return f; }
+inline uint32_t to_bits(float f) { uint32_t u; std::memcpy(&u, &f, sizeof u); return u; }
+
+inline float to_float(float x) { return x; }
+inline float to_float(BFloat16 x) { return from_bits(uint32_t(x.bits) << 16); }
+inline float to_float(Half x) {
+  const uint32_t sign = uint32_t(x.bits & 0x8000u) << 16;
+  const uint32_t em = x.bits & 0x7fffu;
+  uint32_t u;
+  if (em >= 0x7c00u) {
+    u = 0x7f800000u | ((em & 0x3ffu) << 13);          // inf, nan (payload kept)
+  } else if (em >= 0x0400u) {
+    u = (em << 13) + ((127u - 15u) << 23);            // normal: rebias the exponent
+  } else {
+    u = to_bits(float(em) * from_bits(0x33800000u));  // zero, subnormal: em * 2^-24, exact
+  }
+  return from_bits(sign | u);
+}
+
+inline void store(float x, float* out) { *out = x; }
+inline void store(float x, BFloat16* out) {
+  uint32_t u = to_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    out->bits = uint16_t((u >> 16) | 0x40u);  // quiet nan
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  out->bits = uint16_t(u >> 16);
+}
+inline void store(float x, Half* out) {
+  uint32_t u = to_bits(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  uint32_t h;
+  if (u >= 0x47800000u) {          // |x| >= 2^16, inf, nan
+    h = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (u < 0x38800000u) {    // |x| < 2^-14: fp16 subnormal; the fp32 add rounds at 2^-24
+    h = to_bits(from_bits(u) + 0.5f) - 0x3f000000u;
+  } else {                         // normal: rebias, round half to even (may carry into inf)
+    u += 0xc8000fffu + ((u >> 13) & 1u);
+    h = u >> 13;
+  }
+  out->bits = uint16_t(h | sign);
+}
+
+// ---- int64 helpers -------------------------------------------------------------------------
+
+inline int64_t sat_add(int64_t a, int64_t b) {
+  if (b > 0 && a > kInt64Max - b) return kInt64Max;
+  if (b < 0 && a < kInt64Min - b) return kInt64Min;
+  return a + b;
+}
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- the tile worker -----------------------------------------------------------------------
+
+struct Row {
+  int64_t q_off, y_off, lse_off, mask_off;  // element offsets of (b, h, i, 0)
+  int64_t lo, hi;                            // keys [lo, hi) pass the positional rules
+};
+
+template <class T>
+class TileWorker {
+ public:
+  TileWorker(const FlashParams& p, int64_t tile_rows)
+      : p_(p),
+        group_(p.hq / p.hkv),
+        tiles_(ceil_div(group_ * p.sq, tile_rows)),
+        tile_rows_(tile_rows),
+        qs_(size_t(tile_rows * p.d)),
+        kt_(size_t(p.d * kBlockN)),
+        vb_(size_t(kBlockN * p.dv)),
+        s_(size_t(tile_rows * kBlockN)),
+        acc_(size_t(tile_rows * p.dv)),
+        m_(size_t(tile_rows)),
+        l_(size_t(tile_rows)),
+        rows_(size_t(tile_rows)) {}
+
+  void run(int64_t item) {
+    const int64_t t = item % tiles_;
+    const int64_t hk = (item / tiles_) % p_.hkv;
+    const int64_t b = item / tiles_ / p_.hkv;
+    const int64_t n0 = t * tile_rows_;
+    const int64_t nrows = std::min(tile_rows_, group_ * p_.sq - n0);
+    int64_t lo = kInt64Max, hi = kInt64Min;
+    for (int64_t r = 0; r < nrows; ++r) {
+      Row& row = rows_[size_t(r)];
+      set_row(row, b, hk * group_ + (n0 + r) % group_, (n0 + r) / group_);
+      if (row.lo < row.hi) {
+        lo = std::min(lo, row.lo);
+        hi = std::max(hi, row.hi);
+      }
+    }
+    start_tile(nrows);
+    const int64_t k_base = b * p_.k_stride[0] + hk * p_.k_stride[1];
+    const int64_t v_base = b * p_.v_stride[0] + hk * p_.v_stride[1];
+    for (int64_t kb = lo; kb < hi; kb += kBlockN) {
+      const int64_t nb = std::min(kBlockN, hi - kb);
+      bool any = false;
+      for (int64_t r = 0; r < nrows; ++r) any |= overlaps(rows_[size_t(r)], kb, nb);
+      if (!any) continue;  // a gap between the rows' windows
+      load_kv(k_base, v_base, kb, nb);
+      scores(nrows, kb, nb);
+      for (int64_t r = 0; r < nrows; ++r) softmax_update(r, kb, nb);
+    }
+    finish_tile(nrows);
+  }
+
+ private:
+  static bool overlaps(const Row& row, int64_t kb, int64_t nb) {
+    return row.lo < kb + nb && row.hi > kb && row.lo < row.hi;
+  }
+
+  void set_row(Row& row, int64_t b, int64_t h, int64_t i) const {
+    row.q_off = b * p_.q_stride[0] + h * p_.q_stride[1] + i * p_.q_stride[2];
+    row.y_off = b * p_.y_stride[0] + h * p_.y_stride[1] + i * p_.y_stride[2];
+    row.lse_off = (b * p_.hq + h) * p_.sq + i;
+    row.mask_off = b * p_.mask_stride[0] + h * p_.mask_stride[1] + i * p_.mask_stride[2];
+    int64_t hi = p_.skv;
+    int64_t offset = p_.offset;
+    if (p_.seqlens_k != nullptr) {
+      hi = std::min(hi, p_.seqlens_k[b]);
+      offset = sat_add(p_.seqlens_k[b], -p_.sq);
+    }
+    if (p_.mask_kind != MaskKind::kNone) hi = std::min(hi, p_.mask_len);
+    const int64_t pos = sat_add(i, offset);
+    if (p_.causal) hi = std::min(hi, sat_add(pos, 1));
+    if (p_.window_right >= 0) hi = std::min(hi, sat_add(sat_add(pos, p_.window_right), 1));
+    row.lo = p_.window_left >= 0 ? std::max<int64_t>(0, sat_add(pos, -p_.window_left)) : 0;
+    row.hi = hi;
+  }
+
+  void start_tile(int64_t nrows) {
+    const T* q = static_cast<const T*>(p_.q);
+    const int64_t d = p_.d;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const T* src = q + rows_[size_t(r)].q_off;
+      float* dst = qs_.data() + r * d;
+      for (int64_t e = 0; e < d; ++e) dst[e] = p_.scale * to_float(src[e]);
+      m_[size_t(r)] = kNegInf;
+      l_[size_t(r)] = 0.0f;
+    }
+    std::fill(acc_.begin(), acc_.begin() + nrows * p_.dv, 0.0f);
+  }
+
+  // kt_ = K[kb:kb+nb]^T (zero columns past nb), vb_ = V[kb:kb+nb], both fp32.
+  void load_kv(int64_t k_base, int64_t v_base, int64_t kb, int64_t nb) {
+    const T* k = static_cast<const T*>(p_.k) + k_base;
+    const T* v = static_cast<const T*>(p_.v) + v_base;
+    const int64_t d = p_.d, dv = p_.dv;
+    for (int64_t j = 0; j < nb; ++j) {
+      const T* kr = k + (kb + j) * p_.k_stride[2];
+      for (int64_t e = 0; e < d; ++e) kt_[size_t(e * kBlockN + j)] = to_float(kr[e]);
+      const T* vr = v + (kb + j) * p_.v_stride[2];
+      float* vd = vb_.data() + j * dv;
+      for (int64_t e = 0; e < dv; ++e) vd[e] = to_float(vr[e]);
+    }
+    if (nb < kBlockN) {
+      for (int64_t e = 0; e < d; ++e)
+        std::fill(kt_.begin() + e * kBlockN + nb, kt_.begin() + (e + 1) * kBlockN, 0.0f);
+    }
+  }
+
+  // s_[r, :] = qs_[r, :] . kt_ for the tile's rows, four rows per pass over kt_.
+  void scores(int64_t nrows, int64_t kb, int64_t nb) {
+    const int64_t d = p_.d;
+    const float* kt = kt_.data();
+    for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
+      const int64_t nr = std::min<int64_t>(4, nrows - r0);
+      bool any = false;
+      for (int64_t r = r0; r < r0 + nr; ++r) any |= overlaps(rows_[size_t(r)], kb, nb);
+      if (!any) continue;
+      float t[4][kBlockN] = {};
+      const float* q0 = qs_.data() + r0 * d;
+      const float* q1 = q0 + (nr > 1 ? d : 0);
+      const float* q2 = q0 + (nr > 2 ? 2 * d : 0);
+      const float* q3 = q0 + (nr > 3 ? 3 * d : 0);
+      for (int64_t e = 0; e < d; ++e) {
+        const float a0 = q0[e], a1 = q1[e], a2 = q2[e], a3 = q3[e];
+        const float* kr = kt + e * kBlockN;
+        for (int64_t j = 0; j < kBlockN; ++j) {
+          t[0][j] += a0 * kr[j];
+          t[1][j] += a1 * kr[j];
+          t[2][j] += a2 * kr[j];
+          t[3][j] += a3 * kr[j];
+        }
+      }
+      for (int64_t r = 0; r < nr; ++r)
+        std::memcpy(s_.data() + (r0 + r) * kBlockN, t[r], sizeof(float) * kBlockN);
+    }
+  }
+
+  // Softcap, masks, then the online-softmax update of row r with keys [kb, kb + nb).
+  void softmax_update(int64_t r, int64_t kb, int64_t nb) {
+    const Row& row = rows_[size_t(r)];
+    const int64_t j0 = std::max(row.lo, kb) - kb;
+    const int64_t j1 = std::min(row.hi, kb + nb) - kb;
+    if (j0 >= j1) return;
+    float* s = s_.data() + r * kBlockN;
+    if (p_.softcap > 0.0f) {
+      const float c = p_.softcap;
+      for (int64_t j = j0; j < j1; ++j) s[j] = c * std::tanh(s[j] / c);
+    }
+    const int64_t ms = p_.mask_stride[3];
+    if (p_.mask_kind == MaskKind::kBool) {
+      const uint8_t* mk = static_cast<const uint8_t*>(p_.mask) + row.mask_off + kb * ms;
+      for (int64_t j = j0; j < j1; ++j)
+        if (mk[j * ms] == 0) s[j] = kNegInf;
+    } else if (p_.mask_kind == MaskKind::kAdditive) {
+      const T* mk = static_cast<const T*>(p_.mask) + row.mask_off + kb * ms;
+      for (int64_t j = j0; j < j1; ++j) s[j] += to_float(mk[j * ms]);
+    }
+    float mx = kNegInf;
+    for (int64_t j = j0; j < j1; ++j) mx = std::max(mx, s[j]);
+    if (mx == kNegInf) return;  // nothing attended in this block
+    const float m_old = m_[size_t(r)];
+    const float m_new = std::max(m_old, mx);
+    const float alpha = std::exp(m_old - m_new);  // 0 on the first attended block
+    float sum = 0.0f;
+    for (int64_t j = j0; j < j1; ++j) {
+      s[j] = std::exp(s[j] - m_new);
+      sum += s[j];
+    }
+    const int64_t dv = p_.dv;
+    float* acc = acc_.data() + r * dv;
+    if (alpha != 1.0f)
+      for (int64_t e = 0; e < dv; ++e) acc[e] *= alpha;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float pj = s[j];
+      if (pj == 0.0f) continue;
+      const float* vr = vb_.data() + j * dv;
+      for (int64_t e = 0; e < dv; ++e) acc[e] += pj * vr[e];
+    }
+    m_[size_t(r)] = m_new;
+    l_[size_t(r)] = l_[size_t(r)] * alpha + sum;
+  }
+
+  void finish_tile(int64_t nrows) {
+    T* y = static_cast<T*>(p_.y);
+    const int64_t dv = p_.dv;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const Row& row = rows_[size_t(r)];
+      const float m = m_[size_t(r)], l = l_[size_t(r)];
+      const bool empty = m == kNegInf;  // no attended key: y = 0, lse = -inf
+      const float* acc = acc_.data() + r * dv;
+      T* dst = y + row.y_off;
+      if (empty) {
+        for (int64_t e = 0; e < dv; ++e) store(0.0f, dst + e);
+      } else {
+        for (int64_t e = 0; e < dv; ++e) store(acc[e] / l, dst + e);
+      }
+      if (p_.lse != nullptr) p_.lse[row.lse_off] = empty ? kNegInf : m + std::log(l);
+    }
+  }
+
+  const FlashParams& p_;
+  const int64_t group_, tiles_, tile_rows_;
+  std::vector<float> qs_, kt_, vb_, s_, acc_, m_, l_;
+  std::vector<Row> rows_;
+};
+
+void validate(const FlashParams& p) {
+  auto fail = [](const std::string& what) {
+    throw std::invalid_argument("ort_flash CPU FlashAttention: " + what);
+  };
+  if (p.dtype != DType::kFloat32 && p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
+    fail("unknown dtype");
+  if (p.mask_kind != MaskKind::kNone && p.mask_kind != MaskKind::kBool &&
+      p.mask_kind != MaskKind::kAdditive)
+    fail("unknown mask kind");
+  if (p.batch < 0 || p.hq < 0 || p.hkv < 0 || p.sq < 0 || p.skv < 0 || p.d < 0 || p.dv < 0)
+    fail("negative size");
+  if (p.hq > 0 && (p.hkv <= 0 || p.hq % p.hkv != 0))
+    fail("q heads (" + std::to_string(p.hq) + ") must be a multiple of kv heads (" +
+         std::to_string(p.hkv) + ")");
+  if (p.window_left < -1 || p.window_right < -1) fail("window sizes must be -1 or >= 0");
+  if (p.mask_kind != MaskKind::kNone && p.mask_len < 0) fail("negative mask_len");
+  if (p.batch == 0 || p.hq == 0 || p.sq == 0) return;  // nothing is read or written
+  if (p.y == nullptr && p.dv > 0) fail("null Y");
+  if (p.q == nullptr && p.d > 0) fail("null Q");
+  if (p.skv > 0 && ((p.k == nullptr && p.d > 0) || (p.v == nullptr && p.dv > 0)))
+    fail("null K or V");
+  if (p.mask_kind != MaskKind::kNone && p.mask == nullptr && p.skv > 0 && p.mask_len > 0)
+    fail("null mask");
+}
+
+// Tile height: kMaxRows, halved (down to kMinRows) while there are too few tasks.
+int64_t pick_tile_rows(const FlashParams& p) {
+  const int64_t rows = p.hq / p.hkv * p.sq;
+  int64_t tile = kMaxRows;
+  while (tile > kMinRows && p.batch * p.hkv * ceil_div(rows, tile) < kMinTasks) tile /= 2;
+  return std::min(tile, rows);
+}
+
+template <class T>
+void run_typed(const FlashParams& p, const ParallelFor& parallel_for) {
+  const int64_t tile_rows = pick_tile_rows(p);
+  const int64_t items = p.batch * p.hkv * ceil_div(p.hq / p.hkv * p.sq, tile_rows);
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const std::function<void(size_t, size_t)> task = [&](size_t begin, size_t end) {
+    try {
+      TileWorker<T> worker(p, tile_rows);
+      for (size_t it = begin; it < end; ++it) worker.run(int64_t(it));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+  if (parallel_for) {
+    parallel_for(size_t(items), task);
+  } else {
+    task(0, size_t(items));
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+void run_flash_cpu(const FlashParams& p, const ParallelFor& parallel_for) {
+  validate(p);
+  if (p.batch == 0 || p.hq == 0 || p.sq == 0) return;
+  switch (p.dtype) {
+    case DType::kFloat32: run_typed<float>(p, parallel_for); break;
+    case DType::kFloat16: run_typed<Half>(p, parallel_for); break;
+    case DType::kBFloat16: run_typed<BFloat16>(p, parallel_for); break;
+  }
+}
+
+}  // namespace ort_flash

@@ -1,0 +1,22 @@
+// FlashAttention on the CPU: tiled online softmax over FlashParams (see flash_params.h for the
+// exact semantics). fp32 compute for fp32/fp16/bf16 inputs; memory O(tile), never Sq x Skv.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+#include "flash_params.h"
+
+namespace ort_flash {
+
+// Runs fn over [0, n) split into chunks [begin, end), possibly concurrently; returns when all
+// chunks are done. An empty ParallelFor runs everything on the calling thread.
+using ParallelFor =
+    std::function<void(size_t n, const std::function<void(size_t begin, size_t end)>& fn)>;
+
+// Computes Y (and softmax_lse when p.lse is set). Throws std::invalid_argument for impossible
+// params; anything thrown inside a task (only std::bad_alloc of a tile buffer can be) is
+// rethrown on the calling thread after all tasks have finished.
+void run_flash_cpu(const FlashParams& p, const ParallelFor& parallel_for);
+
+}  // namespace ort_flash

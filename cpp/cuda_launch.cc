@@ -1,0 +1,165 @@
+#include "cuda_launch.h"
+
+#include <string>
+
+#include "kernel_registry.h"
+
+namespace ort_flash {
+namespace {
+
+int head_dim_bucket(int64_t d) {
+  for (int b : {16, 32, 64, 128, 256}) {
+    if (d <= b) return b;
+  }
+  return 0;
+}
+
+bool strides_aligned(const FlashParams& p) {
+  for (const int64_t* s : {p.q_stride, p.k_stride, p.v_stride, p.y_stride}) {
+    for (int i = 0; i < 3; ++i) {
+      if (s[i] % 16 != 0) return false;
+    }
+  }
+  return true;
+}
+
+std::string describe(const VariantKey& k) {
+  return std::string(dtype_name(k.dtype)) + ", head dim bucket " + std::to_string(k.head_dim) +
+         (k.even_d ? "" : " (masked head dim)") + (k.causal ? ", causal" : ", non-causal") +
+         (k.mask == MaskKind::kNone ? ", no mask" : (k.mask == MaskKind::kBool ? ", bool mask" : ", additive mask")) +
+         (k.extras ? ", windows/softcap/nonpad_kv_seqlen" : "");
+}
+
+}  // namespace
+
+Status select_variant(const FlashParams& p, VariantKey* key) {
+  const int bucket = head_dim_bucket(p.d > p.dv ? p.d : p.dv);
+  if (bucket == 0) {
+    return Status::Error("head dims D=" + std::to_string(p.d) + ", Dv=" + std::to_string(p.dv) +
+                         " exceed the CUDA kernels' limit of 256");
+  }
+  key->dtype = p.dtype;
+  key->head_dim = bucket;
+  key->even_d = p.d == bucket && p.dv == bucket && strides_aligned(p);
+  key->causal = p.causal;
+  key->mask = p.mask_kind;
+  key->extras = p.window_left >= 0 || p.window_right >= 0 || p.softcap > 0.0f || p.seqlens_k != nullptr;
+  key->precision = p.dtype == DType::kFloat32 ? p.fp32_precision : Fp32Precision::kIeee;
+  return Status::Ok();
+}
+
+Status launch_flash_cuda(const FlashParams& p, CUstream stream) {
+  if (p.sq == 0 || p.batch == 0 || p.hq == 0) return Status::Ok();
+  const CudaDriver* d = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&d));
+  VariantKey key{};
+  ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
+  const DeviceKernels* dk = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(kernels_for_stream(stream, &dk));
+  const LoadedKernel* k = nullptr;
+  for (const LoadedKernel& lk : dk->kernels) {
+    if (lk.entry->key == key) {
+      k = &lk;
+      break;
+    }
+  }
+  if (!k) {
+    return Status::Error("no CUDA kernel in this build for " + describe(key) + " on sm_" +
+                         std::to_string(dk->arch) + "; see `ort-flash info` for the compiled variants");
+  }
+  const KernelEntry& e = *k->entry;
+  const int64_t grid_m = (p.sq + e.block_m - 1) / e.block_m;
+  const int64_t grid_bh = p.batch * p.hq;
+  if (grid_bh > 65535) {
+    return Status::Error("batch x query heads = " + std::to_string(grid_bh) +
+                         " exceeds the CUDA grid limit of 65535");
+  }
+  if (p.sq > INT32_MAX || p.skv > INT32_MAX) {
+    return Status::Error("sequence lengths above 2^31 - 1 are not supported");
+  }
+
+  // The launch ABI (aot/build.py): runtime arguments in kernel order, then two scratch pointers.
+  CUdeviceptr q = reinterpret_cast<CUdeviceptr>(p.q), kk = reinterpret_cast<CUdeviceptr>(p.k),
+              v = reinterpret_cast<CUdeviceptr>(p.v), y = reinterpret_cast<CUdeviceptr>(p.y),
+              lse = reinterpret_cast<CUdeviceptr>(p.lse), mask = reinterpret_cast<CUdeviceptr>(p.mask),
+              seqlens = reinterpret_cast<CUdeviceptr>(p.seqlens_k);
+  float scale = p.scale, softcap = p.softcap;
+  int32_t hq = static_cast<int32_t>(p.hq), group = static_cast<int32_t>(p.hq / p.hkv),
+          sq = static_cast<int32_t>(p.sq), skv = static_cast<int32_t>(p.skv),
+          dd = static_cast<int32_t>(p.d), dv = static_cast<int32_t>(p.dv),
+          offset = static_cast<int32_t>(p.offset),
+          wl = static_cast<int32_t>(p.window_left), wr = static_cast<int32_t>(p.window_right),
+          mask_len = static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len),
+          has_seqlens = p.seqlens_k != nullptr, store_lse = p.lse != nullptr;
+  int64_t strides[16];
+  for (int i = 0; i < 3; ++i) {
+    strides[i] = p.q_stride[i];
+    strides[3 + i] = p.k_stride[i];
+    strides[6 + i] = p.v_stride[i];
+    strides[9 + i] = p.y_stride[i];
+  }
+  for (int i = 0; i < 4; ++i) strides[12 + i] = p.mask_stride[i];
+  CUdeviceptr global_scratch = 0, profile_scratch = 0;
+  void* args[kLaunchArgCount + 2] = {
+      &q, &kk, &v, &y, &lse, &mask, &seqlens, &scale, &softcap, &hq, &group, &sq, &skv, &dd, &dv,
+      &offset, &wl, &wr, &mask_len, &has_seqlens, &store_lse,
+      &strides[0], &strides[1], &strides[2], &strides[3], &strides[4], &strides[5], &strides[6],
+      &strides[7], &strides[8], &strides[9], &strides[10], &strides[11], &strides[12],
+      &strides[13], &strides[14], &strides[15], &global_scratch, &profile_scratch};
+  return cuda_check(d->cuLaunchKernel(k->function, static_cast<unsigned>(grid_m),
+                                      static_cast<unsigned>(grid_bh), 1, 32 * e.num_warps, 1, 1,
+                                      static_cast<unsigned>(e.shared), stream, args, nullptr),
+                    (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
+}
+
+Status append_kv_cuda(const void* past, const void* cur, const int64_t cur_stride[3], void* present,
+                      int64_t batch, int64_t heads, int64_t past_len, int64_t cur_len, int64_t d,
+                      int elem_size, CUstream stream) {
+  const CudaDriver* drv = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&drv));
+  const size_t row = static_cast<size_t>(d) * elem_size;
+  const size_t total = static_cast<size_t>(past_len + cur_len);
+  auto copy = [&](CUdeviceptr src, size_t src_pitch, CUdeviceptr dst, size_t width, size_t height) {
+    CUDA_MEMCPY2D c{};
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = src;
+    c.srcPitch = src_pitch;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = dst;
+    c.dstPitch = total * row;
+    c.WidthInBytes = width;
+    c.Height = height;
+    return cuda_check(drv->cuMemcpy2DAsync(&c, stream), "cuMemcpy2DAsync (KV cache append)");
+  };
+  const CUdeviceptr dst = reinterpret_cast<CUdeviceptr>(present);
+  if (past_len > 0) {
+    // Every (b, h) block of the past is one row of a 2-D copy.
+    ORT_FLASH_RETURN_IF_ERROR(copy(reinterpret_cast<CUdeviceptr>(past), past_len * row, dst,
+                                   past_len * row, static_cast<size_t>(batch * heads)));
+  }
+  if (cur_len == 0) return Status::Ok();
+  const CUdeviceptr src = reinterpret_cast<CUdeviceptr>(cur);
+  const int64_t es = elem_size;
+  if (cur_stride[2] == d && cur_stride[1] == cur_len * d && cur_stride[0] == heads * cur_len * d) {
+    // 4-D contiguous: the (b, h) blocks are rows again.
+    return copy(src, cur_len * row, dst + past_len * row, cur_len * row, static_cast<size_t>(batch * heads));
+  }
+  // Strided (3-D input): one 2-D copy of cur_len rows per (b, h).
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      CUDA_MEMCPY2D c{};
+      c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+      c.srcDevice = src + static_cast<CUdeviceptr>((b * cur_stride[0] + h * cur_stride[1]) * es);
+      c.srcPitch = static_cast<size_t>(cur_stride[2] * es);
+      c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+      c.dstDevice = dst + static_cast<CUdeviceptr>(((b * heads + h) * static_cast<int64_t>(total) + past_len) * d * es);
+      c.dstPitch = row;
+      c.WidthInBytes = row;
+      c.Height = static_cast<size_t>(cur_len);
+      ORT_FLASH_RETURN_IF_ERROR(cuda_check(drv->cuMemcpy2DAsync(&c, stream), "cuMemcpy2DAsync (KV cache append)"));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ort_flash

@@ -1,0 +1,210 @@
+#include "flash_attention_op.h"
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "cpu_flash.h"
+#include "cpu_kv_cache.h"
+#include "cuda_launch.h"
+#include "kernel_registry.h"
+#include "op_io.h"
+
+namespace ort_flash {
+
+class FlashAttentionKernel {
+ public:
+  FlashAttentionKernel(const OrtApi& api, bool cuda) : api_(api), cuda_(cuda) {}
+  ~FlashAttentionKernel() {
+    if (allocator_) api_.ReleaseAllocator(allocator_);
+  }
+  Status init(const OrtKernelInfo* info);
+  OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
+    Status s = compute(ctx);
+    if (s.ok()) return nullptr;
+    return api_.CreateStatus(ORT_FAIL, s.message().c_str());
+  }
+
+ private:
+  Status compute(OrtKernelContext* ctx);
+  Status prefix(Status s) const {
+    if (s.ok() || s.message().rfind("FlashAttention node", 0) == 0) return s;
+    return Status::Error("FlashAttention node '" + node_ + "': " + s.message());
+  }
+
+  const OrtApi& api_;
+  const bool cuda_;
+  std::string node_;
+  Attributes attrs_;
+  bool has_output_[kNumOutputs] = {};
+  OrtAllocator* allocator_ = nullptr;  // the EP's default allocator (device memory on CUDA)
+};
+
+Status FlashAttentionKernel::init(const OrtKernelInfo* info) {
+  node_ = kernel_node_name(api_, info);
+  ORT_FLASH_RETURN_IF_ERROR(read_attributes(api_, info, node_, &attrs_));
+  InputDesc in[kNumInputs];
+  ORT_FLASH_RETURN_IF_ERROR(describe_kernel_io(api_, info, in, has_output_));
+  AttentionDims dims;
+  ORT_FLASH_RETURN_IF_ERROR(validate(node_, attrs_, in, cuda_, &dims));
+  if (!has_output_[kY]) return Status::Error("FlashAttention node '" + node_ + "': output 'Y' is required");
+  if ((has_output_[kPresentKey] || has_output_[kPresentValue]) && !in[kPastKey].present &&
+      in[kNonpad].present) {
+    return Status::Error("FlashAttention node '" + node_ +
+                         "': present_key/present_value cannot be combined with nonpad_kv_seqlen (ONNX Attention)");
+  }
+  if (OrtStatus* st = api_.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_)) {
+    std::string msg = api_.GetErrorMessage(st);
+    api_.ReleaseStatus(st);
+    return Status::Error("FlashAttention node '" + node_ + "': no allocator from the execution provider: " + msg);
+  }
+  if (cuda_) {
+    int device = 0;
+    if (OrtStatus* st = api_.MemoryInfoGetId(allocator_->Info(allocator_), &device)) api_.ReleaseStatus(st);
+    const DeviceKernels* dk = nullptr;
+    return prefix(prepare_device(device, &dk));
+  }
+  return Status::Ok();
+}
+
+Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
+  InputDesc in[kNumInputs];
+  const void* data[kNumInputs] = {};
+  ORT_FLASH_RETURN_IF_ERROR(describe_context_inputs(api_, ctx, in, data));
+  AttentionDims dims;
+  ORT_FLASH_RETURN_IF_ERROR(validate(node_, attrs_, in, cuda_, &dims));
+
+  void* out[kNumOutputs] = {};
+  ORT_FLASH_RETURN_IF_ERROR(allocate_outputs(api_, ctx, dims, has_output_, out));
+
+  const int es = dtype_size(dims.dtype);
+  const int64_t total = dims.total();
+  FlashParams p;
+  p.dtype = dims.dtype;
+  p.q = data[kQ];
+  p.y = out[kY];
+  p.lse = static_cast<float*>(out[kLse]);
+  p.batch = dims.batch; p.hq = dims.hq; p.hkv = dims.hkv;
+  p.sq = dims.sq; p.skv = total; p.d = dims.d; p.dv = dims.dv;
+  p.offset = dims.past;
+  p.scale = std::isnan(attrs_.scale) ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.d))) : attrs_.scale;
+  p.softcap = attrs_.softcap;
+  p.causal = attrs_.is_causal != 0;
+  p.window_left = attrs_.left_window;
+  p.window_right = attrs_.right_window;
+  p.fp32_precision = attrs_.fp32_precision;
+  p.seqlens_k = static_cast<const int64_t*>(data[kNonpad]);
+  seq_strides(dims.rank, dims.hq, dims.sq, dims.d, p.q_stride);
+  seq_strides(dims.rank, dims.hq, dims.sq, dims.dv, p.y_stride);
+  if (data[kMask]) {
+    p.mask = data[kMask];
+    p.mask_kind = dims.mask_kind;
+    mask_strides(dims.mask_shape, p.mask_stride);
+    p.mask_len = dims.mask_shape[3];
+  }
+
+  // K and V as attention reads them: the inputs, or present = past ++ new when a cache is given.
+  int64_t k_in_stride[3], v_in_stride[3];
+  seq_strides(dims.rank, dims.hkv, dims.skv_new, dims.d, k_in_stride);
+  seq_strides(dims.rank, dims.hkv, dims.skv_new, dims.dv, v_in_stride);
+  std::unique_ptr<void, std::function<void(void*)>> scratch(nullptr, [this](void* ptr) {
+    if (ptr) allocator_->Free(allocator_, ptr);
+  });
+  void* present[2] = {out[kPresentKey], out[kPresentValue]};
+  const bool need_present = dims.has_past || present[0] || present[1];
+  if (need_present) {
+    const size_t kbytes = static_cast<size_t>(dims.batch * dims.hkv * total * dims.d) * es;
+    const size_t vbytes = static_cast<size_t>(dims.batch * dims.hkv * total * dims.dv) * es;
+    const size_t want = (dims.has_past && !present[0] ? kbytes : 0) + (dims.has_past && !present[1] ? vbytes : 0);
+    if (want) {
+      scratch.reset(allocator_->Alloc(allocator_, want));
+      if (!scratch) return prefix(Status::Error("cannot allocate " + std::to_string(want) + " bytes for the KV cache"));
+      char* s = static_cast<char*>(scratch.get());
+      if (!present[0]) { present[0] = s; s += kbytes; }
+      if (!present[1]) present[1] = s;
+    }
+    const void* src[2] = {data[kK], data[kV]};
+    const void* past[2] = {data[kPastKey], data[kPastValue]};
+    const int64_t* strides[2] = {k_in_stride, v_in_stride};
+    const int64_t width[2] = {dims.d, dims.dv};
+    for (int i = 0; i < 2; ++i) {
+      if (!present[i]) continue;
+      if (cuda_) {
+        void* stream = nullptr;
+        if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &stream)) api_.ReleaseStatus(st);
+        ORT_FLASH_RETURN_IF_ERROR(prefix(append_kv_cuda(past[i], src[i], strides[i], present[i], dims.batch,
+                                                        dims.hkv, dims.past, dims.skv_new, width[i], es,
+                                                        static_cast<CUstream>(stream))));
+      } else {
+        append_kv_cpu(past[i], src[i], strides[i], present[i], dims.batch, dims.hkv, dims.past,
+                      dims.skv_new, width[i], es);
+      }
+    }
+  }
+  if (dims.has_past) {
+    p.k = present[0];
+    p.v = present[1];
+    seq_strides(4, dims.hkv, total, dims.d, p.k_stride);
+    seq_strides(4, dims.hkv, total, dims.dv, p.v_stride);
+  } else {
+    p.k = data[kK];
+    p.v = data[kV];
+    std::memcpy(p.k_stride, k_in_stride, sizeof(k_in_stride));
+    std::memcpy(p.v_stride, v_in_stride, sizeof(v_in_stride));
+  }
+
+  if (p.sq == 0 || p.batch == 0 || p.hq == 0) return Status::Ok();
+  if (cuda_) {
+    void* stream = nullptr;
+    if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &stream)) {
+      std::string msg = api_.GetErrorMessage(st);
+      api_.ReleaseStatus(st);
+      return prefix(Status::Error("no CUDA stream from ONNX Runtime: " + msg));
+    }
+    return prefix(launch_flash_cuda(p, static_cast<CUstream>(stream)));
+  }
+  try {
+    run_flash_cpu(p, ort_parallel_for(api_, ctx));
+  } catch (const std::exception& e) {
+    return prefix(Status::Error(std::string("CPU kernel failed: ") + e.what()));
+  }
+  return Status::Ok();
+}
+
+FlashAttentionOp::FlashAttentionOp(const char* provider, ONNXTensorElementDataType type)
+    : provider_(provider), type_(type) {
+  OrtCustomOp::InferOutputShapeFn = infer_output_shapes;
+}
+
+OrtStatusPtr FlashAttentionOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+  auto k = std::make_unique<FlashAttentionKernel>(api, std::strcmp(provider_, "CUDAExecutionProvider") == 0);
+  Status s = k->init(info);
+  if (!s.ok()) return api.CreateStatus(ORT_INVALID_ARGUMENT, s.message().c_str());
+  *kernel = k.release();
+  return nullptr;
+}
+
+ONNXTensorElementDataType FlashAttentionOp::GetInputType(size_t index) const {
+  if (index == kQ) return type_;
+  if (index == kNonpad) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked against Q with a clear message
+}
+
+OrtCustomOpInputOutputCharacteristic FlashAttentionOp::GetInputCharacteristic(size_t index) const {
+  return index <= kV ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                     : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+}
+
+ONNXTensorElementDataType FlashAttentionOp::GetOutputType(size_t index) const {
+  return index == kLse ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : type_;
+}
+
+OrtCustomOpInputOutputCharacteristic FlashAttentionOp::GetOutputCharacteristic(size_t index) const {
+  return index == kY ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                     : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+}
+
+}  // namespace ort_flash

@@ -1,0 +1,64 @@
+// Plain-data description of one FlashAttention call, filled by the op after validation and
+// consumed by the CPU kernel and the CUDA launcher alike (compare flash-attention's Flash_fwd_params).
+//
+// Every tensor is addressed through element strides; the last dimension of Q, K, V, Y is
+// contiguous. K and V here are the tensors attention reads: with a past cache they are the
+// present tensors (past ++ new), so `skv` is the total key length and `offset` the past length.
+#pragma once
+
+#include <cstdint>
+
+namespace ort_flash {
+
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+enum class MaskKind : int { kNone = 0, kBool = 1, kAdditive = 2 };
+// How fp32 dot products are computed on the GPU; fp16/bf16 ignore it.
+enum class Fp32Precision : int { kIeee = 0, kTf32x3 = 1, kTf32 = 2 };
+
+inline int dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+inline const char* dtype_name(DType t) {
+  return t == DType::kFloat32 ? "float32" : (t == DType::kFloat16 ? "float16" : "bfloat16");
+}
+
+struct FlashParams {
+  DType dtype = DType::kFloat16;
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* y = nullptr;
+  float* lse = nullptr;              // (B, Hq, Sq) contiguous, natural log; nullable
+  const void* mask = nullptr;        // bool (1 byte) or dtype; nullable
+  const int64_t* seqlens_k = nullptr;  // nonpad_kv_seqlen (B,); nullable
+
+  int64_t batch = 0, hq = 0, hkv = 0;
+  int64_t sq = 0, skv = 0;           // skv: keys attention sees (past + new)
+  int64_t d = 0, dv = 0;
+
+  // Element strides over (batch, head, sequence); the head-dim stride is 1.
+  int64_t q_stride[3] = {0, 0, 0};
+  int64_t k_stride[3] = {0, 0, 0};
+  int64_t v_stride[3] = {0, 0, 0};
+  int64_t y_stride[3] = {0, 0, 0};
+
+  MaskKind mask_kind = MaskKind::kNone;
+  int64_t mask_stride[4] = {0, 0, 0, 0};  // (batch, head, query, key); 0 where broadcast
+  int64_t mask_len = 0;                   // mask's key extent; keys at or past it are masked
+
+  float scale = 1.0f;
+  float softcap = 0.0f;                   // 0 = off
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;  // -1 = unbounded
+  int64_t offset = 0;  // position of query 0 among the keys (past length); see seqlens_k
+
+  Fp32Precision fp32_precision = Fp32Precision::kIeee;
+};
+
+// Query row i of batch b attends key j iff all hold (pos = i + offset_b):
+//   j < skv, and j < seqlens_k[b] when given (then offset_b = seqlens_k[b] - sq, else offset)
+//   causal: j <= pos;  window: pos - window_left <= j (left >= 0), j <= pos + window_right (right >= 0)
+//   j < mask_len when a mask is given; bool mask true at (b, h, i, j)
+// Scores s = scale * q.k; softcap c > 0: s = c * tanh(s / c); additive mask added after.
+// A row with no attended key gives y = 0 and lse = -inf.
+
+}  // namespace ort_flash

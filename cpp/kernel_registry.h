@@ -1,0 +1,42 @@
+// Loads the AOT cubins into CUDA contexts and finds the function for a variant.
+//
+// Modules are loaded once per CUDA context, under a lock, when a CUDA kernel of the op is
+// created (session creation): never inside a run that a CUDA graph might be capturing. Loaded
+// modules live as long as the process (unloading at exit races the driver's own teardown).
+#pragma once
+
+#include <vector>
+
+#include "cuda_driver.h"
+#include "kernel_table.h"
+
+namespace ort_flash {
+
+struct LoadedKernel {
+  const KernelEntry* entry;
+  CUfunction function;
+};
+
+struct DeviceKernels {
+  CUcontext context;
+  int device;
+  int arch;        // the device's SM version, e.g. 90
+  int table_arch;  // the compiled arch chosen for it
+  int sm_count;
+  std::vector<LoadedKernel> kernels;
+};
+
+// Loads every kernel compiled for `device`'s arch into its primary context (the one ONNX
+// Runtime's CUDA EP uses). Safe to call from many threads; loads happen once.
+Status prepare_device(int device, const DeviceKernels** out);
+
+// The kernels loaded in the context `stream` belongs to. Loads them now if that context has
+// none yet, unless the stream is capturing a graph (then an error says to create the session
+// first).
+Status kernels_for_stream(CUstream stream, const DeviceKernels** out);
+
+// The compiled arch that serves an SM version: the highest one of the same major version not
+// above it (a cubin runs on later minors of its major only). 0 if none.
+int pick_table_arch(int arch);
+
+}  // namespace ort_flash

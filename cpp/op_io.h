@@ -1,0 +1,39 @@
+// The op's traffic with ONNX Runtime's C API: node name, attributes, input descriptions at kernel
+// creation and at run time, output allocation, shape inference and the thread pool.
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_c_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <string>
+
+#include "attention_shapes.h"
+#include "cpu_flash.h"
+
+namespace ort_flash {
+
+std::string kernel_node_name(const OrtApi& api, const OrtKernelInfo* info);
+
+// Reads the node's attributes; unknown values (e.g. fp32_precision="fast") fail clearly.
+Status read_attributes(const OrtApi& api, const OrtKernelInfo* info, const std::string& node, Attributes* out);
+
+// Input types and static shapes (-1 for symbolic dims) and which outputs the node has.
+Status describe_kernel_io(const OrtApi& api, const OrtKernelInfo* info, InputDesc (&in)[kNumInputs],
+                          bool (&has_output)[kNumOutputs]);
+
+// Concrete input types, shapes and data pointers of one run.
+Status describe_context_inputs(const OrtApi& api, OrtKernelContext* ctx, InputDesc (&in)[kNumInputs],
+                               const void* (&data)[kNumInputs]);
+
+// Allocates the node's outputs; entries of absent outputs stay null.
+Status allocate_outputs(const OrtApi& api, OrtKernelContext* ctx, const AttentionDims& dims,
+                        const bool (&has_output)[kNumOutputs], void* (&out)[kNumOutputs]);
+
+// ParallelFor over ONNX Runtime's intra-op thread pool.
+ParallelFor ort_parallel_for(const OrtApi& api, OrtKernelContext* ctx);
+
+// OrtCustomOp::InferOutputShapeFn: output types and shapes, symbolic dims carried through.
+OrtStatusPtr infer_output_shapes(const OrtCustomOp* op, OrtShapeInferContext* ctx);
+
+}  // namespace ort_flash

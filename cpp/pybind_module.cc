@@ -1,0 +1,127 @@
+// ort_flash._C: what Python needs from the C++ side without going through ONNX Runtime: the AOT
+// kernel table (for `ort-flash info`), and raw entries to the CPU kernel and the CUDA launcher
+// over FlashParams (pointers as integers) for direct kernel tests and benchmarks.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "cpu_flash.h"
+#include "cuda_launch.h"
+#include "kernel_registry.h"
+#include "kernel_table.h"
+
+namespace py = pybind11;
+using namespace ort_flash;
+
+namespace {
+
+const char* mask_name(MaskKind m) {
+  return m == MaskKind::kNone ? "none" : (m == MaskKind::kBool ? "bool" : "add");
+}
+
+py::list kernels() {
+  size_t n = 0;
+  const KernelEntry* t = kernel_table(&n);
+  py::list out;
+  for (size_t i = 0; i < n; ++i) {
+    const KernelEntry& e = t[i];
+    py::dict d;
+    d["variant"] = e.variant_name;
+    d["arch"] = e.arch;
+    d["dtype"] = dtype_name(e.key.dtype);
+    d["head_dim"] = e.key.head_dim;
+    d["even_d"] = e.key.even_d;
+    d["causal"] = e.key.causal;
+    d["mask"] = mask_name(e.key.mask);
+    d["extras"] = e.key.extras;
+    d["num_warps"] = e.num_warps;
+    d["shared"] = e.shared;
+    d["block_m"] = e.block_m;
+    d["block_n"] = e.block_n;
+    d["cubin_bytes"] = static_cast<size_t>(e.cubin_end - e.cubin);
+    out.append(d);
+  }
+  return out;
+}
+
+void threads_parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
+  const size_t workers = std::max<size_t>(1, std::min<size_t>(n, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t w = 0; w < workers; ++w) {
+    pool.emplace_back([&, w] {
+      for (size_t i = w; i < n; i += workers) fn(i, i + 1);
+    });
+  }
+  for (auto& t : pool) t.join();
+}
+
+template <typename T>
+uintptr_t ptr_get(const T* p) { return reinterpret_cast<uintptr_t>(p); }
+
+void check(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.message());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ort_flash native helpers (kernel table, direct kernel entries)";
+  m.def("kernels", &kernels, "The AOT-compiled kernels in this build, one dict per (variant, arch).");
+  m.def("triton_version", [] { return std::string(kernel_table_triton_version()); });
+
+  py::enum_<DType>(m, "DType")
+      .value("float32", DType::kFloat32).value("float16", DType::kFloat16).value("bfloat16", DType::kBFloat16);
+  py::enum_<MaskKind>(m, "MaskKind")
+      .value("none", MaskKind::kNone).value("bool", MaskKind::kBool).value("add", MaskKind::kAdditive);
+  py::enum_<Fp32Precision>(m, "Fp32Precision")
+      .value("ieee", Fp32Precision::kIeee).value("tf32x3", Fp32Precision::kTf32x3).value("tf32", Fp32Precision::kTf32);
+
+  py::class_<FlashParams>(m, "FlashParams")
+      .def(py::init<>())
+      .def_readwrite("dtype", &FlashParams::dtype)
+      .def_property("q", [](const FlashParams& p) { return ptr_get(p.q); }, [](FlashParams& p, uintptr_t v) { p.q = reinterpret_cast<const void*>(v); })
+      .def_property("k", [](const FlashParams& p) { return ptr_get(p.k); }, [](FlashParams& p, uintptr_t v) { p.k = reinterpret_cast<const void*>(v); })
+      .def_property("v", [](const FlashParams& p) { return ptr_get(p.v); }, [](FlashParams& p, uintptr_t v) { p.v = reinterpret_cast<const void*>(v); })
+      .def_property("y", [](const FlashParams& p) { return ptr_get(p.y); }, [](FlashParams& p, uintptr_t v) { p.y = reinterpret_cast<void*>(v); })
+      .def_property("lse", [](const FlashParams& p) { return ptr_get(p.lse); }, [](FlashParams& p, uintptr_t v) { p.lse = reinterpret_cast<float*>(v); })
+      .def_property("mask", [](const FlashParams& p) { return ptr_get(p.mask); }, [](FlashParams& p, uintptr_t v) { p.mask = reinterpret_cast<const void*>(v); })
+      .def_property("seqlens_k", [](const FlashParams& p) { return ptr_get(p.seqlens_k); }, [](FlashParams& p, uintptr_t v) { p.seqlens_k = reinterpret_cast<const int64_t*>(v); })
+      .def_readwrite("batch", &FlashParams::batch).def_readwrite("hq", &FlashParams::hq)
+      .def_readwrite("hkv", &FlashParams::hkv).def_readwrite("sq", &FlashParams::sq)
+      .def_readwrite("skv", &FlashParams::skv).def_readwrite("d", &FlashParams::d)
+      .def_readwrite("dv", &FlashParams::dv)
+      .def_property("q_stride", [](const FlashParams& p) { return std::vector<int64_t>(p.q_stride, p.q_stride + 3); }, [](FlashParams& p, const std::vector<int64_t>& v) { std::copy_n(v.begin(), 3, p.q_stride); })
+      .def_property("k_stride", [](const FlashParams& p) { return std::vector<int64_t>(p.k_stride, p.k_stride + 3); }, [](FlashParams& p, const std::vector<int64_t>& v) { std::copy_n(v.begin(), 3, p.k_stride); })
+      .def_property("v_stride", [](const FlashParams& p) { return std::vector<int64_t>(p.v_stride, p.v_stride + 3); }, [](FlashParams& p, const std::vector<int64_t>& v) { std::copy_n(v.begin(), 3, p.v_stride); })
+      .def_property("y_stride", [](const FlashParams& p) { return std::vector<int64_t>(p.y_stride, p.y_stride + 3); }, [](FlashParams& p, const std::vector<int64_t>& v) { std::copy_n(v.begin(), 3, p.y_stride); })
+      .def_readwrite("mask_kind", &FlashParams::mask_kind)
+      .def_property("mask_stride", [](const FlashParams& p) { return std::vector<int64_t>(p.mask_stride, p.mask_stride + 4); }, [](FlashParams& p, const std::vector<int64_t>& v) { std::copy_n(v.begin(), 4, p.mask_stride); })
+      .def_readwrite("mask_len", &FlashParams::mask_len)
+      .def_readwrite("scale", &FlashParams::scale).def_readwrite("softcap", &FlashParams::softcap)
+      .def_readwrite("causal", &FlashParams::causal)
+      .def_readwrite("window_left", &FlashParams::window_left).def_readwrite("window_right", &FlashParams::window_right)
+      .def_readwrite("offset", &FlashParams::offset)
+      .def_readwrite("fp32_precision", &FlashParams::fp32_precision);
+
+  m.def("run_cpu", [](const FlashParams& p) {
+    py::gil_scoped_release release;
+    run_flash_cpu(p, threads_parallel_for);
+  }, "Runs the CPU kernel on host pointers.");
+  m.def("prepare_device", [](int device) {
+    const DeviceKernels* dk = nullptr;
+    check(prepare_device(device, &dk));
+    return py::make_tuple(dk->arch, dk->table_arch, dk->sm_count, dk->kernels.size());
+  }, "Loads the kernels into the device's primary context: (arch, compiled arch, SMs, kernels).");
+  m.def("variant_for", [](const FlashParams& p) {
+    VariantKey k{};
+    check(select_variant(p, &k));
+    return py::make_tuple(dtype_name(k.dtype), k.head_dim, k.even_d, k.causal, mask_name(k.mask), k.extras);
+  });
+  m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
+    check(launch_flash_cuda(p, reinterpret_cast<CUstream>(stream)));
+  }, "Launches the CUDA kernel on device pointers, on `stream` (a CUstream as int; 0 = legacy default).");
+}
