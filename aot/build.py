@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flash_fwd  # noqa: E402
-from variants import (DTYPE_CODES, MASK_KINDS, TRITON_VERSION, TileConfig, Variant,  # noqa: E402
-                      all_variants, get_fwd_config)
+from variants import (DTYPE_CODES, MASK_KINDS, PRECISION_CODES, TRITON_VERSION,  # noqa: E402
+                      TileConfig, Variant, all_variants, get_fwd_config)
 
 # Largest dynamic shared memory a block may use, per arch (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -90,13 +90,16 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
     sig, attrs, names = signature(v)
     constexprs = {
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
-        "BLOCK_DV": v.head_dim, "EVEN_D": v.even_d, "IS_CAUSAL": v.causal,
+        "BLOCK_DV": v.head_dim, "EVEN_D": v.even_d,
         "MASK_KIND": MASK_KINDS[v.mask], "EXTRAS": v.extras, "DOT_PRECISION": v.precision,
     }
     src = ASTSource(fn=flash_fwd.flash_fwd, signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
-    compiled = triton.compile(src, target=target,
-                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    try:
+        compiled = triton.compile(src, target=target,
+                                  options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    except Exception as e:
+        raise RuntimeError(f"{v.name} sm_{arch} {cfg}: Triton failed: {e}") from None
     md = compiled.metadata
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         raise RuntimeError(f"{v.name} sm_{arch}: kernels needing scratch memory are not supported")
@@ -167,8 +170,8 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
     for sym, m, v, cfg in rows:
         cc.append(
             f"  {{{{DType({DTYPE_CODES[v.dtype]}), {v.head_dim}, {_cxx_bool(v.even_d)}, "
-            f"{_cxx_bool(v.causal)}, MaskKind({MASK_KINDS[v.mask]}), {_cxx_bool(v.extras)}, "
-            f"Fp32Precision({('ieee', 'tf32x3', 'tf32').index(v.precision) if v.dtype == 'fp32' else 0})}}, "
+            f"MaskKind({MASK_KINDS[v.mask]}), {_cxx_bool(v.extras)}, "
+            f"Fp32Precision({PRECISION_CODES[v.precision] if v.dtype == 'fp32' else 0})}}, "
             f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
             f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end}},")
     cc += ["};", "",

@@ -1,7 +1,8 @@
 """The FlashAttention forward kernel family, the source of truth for every cubin.
 
 One Triton kernel, specialized through constexpr flags (dtype by pointer type, head-dim bucket,
-causal, mask kind, the "extras" group: windows, softcap and per-batch key lengths). It follows
+mask kind, the "extras" group: windows, softcap and per-batch key lengths); causal is a run-time
+flag (it moves the loop bound and adds one compare). It follows
 ort_flash's op contract (cpp/flash_params.h): query row i of batch b sits at absolute position
 i + offset_b and attends key j when j < key_end_b, causal (j <= pos), windows and the mask allow.
 
@@ -22,14 +23,15 @@ LOG2E = 1.4426950408889634
 def flash_fwd(
     Q, K, V, Y, Lse, Mask, SeqlensK,
     scale, softcap,
-    Hq, group, Sq, Skv, D, Dv, offset, window_left, window_right, mask_len, has_seqlens, store_lse,
+    Hq, group, Sq, Skv, D, Dv, offset, causal, window_left, window_right, mask_len, has_seqlens,
+    store_lse,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_yb, stride_yh, stride_ym,
     stride_mb, stride_mh, stride_mm, stride_mn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_D: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
+    EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -63,7 +65,7 @@ def flash_fwd(
     pos_hi = tl.minimum((pid_m + 1) * BLOCK_M, Sq) - 1 + off
     lo = 0
     hi = key_end
-    if IS_CAUSAL:
+    if causal != 0:
         hi = tl.minimum(hi, pos_hi + 1)
     if EXTRAS:
         if window_right >= 0:
@@ -91,6 +93,16 @@ def flash_fwd(
         m_base = Mask + b64 * stride_mb + h.to(tl.int64) * stride_mh \
             + offs_m[:, None].to(tl.int64) * stride_mm
 
+    # Per-element limits, branch-free inside the loop (scf.if there defeats the pipeliner):
+    # a key j is kept iff pos - left <= j <= pos + right, unbounded sides getting 2^30.
+    right = tl.where(causal != 0, 0, 1 << 30)
+    left = 1 << 30
+    if EXTRAS:
+        right = tl.minimum(right, tl.where(window_right >= 0, window_right, 1 << 30))
+        left = tl.where(window_left >= 0, window_left, 1 << 30)
+        cap = tl.where(softcap > 0, softcap, 1.0)
+        cap_on = softcap > 0
+
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < hi
@@ -106,23 +118,13 @@ def flash_fwd(
                         mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if EXTRAS:
-            if softcap > 0:
-                # c * tanh(x / c) = c * (1 - 2 / (exp(2x / c) + 1)), stable at both ends.
-                x = s * (scale / softcap)
-                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0))
-                s = s * 1.4426950408889634
-            else:
-                s = s * qk_scale
+            # c * tanh(x / c) = c * (1 - 2 / (exp(2x / c) + 1)), stable at both ends.
+            capped = cap * (1.0 - 2.0 / (tl.exp(2.0 * s * (scale / cap)) + 1.0))
+            s = tl.where(cap_on, capped * 1.4426950408889634, s * qk_scale)
         else:
             s = s * qk_scale
-        keep = col_ok[None, :]
-        if IS_CAUSAL:
-            keep = keep & (cols[None, :] <= pos[:, None])
-        if EXTRAS:
-            if window_left >= 0:
-                keep = keep & (cols[None, :] >= pos[:, None] - window_left)
-            if window_right >= 0:
-                keep = keep & (cols[None, :] <= pos[:, None] + window_right)
+        keep = row_ok[:, None] & col_ok[None, :]
+        keep = keep & (cols[None, :] <= pos[:, None] + right) & (cols[None, :] >= pos[:, None] - left)
         if MASK_KIND == MASK_BOOL:
             mv = tl.load(m_base + cols[None, :].to(tl.int64) * stride_mn,
                          mask=row_ok[:, None] & col_ok[None, :], other=0)

@@ -44,18 +44,15 @@ inline uint32_t to_bits(float f) { uint32_t u; std::memcpy(&u, &f, sizeof u); re
 
 inline float to_float(float x) { return x; }
 inline float to_float(BFloat16 x) { return from_bits(uint32_t(x.bits) << 16); }
-inline float to_float(Half x) {
-  const uint32_t sign = uint32_t(x.bits & 0x8000u) << 16;
+inline float to_float(Half x) {  // selects by masks, so that conversion loops vectorize
   const uint32_t em = x.bits & 0x7fffu;
-  uint32_t u;
-  if (em >= 0x7c00u) {
-    u = 0x7f800000u | ((em & 0x3ffu) << 13);          // inf, nan (payload kept)
-  } else if (em >= 0x0400u) {
-    u = (em << 13) + ((127u - 15u) << 23);            // normal: rebias the exponent
-  } else {
-    u = to_bits(float(em) * from_bits(0x33800000u));  // zero, subnormal: em * 2^-24, exact
-  }
-  return from_bits(sign | u);
+  const uint32_t is_sub = 0u - uint32_t(em < 0x0400u);        // zero or subnormal
+  const uint32_t is_inf_nan = 0u - uint32_t(em >= 0x7c00u);
+  // Rebias the exponent by 127 - 15; inf / nan by another 112 to reach 255 (payload kept).
+  const uint32_t normal = (em << 13) + (112u << 23) + (is_inf_nan & (112u << 23));
+  const uint32_t subnormal = to_bits(float(int32_t(em)) * 0x1p-24f);  // em * 2^-24, exact
+  const uint32_t u = (is_sub & subnormal) | (~is_sub & normal);
+  return from_bits(u | (uint32_t(x.bits & 0x8000u) << 16));
 }
 
 inline void store(float x, float* out) { *out = x; }
@@ -95,6 +92,19 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- the tile worker -----------------------------------------------------------------------
 
+constexpr int64_t kLanes = 8;  // V and accumulator rows are padded to a multiple of this (zeros)
+inline int64_t round_up(int64_t x) { return ceil_div(x, kLanes) * kLanes; }
+
+// Vectorizable conversion of n elements to fp32.
+template <class T>
+inline void load_row(const T* src, int64_t n, float scale, float* dst) {
+  for (int64_t e = 0; e < n; ++e) dst[e] = scale * to_float(src[e]);
+}
+template <class T>
+inline void load_row(const T* src, int64_t n, float* dst) {
+  for (int64_t e = 0; e < n; ++e) dst[e] = to_float(src[e]);
+}
+
 struct Row {
   int64_t q_off, y_off, lse_off, mask_off;  // element offsets of (b, h, i, 0)
   int64_t lo, hi;                            // keys [lo, hi) pass the positional rules
@@ -108,11 +118,13 @@ class TileWorker {
         group_(p.hq / p.hkv),
         tiles_(ceil_div(group_ * p.sq, tile_rows)),
         tile_rows_(tile_rows),
+        dv8_(round_up(p.dv)),
         qs_(size_t(tile_rows * p.d)),
-        kt_(size_t(p.d * kBlockN)),
-        vb_(size_t(kBlockN * p.dv)),
+        kt_(size_t(p.d * kBlockN), 0.0f),
+        krow_(size_t(p.d)),
+        vb_(size_t(kBlockN * dv8_), 0.0f),
         s_(size_t(tile_rows * kBlockN)),
-        acc_(size_t(tile_rows * p.dv)),
+        acc_(size_t(tile_rows * dv8_)),
         m_(size_t(tile_rows)),
         l_(size_t(tile_rows)),
         rows_(size_t(tile_rows)) {}
@@ -133,14 +145,15 @@ class TileWorker {
       }
     }
     start_tile(nrows);
-    const int64_t k_base = b * p_.k_stride[0] + hk * p_.k_stride[1];
-    const int64_t v_base = b * p_.v_stride[0] + hk * p_.v_stride[1];
+    const T* k = static_cast<const T*>(p_.k) + b * p_.k_stride[0] + hk * p_.k_stride[1];
+    const T* v = static_cast<const T*>(p_.v) + b * p_.v_stride[0] + hk * p_.v_stride[1];
     for (int64_t kb = lo; kb < hi; kb += kBlockN) {
       const int64_t nb = std::min(kBlockN, hi - kb);
-      bool any = false;
-      for (int64_t r = 0; r < nrows; ++r) any |= overlaps(rows_[size_t(r)], kb, nb);
-      if (!any) continue;  // a gap between the rows' windows
-      load_kv(k_base, v_base, kb, nb);
+      int64_t ja, jb;  // keys of the block that some row attends
+      if (!block_range(0, nrows, kb, nb, ja, jb)) continue;  // a gap between windows
+      load_k(k, kb, ja, jb);
+      for (int64_t j = ja; j < jb; ++j)
+        load_row(v + (kb + j) * p_.v_stride[2], p_.dv, vb_.data() + j * dv8_);
       scores(nrows, kb, nb);
       for (int64_t r = 0; r < nrows; ++r) softmax_update(r, kb, nb);
     }
@@ -148,8 +161,20 @@ class TileWorker {
   }
 
  private:
-  static bool overlaps(const Row& row, int64_t kb, int64_t nb) {
-    return row.lo < kb + nb && row.hi > kb && row.lo < row.hi;
+  // [ja, jb): the keys of block [kb, kb + nb) that rows [r0, r1) attend; false if none.
+  bool block_range(int64_t r0, int64_t r1, int64_t kb, int64_t nb, int64_t& ja,
+                   int64_t& jb) const {
+    ja = nb;
+    jb = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const Row& row = rows_[size_t(r)];
+      const int64_t a = std::max(row.lo, kb) - kb, z = std::min(row.hi, kb + nb) - kb;
+      if (a < z) {
+        ja = std::min(ja, a);
+        jb = std::max(jb, z);
+      }
+    }
+    return ja < jb;
   }
 
   void set_row(Row& row, int64_t b, int64_t h, int64_t i) const {
@@ -173,44 +198,40 @@ class TileWorker {
 
   void start_tile(int64_t nrows) {
     const T* q = static_cast<const T*>(p_.q);
-    const int64_t d = p_.d;
     for (int64_t r = 0; r < nrows; ++r) {
-      const T* src = q + rows_[size_t(r)].q_off;
-      float* dst = qs_.data() + r * d;
-      for (int64_t e = 0; e < d; ++e) dst[e] = p_.scale * to_float(src[e]);
+      load_row(q + rows_[size_t(r)].q_off, p_.d, p_.scale, qs_.data() + r * p_.d);
       m_[size_t(r)] = kNegInf;
       l_[size_t(r)] = 0.0f;
     }
-    std::fill(acc_.begin(), acc_.begin() + nrows * p_.dv, 0.0f);
+    std::fill(acc_.begin(), acc_.begin() + nrows * dv8_, 0.0f);
   }
 
-  // kt_ = K[kb:kb+nb]^T (zero columns past nb), vb_ = V[kb:kb+nb], both fp32.
-  void load_kv(int64_t k_base, int64_t v_base, int64_t kb, int64_t nb) {
-    const T* k = static_cast<const T*>(p_.k) + k_base;
-    const T* v = static_cast<const T*>(p_.v) + v_base;
-    const int64_t d = p_.d, dv = p_.dv;
-    for (int64_t j = 0; j < nb; ++j) {
-      const T* kr = k + (kb + j) * p_.k_stride[2];
-      for (int64_t e = 0; e < d; ++e) kt_[size_t(e * kBlockN + j)] = to_float(kr[e]);
-      const T* vr = v + (kb + j) * p_.v_stride[2];
-      float* vd = vb_.data() + j * dv;
-      for (int64_t e = 0; e < dv; ++e) vd[e] = to_float(vr[e]);
-    }
-    if (nb < kBlockN) {
-      for (int64_t e = 0; e < d; ++e)
-        std::fill(kt_.begin() + e * kBlockN + nb, kt_.begin() + (e + 1) * kBlockN, 0.0f);
+  // kt_ = K[kb + ja : kb + jb]^T in fp32 (columns outside [ja, jb) hold stale values that no
+  // row reads); conversion runs on contiguous rows, the transpose on fp32.
+  void load_k(const T* k, int64_t kb, int64_t ja, int64_t jb) {
+    const int64_t d = p_.d;
+    for (int64_t j = ja; j < jb; ++j) {
+      const T* src = k + (kb + j) * p_.k_stride[2];
+      const float* row = src_row(src);
+      for (int64_t e = 0; e < d; ++e) kt_[size_t(e * kBlockN + j)] = row[e];
     }
   }
+  const float* src_row(const float* src) { return src; }
+  template <class U>
+  const float* src_row(const U* src) {
+    load_row(src, p_.d, krow_.data());
+    return krow_.data();
+  }
 
-  // s_[r, :] = qs_[r, :] . kt_ for the tile's rows, four rows per pass over kt_.
+  // s_[r, :] = qs_[r] . kt_ over the whole block, four rows per pass over kt_; the inner loop
+  // runs over kBlockN contiguous keys.
   void scores(int64_t nrows, int64_t kb, int64_t nb) {
     const int64_t d = p_.d;
     const float* kt = kt_.data();
     for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
       const int64_t nr = std::min<int64_t>(4, nrows - r0);
-      bool any = false;
-      for (int64_t r = r0; r < r0 + nr; ++r) any |= overlaps(rows_[size_t(r)], kb, nb);
-      if (!any) continue;
+      int64_t ja, jb;
+      if (!block_range(r0, r0 + nr, kb, nb, ja, jb)) continue;
       float t[4][kBlockN] = {};
       const float* q0 = qs_.data() + r0 * d;
       const float* q1 = q0 + (nr > 1 ? d : 0);
@@ -262,15 +283,27 @@ class TileWorker {
       s[j] = std::exp(s[j] - m_new);
       sum += s[j];
     }
-    const int64_t dv = p_.dv;
-    float* acc = acc_.data() + r * dv;
+    const int64_t dv8 = dv8_;
+    float* acc = acc_.data() + r * dv8;
     if (alpha != 1.0f)
-      for (int64_t e = 0; e < dv; ++e) acc[e] *= alpha;
-    for (int64_t j = j0; j < j1; ++j) {
+      for (int64_t e = 0; e < dv8; ++e) acc[e] *= alpha;
+    // acc += sum_j s[j] * V[j], four keys per pass over acc (masked keys have s[j] = 0).
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) {
+      const float p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
+      const float* v0 = vb_.data() + j * dv8;
+      const float* v1 = v0 + dv8;
+      const float* v2 = v1 + dv8;
+      const float* v3 = v2 + dv8;
+      for (int64_t e = 0; e < dv8; e += kLanes)
+        for (int64_t u = 0; u < kLanes; ++u)
+          acc[e + u] += (p0 * v0[e + u] + p1 * v1[e + u]) + (p2 * v2[e + u] + p3 * v3[e + u]);
+    }
+    for (; j < j1; ++j) {
       const float pj = s[j];
-      if (pj == 0.0f) continue;
-      const float* vr = vb_.data() + j * dv;
-      for (int64_t e = 0; e < dv; ++e) acc[e] += pj * vr[e];
+      const float* vr = vb_.data() + j * dv8;
+      for (int64_t e = 0; e < dv8; e += kLanes)
+        for (int64_t u = 0; u < kLanes; ++u) acc[e + u] += pj * vr[e + u];
     }
     m_[size_t(r)] = m_new;
     l_[size_t(r)] = l_[size_t(r)] * alpha + sum;
@@ -283,7 +316,7 @@ class TileWorker {
       const Row& row = rows_[size_t(r)];
       const float m = m_[size_t(r)], l = l_[size_t(r)];
       const bool empty = m == kNegInf;  // no attended key: y = 0, lse = -inf
-      const float* acc = acc_.data() + r * dv;
+      const float* acc = acc_.data() + r * dv8_;
       T* dst = y + row.y_off;
       if (empty) {
         for (int64_t e = 0; e < dv; ++e) store(0.0f, dst + e);
@@ -295,8 +328,8 @@ class TileWorker {
   }
 
   const FlashParams& p_;
-  const int64_t group_, tiles_, tile_rows_;
-  std::vector<float> qs_, kt_, vb_, s_, acc_, m_, l_;
+  const int64_t group_, tiles_, tile_rows_, dv8_;
+  std::vector<float> qs_, kt_, krow_, vb_, s_, acc_, m_, l_;
   std::vector<Row> rows_;
 };
 

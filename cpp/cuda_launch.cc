@@ -8,11 +8,14 @@ namespace ort_flash {
 namespace {
 
 int head_dim_bucket(int64_t d) {
-  for (int b : {16, 32, 64, 128, 256}) {
+  for (int b : {32, 64, 128, 256}) {
     if (d <= b) return b;
   }
   return 0;
 }
+
+// Buckets that have an exact-size variant (aot/variants.py HEAD_DIMS).
+bool has_even_variant(int bucket) { return bucket != 32; }
 
 bool strides_aligned(const FlashParams& p) {
   for (const int64_t* s : {p.q_stride, p.k_stride, p.v_stride, p.y_stride}) {
@@ -25,7 +28,7 @@ bool strides_aligned(const FlashParams& p) {
 
 std::string describe(const VariantKey& k) {
   return std::string(dtype_name(k.dtype)) + ", head dim bucket " + std::to_string(k.head_dim) +
-         (k.even_d ? "" : " (masked head dim)") + (k.causal ? ", causal" : ", non-causal") +
+         (k.even_d ? "" : " (masked head dim)") +
          (k.mask == MaskKind::kNone ? ", no mask" : (k.mask == MaskKind::kBool ? ", bool mask" : ", additive mask")) +
          (k.extras ? ", windows/softcap/nonpad_kv_seqlen" : "");
 }
@@ -41,10 +44,10 @@ Status select_variant(const FlashParams& p, VariantKey* key) {
   key->dtype = p.dtype;
   key->head_dim = bucket;
   key->even_d = p.d == bucket && p.dv == bucket && strides_aligned(p);
-  key->causal = p.causal;
   key->mask = p.mask_kind;
   key->extras = p.window_left >= 0 || p.window_right >= 0 || p.softcap > 0.0f || p.seqlens_k != nullptr;
   key->precision = p.dtype == DType::kFloat32 ? p.fp32_precision : Fp32Precision::kIeee;
+  if (key->even_d && !has_even_variant(key->head_dim)) key->even_d = false;
   return Status::Ok();
 }
 
@@ -87,7 +90,7 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream) {
   int32_t hq = static_cast<int32_t>(p.hq), group = static_cast<int32_t>(p.hq / p.hkv),
           sq = static_cast<int32_t>(p.sq), skv = static_cast<int32_t>(p.skv),
           dd = static_cast<int32_t>(p.d), dv = static_cast<int32_t>(p.dv),
-          offset = static_cast<int32_t>(p.offset),
+          offset = static_cast<int32_t>(p.offset), causal = p.causal ? 1 : 0,
           wl = static_cast<int32_t>(p.window_left), wr = static_cast<int32_t>(p.window_right),
           mask_len = static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len),
           has_seqlens = p.seqlens_k != nullptr, store_lse = p.lse != nullptr;
@@ -102,7 +105,7 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream) {
   CUdeviceptr global_scratch = 0, profile_scratch = 0;
   void* args[kLaunchArgCount + 2] = {
       &q, &kk, &v, &y, &lse, &mask, &seqlens, &scale, &softcap, &hq, &group, &sq, &skv, &dd, &dv,
-      &offset, &wl, &wr, &mask_len, &has_seqlens, &store_lse,
+      &offset, &causal, &wl, &wr, &mask_len, &has_seqlens, &store_lse,
       &strides[0], &strides[1], &strides[2], &strides[3], &strides[4], &strides[5], &strides[6],
       &strides[7], &strides[8], &strides[9], &strides[10], &strides[11], &strides[12],
       &strides[13], &strides[14], &strides[15], &global_scratch, &profile_scratch};

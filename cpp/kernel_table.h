@@ -13,13 +13,12 @@ struct VariantKey {
   DType dtype;
   int head_dim;        // BLOCK_D == BLOCK_DV bucket
   bool even_d;         // D == Dv == head_dim and every Q/K/V/Y stride a multiple of 16
-  bool causal;
   MaskKind mask;
   bool extras;         // windows, softcap or nonpad_kv_seqlen in use
   Fp32Precision precision;  // fp32 only; kIeee for fp16/bf16
   bool operator==(const VariantKey& o) const {
-    return dtype == o.dtype && head_dim == o.head_dim && even_d == o.even_d &&
-           causal == o.causal && mask == o.mask && extras == o.extras && precision == o.precision;
+    return dtype == o.dtype && head_dim == o.head_dim && even_d == o.even_d && mask == o.mask &&
+           extras == o.extras && precision == o.precision;
   }
 };
 
@@ -36,7 +35,7 @@ struct KernelEntry {
 };
 
 // Runtime arguments of aot/flash_fwd.py's kernel, in order (the launch ABI).
-constexpr int kLaunchArgCount = 37;
+constexpr int kLaunchArgCount = 38;
 
 const KernelEntry* kernel_table(size_t* count);
 const char* kernel_table_triton_version();

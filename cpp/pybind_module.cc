@@ -35,7 +35,7 @@ py::list kernels() {
     d["dtype"] = dtype_name(e.key.dtype);
     d["head_dim"] = e.key.head_dim;
     d["even_d"] = e.key.even_d;
-    d["causal"] = e.key.causal;
+    d["precision"] = e.key.precision == Fp32Precision::kIeee ? "ieee" : (e.key.precision == Fp32Precision::kTf32 ? "tf32" : "tf32x3");
     d["mask"] = mask_name(e.key.mask);
     d["extras"] = e.key.extras;
     d["num_warps"] = e.num_warps;
@@ -119,7 +119,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("variant_for", [](const FlashParams& p) {
     VariantKey k{};
     check(select_variant(p, &k));
-    return py::make_tuple(dtype_name(k.dtype), k.head_dim, k.even_d, k.causal, mask_name(k.mask), k.extras);
+    return py::make_tuple(dtype_name(k.dtype), k.head_dim, k.even_d, mask_name(k.mask), k.extras);
   });
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     check(launch_flash_cuda(p, reinterpret_cast<CUstream>(stream)));

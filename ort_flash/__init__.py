@@ -20,6 +20,6 @@ __all__ = ["InferenceSession", "library_path", "session_options", "rewrite", "Re
 def __getattr__(name):
     # The rewriter pulls in onnxscript; import it only when asked for.
     if name in ("rewrite", "RewriteResult"):
-        from . import rewrite as _rewrite_pkg
+        from . import rewriter as _rewrite_pkg
         return getattr(_rewrite_pkg, name)
     raise AttributeError(f"module 'ort_flash' has no attribute {name!r}")

@@ -1,0 +1,50 @@
+"""`ort-flash`: rewrite, verify, info, demo."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ort_flash import commands
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from ort_flash.info import format_info
+    print(format_info())
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ort_flash.demo import run_demo
+    return run_demo(provider=args.provider, seq_lens=args.seq_lens, repeat=args.repeat)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ort-flash", description="FlashAttention for ONNX Runtime models")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("rewrite", help="fuse attention subgraphs into ort_flash.FlashAttention")
+    commands.add_rewrite_arguments(r)
+    r.set_defaults(func=commands.cmd_rewrite)
+    v = sub.add_parser("verify", help="run original and rewritten models on the same random inputs")
+    commands.add_verify_arguments(v)
+    v.set_defaults(func=commands.cmd_verify)
+    i = sub.add_parser("info", help="library path, ONNX Runtime version, compiled kernels, this GPU")
+    i.set_defaults(func=_cmd_info)
+    d = sub.add_parser("demo", help="rewrite, verify and time the bundled GPT-2-style model")
+    d.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto")
+    d.add_argument("--seq-lens", type=int, nargs="+", default=None,
+                   help="sequence lengths to time (default: 256 1024 on CPU, 512 1024 2048 on CUDA)")
+    d.add_argument("--repeat", type=int, default=None, help="timed runs per model and length")
+    d.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

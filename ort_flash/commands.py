@@ -1,0 +1,138 @@
+"""The ``rewrite`` and ``verify`` subcommands: argparse Namespace in, exit code out.
+
+``ort_flash/cli.py`` builds the parser (``add_rewrite_arguments`` / ``add_verify_arguments``
+define the flags once) and dispatches to ``cmd_rewrite`` / ``cmd_verify``. User errors (a missing
+file, a file that is not ONNX, a truncated one, an unwritable output) print one line on stderr and
+return 2, with no traceback; ``verify`` returns 1 when outputs differ beyond tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import onnx
+
+from ort_flash.rewriter.model_io import ModelLoadError, load_model
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", help="ONNX model to rewrite (never modified)")
+    parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
+    parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+
+
+def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("original", help="the model before rewriting")
+    parser.add_argument("rewritten", help="the model after rewriting")
+    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
+    parser.add_argument("--seq-len", type=int, default=None, help="size of dynamic sequence dims")
+    parser.add_argument("--batch", type=int, default=2, help="size of dynamic batch dims")
+    parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
+    parser.add_argument("--json", metavar="FILE.json", help="also write the result as JSON")
+
+
+def cmd_rewrite(args: argparse.Namespace) -> int:
+    from ort_flash.rewriter import rewrite
+
+    try:
+        if _same_file(args.input, args.output):
+            raise ModelLoadError(f"{args.output}: is the input model; choose another output path")
+        model = load_model(args.input)
+        _check_writable(args.output)
+        if args.report:
+            _check_writable(args.report)
+        result = rewrite(model)
+        print(result.report.format_table())
+        _write_atomic(args.output, lambda path: onnx.save_model(result.model, path))
+        if args.report:
+            _write_atomic(args.report, lambda path: _write_text(path, result.report.to_json()))
+    except (ModelLoadError, OSError) as e:
+        return _user_error(e)
+    print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ort_flash.verify import ModelMismatchError, verify
+
+    try:
+        for path in (args.original, args.rewritten):
+            load_model(path)  # a clear message for a bad file before ONNX Runtime sees it
+        if args.seq_len is not None and args.seq_len < 1:
+            raise ModelLoadError(f"--seq-len must be at least 1, not {args.seq_len}")
+        result = verify(
+            args.original, args.rewritten, providers=PROVIDERS[args.provider],
+            batch=getattr(args, "batch", 2), seq_len=args.seq_len, seed=getattr(args, "seed", None),
+        )
+    except (ModelLoadError, ModelMismatchError, OSError) as e:
+        return _user_error(e)
+    except _onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library
+        return _user_error(f"onnxruntime: {e}")
+    print(result.format_table())
+    if getattr(args, "json", None):
+        try:
+            _write_atomic(args.json, lambda path: _write_text(path, result.to_json()))
+        except OSError as e:
+            return _user_error(e)
+    return EXIT_OK if result.passed else EXIT_MISMATCH
+
+
+def _onnxruntime_errors() -> tuple[type[BaseException], ...]:
+    """ONNX Runtime's Python exceptions (Fail, InvalidGraph, ...), which derive from Exception only."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NoSuchFile",
+             "NoModel", "RuntimeException", "NotImplemented", "EPFail", "ModelLoaded")
+    return (RuntimeError, *(getattr(state, n) for n in names if hasattr(state, n)))
+
+
+def _user_error(error: Exception | str) -> int:
+    text = str(error).strip().splitlines()
+    print(f"ort-flash: error: {text[0] if text else type(error).__name__}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _check_writable(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ModelLoadError(f"{path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a directory")
+
+
+def _write_atomic(path: str, write) -> None:
+    """Write through a temp file in the same folder, then os.replace: never a half-written file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + "\n")

@@ -1,0 +1,59 @@
+"""What `ort-flash info` prints: the library, ONNX Runtime, the compiled kernels, this GPU."""
+from __future__ import annotations
+
+import collections
+
+
+def cuda_device_arch() -> tuple[int, str] | None:
+    """(SM version, name) of CUDA device 0 through the driver, or None without a usable GPU."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    if cuda.cuInit(0) != 0:
+        return None
+    count = ctypes.c_int(0)
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return None
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, 0)
+    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, 0)
+    name = ctypes.create_string_buffer(256)
+    cuda.cuDeviceGetName(name, 256, 0)
+    return major.value * 10 + minor.value, name.value.decode(errors="replace")
+
+
+def format_info() -> str:
+    import onnxruntime as ort
+
+    import ort_flash
+    from ort_flash import _C
+
+    kernels = _C.kernels()
+    archs = sorted({k["arch"] for k in kernels})
+    lines = [
+        f"ort_flash {ort_flash.__version__}",
+        f"library:      {ort_flash.library_path()}",
+        f"onnxruntime:  {ort.__version__} (providers: {', '.join(ort.get_available_providers())})",
+        f"kernels:      {len(kernels)} AOT cubins from Triton {_C.triton_version()} for "
+        + ", ".join(f"sm_{a}" for a in archs),
+    ]
+    groups = collections.defaultdict(set)
+    for k in kernels:
+        name = k["dtype"] + (f" ({k['precision']} dots)" if k["dtype"] == "float32" else "")
+        groups[name].add(k["head_dim"])
+    for name, dims in sorted(groups.items()):
+        lines.append(f"  {name:22s} head dims up to {', '.join(map(str, sorted(dims)))}; "
+                     "causal or not, no/bool/additive mask, windows, softcap, nonpad_kv_seqlen")
+    dev = cuda_device_arch()
+    if dev is None:
+        lines.append("GPU:          none found (the CPU execution provider runs the op)")
+    else:
+        arch, name = dev
+        same_major = [a for a in archs if a // 10 == arch // 10 and a <= arch]
+        verdict = (f"supported (runs the sm_{max(same_major)} kernels)" if same_major
+                   else f"NOT supported by this build: rebuild with ORT_FLASH_CUDA_ARCHS including {arch}")
+        lines.append(f"GPU:          {name}, sm_{arch}: {verdict}")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""Timing ONNX Runtime sessions the way METHOD.md asks: warm-up, several fresh input sets in
+rotation, device-resident inputs and outputs on CUDA (IOBinding), the median of many runs."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+
+class SessionTimer:
+    """Times `session.run` over rotating feed sets; on CUDA binds inputs and outputs on device."""
+
+    def __init__(self, session, feed_sets: list[dict], device: str = "cpu"):
+        self.session = session
+        self.device = device
+        self.bindings = []
+        if device == "cuda":
+            import onnxruntime as ort
+            for feeds in feed_sets:
+                io = session.io_binding()
+                for name, value in feeds.items():
+                    io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+                for out in session.get_outputs():
+                    io.bind_output(out.name, "cuda")
+                self.bindings.append(io)
+        self.feed_sets = feed_sets
+
+    def run_once(self, i: int = 0) -> None:
+        if self.device == "cuda":
+            io = self.bindings[i % len(self.bindings)]
+            io.synchronize_inputs()
+            self.session.run_with_iobinding(io)
+            io.synchronize_outputs()
+        else:
+            self.session.run(None, self.feed_sets[i % len(self.feed_sets)])
+
+    def median_ms(self, repeat: int, warmup: int = 3) -> float:
+        for i in range(warmup):
+            self.run_once(i)
+        times = []
+        for i in range(repeat):
+            t0 = time.perf_counter()
+            self.run_once(i)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def node_placements(model, feeds: dict, providers, sess_options) -> dict[tuple[str, str], int]:
+    """{(op type, execution provider): count} of the nodes ONNX Runtime actually ran, read from
+    its profiler (the proof of where the fused op executes)."""
+    import onnxruntime as ort
+
+    sess_options.enable_profiling = True
+    sess = ort.InferenceSession(model, sess_options, providers=providers)
+    sess.run(None, feeds)
+    path = sess.end_profiling()
+    try:
+        with open(path) as f:
+            events = json.load(f)
+    finally:
+        os.unlink(path)
+    counts: dict[tuple[str, str], int] = {}
+    seen = set()
+    for e in events:
+        args = e.get("args", {})
+        if e.get("cat") == "Node" and "op_name" in args and e.get("name", "").endswith("_kernel_time"):
+            key = (e["name"], args.get("provider", "?"))
+            if key in seen:
+                continue
+            seen.add(key)
+            k = (args["op_name"], args.get("provider", "?"))
+            counts[k] = counts.get(k, 0) + 1
+    return counts

@@ -1,0 +1,229 @@
+"""Run an original and a rewritten model on the same random inputs and compare the outputs.
+
+The baseline runs with ONNX Runtime's graph optimizations off (so ORT's own fusions do not blur
+the comparison); the rewritten model runs with the ort_flash custom-op library registered
+(``ort_flash.session_options()``). Inputs are what a real caller would feed: token ids inside
+the vocabulary (read from the embedding Gather the input feeds), 0/1 attention masks padded at
+the end of some rows (never a whole row), floats from N(0, 1). Every output element is compared
+in float64, padded positions included: the two models must agree everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+
+from ort_flash.rewriter.model_io import load_model
+
+# (atol, rtol) by output dtype: pass where |got - want| <= atol + rtol * |want|, elementwise.
+TOLERANCES = {
+    "float64": (1e-6, 1e-6),
+    "float32": (1e-4, 1e-4),
+    "float16": (2e-2, 2e-2),
+    "bfloat16": (5e-2, 5e-2),
+}
+DEFAULT_SEQ_LEN = 37  # odd on purpose: exercises the kernels' partial tiles
+SMALL_INT_RANGE = 4  # ids for integer inputs that feed no embedding Gather
+
+
+class ModelMismatchError(ValueError):
+    """The two models do not have the same interface (they cannot be compared)."""
+
+
+@dataclasses.dataclass
+class OutputComparison:
+    name: str
+    dtype: str
+    shape: list[int]
+    max_abs: float
+    max_rel: float  # largest |got - want| / |want| over elements with |want| >= atol
+    atol: float
+    rtol: float
+    passed: bool
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    providers: list[str]  # as requested
+    baseline_providers: list[str]  # as the sessions report them
+    rewritten_providers: list[str]
+    seed: int
+    inputs: dict[str, str]  # name -> "dtype[shape]"
+    outputs: list[OutputComparison]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.outputs) and all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "passed": self.passed}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def format_table(self) -> str:
+        feeds = ", ".join(f"{k} {v}" for k, v in self.inputs.items())
+        lines = [f"verify on {', '.join(self.rewritten_providers)} (seed {self.seed}); inputs: {feeds}"]
+        header = ("output", "dtype", "shape", "max_abs", "max_rel", "atol", "rtol", "result")
+        rows = [
+            (o.name, o.dtype, "x".join(map(str, o.shape)), f"{o.max_abs:.3g}", f"{o.max_rel:.3g}",
+             f"{o.atol:g}", f"{o.rtol:g}", "pass" if o.passed else "FAIL")
+            for o in self.outputs
+        ]
+        widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+        for row in (header, tuple("-" * w for w in widths), *rows):
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append("PASS" if self.passed else "FAIL: outputs differ beyond tolerance")
+        return "\n".join(lines)
+
+
+def verify(
+    original: onnx.ModelProto | str | os.PathLike,
+    rewritten: onnx.ModelProto | str | os.PathLike,
+    *,
+    providers: Sequence[str] | None = None,
+    batch: int = 2,
+    seq_len: int | None = None,
+    seed: int | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> VerifyResult:
+    import onnxruntime as ort
+
+    import ort_flash
+
+    providers = list(providers or ["CPUExecutionProvider"])
+    if "CUDAExecutionProvider" in providers and hasattr(ort, "preload_dlls"):
+        try:
+            ort.preload_dlls()  # how onnxruntime-gpu finds the nvidia-* wheels' CUDA libraries
+        except Exception:  # noqa: BLE001 - absent CUDA wheels: the session reports it
+            pass
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2**31))
+    original_proto = load_model(original)
+    feeds = make_inputs(original_proto, batch=batch, seq_len=seq_len or DEFAULT_SEQ_LEN, seed=seed)
+
+    base_opts = ort.SessionOptions()
+    base_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    base = ort.InferenceSession(_source(original), base_opts, providers=providers)
+    fast = ort.InferenceSession(_source(rewritten), ort_flash.session_options(), providers=providers)
+
+    names = [o.name for o in base.get_outputs()]
+    missing = sorted(set(names) - {o.name for o in fast.get_outputs()})
+    if missing:
+        raise ModelMismatchError(f"the rewritten model lacks outputs {missing}")
+    extra = sorted({i.name for i in fast.get_inputs()} - set(feeds))
+    if extra:
+        raise ModelMismatchError(f"the rewritten model needs inputs the original lacks: {extra}")
+    want = dict(zip(names, base.run(names, feeds)))
+    got = dict(zip(names, fast.run(names, feeds)))
+    outputs = [_compare(n, got[n], want[n], atol, rtol) for n in names]
+    return VerifyResult(
+        providers=providers, baseline_providers=base.get_providers(),
+        rewritten_providers=fast.get_providers(), seed=seed,
+        inputs={k: f"{_dtype_name(v.dtype)}[{','.join(map(str, v.shape))}]" for k, v in feeds.items()},
+        outputs=outputs,
+    )
+
+
+def make_inputs(model: onnx.ModelProto, *, batch: int, seq_len: int, seed: int) -> dict:
+    """Random feeds for every graph input that is not an initializer."""
+    rng = np.random.default_rng(seed)
+    initializers = {i.name for i in model.graph.initializer}
+    vocab = _embedding_vocab_sizes(model)
+    sizes: dict[str, int] = {}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        shape = []
+        for axis, dim in enumerate(tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                shape.append(dim.dim_value)
+                continue
+            size = batch if axis == 0 else seq_len
+            shape.append(sizes.setdefault(dim.dim_param, size) if dim.dim_param else size)
+        feeds[value.name] = _random_input(value.name, dtype, shape, vocab.get(value.name), rng)
+    return feeds
+
+
+def _random_input(name, dtype, shape, vocab, rng) -> np.ndarray:
+    if np.issubdtype(dtype, np.floating) or dtype.kind == "V":  # "V": ml_dtypes bfloat16
+        return rng.standard_normal(shape).astype(dtype)
+    if "mask" in name.lower() and len(shape) >= 1:
+        return _padding_mask(shape, rng).astype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    return rng.integers(0, vocab or SMALL_INT_RANGE, shape).astype(dtype)
+
+
+def _padding_mask(shape: list[int], rng) -> np.ndarray:
+    """1 = attend; odd rows lose a random tail of at most half their length, row 0 none."""
+    mask = np.ones(shape, dtype=np.int64)
+    rows = mask.reshape(-1, shape[-1])
+    for r in range(1, rows.shape[0], 2):
+        if shape[-1] > 1:
+            rows[r, shape[-1] - int(rng.integers(1, shape[-1] // 2 + 1)):] = 0
+    return mask
+
+
+def _embedding_vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph input -> rows of the embedding table that its values index (via Gather axis 0)."""
+    tables = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) >= 1}
+    passthrough = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity", "Expand"}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    sizes = {}
+    for value in model.graph.input:
+        frontier, seen = [value.name], set()
+        while frontier:
+            name = frontier.pop()
+            for node in consumers.get(name, []):
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if (node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name
+                        and node.input[0] in tables and axis == 0):
+                    sizes[value.name] = min(sizes.get(value.name, 1 << 62), tables[node.input[0]])
+                elif node.op_type in passthrough and node.input[0] == name:
+                    frontier += [o for o in node.output if o not in seen]
+                    seen.update(node.output)
+    return sizes
+
+
+def _compare(name, got, want, atol, rtol) -> OutputComparison:
+    dtype = _dtype_name(want.dtype)
+    default = TOLERANCES.get(dtype, (0.0, 0.0))  # non-float outputs must match exactly
+    atol = default[0] if atol is None else atol
+    rtol = default[1] if rtol is None else rtol
+    if got.shape != want.shape:
+        return OutputComparison(name, dtype, list(want.shape), float("inf"), float("inf"),
+                                atol, rtol, False)
+    a, b = got.astype(np.float64), want.astype(np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))  # equal infinities and NaN in both agree
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)  # NaN on one side only
+    big = np.abs(b) >= max(atol, np.finfo(np.float64).tiny)
+    max_abs = float(diff.max(initial=0.0))
+    max_rel = float((diff[big] / np.abs(b[big])).max(initial=0.0))
+    passed = bool(np.all(diff <= atol + rtol * np.abs(np.nan_to_num(b))))
+    return OutputComparison(name, dtype, list(want.shape), max_abs, max_rel, atol, rtol, passed)
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return "bfloat16" if dtype.name == "bfloat16" else np.dtype(dtype).name
+
+
+def _source(model: onnx.ModelProto | str | os.PathLike):
+    """What InferenceSession takes: a path as it is (external data stays next to it), else bytes."""
+    if isinstance(model, onnx.ModelProto):
+        return model.SerializeToString()
+    return os.fspath(model)

@@ -1,0 +1,95 @@
+"""One-node ONNX models of ``ort_flash.FlashAttention`` and a runner over ONNX Runtime.
+
+The runner binds every input and output through IOBinding: outputs are preallocated, poisoned
+with NaN (so an element the op never writes shows up) and bfloat16 travels as uint16 buffers
+tagged BFLOAT16 (ONNX Runtime's numpy bridge has no bfloat16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import helper
+
+INPUT_NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+OUTPUT_NAMES = ("Y", "present_key", "present_value", "softmax_lse")
+IR_VERSION = 10  # onnxruntime loads IR <= 13; onnx's helpers would write a newer one
+OPSETS = (("ort_flash", 1), ("", 21))
+
+
+def _elem_type(dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def flash_attention_model(
+    inputs: Mapping[str, np.ndarray],
+    outputs: Mapping[str, np.dtype],
+    **attrs,
+) -> bytes:
+    """A model whose one node is FlashAttention.
+
+    ``inputs`` maps the names in INPUT_NAMES that are present to example arrays (their dtype
+    and rank become the graph input types; dims are left symbolic); absent optional inputs
+    become the empty name. ``outputs`` maps wanted names in OUTPUT_NAMES to dtypes. ``attrs``
+    are the node attributes; None values are left out.
+    """
+    unknown = set(inputs) - set(INPUT_NAMES) | set(outputs) - set(OUTPUT_NAMES)
+    if unknown:
+        raise ValueError(f"unknown input/output names {sorted(unknown)}")
+    node_inputs = [n if n in inputs else "" for n in INPUT_NAMES]
+    node_outputs = [n if n in outputs else "" for n in OUTPUT_NAMES]
+    while node_inputs[-1] == "":
+        node_inputs.pop()
+    while node_outputs[-1] == "":
+        node_outputs.pop()
+    node = helper.make_node(
+        "FlashAttention", node_inputs, node_outputs, domain="ort_flash",
+        **{k: v for k, v in attrs.items() if v is not None},
+    )
+    graph = helper.make_graph(
+        [node], "flash_attention",
+        [helper.make_tensor_value_info(n, _elem_type(a.dtype), [None] * a.ndim)
+         for n, a in inputs.items()],
+        [helper.make_tensor_value_info(n, _elem_type(dt), None) for n, dt in outputs.items()],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in OPSETS])
+    model.ir_version = IR_VERSION
+    return model.SerializeToString()
+
+
+def _ort_value(array: np.ndarray):
+    import onnxruntime as ort
+
+    if array.dtype == ml_dtypes.bfloat16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            array.view(np.uint16), onnx.TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def run_model(
+    model: bytes,
+    feeds: Mapping[str, np.ndarray],
+    outputs: Mapping[str, tuple[Sequence[int], np.dtype]],
+    providers: Sequence[str],
+) -> dict[str, np.ndarray]:
+    """Runs ``model`` in an ort_flash session; ``outputs`` maps names to (shape, dtype)."""
+    import ort_flash
+
+    session = ort_flash.InferenceSession(model, providers=list(providers))
+    binding = session.io_binding()
+    keep = []  # the numpy buffers behind the OrtValues must outlive the run
+    for name, array in feeds.items():
+        array = np.ascontiguousarray(array)
+        keep.append(array)
+        binding.bind_ortvalue_input(name, _ort_value(array))
+    results = {}
+    for name, (shape, dtype) in outputs.items():
+        buf = np.full(shape, np.nan, dtype=dtype)  # every output is floating point
+        results[name] = buf
+        binding.bind_ortvalue_output(name, _ort_value(buf))
+    session.run_with_iobinding(binding)
+    return results

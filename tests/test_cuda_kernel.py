@@ -1,0 +1,132 @@
+"""The AOT cubins called directly (ort_flash._C.run_cuda on torch tensors), without ONNX Runtime:
+fresh random inputs, outputs poisoned with NaN, odd shapes, against the float64 reference with
+the error contract (2x the plain low-precision error + a floor)."""
+from __future__ import annotations
+
+import math
+import secrets
+
+import numpy as np
+import pytest
+
+from ort_flash.reference import attention_lowp, attention_reference, error_bound
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="direct kernel tests drive the GPU through torch")
+
+FLOORS = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 4e-6}
+TORCH = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+
+CASES = [
+    dict(b=2, hq=4, hkv=4, sq=113, skv=203, d=64),
+    dict(b=1, hq=8, hkv=2, sq=1023, skv=1024, d=128, causal=True),
+    dict(b=2, hq=6, hkv=1, sq=77, skv=77, d=64, causal=True),
+    dict(b=1, hq=2, hkv=2, sq=33, skv=300, d=128, causal=True, offset=267),
+    dict(b=2, hq=4, hkv=2, sq=129, skv=65, d=80, dv=48),
+    dict(b=1, hq=2, hkv=2, sq=70, skv=130, d=256),
+    dict(b=1, hq=2, hkv=1, sq=40, skv=50, d=24, dv=24),
+    dict(b=2, hq=4, hkv=4, sq=97, skv=97, d=64, mask="add"),
+    dict(b=2, hq=4, hkv=2, sq=64, skv=190, d=128, mask="bool", causal=True),
+    dict(b=2, hq=4, hkv=4, sq=50, skv=120, d=64, window=(16, 3), softcap=20.0),
+    dict(b=3, hq=4, hkv=4, sq=8, skv=256, d=128, nonpad=True, causal=True),
+]
+
+
+def _case_id(c):
+    return "-".join(f"{k}{v}" for k, v in c.items())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_kernel_matches_reference(case, dtype):
+    from ort_flash import _C
+
+    c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
+                  nonpad=False), **case)
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
+    dv = c["dv"] or d
+    tdt = getattr(torch, TORCH[dtype])
+    dev = torch.device("cuda")
+
+    def rand(*shape):
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(dev, tdt)
+
+    q, k, v = rand(b, hq, sq, d), rand(b, hkv, skv, d), rand(b, hkv, skv, dv)
+    y = torch.full((b, hq, sq, dv), float("nan"), dtype=tdt, device=dev)
+    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=dev)
+    p = _C.FlashParams()
+    p.dtype = getattr(_C.DType, dtype)
+    p.q, p.k, p.v, p.y, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), y.data_ptr(), lse.data_ptr()
+    p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, d, dv
+    p.q_stride, p.k_stride, p.v_stride, p.y_stride = (list(t.stride()[:3]) for t in (q, k, v, y))
+    p.scale = 1.0 / math.sqrt(d)
+    p.causal = c["causal"]
+    p.offset = c["offset"]
+    p.window_left, p.window_right = c["window"]
+    p.softcap = c["softcap"]
+    ref_kwargs = dict(is_causal=c["causal"], softcap=c["softcap"], left_window_size=c["window"][0],
+                      right_window_size=c["window"][1])
+    mask_np = None
+    if c["mask"] == "add":
+        mask_np = rng.standard_normal((b, 1, sq, skv)).astype(np.float32)
+        mask_np[:, :, 3, :] = -np.inf  # one fully masked row
+        m = torch.from_numpy(mask_np).to(dev, tdt)
+        p.mask_kind = _C.MaskKind.add
+    elif c["mask"] == "bool":
+        mask_np = rng.random((1, hq, sq, skv)) > 0.3
+        m = torch.from_numpy(mask_np).to(dev)
+        p.mask_kind = _C.MaskKind.bool
+    if mask_np is not None:
+        p.mask = m.data_ptr()
+        p.mask_stride = [0 if m.shape[i] == 1 else m.stride(i) for i in range(4)]
+        p.mask_len = skv
+    if c["nonpad"]:
+        lens = rng.integers(sq, skv + 1, size=b)
+        lens[0] = 0  # an empty cache row: fully masked
+        lens_t = torch.from_numpy(lens.astype(np.int64)).to(dev)
+        p.seqlens_k = lens_t.data_ptr()
+        ref_kwargs["nonpad_kv_seqlen"] = lens.astype(np.int64)
+    _C.run_cuda(p, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+
+    def host(t):
+        return t.float().cpu().numpy()
+
+    qh, kh, vh = host(q), host(k), host(v)
+    npdt = {"float16": np.float16, "float32": np.float32}.get(dtype)
+    if npdt is None:
+        import ml_dtypes
+        npdt = ml_dtypes.bfloat16
+    mask_arg = None
+    if mask_np is not None:
+        mask_arg = mask_np if mask_np.dtype == bool else mask_np.astype(npdt)
+    if c["offset"]:
+        # The kernel's offset is the past length: give the reference a past of that length.
+        past_k, past_v = kh[:, :, :c["offset"]], vh[:, :, :c["offset"]]
+        ref_kwargs.update(past_key=past_k.astype(npdt), past_value=past_v.astype(npdt))
+        kin, vin = kh[:, :, c["offset"]:], vh[:, :, c["offset"]:]
+    else:
+        kin, vin = kh, vh
+    args = (qh.astype(npdt), kin.astype(npdt), vin.astype(npdt))
+    ref_y, _, _, ref_lse = attention_reference(*args, attn_mask=mask_arg, **ref_kwargs)
+    low_y, _, _, _ = attention_lowp(*args, attn_mask=mask_arg, **ref_kwargs)
+    got = host(y).astype(np.float64)
+    ctx = f"{_case_id(case)} {dtype} seed={seed}"
+    assert not np.isnan(got).any(), f"{ctx}: {np.isnan(got).sum()} unwritten/NaN elements of Y"
+    err = float(np.abs(got - ref_y).max())
+    bound = error_bound(ref_y, low_y, FLOORS[dtype])
+    assert err <= bound, f"{ctx}: max|Y-ref| {err:.3g} > {bound:.3g}"
+    got_lse = lse.cpu().numpy()
+    assert np.array_equal(np.isneginf(got_lse), np.isneginf(ref_lse)), f"{ctx}: -inf lse rows differ"
+    fin = np.isfinite(ref_lse)
+    assert np.abs(got_lse[fin] - ref_lse[fin]).max(initial=0) < 1e-3 * max(1.0, np.abs(ref_lse[fin]).max(initial=1)), ctx
+
+
+def test_kernels_load_on_this_gpu():
+    from ort_flash import _C
+
+    arch, table_arch, sms, n = _C.prepare_device(0)
+    assert table_arch // 10 == arch // 10 and n > 0, (arch, table_arch, n)

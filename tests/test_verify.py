@@ -1,0 +1,144 @@
+"""ort_flash.verify: the inputs it makes, how it judges, and the demo model end to end on CPU.
+
+The end-to-end tests need the custom-op library (``ort_flash.library_path()``); they skip with
+the reason where it has not been built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ort_flash import commands
+from ort_flash.rewriter import rewrite
+from ort_flash.verify import OutputComparison, VerifyResult, _compare, make_inputs, verify
+
+DEMO = str(importlib.resources.files("ort_flash").joinpath("data", "gpt2_tiny.onnx"))
+
+
+def _library_missing() -> str | None:
+    try:
+        import ort_flash
+
+        path = ort_flash.library_path()
+    except Exception as e:  # not written yet, not built, not installed
+        return f"ort_flash custom-op library not available: {type(e).__name__}: {e}"
+    return None if os.path.exists(path) else f"ort_flash custom-op library not built: {path}"
+
+
+needs_library = pytest.mark.skipif(_library_missing() is not None,
+                                   reason=str(_library_missing()))
+
+
+# Inputs.
+
+
+def test_demo_inputs_are_ids_in_vocab_and_end_padded_masks():
+    model = onnx.load(DEMO)
+    vocab = json.loads(model.metadata_props[0].value)["vocab_size"]
+    feeds = make_inputs(model, batch=4, seq_len=50, seed=3)
+    ids, mask = feeds["input_ids"], feeds["attention_mask"]
+    assert ids.shape == mask.shape == (4, 50) and ids.dtype == mask.dtype == np.int64
+    assert ids.min() >= 0 and ids.max() < vocab and ids.max() >= vocab // 2  # from wte
+    assert set(np.unique(mask)) <= {0, 1}
+    assert mask[0].all() and mask.sum(axis=1).min() > 0  # never a fully padded row
+    assert (mask == 0).any()  # some padding
+    assert (np.diff(mask, axis=1) <= 0).all()  # padding only at the end of a row
+
+
+def test_inputs_are_seeded_and_respect_static_dims():
+    table = numpy_helper.from_array(np.zeros((7, 3), np.float32), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"]),
+         helper.make_node("Add", ["e", "x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 3]),
+         helper.make_tensor_value_info("other", TensorProto.INT32, [5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", 3])], [table])
+    model = helper.make_model(graph)
+    a = make_inputs(model, batch=2, seq_len=11, seed=1)
+    b = make_inputs(model, batch=2, seq_len=11, seed=1)
+    c = make_inputs(model, batch=2, seq_len=11, seed=2)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["x"], c["x"])
+    assert a["ids"].shape == (2, 11) and a["ids"].max() < 7
+    assert a["x"].shape == (2, 11, 3) and a["x"].dtype == np.float32
+    assert a["other"].shape == (5,) and a["other"].dtype == np.int32
+
+
+# Judging.
+
+
+@pytest.mark.parametrize("dtype, delta, passed", [
+    (np.float32, 0.0, True), (np.float32, 5e-6, True), (np.float32, 1e-3, False),
+    (np.float16, 1e-2, True), (np.float16, 1e-1, False),
+])
+def test_tolerance_by_dtype(dtype, delta, passed):
+    want = np.linspace(-1, 1, 64).astype(dtype)
+    got = (want.astype(np.float64) + delta).astype(dtype)
+    result = _compare("y", got, want, None, None)
+    assert result.passed is passed
+    assert result.max_abs == pytest.approx(np.abs(got.astype(float) - want.astype(float)).max())
+
+
+def test_nan_on_one_side_or_shape_mismatch_fails():
+    want = np.ones((2, 3), np.float32)
+    got = want.copy()
+    got[0, 0] = np.nan
+    assert not _compare("y", got, want, None, None).passed
+    assert _compare("y", want.copy(), want, None, None).passed
+    assert not _compare("y", np.ones((2, 4), np.float32), want, None, None).passed
+
+
+def test_result_table_and_json():
+    out = OutputComparison("logits", "float32", [2, 5], 1e-6, 2e-6, 1e-4, 1e-4, True)
+    result = VerifyResult(["CPUExecutionProvider"], ["CPUExecutionProvider"],
+                          ["CPUExecutionProvider"], 9, {"input_ids": "int64[2,5]"}, [out])
+    assert result.passed and json.loads(result.to_json())["passed"] is True
+    assert "logits" in result.format_table() and result.format_table().endswith("PASS")
+
+
+# End to end (needs the library).
+
+
+@needs_library
+def test_rewritten_demo_verifies_on_cpu():
+    result = verify(DEMO, rewrite(DEMO).model, providers=["CPUExecutionProvider"], seq_len=37,
+                    seed=0)
+    assert result.passed, result.format_table()
+    assert [o.name for o in result.outputs] == ["logits"]
+
+
+def _verify_args(original, rewritten, **kw):
+    return argparse.Namespace(original=str(original), rewritten=str(rewritten), provider="cpu",
+                              seq_len=kw.get("seq_len"), batch=2, seed=0, json=None)
+
+
+@needs_library
+def test_cmd_verify_passes_and_catches_a_wrong_scale(tmp_path, capsys):
+    good = rewrite(DEMO).model
+    onnx.save(good, tmp_path / "good.onnx")
+    assert commands.cmd_verify(_verify_args(DEMO, tmp_path / "good.onnx", seq_len=23)) == 0
+    assert "PASS" in capsys.readouterr().out
+    bad = onnx.ModelProto()
+    bad.CopyFrom(good)
+    node = next(n for n in bad.graph.node if n.op_type == "FlashAttention")
+    next(a for a in node.attribute if a.name == "scale").f = 0.5
+    onnx.save(bad, tmp_path / "bad.onnx")
+    assert commands.cmd_verify(_verify_args(DEMO, tmp_path / "bad.onnx")) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_cmd_verify_user_errors(tmp_path, capsys):
+    missing = tmp_path / "missing.onnx"
+    assert commands.cmd_verify(_verify_args(DEMO, missing)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such file" in err and "Traceback" not in err

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One GPU-machine session: install the carried onnxruntime-gpu, build ort_flash for sm_90 with
+# the machine's Python, run the GPU test suite, `ort-flash demo` and the given extra commands.
+# Logs land in $OUT. Run from the repository root on the device machine:
+#   bash tools/gpu_session.sh [extra command ...]
+# Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+log() { echo "== $*" | tee -a "$OUT/session.log"; }
+
+if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null; then
+  cat .ortgpu?/part > /tmp/ort.whl && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite /tmp/ort.whl || exit 1
+fi
+export PYTHONPATH=/tmp/ortsite
+export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
+git rev-parse HEAD 2>/dev/null | tee "$OUT/commit.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+log "build"
+t0=$(date +%s)
+python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+log "built in $(( $(date +%s) - t0 )) s"
+python3 -m ort_flash.cli info 2>&1 | tee "$OUT/info.log"
+log "GPU tests"
+python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" tests 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+log "demo"
+python3 -m ort_flash.cli demo --provider cuda 2>&1 | tee "$OUT/demo.log"
+for cmd in "$@"; do
+  log "$cmd"
+  bash -c "$cmd" 2>&1 | tee -a "$OUT/extra.log"
+done
