@@ -6,8 +6,8 @@ flag (it moves the loop bound and adds one compare). It follows
 ort_flash's op contract (cpp/flash_params.h): query row i of batch b sits at absolute position
 i + offset_b and attends key j when j < key_end_b, causal (j <= pos), windows and the mask allow.
 
-Program grid: (cdiv(Sq, BLOCK_M), B * Hq). Online softmax in base 2 with the scale folded into
-one multiplier, fp32 accumulation, int64 offsets.
+Program grid: (cdiv(Sq, BLOCK_M), B * Hq). Online softmax with exp2 (log2(e) folded into the
+scale unless an additive mask is added), fp32 accumulation, int64 offsets.
 """
 import triton
 import triton.language as tl
@@ -16,7 +16,6 @@ MASK_NONE = tl.constexpr(0)
 MASK_BOOL = tl.constexpr(1)
 MASK_ADD = tl.constexpr(2)
 
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -83,7 +82,6 @@ def flash_fwd(
         q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :],
                     mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
 
-    qk_scale = scale * 1.4426950408889634
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
@@ -117,12 +115,19 @@ def flash_fwd(
             v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
                         mask=col_ok[:, None] & (offs_dv[None, :] < Dv), other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        # Scores in base-2 units (log2(e) folded into the scale) unless an additive mask is
+        # added: then natural units, so a finfo.min mask cannot overflow when rescaled and the
+        # log2(e) factor is applied to differences (s - max) only.
+        if MASK_KIND == MASK_ADD:
+            unit = 1.0
+        else:
+            unit = 1.4426950408889634
         if EXTRAS:
             # c * tanh(x / c) = c * (1 - 2 / (exp(2x / c) + 1)), stable at both ends.
             capped = cap * (1.0 - 2.0 / (tl.exp(2.0 * s * (scale / cap)) + 1.0))
-            s = tl.where(cap_on, capped * 1.4426950408889634, s * qk_scale)
+            s = tl.where(cap_on, capped * unit, s * (scale * unit))
         else:
-            s = s * qk_scale
+            s = s * (scale * unit)
         keep = row_ok[:, None] & col_ok[None, :]
         keep = keep & (cols[None, :] <= pos[:, None] + right) & (cols[None, :] >= pos[:, None] - left)
         if MASK_KIND == MASK_BOOL:
@@ -132,18 +137,17 @@ def flash_fwd(
         if MASK_KIND == MASK_ADD:
             mv = tl.load(m_base + cols[None, :].to(tl.int64) * stride_mn,
                          mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            mv = mv.to(tl.float32)
-            # Clamp huge finite negatives (fp32 finfo.min) so the base-2 rescale cannot overflow
-            # them to -inf; -inf stays -inf. Either way such keys get weight 0 unless the whole
-            # row is equally masked, where both give the same uniform weights.
-            mv = tl.where(mv == float("-inf"), mv, tl.maximum(mv, -1.0e30))
-            s = s + mv * 1.4426950408889634
+            s = s + mv.to(tl.float32)
         s = tl.where(keep, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
+        if MASK_KIND == MASK_ADD:
+            p = tl.exp2((s - m_safe[:, None]) * 1.4426950408889634)
+            alpha = tl.exp2((m_i - m_safe) * 1.4426950408889634)
+        else:
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
@@ -157,5 +161,9 @@ def flash_fwd(
     else:
         tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < Dv))
     if store_lse != 0:
-        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+        if MASK_KIND == MASK_ADD:
+            lse = m_i + tl.log(l_safe)
+        else:
+            lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453
+        lse = tl.where(l_i == 0.0, float("-inf"), lse)
         tl.store(Lse + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)

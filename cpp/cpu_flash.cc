@@ -110,24 +110,54 @@ struct Row {
   int64_t lo, hi;                            // keys [lo, hi) pass the positional rules
 };
 
+// Per-thread scratch, reused across tasks and calls: ONNX Runtime's ParallelFor runs one item
+// per task, so buffers allocated per task would be allocated per tile. Kept under kKeepFloats.
+struct Arena {
+  std::vector<float> floats;
+  std::vector<Row> rows;
+};
+constexpr size_t kKeepFloats = size_t(1) << 22;  // 16 MiB per thread at most between calls
+
+Arena& thread_arena() {
+  thread_local Arena arena;
+  return arena;
+}
+
 template <class T>
 class TileWorker {
  public:
-  TileWorker(const FlashParams& p, int64_t tile_rows)
+  TileWorker(const FlashParams& p, int64_t tile_rows, Arena& arena)
       : p_(p),
         group_(p.hq / p.hkv),
         tiles_(ceil_div(group_ * p.sq, tile_rows)),
         tile_rows_(tile_rows),
-        dv8_(round_up(p.dv)),
-        qs_(size_t(tile_rows * p.d)),
-        kt_(size_t(p.d * kBlockN), 0.0f),
-        krow_(size_t(p.d)),
-        vb_(size_t(kBlockN * dv8_), 0.0f),
-        s_(size_t(tile_rows * kBlockN)),
-        acc_(size_t(tile_rows * dv8_)),
-        m_(size_t(tile_rows)),
-        l_(size_t(tile_rows)),
-        rows_(size_t(tile_rows)) {}
+        dv8_(round_up(p.dv)) {
+    const size_t sizes[] = {
+        size_t(tile_rows * p.d),   // qs_: scale * Q rows of the tile
+        size_t(p.d * kBlockN),     // kt_: K block, transposed
+        size_t(p.d),               // krow_: one K row converted to fp32
+        size_t(kBlockN * dv8_),    // vb_: V block, rows padded to dv8_
+        size_t(tile_rows * kBlockN),  // s_: scores, then probabilities
+        size_t(tile_rows * dv8_),  // acc_: unnormalized outputs
+        size_t(tile_rows),         // m_: running max
+        size_t(tile_rows)};        // l_: running sum
+    float** ptrs[] = {&qs_, &kt_, &krow_, &vb_, &s_, &acc_, &m_, &l_};
+    // Buffers start 64 bytes apart modulo 4 KiB, so that loads from one and stores to another
+    // do not falsely alias (4K aliasing stalls the PV loop otherwise).
+    const size_t kStagger = 16;
+    size_t total = 0;
+    for (size_t n : sizes) total += n + kStagger;
+    if (arena.floats.size() < total) arena.floats.resize(total);
+    if (arena.rows.size() < size_t(tile_rows)) arena.rows.resize(size_t(tile_rows));
+    float* next = arena.floats.data();
+    for (size_t i = 0; i < 8; ++i) {
+      *ptrs[i] = next;
+      next += sizes[i] + kStagger;
+    }
+    rows_ = arena.rows.data();
+    // The score loop runs over all kBlockN columns of kt_: keep unused ones finite (zero).
+    std::fill(kt_, kt_ + sizes[1], 0.0f);
+  }
 
   void run(int64_t item) {
     const int64_t t = item % tiles_;
@@ -137,7 +167,7 @@ class TileWorker {
     const int64_t nrows = std::min(tile_rows_, group_ * p_.sq - n0);
     int64_t lo = kInt64Max, hi = kInt64Min;
     for (int64_t r = 0; r < nrows; ++r) {
-      Row& row = rows_[size_t(r)];
+      Row& row = rows_[r];
       set_row(row, b, hk * group_ + (n0 + r) % group_, (n0 + r) / group_);
       if (row.lo < row.hi) {
         lo = std::min(lo, row.lo);
@@ -152,8 +182,11 @@ class TileWorker {
       int64_t ja, jb;  // keys of the block that some row attends
       if (!block_range(0, nrows, kb, nb, ja, jb)) continue;  // a gap between windows
       load_k(k, kb, ja, jb);
-      for (int64_t j = ja; j < jb; ++j)
-        load_row(v + (kb + j) * p_.v_stride[2], p_.dv, vb_.data() + j * dv8_);
+      for (int64_t j = ja; j < jb; ++j) {
+        float* dst = vb_ + j * dv8_;
+        load_row(v + (kb + j) * p_.v_stride[2], p_.dv, dst);
+        std::fill(dst + p_.dv, dst + dv8_, 0.0f);  // padding read by the PV loop
+      }
       scores(nrows, kb, nb);
       for (int64_t r = 0; r < nrows; ++r) softmax_update(r, kb, nb);
     }
@@ -167,7 +200,7 @@ class TileWorker {
     ja = nb;
     jb = 0;
     for (int64_t r = r0; r < r1; ++r) {
-      const Row& row = rows_[size_t(r)];
+      const Row& row = rows_[r];
       const int64_t a = std::max(row.lo, kb) - kb, z = std::min(row.hi, kb + nb) - kb;
       if (a < z) {
         ja = std::min(ja, a);
@@ -199,11 +232,11 @@ class TileWorker {
   void start_tile(int64_t nrows) {
     const T* q = static_cast<const T*>(p_.q);
     for (int64_t r = 0; r < nrows; ++r) {
-      load_row(q + rows_[size_t(r)].q_off, p_.d, p_.scale, qs_.data() + r * p_.d);
-      m_[size_t(r)] = kNegInf;
-      l_[size_t(r)] = 0.0f;
+      load_row(q + rows_[r].q_off, p_.d, p_.scale, qs_ + r * p_.d);
+      m_[r] = kNegInf;
+      l_[r] = 0.0f;
     }
-    std::fill(acc_.begin(), acc_.begin() + nrows * dv8_, 0.0f);
+    std::fill(acc_, acc_ + nrows * dv8_, 0.0f);
   }
 
   // kt_ = K[kb + ja : kb + jb]^T in fp32 (columns outside [ja, jb) hold stale values that no
@@ -213,27 +246,27 @@ class TileWorker {
     for (int64_t j = ja; j < jb; ++j) {
       const T* src = k + (kb + j) * p_.k_stride[2];
       const float* row = src_row(src);
-      for (int64_t e = 0; e < d; ++e) kt_[size_t(e * kBlockN + j)] = row[e];
+      for (int64_t e = 0; e < d; ++e) kt_[e * kBlockN + j] = row[e];
     }
   }
   const float* src_row(const float* src) { return src; }
   template <class U>
   const float* src_row(const U* src) {
-    load_row(src, p_.d, krow_.data());
-    return krow_.data();
+    load_row(src, p_.d, krow_);
+    return krow_;
   }
 
   // s_[r, :] = qs_[r] . kt_ over the whole block, four rows per pass over kt_; the inner loop
   // runs over kBlockN contiguous keys.
   void scores(int64_t nrows, int64_t kb, int64_t nb) {
     const int64_t d = p_.d;
-    const float* kt = kt_.data();
+    const float* kt = kt_;
     for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
       const int64_t nr = std::min<int64_t>(4, nrows - r0);
       int64_t ja, jb;
       if (!block_range(r0, r0 + nr, kb, nb, ja, jb)) continue;
       float t[4][kBlockN] = {};
-      const float* q0 = qs_.data() + r0 * d;
+      const float* q0 = qs_ + r0 * d;
       const float* q1 = q0 + (nr > 1 ? d : 0);
       const float* q2 = q0 + (nr > 2 ? 2 * d : 0);
       const float* q3 = q0 + (nr > 3 ? 3 * d : 0);
@@ -248,17 +281,17 @@ class TileWorker {
         }
       }
       for (int64_t r = 0; r < nr; ++r)
-        std::memcpy(s_.data() + (r0 + r) * kBlockN, t[r], sizeof(float) * kBlockN);
+        std::memcpy(s_ + (r0 + r) * kBlockN, t[r], sizeof(float) * kBlockN);
     }
   }
 
   // Softcap, masks, then the online-softmax update of row r with keys [kb, kb + nb).
   void softmax_update(int64_t r, int64_t kb, int64_t nb) {
-    const Row& row = rows_[size_t(r)];
+    const Row& row = rows_[r];
     const int64_t j0 = std::max(row.lo, kb) - kb;
     const int64_t j1 = std::min(row.hi, kb + nb) - kb;
     if (j0 >= j1) return;
-    float* s = s_.data() + r * kBlockN;
+    float* s = s_ + r * kBlockN;
     if (p_.softcap > 0.0f) {
       const float c = p_.softcap;
       for (int64_t j = j0; j < j1; ++j) s[j] = c * std::tanh(s[j] / c);
@@ -275,7 +308,7 @@ class TileWorker {
     float mx = kNegInf;
     for (int64_t j = j0; j < j1; ++j) mx = std::max(mx, s[j]);
     if (mx == kNegInf) return;  // nothing attended in this block
-    const float m_old = m_[size_t(r)];
+    const float m_old = m_[r];
     const float m_new = std::max(m_old, mx);
     const float alpha = std::exp(m_old - m_new);  // 0 on the first attended block
     float sum = 0.0f;
@@ -284,14 +317,14 @@ class TileWorker {
       sum += s[j];
     }
     const int64_t dv8 = dv8_;
-    float* acc = acc_.data() + r * dv8;
+    float* acc = acc_ + r * dv8;
     if (alpha != 1.0f)
       for (int64_t e = 0; e < dv8; ++e) acc[e] *= alpha;
     // acc += sum_j s[j] * V[j], four keys per pass over acc (masked keys have s[j] = 0).
     int64_t j = j0;
     for (; j + 4 <= j1; j += 4) {
       const float p0 = s[j], p1 = s[j + 1], p2 = s[j + 2], p3 = s[j + 3];
-      const float* v0 = vb_.data() + j * dv8;
+      const float* v0 = vb_ + j * dv8;
       const float* v1 = v0 + dv8;
       const float* v2 = v1 + dv8;
       const float* v3 = v2 + dv8;
@@ -301,22 +334,22 @@ class TileWorker {
     }
     for (; j < j1; ++j) {
       const float pj = s[j];
-      const float* vr = vb_.data() + j * dv8;
+      const float* vr = vb_ + j * dv8;
       for (int64_t e = 0; e < dv8; e += kLanes)
         for (int64_t u = 0; u < kLanes; ++u) acc[e + u] += pj * vr[e + u];
     }
-    m_[size_t(r)] = m_new;
-    l_[size_t(r)] = l_[size_t(r)] * alpha + sum;
+    m_[r] = m_new;
+    l_[r] = l_[r] * alpha + sum;
   }
 
   void finish_tile(int64_t nrows) {
     T* y = static_cast<T*>(p_.y);
     const int64_t dv = p_.dv;
     for (int64_t r = 0; r < nrows; ++r) {
-      const Row& row = rows_[size_t(r)];
-      const float m = m_[size_t(r)], l = l_[size_t(r)];
+      const Row& row = rows_[r];
+      const float m = m_[r], l = l_[r];
       const bool empty = m == kNegInf;  // no attended key: y = 0, lse = -inf
-      const float* acc = acc_.data() + r * dv8_;
+      const float* acc = acc_ + r * dv8_;
       T* dst = y + row.y_off;
       if (empty) {
         for (int64_t e = 0; e < dv; ++e) store(0.0f, dst + e);
@@ -329,8 +362,8 @@ class TileWorker {
 
   const FlashParams& p_;
   const int64_t group_, tiles_, tile_rows_, dv8_;
-  std::vector<float> qs_, kt_, krow_, vb_, s_, acc_, m_, l_;
-  std::vector<Row> rows_;
+  float *qs_, *kt_, *krow_, *vb_, *s_, *acc_, *m_, *l_;
+  Row* rows_;
 };
 
 void validate(const FlashParams& p) {
@@ -374,8 +407,10 @@ void run_typed(const FlashParams& p, const ParallelFor& parallel_for) {
   std::mutex error_mutex;
   const std::function<void(size_t, size_t)> task = [&](size_t begin, size_t end) {
     try {
-      TileWorker<T> worker(p, tile_rows);
+      Arena& arena = thread_arena();
+      TileWorker<T> worker(p, tile_rows, arena);
       for (size_t it = begin; it < end; ++it) worker.run(int64_t(it));
+      if (arena.floats.size() > kKeepFloats) arena = Arena();
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex);
       if (!error) error = std::current_exception();

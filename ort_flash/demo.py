@@ -28,7 +28,7 @@ def pick_device(requested: str) -> str:
     return "cpu"
 
 
-def run_demo(provider: str = "auto", seq_lens=None, repeat=None) -> int:
+def run_demo(provider: str = "auto", seq_lens=None, repeat=None, batches=None) -> int:
     import onnx
     import onnxruntime as ort
 
@@ -42,6 +42,7 @@ def run_demo(provider: str = "auto", seq_lens=None, repeat=None) -> int:
         ort.preload_dlls()
     seq_lens = seq_lens or ([512, 1024, 2048] if device == "cuda" else [256, 1024])
     repeat = repeat or (50 if device == "cuda" else 5)
+    batches = batches or ([1, 8] if device == "cuda" else [1])
     path = demo_model_path(device)
     print(f"== ort-flash demo on {device.upper()} ({providers[0]}), model {path}")
 
@@ -70,15 +71,16 @@ def run_demo(provider: str = "auto", seq_lens=None, repeat=None) -> int:
     base = ort.InferenceSession(original.SerializeToString(), providers=providers)
     fast = ort_flash.InferenceSession(rewritten, providers=providers)
     rows = []
-    for s in seq_lens:
-        sets = [make_inputs(original, batch=1, seq_len=s, seed=i) for i in range(3)]
-        t_base = SessionTimer(base, sets, device).median_ms(repeat)
-        t_fast = SessionTimer(fast, sets, device).median_ms(repeat)
-        rows.append((s, t_base, t_fast))
-    print(f"\nlatency, batch 1, median of {repeat} runs (ORT default graph optimizations for both):")
-    print(f"  {'seq':>6}  {'original ms':>12}  {'ort_flash ms':>12}  {'speedup':>8}")
-    for s, a, b in rows:
-        print(f"  {s:>6}  {a:>12.3f}  {b:>12.3f}  {a / b:>7.2f}x")
+    for batch in batches:
+        for s in seq_lens:
+            sets = [make_inputs(original, batch=batch, seq_len=s, seed=i) for i in range(3)]
+            t_base = SessionTimer(base, sets, device).median_ms(repeat)
+            t_fast = SessionTimer(fast, sets, device).median_ms(repeat)
+            rows.append((batch, s, t_base, t_fast))
+    print(f"\nlatency, median of {repeat} runs (ORT default graph optimizations for both):")
+    print(f"  {'batch':>5}  {'seq':>6}  {'original ms':>12}  {'ort_flash ms':>12}  {'speedup':>8}")
+    for batch, s, a, b in rows:
+        print(f"  {batch:>5}  {s:>6}  {a:>12.3f}  {b:>12.3f}  {a / b:>7.2f}x")
     return 0
 
 

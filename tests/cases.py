@@ -67,6 +67,7 @@ _BASE = [
     dict(name="window_causal_past", window=(40, -1), causal=True, past=64, sq=64, skv=64),
     dict(name="window_nonpad", window=(16, 4), nonpad=True, b=3),
     dict(name="softcap_scale", softcap=2.0, scale=0.3),
+    dict(name="sharp_softmax", scale=1.5, causal=True),  # scores of std 12
     dict(name="softcap_mask_causal", softcap=5.0, mask=("additive", "bhqk"), causal=True),
     dict(name="masked_rows_bool", mask=("bool", "bhqk"), masked_rows=True),
     dict(name="masked_rows_neginf", mask=("additive", "1hqk"), masked_rows="-inf"),

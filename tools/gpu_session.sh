@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 log() { echo "== $*" | tee -a "$OUT/session.log"; }
 
 if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null; then
-  cat .ortgpu?/part > /tmp/ort.whl && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite /tmp/ort.whl || exit 1
+  w=/tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl; cat .ortgpu?/part > $w && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite $w || exit 1
 fi
 export PYTHONPATH=/tmp/ortsite
 export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
