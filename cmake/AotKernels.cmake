@@ -11,6 +11,9 @@ if(NOT ORT_FLASH_CACHE_DIR)
   endif()
 endif()
 string(REPLACE ";" "," _archs "${ORT_FLASH_CUDA_ARCHS}")
+if(_archs STREQUAL "")
+  message(WARNING "ort_flash: ORT_FLASH_CUDA_ARCHS is empty: a CPU-only build (the CUDA EP will report that no kernels were compiled)")
+endif()
 set(_aot_sources
   "${PROJECT_SOURCE_DIR}/aot/build.py"
   "${PROJECT_SOURCE_DIR}/aot/flash_fwd.py"

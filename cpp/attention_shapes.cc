@@ -1,6 +1,7 @@
 #include "attention_shapes.h"
 
 #include <sstream>
+#include <utility>
 
 namespace ort_flash {
 
@@ -102,10 +103,20 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
   if (in[kMask].present) r.mask_kind = in[kMask].elem_type == kBool ? MaskKind::kBool : MaskKind::kAdditive;
 
   // Attributes.
-  if (attrs.is_causal != 0 && attrs.is_causal != 1) return c.fail_attr("attribute is_causal must be 0 or 1");
-  if (!(attrs.softcap >= 0.0f) || std::isinf(attrs.softcap)) return c.fail_attr("attribute softcap must be finite and >= 0 (0 = off)");
-  if (attrs.left_window < -1 || attrs.right_window < -1) return c.fail_attr("window sizes must be -1 (unbounded) or >= 0");
-  if (!std::isnan(attrs.scale) && !std::isfinite(attrs.scale)) return c.fail_attr("attribute scale must be finite");
+  auto num = [](double v) { std::ostringstream o; o << v; return o.str(); };
+  if (attrs.is_causal != 0 && attrs.is_causal != 1) {
+    return c.fail_attr("attribute is_causal is " + std::to_string(attrs.is_causal) + "; expected 0 or 1");
+  }
+  if (!(attrs.softcap >= 0.0f) || std::isinf(attrs.softcap)) {
+    return c.fail_attr("attribute softcap is " + num(attrs.softcap) + "; expected a finite value >= 0 (0 = off)");
+  }
+  for (auto [name, w] : {std::pair<const char*, int64_t>{"left_window_size", attrs.left_window},
+                         {"right_window_size", attrs.right_window}}) {
+    if (w < -1) return c.fail_attr(std::string("attribute ") + name + " is " + std::to_string(w) + "; expected -1 (unbounded) or >= 0");
+  }
+  if (!std::isnan(attrs.scale) && !std::isfinite(attrs.scale)) {
+    return c.fail_attr("attribute scale is " + num(attrs.scale) + "; expected a finite value");
+  }
 
   // Layout and heads.
   if (!in[kQ].rank_known || !in[kK].rank_known || !in[kV].rank_known) return Status::Ok();  // checked at run time

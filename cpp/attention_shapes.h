@@ -67,11 +67,12 @@ inline void seq_strides(int rank, int64_t heads, int64_t seq, int64_t width, int
   }
 }
 
-// Strides of a contiguous mask right-aligned to 4-D; broadcast (size-1) axes get stride 0.
+// Strides of a contiguous mask right-aligned to 4-D; broadcast (size-1) axes get stride 0. The
+// key axis keeps stride 1 even at size 1: ONNX pads a short key axis, it never broadcasts it.
 inline void mask_strides(const std::vector<int64_t>& shape4, int64_t out[4]) {
   int64_t s = 1;
   for (int a = 3; a >= 0; --a) {
-    out[a] = shape4[a] == 1 ? 0 : s;
+    out[a] = (shape4[a] == 1 && a < 3) ? 0 : s;
     s *= shape4[a];
   }
 }

@@ -94,21 +94,21 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream) {
           wl = static_cast<int32_t>(p.window_left), wr = static_cast<int32_t>(p.window_right),
           mask_len = static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len),
           has_seqlens = p.seqlens_k != nullptr, store_lse = p.lse != nullptr;
-  int64_t strides[16];
+  int64_t strides[15];
   for (int i = 0; i < 3; ++i) {
     strides[i] = p.q_stride[i];
     strides[3 + i] = p.k_stride[i];
     strides[6 + i] = p.v_stride[i];
     strides[9 + i] = p.y_stride[i];
   }
-  for (int i = 0; i < 4; ++i) strides[12 + i] = p.mask_stride[i];
+  for (int i = 0; i < 3; ++i) strides[12 + i] = p.mask_stride[i];  // the key stride is 1
   CUdeviceptr global_scratch = 0, profile_scratch = 0;
   void* args[kLaunchArgCount + 2] = {
       &q, &kk, &v, &y, &lse, &mask, &seqlens, &scale, &softcap, &hq, &group, &sq, &skv, &dd, &dv,
       &offset, &causal, &wl, &wr, &mask_len, &has_seqlens, &store_lse,
       &strides[0], &strides[1], &strides[2], &strides[3], &strides[4], &strides[5], &strides[6],
       &strides[7], &strides[8], &strides[9], &strides[10], &strides[11], &strides[12],
-      &strides[13], &strides[14], &strides[15], &global_scratch, &profile_scratch};
+      &strides[13], &strides[14], &global_scratch, &profile_scratch};
   return cuda_check(d->cuLaunchKernel(k->function, static_cast<unsigned>(grid_m),
                                       static_cast<unsigned>(grid_bh), 1, 32 * e.num_warps, 1, 1,
                                       static_cast<unsigned>(e.shared), stream, args, nullptr),

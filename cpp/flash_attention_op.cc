@@ -189,8 +189,7 @@ OrtStatusPtr FlashAttentionOp::CreateKernelV2(const OrtApi& api, const OrtKernel
 
 ONNXTensorElementDataType FlashAttentionOp::GetInputType(size_t index) const {
   if (index == kQ) return type_;
-  if (index == kNonpad) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked against Q with a clear message
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked by validate() with a clear message
 }
 
 OrtCustomOpInputOutputCharacteristic FlashAttentionOp::GetInputCharacteristic(size_t index) const {

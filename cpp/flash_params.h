@@ -42,7 +42,8 @@ struct FlashParams {
   int64_t y_stride[3] = {0, 0, 0};
 
   MaskKind mask_kind = MaskKind::kNone;
-  int64_t mask_stride[4] = {0, 0, 0, 0};  // (batch, head, query, key); 0 where broadcast
+  int64_t mask_stride[4] = {0, 0, 0, 1};  // (batch, head, query, key); 0 where broadcast.
+                                          // The key stride is always 1 (a contiguous row).
   int64_t mask_len = 0;                   // mask's key extent; keys at or past it are masked
 
   float scale = 1.0f;

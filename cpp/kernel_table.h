@@ -35,7 +35,7 @@ struct KernelEntry {
 };
 
 // Runtime arguments of aot/flash_fwd.py's kernel, in order (the launch ABI).
-constexpr int kLaunchArgCount = 38;
+constexpr int kLaunchArgCount = 37;
 
 const KernelEntry* kernel_table(size_t* count);
 const char* kernel_table_triton_version();

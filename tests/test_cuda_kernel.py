@@ -81,7 +81,7 @@ def test_kernel_matches_reference(case, dtype):
         p.mask_kind = _C.MaskKind.bool
     if mask_np is not None:
         p.mask = m.data_ptr()
-        p.mask_stride = [0 if m.shape[i] == 1 else m.stride(i) for i in range(4)]
+        p.mask_stride = [0 if m.shape[i] == 1 else m.stride(i) for i in range(3)] + [1]
         p.mask_len = skv
     if c["nonpad"]:
         lens = rng.integers(sq, skv + 1, size=b)
@@ -130,3 +130,33 @@ def test_kernels_load_on_this_gpu():
 
     arch, table_arch, sms, n = _C.prepare_device(0)
     assert table_arch // 10 == arch // 10 and n > 0, (arch, table_arch, n)
+
+
+def test_tensors_past_2_31_elements():
+    """Q and Y of 2^31 + 4736 elements (int64 offsets): the last rows of the last head are right."""
+    from ort_flash import _C
+
+    b, hq, hkv, sq, skv, d = 1, 2, 1, (1 << 24) + 37, 64, 64
+    assert b * hq * sq * d > 2**31
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(secrets.randbits(31))
+    q = torch.randn(b, hq, sq, d, device=dev, dtype=torch.float16, generator=gen)
+    k = torch.randn(b, hkv, skv, d, device=dev, dtype=torch.float16, generator=gen)
+    v = torch.randn(b, hkv, skv, d, device=dev, dtype=torch.float16, generator=gen)
+    y = torch.full_like(q, float("nan"))
+    p = _C.FlashParams()
+    p.dtype = _C.DType.float16
+    p.q, p.k, p.v, p.y = q.data_ptr(), k.data_ptr(), v.data_ptr(), y.data_ptr()
+    p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, d, d
+    p.q_stride, p.k_stride, p.v_stride, p.y_stride = (list(t.stride()[:3]) for t in (q, k, v, y))
+    p.scale = 0.125
+    _C.run_cuda(p, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    tail = slice(sq - 300, sq)
+    qt = q[:, :, tail].float().cpu().numpy().astype(np.float16)
+    ref, _, _, _ = attention_reference(qt, k.cpu().numpy(), v.cpu().numpy(), scale=0.125)
+    low, _, _, _ = attention_lowp(qt, k.cpu().numpy(), v.cpu().numpy(), scale=0.125)
+    got = y[:, :, tail].double().cpu().numpy()
+    assert not np.isnan(got).any()
+    assert np.abs(got - ref).max() <= error_bound(ref, low, FLOORS["float16"])
+    assert not torch.isnan(y).any().item(), "unwritten elements of Y"
