@@ -5,8 +5,9 @@ below for each target arch and generates the C++ table (`kernel_table.gen.cc`) t
 dispatcher (cpp/cuda_launch.cc, select_variant) searches by `VariantKey`; tile sizes reach C++
 through that table, so the launcher never restates them.
 
-Tiles were picked for Triton 3.6 (the pinned version) by hand; the Hopper performance work
-retunes them with a script kept in aot/.
+Tiles are for Triton 3.6 (the pinned version). The sm_90 fp16/bf16 tiles for head dims 64 and
+128 come from aot/tune.py on the H200 (docs/perf-notes.md); the rest are chosen by hand to fit
+shared memory and have not been tuned.
 """
 from __future__ import annotations
 
@@ -56,10 +57,10 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(64, 32, 4, 2 if v.head_dim <= 64 else 1)
     if v.head_dim >= 256:
         return TileConfig(64, 32, 4, 1 if arch < 90 else 2)
-    if arch >= 90:
+    if arch >= 90:  # tuned by aot/tune.py on the H200 (docs/perf-notes.md, 2026-11-29)
         if v.head_dim <= 64:
             return TileConfig(128, 64, 4, 3)
-        return TileConfig(128, 64, 8, 2)
+        return TileConfig(128, 64, 8, 3)
     if v.head_dim <= 64:
         return TileConfig(128, 64, 4, 3)
     return TileConfig(128, 32, 8, 2)
