@@ -6,7 +6,7 @@
 // each key block (kBlockN keys) of the tile's attended key range, K^T and V are converted to
 // fp32 tile buffers, scores S = (scale * Q) K^T are formed with vectorizable loops, and every
 // row updates its running max m, sum l and output accumulator (online softmax, fp32).
-// Nothing of size Sq x Skv exists; the buffers are O(tile) and allocated once per task.
+// Nothing of size Sq x Skv exists; the buffers are O(tile), in a per-thread arena.
 //
 // Build with -O3 (auto-vectorization); never with -ffast-math / -ffinite-math-only: the
 // masking relies on IEEE -inf arithmetic.
@@ -239,8 +239,8 @@ class TileWorker {
     std::fill(acc_, acc_ + nrows * dv8_, 0.0f);
   }
 
-  // kt_ = K[kb + ja : kb + jb]^T in fp32 (columns outside [ja, jb) hold stale values that no
-  // row reads); conversion runs on contiguous rows, the transpose on fp32.
+  // kt_ = K[kb + ja : kb + jb]^T in fp32 (columns outside [ja, jb) keep stale finite values
+  // whose scores no row reads); conversion runs on contiguous rows, the transpose on fp32.
   void load_k(const T* k, int64_t kb, int64_t ja, int64_t jb) {
     const int64_t d = p_.d;
     for (int64_t j = ja; j < jb; ++j) {
@@ -307,7 +307,11 @@ class TileWorker {
     }
     float mx = kNegInf;
     for (int64_t j = j0; j < j1; ++j) mx = std::max(mx, s[j]);
-    if (mx == kNegInf) return;  // nothing attended in this block
+    if (mx == kNegInf) {  // nothing attended in this block, or only NaN scores (max skips NaN)
+      for (int64_t j = j0; j < j1; ++j)
+        if (std::isnan(s[j])) m_[r] = l_[r] = std::numeric_limits<float>::quiet_NaN();  // NaN row
+      return;
+    }
     const float m_old = m_[r];
     const float m_new = std::max(m_old, mx);
     const float alpha = std::exp(m_old - m_new);  // 0 on the first attended block

@@ -60,6 +60,7 @@ _BASE = [
     dict(name="short_bool_mask_nonpad", mask=("bool", "b1qk"), mask_len=150, nonpad=True),
     dict(name="short_add_mask", mask=("additive", "1qk"), mask_len=120),
     dict(name="short_mask_past", mask=("bool", "qk"), mask_len=100, past=60, sq=20, skv=60),
+    dict(name="mask_one_key", mask=("additive", "qk"), mask_len=1),  # padded, not broadcast
     dict(name="nonpad", nonpad=True, b=3),
     dict(name="nonpad_causal", nonpad=True, causal=True, b=4),
     dict(name="window", window=(32, 8)),
@@ -193,7 +194,7 @@ def check_case(case: dict, runner, seed: int | None = None) -> dict:
     bound_y = error_bound(ref_y, low_y, floor_y)
     assert err_y <= bound_y, f"{ctx}: max |Y - ref| = {err_y:.3g} > bound {bound_y:.3g}"
     masked = np.isneginf(ref_lse)  # fully masked rows, (B, Hq, Sq)
-    y4 = y if y.ndim == 4 else y.reshape(c["b"], c["sq"], c["hq"], -1).transpose(0, 2, 1, 3)
+    y4 = y if y.ndim == 4 else y.reshape(c["b"], c["sq"], c["hq"], c["dv"] or c["d"]).transpose(0, 2, 1, 3)
     assert not np.any(y4[masked]), f"{ctx}: a fully masked row of Y is not 0"
     result = dict(err_y=err_y, bound_y=bound_y)
     if c["lse"]:
