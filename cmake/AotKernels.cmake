@@ -3,13 +3,6 @@
 # (kernel source, Triton version, variant, tile, arch) in ORT_FLASH_CACHE_DIR/aot.
 
 set(ORT_FLASH_AOT_DIR "${CMAKE_BINARY_DIR}/aot")
-if(NOT ORT_FLASH_CACHE_DIR)
-  if(DEFINED ENV{ORT_FLASH_CACHE_DIR})
-    set(ORT_FLASH_CACHE_DIR "$ENV{ORT_FLASH_CACHE_DIR}")
-  else()
-    set(ORT_FLASH_CACHE_DIR "$ENV{HOME}/.cache/ort_flash")
-  endif()
-endif()
 string(REPLACE ";" "," _archs "${ORT_FLASH_CUDA_ARCHS}")
 if(_archs STREQUAL "")
   message(WARNING "ort_flash: ORT_FLASH_CUDA_ARCHS is empty: a CPU-only build (the CUDA EP will report that no kernels were compiled)")

@@ -3,7 +3,7 @@
 #      (headers in DIR/include or DIR/include/onnxruntime), or -DORT_FLASH_ORT_INCLUDE_DIR=DIR;
 #   2. the official headers of API 29 from the npm package com.github.asus4.onnxruntime@0.4.9,
 #      downloaded once, checked against a pinned SHA-256 and cached outside the build folder
-#      (ORT_FLASH_CACHE_DIR, default ~/.cache/ort_flash).
+#      (ORT_FLASH_CACHE_DIR, set in the top-level CMakeLists.txt).
 # Sets ORT_FLASH_ORT_INCLUDE_DIR.
 
 set(_ort_min_api 29)
@@ -49,15 +49,6 @@ if(ORT_FLASH_ORT_INCLUDE_DIR)
     message(FATAL_ERROR "ORT_FLASH_ORT_INCLUDE_DIR=${ORT_FLASH_ORT_INCLUDE_DIR} holds no onnxruntime_cxx_api.h")
   endif()
 else()
-  if(NOT ORT_FLASH_CACHE_DIR)
-    if(DEFINED ENV{ORT_FLASH_CACHE_DIR})
-      set(ORT_FLASH_CACHE_DIR "$ENV{ORT_FLASH_CACHE_DIR}")
-    elseif(DEFINED ENV{XDG_CACHE_HOME})
-      set(ORT_FLASH_CACHE_DIR "$ENV{XDG_CACHE_HOME}/ort_flash")
-    else()
-      set(ORT_FLASH_CACHE_DIR "$ENV{HOME}/.cache/ort_flash")
-    endif()
-  endif()
   set(_dest "${ORT_FLASH_CACHE_DIR}/onnxruntime-headers-api29")
   _ort_flash_check_headers("${_dest}" _ok)
   if(NOT _ok)
