@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import sys
 from pathlib import Path
 
 LIBRARY_NAME = "libort_flash.so"
@@ -33,12 +34,43 @@ def library_path() -> str:
     return str(path)
 
 
+def _check_loadable(path: str) -> None:
+    """Raise OSError for a file that dlopen would crash on rather than refuse: a truncated
+    library (a segment past the end of the file) faults the process with SIGBUS when mapped."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:  # ELF, 64-bit
+                raise OSError("not a 64-bit ELF shared library")
+            (phoff,) = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except OSError as e:
+        raise OSError(f"{path}: cannot load the ort_flash library: {e.strerror or e}") from None
+    if len(table) < phentsize * phnum or phentsize < 40:
+        raise OSError(f"{path}: cannot load the ort_flash library: truncated (program headers)")
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+        if p_type == 1 and p_offset + p_filesz > size:  # PT_LOAD past the end of the file
+            raise OSError(f"{path}: cannot load the ort_flash library: truncated "
+                          f"({size} bytes, a segment ends at {p_offset + p_filesz})")
+
+
 def session_options(so=None):
-    """`onnxruntime.SessionOptions` with the ort_flash library registered (a new one if None)."""
+    """`onnxruntime.SessionOptions` with the ort_flash library registered (a new one if None).
+
+    Raises OSError for a library file that is missing, not a shared library or truncated."""
     import onnxruntime as ort
 
+    path = library_path()
+    if sys.platform.startswith("linux"):
+        _check_loadable(path)
     so = ort.SessionOptions() if so is None else so
-    so.register_custom_ops_library(library_path())
+    so.register_custom_ops_library(path)
     return so
 
 

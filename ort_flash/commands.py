@@ -24,6 +24,14 @@ PROVIDERS = {
 }
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse reports a bad value as a usage error, exit code 2)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="ONNX model to rewrite (never modified)")
     parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
@@ -34,8 +42,8 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("original", help="the model before rewriting")
     parser.add_argument("rewritten", help="the model after rewriting")
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
-    parser.add_argument("--seq-len", type=int, default=None, help="size of dynamic sequence dims")
-    parser.add_argument("--batch", type=int, default=2, help="size of dynamic batch dims")
+    parser.add_argument("--seq-len", type=positive_int, default=None, help="size of dynamic sequence dims")
+    parser.add_argument("--batch", type=positive_int, default=2, help="size of dynamic batch dims")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     parser.add_argument("--json", metavar="FILE.json", help="also write the result as JSON")
 

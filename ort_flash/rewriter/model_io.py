@@ -27,7 +27,8 @@ def load_model(model_or_path: onnx.ModelProto | str | os.PathLike | bytes) -> on
         raise ModelLoadError(f"{path}: is a directory, not an ONNX model")
     try:
         model = onnx.load(path)
-    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+    except (DecodeError, RuntimeError, ValueError, OSError, onnx.checker.ValidationError) as e:
+        # ValidationError: external data (a tensor stored beside the model) missing or unreadable
         raise ModelLoadError(f"{path}: not a readable ONNX model ({_short(e)})") from e
     return _check(model, path)
 
