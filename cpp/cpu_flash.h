@@ -1,5 +1,6 @@
 // FlashAttention on the CPU: tiled online softmax over FlashParams (see flash_params.h for the
 // exact semantics). fp32 compute for fp32/fp16/bf16 inputs; memory O(tile), never Sq x Skv.
+// Built for several x86 ISAs and dispatched at run time (cpu_flash.cc).
 #pragma once
 
 #include <cstddef>
@@ -18,5 +19,10 @@ using ParallelFor =
 // params; anything thrown inside a task (only std::bad_alloc of a tile buffer can be) is
 // rethrown on the calling thread after all tasks have finished.
 void run_flash_cpu(const FlashParams& p, const ParallelFor& parallel_for);
+
+// The kernel build run_flash_cpu uses: "baseline", "avx2" or "avx512" (x86-64), chosen at first
+// use from the CPU's features, or forced by ORT_FLASH_CPU_ISA=baseline|avx2|avx512 (throws
+// std::runtime_error if this CPU lacks it, std::invalid_argument for another value).
+const char* cpu_flash_isa();
 
 }  // namespace ort_flash

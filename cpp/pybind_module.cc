@@ -111,6 +111,8 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     run_flash_cpu(p, threads_parallel_for);
   }, "Runs the CPU kernel on host pointers.");
+  m.def("cpu_isa", [] { return std::string(cpu_flash_isa()); },
+        "The CPU kernel build in use: baseline, avx2 or avx512 (ORT_FLASH_CPU_ISA forces one).");
   m.def("prepare_device", [](int device) {
     const DeviceKernels* dk = nullptr;
     check(prepare_device(device, &dk));
