@@ -35,6 +35,11 @@ def positive_int(text: str) -> int:
 def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="ONNX model to rewrite (never modified)")
     parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
+    parser.add_argument(
+        "--fast-padded-rows", action="store_true",
+        help="map causal + key-padding masks with a finite mask value (eager finfo.min) to "
+             "is_causal + a (B,1,1,S) mask: much faster, but query rows whose visible keys are all "
+             "padding (left padding) then average over their causal window instead of all keys")
     parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
 
 
@@ -58,7 +63,7 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         _check_writable(args.output)
         if args.report:
             _check_writable(args.report)
-        result = rewrite(model)
+        result = rewrite(model, exact_masked_rows=not getattr(args, "fast_padded_rows", False))
         print(result.report.format_table())
         _write_atomic(args.output, lambda path: onnx.save_model(result.model, path))
         if args.report:

@@ -41,7 +41,9 @@ def test_every_attention_softmax_fused(demo):
     _, model, result = demo
     config = demo_config(model)
     assert sum(n.op_type == "Softmax" for n in model.graph.node) == config["n_layer"]
-    assert result.report.counts == {"matmul_softmax_attention": config["n_layer"]}
+    n = config["n_layer"]
+    assert {r: c for r, c in result.report.counts.items() if c} == {
+        "matmul_softmax_attention": n, "layout_3d": n}
     assert result.report.unfused == []
     assert result.report.shape_inference == "symbolic"  # proven with no dims assumed equal
     assert not [n for n in result.model.graph.node if n.op_type == "Softmax"]
@@ -51,7 +53,28 @@ def test_every_attention_softmax_fused(demo):
     for entry in result.report.fused:
         assert entry.heads == config["n_head"]
         assert entry.head_dim == config["n_embd"] // config["n_head"] == 64
-        assert (entry.mask, entry.causal, entry.scale) == ("additive", False, 0.125)
+        # by default the finite (finfo.min) causal + padding mask stays whole, so left-padded
+        # rows keep their exact values; the head split/merge Transposes became the 3-D layout
+        assert (entry.mask, entry.causal, entry.scale) == (
+            "additive (batch,1,sequence,sequence)", False, 0.125)
+        assert entry.layout == "BSD" and entry.kv_heads == config["n_head"]
+        assert entry.refined_by == ["layout_3d"]
+        assert entry.note == ""
+    assert not [n for n in result.model.graph.node if n.op_type == "Transpose"]
+
+
+def test_fast_padded_rows_maps_mask_to_is_causal(demo):
+    """exact_masked_rows=False: the (B, 1, S, S) mask becomes is_causal + a (B, 1, 1, S) mask,
+    with a note that left-padded rows differ."""
+    _, model, _ = demo
+    result = rewrite(model, exact_masked_rows=False)
+    n = demo_config(model)["n_layer"]
+    assert {r: c for r, c in result.report.counts.items() if c} == {
+        "matmul_softmax_attention": n, "causal_mask": n, "layout_3d": n}
+    for entry in result.report.fused:
+        assert (entry.mask, entry.causal) == ("additive (B,1,1,Skv)", True)
+        assert entry.refined_by == ["causal_mask", "layout_3d"]
+        assert "left-padded" in entry.note
 
 
 def test_model_valid_and_interface_unchanged(demo):
@@ -81,7 +104,8 @@ def test_report_json_round_trips(demo):
     _, _, result = demo
     text = result.report.to_json()
     assert RewriteReport.from_json(text) == result.report
-    assert json.loads(text)["counts"] == {"matmul_softmax_attention": 2}
+    counts = {r: c for r, c in json.loads(text)["counts"].items() if c}
+    assert counts == {"matmul_softmax_attention": 2, "layout_3d": 2}
     table = result.report.format_table()
     assert "fused attention subgraphs: 2" in table and "softmax left unfused: 0" in table
 

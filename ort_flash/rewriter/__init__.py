@@ -4,10 +4,24 @@
     onnx.save(result.model, "model.flash.onnx")
     print(result.report.format_table())
 
+Two stages, each a set of onnxscript pattern rules (pattern / check / rewrite, one per file):
+
+1. Fusions create a FlashAttention node from an attention subgraph or node:
+   ``sdpa_attention`` (torch's SDPA decomposition), ``matmul_softmax_attention`` (eager
+   attention), ``onnx_attention`` (ONNX Attention 23-25), ``ms_multihead_attention`` (ORT's
+   com.microsoft.MultiHeadAttention). The node first takes the mask exactly as the model
+   computed it, in the BNSH layout.
+2. Refinements prove cheaper forms of each new node: ``repeat_kv`` (K/V keep their Hkv heads),
+   ``causal_mask`` (a materialized causal / padding mask becomes is_causal and a (B, 1, 1, S)
+   mask, proven by ``mask_analysis``), ``layout_3d`` (the head split/merge Transposes become the
+   op's 3-D layout).
+
 The input is never changed: the rules run on a copy (carrying inferred shapes, which the
 rules need to prove a fusion safe), and the output keeps the original graph inputs, outputs,
-value_info, ir_version and names; only the fused subgraphs (and constants that fed nothing
-else) are replaced, and the opset import ("ort_flash", 1) is added when something was fused.
+value_info, ir_version and names; only the fused subgraphs (and what fed nothing else) are
+replaced, and the opset import ("ort_flash", 1) is added when something was fused. The report
+counts what each rule did, describes every fused node, and gives the reason for every Softmax
+(or attention node) left unfused and every refinement declined.
 """
 
 from __future__ import annotations
@@ -20,7 +34,10 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
-from ort_flash.rewriter import flash_op, matmul_softmax_attention
+from ort_flash.rewriter import (
+    causal_mask, flash_op, layout_3d, matmul_softmax_attention, ms_multihead_attention,
+    onnx_attention, repeat_kv, sdpa_attention,
+)
 from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.model_io import ModelLoadError, load_model
 from ort_flash.rewriter.report import FusedSubgraph, RewriteReport, UnfusedSoftmax
@@ -31,8 +48,12 @@ __all__ = [
     "load_model", "rewrite",
 ]
 
-# Every rule family, in the order they are tried; each module's rules() gives its variants.
-RULE_FAMILIES = (matmul_softmax_attention,)
+# Fusion rules, in the order they are tried; each module's rules() gives its variants. Each
+# creates FlashAttention nodes from an attention subgraph (or an attention node).
+FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihead_attention)
+# Refinements, applied in this order to every FlashAttention node: each proves a cheaper form
+# (fewer K/V heads, is_causal instead of a materialized mask, no transposes) of the same function.
+REFINEMENTS = (repeat_kv, causal_mask, layout_3d)
 
 
 @dataclasses.dataclass
@@ -41,20 +62,40 @@ class RewriteResult:
     report: RewriteReport
 
 
-def rewrite(model_or_path: onnx.ModelProto | str | os.PathLike | bytes) -> RewriteResult:
+def rewrite(
+    model_or_path: onnx.ModelProto | str | os.PathLike | bytes, *, exact_masked_rows: bool = True
+) -> RewriteResult:
+    """Fuse every provable attention of the model; see the module docstring.
+
+    ``exact_masked_rows`` (default True): keep causal + key-padding masks with a finite mask
+    value (eager attention's finfo.min) materialized, so that every output row, including query
+    rows with no visible key (left-padded positions), is the same function. False turns them
+    into is_causal + a (B, 1, 1, S) mask (much faster); then those padding rows average over
+    their causal window instead of over all keys, and the report says which nodes that affects.
+    """
     original = load_model(model_or_path)
     inferred, shape_inference = infer_shapes(original)
     model = ir.from_proto(inferred)
 
-    instances = [inst for family in RULE_FAMILIES for inst in family.rules()]
     dead_before = set(_dead_nodes(model.graph))
     used_initializers = {n for n, v in model.graph.initializers.items() if v.uses()}
-    count = pattern.RewriteRuleSet([_as_rule(i) for i in instances], commute=True).apply_to_model(
+    fusions = [inst for family in FUSIONS for inst in family.rules()]
+    count = pattern.RewriteRuleSet([_as_rule(i) for i in fusions], commute=True).apply_to_model(
         model
     )
+    refinements = []
+    for family in REFINEMENTS:
+        # What the previous rules left dead would look like other uses of the values they read.
+        _remove_new_dead_nodes(model.graph, dead_before, used_initializers)
+        kwargs = {"exact_masked_rows": exact_masked_rows} if family is causal_mask else {}
+        for inst in family.rules(**kwargs):  # in order: a family's first rules prepare the next
+            pattern.RewriteRuleSet([_as_rule(inst)]).apply_to_model(model)
+            _remove_new_dead_nodes(model.graph, dead_before, used_initializers)
+            if inst.family == family.FAMILY:
+                refinements.append(inst)
     _remove_new_dead_nodes(model.graph, dead_before, used_initializers)
 
-    report = _report(model, instances)
+    report = _report(model, fusions, refinements)
     report.shape_inference = shape_inference
     assert report.total_fused == count, (report.total_fused, count)
     out = ir.to_proto(model)
@@ -73,23 +114,48 @@ def _as_rule(instance: pattern.RewriteRuleClassBase) -> pattern.RewriteRule:
     )
 
 
-def _report(model: ir.Model, instances: list) -> RewriteReport:
+def _report(model: ir.Model, fusions: list, refinements: list) -> RewriteReport:
     report = RewriteReport()
-    for family in RULE_FAMILIES:
+    for family in (*FUSIONS, *REFINEMENTS):
         report.counts[family.FAMILY] = 0
-    for inst in instances:
+    for inst in fusions:
         for fused in inst.fused:
-            report.counts[fused.rule] = report.counts.get(fused.rule, 0) + 1
+            report.counts[fused.rule] += 1
             report.fused.append(fused)
+    by_node = {f.fused_node: f for f in report.fused}
+    for inst in refinements:
+        for node_name, changes in inst.applied:
+            report.counts[inst.family] += 1
+            entry = by_node[node_name]
+            for key, value in changes.items():
+                setattr(entry, key, value)
+            entry.refined_by.append(inst.family)
+        done = {name for name, _ in inst.applied}
+        for node_name, reason in inst.declined.items():
+            if node_name in by_node and node_name not in done and _worth_reporting(inst.family, reason):
+                report.declined.setdefault(node_name, {})[inst.family] = reason
     for i, node in enumerate(n for n in _all_nodes(model) if n.op_type == "Softmax"):
-        reasons = [inst.failures[node] for inst in instances if node in inst.failures]
+        reasons = [inst.failures[node] for inst in fusions if node in inst.failures]
         reason = max(reasons, key=lambda r: r[0])[1] if reasons else structural_reason(node)
         report.unfused.append(UnfusedSoftmax(node=node.name or f"<unnamed Softmax {i}>",
                                              reason=reason))
     for node in _all_nodes(model):
-        if node.domain == flash_op.DOMAIN or node.name.endswith("FlashAttention_key"):
-            node.metadata_props.pop(RULE_NAME_TAG, None)
+        if (node.domain, node.op_type) in _ATTENTION_NODES:  # node-level inputs left alone
+            reasons = [inst.failures[node] for inst in fusions if node in inst.failures]
+            reason = reasons[0][1] if reasons else "no rule matched"
+            report.unfused.append(UnfusedSoftmax(node=node.name or node.op_type, reason=reason))
+        node.metadata_props.pop(RULE_NAME_TAG, None)
     return report
+
+
+_ATTENTION_NODES = {("", "Attention"), ("ai.onnx", "Attention"),
+                    ("com.microsoft", "MultiHeadAttention")}
+
+
+def _worth_reporting(family: str, reason: str) -> bool:
+    """A refinement that had nothing to do is not a decline."""
+    return not (family == causal_mask.FAMILY and reason in (
+        "the node is already causal", "the mask is already a compact key-padding mask"))
 
 
 def _all_nodes(model: ir.Model):
@@ -113,7 +179,9 @@ def _remove_new_dead_nodes(graph: ir.Graph, dead_before: set[ir.Node], used: set
             break
         graph.remove(dead, safe=True)
     for name in used:
-        value = graph.initializers[name]
+        value = graph.initializers.get(name)
+        if value is None:
+            continue
         if not value.uses() and not value.is_graph_input() and not value.is_graph_output():
             graph.initializers.pop(name)
 

@@ -6,6 +6,8 @@ names the structural reason when the pattern did not even match.
 
 from __future__ import annotations
 
+import re
+
 import onnx_ir as ir
 
 _SCALE_OPS = ("Mul", "Div")
@@ -15,10 +17,11 @@ def structural_reason(softmax: ir.Node) -> str:
     scores = softmax.inputs[0]
     path, qk = _walk_to_qk(scores)
     if qk is None:
-        return "no MatMul(Q,Kᵀ) producer (within Add/Mul/Div of the softmax input)"
+        return "no MatMul(Q,Kᵀ) producer (within Add/Mul/Div/Cast of the softmax input)"
     shape = " → ".join(["MatMul", *path, "Softmax"])
-    if path not in ([], ["Add"], ["Mul"], ["Div"], ["Mul", "Add"], ["Div", "Add"]):
-        return f"unsupported op chain {shape} (expected MatMul → [Mul|Div] → [Add] → Softmax)"
+    if not re.fullmatch(r"(Mul |Div )?(Cast )?(Add ){0,2}", "".join(p + " " for p in path)):
+        return (f"unsupported op chain {shape} "
+                "(expected MatMul → [Mul|Div] → [Cast] → [Add [→ Add]] → Softmax)")
     probs = softmax.outputs[0]
     users = [u.node for u in probs.uses()]
     if len(users) == 1 and users[0].op_type == "Cast":
@@ -33,14 +36,14 @@ def structural_reason(softmax: ir.Node) -> str:
     return f"no rule matched the chain {shape} → MatMul"
 
 
-def _walk_to_qk(value: ir.Value, depth: int = 3) -> tuple[list[str], ir.Node | None]:
+def _walk_to_qk(value: ir.Value, depth: int = 4) -> tuple[list[str], ir.Node | None]:
     """Follow Add/Mul/Div up from ``value`` to a MatMul; return the ops passed and the MatMul."""
     node = value.producer()
     if node is None:
         return [], None
     if node.op_type == "MatMul" and node.domain == "":
         return [], node
-    if depth == 0 or node.op_type not in ("Add", *_SCALE_OPS):
+    if depth == 0 or node.op_type not in ("Add", "Cast", *_SCALE_OPS):
         return [], None
     for operand in node.inputs:
         if operand is None:

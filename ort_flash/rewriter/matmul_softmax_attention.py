@@ -1,25 +1,27 @@
-# Rule: unfused scaled-dot-product attention, as torch.onnx.export (TorchScript) emits it for
-# BERT (additive padding mask) and GPT-2 (causal and padding folded into one additive mask).
+# Rule: unfused scaled-dot-product attention as "eager" attention exports it (BERT, GPT-2, LLaMA,
+# ViT, T5, BART, Whisper; both torch exporters).
 #
 #   Q (B, Hq, Sq, D)     Kᵀ (B, Hkv, D, Skv)                        V (B, Hkv, Skv, Dv)
-#   │                    = Transpose(K', perm)    [transpose_k=True]
-#   │                    | any value              [transpose_k=False]
 #   └─► MatMul(Q, Kᵀ) ─────────────────────────► S (B, Hq, Sq, Skv)
 #       Mul(S, c) | Div(S, c) | —                [scale="mul" | "div" | None; c a constant scalar]
-#       Add(S, M) | —                            [mask=True: M rank 2-4, broadcasts to S]
+#       Add(S, A) | —                            [masks=2: a second additive term, e.g. T5's
+#                                                 relative position bias (1, H, Sq, Skv)]
+#       Add(S, M) | —                            [masks>=1: M rank 2-4, broadcasts to S]
 #       Softmax(axis = last)
-#       Cast(to = its own dtype) | —             (the no-op cast GPT-2's eager attention exports)
+#       Cast(to = its own dtype) | Cast(Cast(·, float32), its dtype) | Where(IsNaN(P), 0, P) | —
 #       MatMul(P, V) ──────────────────────────► Y (B, Hq, Sq, Dv)
 #
 # becomes
 #
-#   K = Kᵀ transposed back to (B, Hkv, Skv, D): one Transpose composed with perm, none when
-#       perm was [0, 1, 3, 2]
-#   Y = ort_flash.FlashAttention(Q, K, V[, M], scale = c | 1/c | 1.0, is_causal = 0)
+#   Y = ort_flash.FlashAttention(Q, K, V[, M | Add(A, M)], scale = c | 1/c | 1.0, is_causal = 0)
 #
-# Hkv is Hq or 1 (MatMul's broadcast of one K/V head is FlashAttention's MQA). Add(S, M) with
-# M broadcasting *to* S is exactly the op's additive mask; a mask that could broadcast S up
-# (rank 5, or a dim not provably 1 or S's) is left alone.
+# where K (B, Hkv, Skv, D) is recovered from Kᵀ by ``key_source``: Transpose(K', p) becomes one
+# Transpose of K' composed with p (none when that is the identity); the dynamo exporter's
+# Reshape(Transpose(Reshape(K, (B·H, Skv, D)), [0, 2, 1]), (B, H, D, Skv)) becomes K itself;
+# anything else gets Transpose(Kᵀ, [0, 1, 3, 2]). Hkv is Hq or 1 (MatMul's broadcast of one K/V
+# head is FlashAttention's MQA). The Where(IsNaN) tail (torch's "safe softmax": a fully masked row
+# gives 0) is what FlashAttention does anyway. Later rules refine the fused node: the mask
+# (causal_mask), repeated K/V heads (repeat_kv) and the layout (layout_3d).
 from __future__ import annotations
 
 import itertools
@@ -30,197 +32,296 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
 from ort_flash.rewriter import flash_op
+from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dim_text, dims, known_int, report_int, same_dim
 
 FAMILY = "matmul_softmax_attention"
 _FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 _SWAP_LAST = (0, 1, 3, 2)
+_TAILS = ("cast2", "cast", "nan_to_zero", "none")
+_WIDER = {ir.DataType.FLOAT: 32, ir.DataType.DOUBLE: 64, ir.DataType.FLOAT16: 16,
+          ir.DataType.BFLOAT16: 16}
 
 
 class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
-    def __init__(self, *, transpose_k: bool, scale: str | None, mask: bool) -> None:
-        self.variant = (
-            f"k={'transpose' if transpose_k else 'pretransposed'},"
-            f"scale={scale or 'none'},mask={'additive' if mask else 'none'}"
-        )
-        super().__init__(name=f"{FAMILY}[{self.variant}]")
-        self.transpose_k, self.scale_op, self.has_mask = transpose_k, scale, mask
+    family = FAMILY
+
+    def __init__(self, *, scale: str | None, masks: int, upcast: bool = False) -> None:
+        self.variant = f"scale={scale or 'none'},masks={masks}" + (",upcast" if upcast else "")
+        super().__init__(name=f"{self.family}[{self.variant}]")
+        self.scale_op, self.masks, self.upcast = scale, masks, upcast
         # Softmax node -> (number of matched nodes, reason) for matches whose check failed.
         self.failures: dict[ir.Node, tuple[int, str]] = {}
         self.fused: list[FusedSubgraph] = []
         self._plan: dict | None = None
 
-    def pattern(self, op, q, k, v, scale, mask):
-        key_t = op.Transpose(k) if self.transpose_k else k
-        scores = op.MatMul(q, key_t)
+    # ---- pattern
+
+    def qk_pattern(self, op, q, kt, scale, scale_k):
+        scores = op.MatMul(q, kt)
         if self.scale_op == "mul":
             scores = op.Mul(scores, scale)
         elif self.scale_op == "div":
             scores = op.Div(scores, scale)
-        if self.has_mask:
+        return scores
+
+    def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero):
+        scores = self.qk_pattern(op, q, kt, scale, scale_k)
+        if self.upcast:
+            scores = op.Cast(scores, to=ir.DataType.FLOAT)
+        if self.masks >= 2:
+            scores = op.Add(scores, bias)
+        if self.masks >= 1:
             scores = op.Add(scores, mask)
         probs = op.Softmax(scores)
-        probs = pattern.OrValue([op.Cast(probs), probs], tag_var="cast", tag_values=[True, False])
-        return op.MatMul(probs, v)
+        probs = pattern.OrValue(
+            [op.Cast(op.Cast(probs)), op.Cast(probs), op.Where(op.IsNaN(probs), zero, probs), probs],
+            tag_var="tail", tag_values=list(_TAILS),
+        )
+        return op.MatMul(probs, op.Cast(v, to=ir.DataType.FLOAT) if self.upcast else v)
 
-    def check(self, context, q, k, v, scale=None, mask=None, **_):
-        chain = _chain(context.root, set(context.nodes))
-        softmax = next(n for n in chain if n.op_type == "Softmax")
+    # ---- check
+
+    def check(self, context, q, kt, v, scale=None, scale_k=None, bias=None, mask=None, zero=None,
+              tail="none", **_):
+        nodes = list(context.nodes)
+        softmax = next(n for n in nodes if n.op_type == "Softmax")
         try:
-            self._plan = self._analyze(context, chain, softmax, q, k, v, scale, mask)
-        except MatchFailureError as e:
+            self._plan = self._analyze(context, nodes, softmax, q, kt, v, scale, scale_k, bias,
+                                       mask, zero, tail)
+        except Exception as e:  # noqa: BLE001 - a bug in a check must decline, not crash
+            e = as_failure(e)
             best = self.failures.get(softmax)
-            if best is None or len(chain) > best[0]:
-                self.failures[softmax] = (len(chain), e.reason)
+            if best is None or len(nodes) > best[0]:
+                self.failures[softmax] = (len(nodes), e.reason)
             return pattern.MatchResult().fail(e.reason, softmax)
         return pattern.MatchResult()
 
-    def _analyze(self, context, chain, softmax, q, k, v, scale, mask) -> dict:
-        by_type = {n.op_type: n for n in chain}
-        qk_matmul = chain[1] if chain[0].op_type == "Transpose" else chain[0]
-        key_t = qk_matmul.inputs[1]
+    def scale_value(self, scale: ir.Value | None, scale_k: ir.Value | None) -> float:
+        if self.scale_op is None:
+            return 1.0
+        c = constant_scalar(scale, "scale")
+        return c if self.scale_op == "mul" else 1.0 / c
 
-        _check_softmax_axis(softmax, context.model.graph.opset_imports.get("", 1))
-        scale_value = self._scale_value(scale)
-
-        qd, ktd, vd = dims(q), dims(key_t), dims(v)
+    def _analyze(self, context, nodes, softmax, q, kt, v, scale, scale_k, bias, mask, zero, tail):
+        check_softmax_axis(softmax, context.model.graph.opset_imports.get("", 1))
+        scale_value = self.scale_value(scale, scale_k)
+        qd, ktd, vd = dims(q), dims(kt), dims(v)
         for name, d in (("Q", qd), ("Kᵀ", ktd), ("V", vd)):
             if d is None:
-                _fail(f"rank of {name} is unknown")
+                fail(f"rank of {name} is unknown")
             if len(d) != 4:
-                _fail(f"{name} has rank {len(d)}, not 4 (B, H, S, D)")
+                fail(f"{name} has rank {len(d)}, not 4 (B, H, S, D)")
         if q.dtype not in _FLOAT_TYPES:
-            _fail(f"dtype of Q is {q.dtype}, not float32/float16/bfloat16")
+            fail(f"dtype of Q is {q.dtype}, not float32/float16/bfloat16")
+        if self.upcast and not (q.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+                                and kt.dtype == q.dtype and v.dtype == q.dtype):
+            fail(f"the float32 upcast is not of float16/bfloat16 Q, K, V ({q.dtype})")
         if not (same_dim(qd[0], ktd[0]) and same_dim(qd[0], vd[0])):
-            _fail("batch of Q ({}), K ({}) and V ({}) is not provably equal".format(
+            fail("batch of Q ({}), K ({}) and V ({}) is not provably equal".format(
                 *(dim_text(d[0]) for d in (qd, ktd, vd))))
         hq, hk, hv = qd[1], ktd[1], vd[1]
         if not (same_dim(hk, hv) and (same_dim(hq, hk) or known_int(hk) == 1)):
-            _fail(f"heads of Q ({dim_text(hq)}), K ({dim_text(hk)}) and V ({dim_text(hv)}) "
-                  "are not provably equal (or one shared K/V head)")
-        if self.has_mask:
-            _check_mask(dims(mask), (qd[0], hq, qd[2], ktd[3]))
-        if "Cast" in by_type:
-            _check_noop_cast(by_type["Cast"], softmax)
-
-        key_perm: list[int] | None = list(_SWAP_LAST)
-        if self.transpose_k:
-            perm_attr = by_type["Transpose"].attributes.get("perm")
-            perm = list(perm_attr.as_ints()) if perm_attr is not None else [3, 2, 1, 0]
-            if len(perm) != 4:
-                _fail(f"the key's Transpose has perm {perm}, not a rank-4 permutation")
-            key_perm = [perm[i] for i in _SWAP_LAST]
-            if key_perm == [0, 1, 2, 3]:
-                key_perm = None
+            fail(f"heads of Q ({dim_text(hq)}), K ({dim_text(hk)}) and V ({dim_text(hv)}) "
+                 "are not provably equal (or one shared K/V head)")
+        scores = (qd[0], hq, qd[2], ktd[3])
+        for term in (bias, mask):
+            if term is not None:
+                check_mask(dims(term), scores)
+        if tail in ("cast", "cast2"):
+            check_noop_casts(softmax)
+        elif tail == "nan_to_zero":
+            if constant_scalar(zero, "the value that replaces NaN") != 0.0:
+                fail("NaN in the softmax is replaced by a value other than 0")
+        key, key_perm = key_source(kt)
+        mask_text = "none"
+        if mask is not None:
+            mask_text = "additive " + shape_text(mask) + (" + " + shape_text(bias) if bias else "")
         return {
-            "scale": scale_value,
-            "key_perm": key_perm,
-            "nodes": [n.name or n.op_type for n in chain],
-            "scope": _scope(softmax),
-            "heads": report_int(hq),
-            "head_dim": report_int(qd[3]),
+            "scale": scale_value, "key": key, "key_perm": key_perm, "y": context.root.outputs[0],
+            "nodes": [n.name or n.op_type for n in nodes], "scope": scope(softmax),
+            "heads": report_int(hq), "kv_heads": report_int(hk), "head_dim": report_int(qd[3]),
+            "mask": mask_text,
         }
 
-    def _scale_value(self, scale: ir.Value | None) -> float:
-        if self.scale_op is None:
-            return 1.0
-        tensor = None if scale.is_graph_input() else ir.convenience.get_const_tensor(scale)
-        if tensor is None:
-            _fail("scale is not a constant")
-        array = tensor.numpy()
-        if array.size != 1 or array.ndim > 4:
-            _fail(f"scale is not a scalar (shape {list(array.shape)})")
-        c = float(array.reshape(()))
-        if not math.isfinite(c) or c == 0.0:
-            _fail(f"scale {c} is not a finite non-zero number")
-        return c if self.scale_op == "mul" else 1.0 / c
+    # ---- rewrite
 
-    def rewrite(self, op, q, k, v, mask=None, **_):
+    def rewrite(self, op, q, kt, v, bias=None, mask=None, **_):
         plan, self._plan = self._plan, None
-        key = k
+        key = plan["key"]
         if plan["key_perm"] is not None:
-            key = op.Transpose(k, perm=plan["key_perm"])
+            source_dims = dims(key)
+            key = op.Transpose(key, perm=plan["key_perm"])
             key.producer().name = f"{plan['scope']}FlashAttention_key"
             key.name = f"{plan['scope']}FlashAttention_key_output_0"
-        inputs = [q, key, v] + ([mask] if self.has_mask else [])
+            if source_dims is not None:
+                key.shape = ir.Shape([source_dims[p] for p in plan["key_perm"]])
+            key.type = v.type
+        inputs = [q, key, v]
+        if mask is not None and self.upcast:  # 0 / -inf (or a bias) in Q's dtype
+            mask = op.Cast(mask, to=q.dtype)
+            mask.producer().name = f"{plan['scope']}FlashAttention_mask_cast"
+            mask.name = f"{plan['scope']}FlashAttention_mask_cast_output_0"
+            mask.type = ir.TensorType(q.dtype)
+        if mask is not None:
+            if bias is not None:
+                mask_type = mask.type
+                mask = op.Add(bias, mask)
+                mask.producer().name = f"{plan['scope']}FlashAttention_mask"
+                mask.name = f"{plan['scope']}FlashAttention_mask_output_0"
+                mask.type = mask_type
+            inputs.append(mask)
         y = op.FlashAttention(
             *inputs, scale=float(plan["scale"]), is_causal=0,
             _domain=flash_op.DOMAIN, _version=flash_op.VERSION,
         )
         y.producer().name = f"{plan['scope']}FlashAttention"
+        y.shape, y.type = plan["y"].shape, ir.TensorType(q.dtype)
         self.fused.append(FusedSubgraph(
-            rule=FAMILY, variant=self.variant, fused_node=y.producer().name,
-            nodes=plan["nodes"], heads=plan["heads"], head_dim=plan["head_dim"], causal=False,
-            mask="additive" if self.has_mask else "none", scale=float(plan["scale"]),
+            rule=self.family, variant=self.variant, fused_node=y.producer().name,
+            nodes=plan["nodes"], heads=plan["heads"], kv_heads=plan["kv_heads"],
+            head_dim=plan["head_dim"], causal=False, mask=plan["mask"], scale=float(plan["scale"]),
         ))
+        if self.upcast:  # the exporter computed this attention in float32 and returns float32
+            y = op.Cast(y, to=ir.DataType.FLOAT)
+            y.producer().name = f"{plan['scope']}FlashAttention_float32"
+            y.shape, y.type = plan["y"].shape, plan["y"].type
         return y
 
 
 def rules() -> list[MatMulSoftmaxAttention]:
-    """Every variant, the ones that absorb a Transpose of K first."""
-    return [
-        MatMulSoftmaxAttention(transpose_k=t, scale=s, mask=m)
-        for t, s, m in itertools.product((True, False), ("mul", "div", None), (True, False))
-    ]
+    """Every variant, longest chains first (so two-mask chains are not split)."""
+    return [MatMulSoftmaxAttention(scale=s, masks=m)
+            for m, s in itertools.product((2, 1, 0), ("mul", "div", None))]
 
 
-def _fail(reason: str):
+# ---------------------------------------------------------------- shared checks
+
+
+def fail(reason: str):
     raise MatchFailureError(reason)
 
 
-def _chain(root: ir.Node, matched: set[ir.Node]) -> list[ir.Node]:
-    """The matched nodes in data-flow order: [Transpose,] MatMul, ..., Softmax, [Cast,] MatMul."""
-    chain, node = [root], root
-    while node.op_type != "MatMul" or node is root:
-        node = next(i.producer() for i in node.inputs
-                    if i is not None and i.producer() in matched and i.producer() not in chain)
-        chain.append(node)
-    key_t = node.inputs[1].producer()
-    if key_t is not None and key_t in matched:
-        chain.append(key_t)
-    return chain[::-1]
+def as_failure(error: Exception) -> MatchFailureError:
+    """A check's exception as a decline; anything but a MatchFailureError is a bug, reported."""
+    if isinstance(error, MatchFailureError):
+        return error
+    return MatchFailureError(f"internal error in the check ({type(error).__name__}: {error})")
 
 
-def _check_softmax_axis(softmax: ir.Node, opset: int) -> None:
+def constant_scalar(value: ir.Value | None, what: str) -> float:
+    tensor = None if value is None or value.is_graph_input() else ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        fail(f"{what} is not a constant")
+    array = tensor.numpy()
+    if array.size != 1 or array.ndim > 4:
+        fail(f"{what} is not a scalar (shape {list(array.shape)})")
+    c = float(array.reshape(()))
+    if not math.isfinite(c) or (c == 0.0 and what.startswith("scale")):
+        fail(f"{what} {c} is not a finite non-zero number")
+    return c
+
+
+def key_source(kt: ir.Value) -> tuple[ir.Value, list[int] | None]:
+    """K (B, H, Skv, D) as (value, perm to apply or None) for the Kᵀ (B, H, D, Skv) of QKᵀ."""
+    node = kt.producer()
+    if node is not None and node.op_type == "Transpose" and node.domain == "" and len(kt.uses()) == 1:
+        attr = node.attributes.get("perm")
+        perm = list(attr.as_ints()) if attr is not None else [3, 2, 1, 0]
+        if len(perm) == 4:
+            composed = [perm[i] for i in _SWAP_LAST]
+            return node.inputs[0], (None if composed == [0, 1, 2, 3] else composed)
+    source = _reshape_transpose_reshape(kt)
+    if source is not None:
+        return source, None
+    return kt, list(_SWAP_LAST)
+
+
+def _reshape_transpose_reshape(kt: ir.Value) -> ir.Value | None:
+    """K for Kᵀ = Reshape(Transpose(Reshape(K, (B·H, S, D)), [0, 2, 1]), (B, H, D, S))."""
+    outer = kt.producer()
+    if outer is None or outer.op_type != "Reshape" or len(kt.uses()) != 1:
+        return None
+    t = outer.inputs[0].producer()
+    if t is None or t.op_type != "Transpose" or len(outer.inputs[0].uses()) != 1:
+        return None
+    perm = t.attributes.get("perm")
+    if perm is None or list(perm.as_ints()) != [0, 2, 1]:
+        return None
+    inner = t.inputs[0].producer()
+    if inner is None or inner.op_type != "Reshape":
+        return None
+    k = inner.inputs[0]
+    try:
+        kd, md, ktd = value_dims(k), value_dims(inner.outputs[0]), value_dims(kt)
+    except Unprovable:
+        return None
+    if (len(kd), len(md), len(ktd)) != (4, 3, 4):
+        return None
+    if not (equal(md[0], kd[0] * kd[1]) and equal(md[1], kd[2]) and equal(md[2], kd[3])
+            and equal(ktd[0], kd[0]) and equal(ktd[1], kd[1])
+            and equal(ktd[2], kd[3]) and equal(ktd[3], kd[2])):
+        return None
+    return k
+
+
+def check_softmax_axis(softmax: ir.Node, opset: int) -> None:
     attr = softmax.attributes.get("axis")
     axis = attr.as_int() if attr is not None else (-1 if opset >= 13 else 1)
     if axis == -1:
         return  # the last axis at any rank (opset < 13 coerces to 2-D: still the last axis)
     d = dims(softmax.inputs[0])
     if d is None:
-        _fail(f"softmax axis is {axis} and the rank of its input is unknown")
+        fail(f"softmax axis is {axis} and the rank of its input is unknown")
     if axis + (len(d) if axis < 0 else 0) != len(d) - 1:
-        _fail(f"softmax axis is {axis}, not the last")
+        fail(f"softmax axis is {axis}, not the last")
 
 
-def _check_mask(mask_dims: tuple | None, scores: tuple) -> None:
+def check_mask(mask_dims: tuple | None, scores: tuple) -> None:
     if mask_dims is None:
-        _fail("mask rank is unknown")
+        fail("mask rank is unknown")
     rank = len(mask_dims)
     if rank > 4:
-        _fail(f"mask rank {rank} does not broadcast to (B, H, Sq, Skv)")
+        fail(f"mask rank {rank} does not broadcast to (B, H, Sq, Skv)")
     if rank < 2:
-        _fail(f"mask rank {rank}: FlashAttention takes a mask of rank 2-4")
+        fail(f"mask rank {rank}: FlashAttention takes a mask of rank 2-4")
     for i, (m, s) in enumerate(zip(mask_dims, scores[4 - rank:])):
         if known_int(m) == 1 or same_dim(m, s):
             continue
         if known_int(s) is not None and known_int(s) > 1 and known_int(m) is None:
             continue  # Add itself forces m to be 1 or s
-        _fail(f"mask dim {i} ({dim_text(m)}) does not provably broadcast to "
-              f"scores dim ({dim_text(s)})")
+        fail(f"mask dim {i} ({dim_text(m)}) does not provably broadcast to "
+             f"scores dim ({dim_text(s)})")
 
 
-def _check_noop_cast(cast: ir.Node, softmax: ir.Node) -> None:
+def check_noop_casts(softmax: ir.Node) -> None:
+    """The Cast chain after the Softmax ends in its dtype through types no narrower (so it is
+    the identity: fp16 -> fp32 -> fp16 is exact)."""
     src = softmax.outputs[0].dtype or softmax.inputs[0].dtype
-    to = cast.attributes.get("to")
-    if src is None or to is None:
-        _fail("Cast after Softmax: dtype unknown")
-    if ir.DataType(to.as_int()) != src:
-        _fail(f"Cast after Softmax changes the dtype ({src} to {ir.DataType(to.as_int())})")
+    value, types = softmax.outputs[0], []
+    while len(value.uses()) == 1 and value.uses()[0].node.op_type == "Cast":
+        cast = value.uses()[0].node
+        to = cast.attributes.get("to")
+        if to is None:
+            fail("Cast after Softmax without a target type")
+        types.append(ir.DataType(to.as_int()))
+        value = cast.outputs[0]
+    if src is None:
+        fail("Cast after Softmax: dtype unknown")
+    if types[-1] != src:
+        fail(f"Cast after Softmax changes the dtype ({src} to {types[-1]})")
+    for t in types[:-1]:
+        if t != src and not (_WIDER.get(t, 0) > _WIDER.get(src, 99) and t != ir.DataType.FLOAT16):
+            fail(f"Cast after Softmax goes through {t}, narrower than {src}")
 
 
-def _scope(node: ir.Node) -> str:
+def shape_text(value: ir.Value | None) -> str:
+    d = dims(value)
+    return "(?)" if d is None else "(" + ",".join(dim_text(x) for x in d) + ")"
+
+
+def scope(node: ir.Node) -> str:
     """Name prefix for new nodes: the Softmax's scope ("/m/h.0/attn/") or its name + "_"."""
     name = node.name or ""
     return name[: name.rfind("/") + 1] if "/" in name else (f"{name}_" if name else "")

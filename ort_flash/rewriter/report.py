@@ -9,15 +9,19 @@ from typing import Any
 
 @dataclasses.dataclass
 class FusedSubgraph:
-    rule: str  # rule family, e.g. "matmul_softmax_attention"
-    variant: str  # which constructor flags matched, e.g. "k=transpose,scale=mul,mask=additive"
-    fused_node: str  # name of the new FlashAttention node
+    rule: str  # the rule that created the node, e.g. "matmul_softmax_attention"
+    variant: str  # which constructor flags matched, e.g. "scale=mul,masks=1"
+    fused_node: str  # name of the FlashAttention node
     nodes: list[str]  # names of the nodes it replaced, in graph order
     heads: int | str  # Hq, or "?" where the shape is not known
     head_dim: int | str  # D, or "?"
     causal: bool
-    mask: str  # "none" | "additive"
+    mask: str  # "none", "additive (B,1,S,S)", "bool (B,1,1,S)", ... : kind and shape of attn_mask
     scale: float
+    kv_heads: int | str = "?"  # Hkv as the op sees it (fewer than heads after repeat_kv)
+    layout: str = "BNSH"  # "BNSH" (4-D inputs) or "BSD" (3-D inputs with head attributes)
+    refined_by: list[str] = dataclasses.field(default_factory=list)  # later rules applied to it
+    note: str = ""  # where the fused node is not equal bit for bit, what differs
 
 
 @dataclasses.dataclass
@@ -28,6 +32,7 @@ class UnfusedSoftmax:
 
 @dataclasses.dataclass
 class RewriteReport:
+    # Per rule: fused subgraphs it created (fusion rules) or fused nodes it refined (the others).
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     fused: list[FusedSubgraph] = dataclasses.field(default_factory=list)
     unfused: list[UnfusedSoftmax] = dataclasses.field(default_factory=list)
@@ -35,10 +40,12 @@ class RewriteReport:
     # "symbolic, assuming a = b, ..." (dims the model broadcasts against each other taken as
     # equal), "onnx" or "none" (fewer fusions provable).
     shape_inference: str = ""
+    # Refinements declined, with the reason: fused node -> rule -> reason.
+    declined: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     @property
     def total_fused(self) -> int:
-        return sum(self.counts.values())
+        return len(self.fused)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -53,6 +60,7 @@ class RewriteReport:
             fused=[FusedSubgraph(**f) for f in data.get("fused", [])],
             unfused=[UnfusedSoftmax(**u) for u in data.get("unfused", [])],
             shape_inference=str(data.get("shape_inference", "")),
+            declined={str(k): dict(v) for k, v in data.get("declined", {}).items()},
         )
 
     @classmethod
@@ -61,17 +69,24 @@ class RewriteReport:
 
     def format_table(self) -> str:
         lines = []
-        counts = ", ".join(f"{rule}: {n}" for rule, n in self.counts.items()) or "none"
-        lines.append(f"fused attention subgraphs: {self.total_fused} ({counts}); "
+        counts = ", ".join(f"{rule}: {n}" for rule, n in self.counts.items() if n) or "none"
+        lines.append(f"fused attention subgraphs: {self.total_fused} (rules applied: {counts}); "
                      f"shapes: {self.shape_inference or 'not inferred'}")
         if self.fused:
             rows = [
-                (f.fused_node, f.rule, str(f.heads), str(f.head_dim), "yes" if f.causal else "no",
-                 f.mask, f"{f.scale:.6g}", str(len(f.nodes)))
+                (f.fused_node, f.rule, f"{f.heads}/{f.kv_heads}", str(f.head_dim),
+                 "yes" if f.causal else "no", f.mask, f.layout, f"{f.scale:.6g}", str(len(f.nodes)))
                 for f in self.fused
             ]
-            header = ("node", "rule", "heads", "head_dim", "causal", "mask", "scale", "replaced")
+            header = ("node", "rule", "heads q/kv", "head_dim", "causal", "mask", "layout",
+                      "scale", "replaced")
             lines += _table(header, rows)
+            notes = sorted({f.note for f in self.fused if f.note})
+            lines += [f"  note: {n}" for n in notes]
+        if self.declined:
+            lines.append("refinements declined:")
+            lines += _table(("node", "rule", "reason"),
+                            [(n, r, why) for n, d in self.declined.items() for r, why in d.items()])
         lines.append(f"softmax left unfused: {len(self.unfused)}")
         if self.unfused:
             lines += _table(("node", "reason"), [(u.node, u.reason) for u in self.unfused])

@@ -1,0 +1,85 @@
+"""The base of the rules that improve an ``ort_flash.FlashAttention`` node a fusion rule made.
+
+A refinement matches one FlashAttention node (and what feeds or follows it), proves that a
+cheaper form computes the same function, and re-emits the node with other inputs or attributes,
+keeping its name so that the report entry follows it. ``applied`` lists (node, report fields
+changed); ``declined`` the reason per node where the check failed.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+from onnxscript.rewriter._basics import MatchFailureError
+
+from ort_flash.rewriter import flash_op
+from ort_flash.rewriter.matmul_softmax_attention import as_failure
+
+INPUTS = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+
+
+class Refinement(pattern.RewriteRuleClassBase):
+    family = "refinement"
+
+    def __init__(self, variant: str = "") -> None:
+        self.variant = variant
+        super().__init__(name=f"{self.family}[{variant}]" if variant else self.family)
+        self.applied: list[tuple[str, dict]] = []
+        self.declined: dict[str, str] = {}
+        self._plan: dict | None = None
+
+    def check(self, context, **bindings):
+        node = self.flash_node(context)
+        try:
+            if node is None:
+                raise MatchFailureError("no FlashAttention node in the match")
+            if sum(1 for o in node.outputs if o.uses() or o.is_graph_output()) > 1:
+                raise MatchFailureError("the node's present / softmax_lse outputs are used")
+            self._plan = self.analyze(context, node, **bindings)
+        except Exception as e:  # noqa: BLE001 - a bug in a check must decline, not crash
+            e = as_failure(e)
+            if node is not None:
+                self.declined[node.name] = e.reason
+            return pattern.MatchResult().fail(e.reason, node)
+        if node is not None:
+            self.declined.pop(node.name, None)
+        return pattern.MatchResult()
+
+    def flash_node(self, context) -> ir.Node | None:
+        return next((n for n in context.nodes
+                     if n.domain == flash_op.DOMAIN and n.op_type == flash_op.OP_TYPE), None)
+
+    def analyze(self, context, node: ir.Node, **bindings) -> dict:
+        raise NotImplementedError
+
+    def emit(self, op, node: ir.Node, inputs: dict[str, ir.Value | None], attrs: dict,
+             report: dict, output: ir.Value | None = None) -> ir.Value:
+        """``node`` again with ``inputs`` / ``attrs`` replacing its own (None removes one); the
+        new Y takes the type and shape of ``output`` (default: the node's Y)."""
+        values = list(node.inputs) + [None] * (len(INPUTS) - len(node.inputs))
+        for name, value in inputs.items():
+            values[INPUTS.index(name)] = value
+        while values and values[-1] is None:
+            values.pop()
+        merged = {k: a.value for k, a in node.attributes.items()}
+        merged.update(attrs)
+        merged = {k: v for k, v in merged.items() if v is not None}
+        y = op.FlashAttention(*values, **merged, _domain=flash_op.DOMAIN, _version=flash_op.VERSION)
+        y.producer().name = node.name
+        y.shape, y.type = (output or node.outputs[0]).shape, (output or node.outputs[0]).type
+        self.applied.append((node.name, report))
+        return y
+
+
+def fail(reason: str):
+    raise MatchFailureError(reason)
+
+
+def attr(node: ir.Node, name: str, default=None):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def flash_pattern(op, q, k, v, *rest, **kwargs):
+    return op.FlashAttention(q, k, v, *rest, _domain=flash_op.DOMAIN, _allow_other_inputs=True,
+                             _allow_other_attributes=True, **kwargs)

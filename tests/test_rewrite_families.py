@@ -1,0 +1,115 @@
+"""Real exporters: every attention of every model family fused, and the same function after.
+
+For each family × exporter × attn_implementation × dtype of ``models/families.py`` (tiny random
+models, exported once into the model cache): every attention Softmax (self and cross) becomes one
+FlashAttention node, the causal self-attentions become ``is_causal`` (no (S × S) mask is left
+except T5's relative position bias), the model stays valid with its interface, and
+``ort_flash.verify`` on the CPU EP agrees with the original within tolerance.
+
+One configuration per family × exporter runs by default (the whole file stays within a few
+minutes with a cold cache on 2 cores); the rest are marked ``slow``. A configuration the exporter
+cannot export (recorded by ``models.families``) is skipped with the exporter's message.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+import onnx
+import pytest
+
+pytest.importorskip("torch", reason="torch builds the model families (test dependency)")
+pytest.importorskip("transformers", reason="transformers builds the model families")
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+from models.families import ExportFailure, ExportSpec, attention_layers, export, specs  # noqa: E402
+from ort_flash.rewriter import rewrite  # noqa: E402
+from ort_flash.verify import verify  # noqa: E402
+
+# (family, exporter) -> (attn, dtype) of the configuration that runs by default.
+DEFAULT = {
+    ("bert", "torchscript"): ("eager", "float16"), ("bert", "dynamo"): ("sdpa", "float32"),
+    ("gpt2", "torchscript"): ("sdpa", "float32"), ("gpt2", "dynamo"): ("eager", "float16"),
+    ("llama", "torchscript"): ("eager", "float16"), ("llama", "dynamo"): ("sdpa", "float32"),
+    ("qwen2", "torchscript"): ("sdpa", "float16"), ("qwen2", "dynamo"): ("eager", "float32"),
+    ("vit", "torchscript"): ("sdpa", "float32"), ("vit", "dynamo"): ("eager", "float16"),
+    ("t5", "torchscript"): ("eager", "float32"), ("t5", "dynamo"): ("sdpa", "float32"),
+    ("bart", "torchscript"): ("eager", "float32"), ("bart", "dynamo"): ("sdpa", "float32"),
+    ("whisper", "torchscript"): ("sdpa", "float32"), ("whisper", "dynamo"): ("eager", "float32"),
+}
+# Causal self-attention layers per family (decoder self-attention).
+CAUSAL = {"bert": 0, "vit": 0, "gpt2": 2, "llama": 2, "qwen2": 2, "t5": 1, "bart": 1, "whisper": 1}
+GQA = {"llama": 2, "qwen2": 2}  # kv heads after repeat_kv is absorbed
+
+
+def _params():
+    for spec in specs():
+        default = DEFAULT[(spec.family, spec.exporter)] == (spec.attn, spec.dtype)
+        yield pytest.param(spec, id=spec.id, marks=() if default else pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def rewritten():
+    cache: dict[ExportSpec, tuple] = {}
+
+    def get(spec: ExportSpec):
+        if spec not in cache:
+            try:
+                model = onnx.load(export(spec))
+            except ExportFailure as e:
+                pytest.skip(f"the exporter cannot export this configuration: {e}")
+            # The fast mask mapping (is_causal + compact masks) is what these tests cover;
+            # test_default_rewrite_fuses_too checks the exact default.
+            cache[spec] = (model, rewrite(model, exact_masked_rows=False))
+        return cache[spec]
+
+    return get
+
+
+@pytest.mark.parametrize("spec", list(_params()))
+def test_every_attention_fused(spec, rewritten):
+    model, result = rewritten(spec)
+    layers = attention_layers(spec.family)
+    report = result.report
+    assert sum(n.op_type == "Softmax" for n in model.graph.node) == layers
+    assert report.total_fused == layers, report.format_table()
+    assert report.unfused == [], report.format_table()
+    ops = collections.Counter(n.op_type for n in result.model.graph.node)
+    assert ops["FlashAttention"] == layers and ops["Softmax"] == 0
+    assert sum(f.causal for f in report.fused) == CAUSAL[spec.family], report.format_table()
+    for f in report.fused:
+        # a causal or padding mask never stays (B, 1, S, S); T5's position bias is a real bias
+        assert f.mask in ("none", "additive (B,1,1,Skv)") or f.mask.startswith(
+            "additive bias") and spec.family == "t5", f
+        assert f.kv_heads == GQA.get(spec.family, f.heads), f
+        if spec.family not in ("llama", "qwen2"):  # RoPE keeps Q/K in BNSH
+            assert f.layout == "BSD", f
+
+
+@pytest.mark.parametrize("spec", list(_params()))
+def test_valid_and_same_function(spec, rewritten):
+    model, result = rewritten(spec)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert [i.name for i in result.model.graph.input] == [i.name for i in model.graph.input]
+    assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
+    assert result.model.ir_version == model.ir_version <= 10
+    check = verify(model, result.model, seed=0)
+    assert check.passed, check.format_table()
+
+
+@pytest.mark.parametrize("spec", [s for s in specs() if s.exporter == "torchscript"
+                                  and s.dtype == "float32" and s.attn == "eager"
+                                  and s.family in ("bert", "gpt2", "llama", "whisper")], ids=lambda s: s.id)
+def test_default_rewrite_fuses_too(spec):
+    """The default (exact_masked_rows=True) fuses every attention as well and stays the same
+    function; finite causal + padding masks then stay materialized."""
+    try:
+        model = onnx.load(export(spec))
+    except ExportFailure as e:
+        pytest.skip(f"the exporter cannot export this configuration: {e}")
+    result = rewrite(model)
+    assert result.report.total_fused == attention_layers(spec.family), result.report.format_table()
+    assert result.report.unfused == []
+    assert verify(model, result.model, seed=1).passed
