@@ -1,4 +1,4 @@
-"""`ort-flash`: rewrite, verify, info, demo."""
+"""`ort-flash`: rewrite, verify, info, demo, bench."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +15,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ort_flash.demo import run_demo
-    return run_demo(provider=args.provider, seq_lens=args.seq_lens, repeat=args.repeat)
+    try:
+        return run_demo(provider=args.provider, seq_lens=args.seq_lens, repeat=args.repeat)
+    except (OSError, *commands._onnxruntime_errors()) as e:  # a missing or broken library
+        return commands._user_error(e)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,10 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=_cmd_info)
     d = sub.add_parser("demo", help="rewrite, verify and time the bundled GPT-2-style model")
     d.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto")
-    d.add_argument("--seq-lens", type=int, nargs="+", default=None,
+    d.add_argument("--seq-lens", type=commands.positive_int, nargs="+", default=None,
                    help="sequence lengths to time (default: 256 1024 on CPU, 512 1024 2048 on CUDA)")
-    d.add_argument("--repeat", type=int, default=None, help="timed runs per model and length")
+    d.add_argument("--repeat", type=commands.positive_int, default=None, help="timed runs per model and length")
     d.set_defaults(func=_cmd_demo)
+    b = sub.add_parser("bench", help="time the fused op, ONNX Runtime's attention and torch SDPA; "
+                       "tables and JSON (docs/PERFORMANCE.md via --report)")
+    from ort_flash.bench import add_arguments, run_command
+    add_arguments(b)
+    b.set_defaults(func=run_command)
     return p
 
 

@@ -113,3 +113,21 @@ def test_default_rewrite_fuses_too(spec):
     assert result.report.total_fused == attention_layers(spec.family), result.report.format_table()
     assert result.report.unfused == []
     assert verify(model, result.model, seed=1).passed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [s for s in specs() if s.exporter == "torchscript"
+                                  and s.dtype == "float16" and s.attn == "eager"
+                                  and s.family in ("bert", "gpt2", "llama", "whisper")], ids=lambda s: s.id)
+def test_rewritten_family_on_cuda(spec):
+    """The fp16 exports, rewritten, in a CUDA session against the original on CUDA."""
+    try:
+        model = onnx.load(export(spec))
+    except ExportFailure as e:
+        pytest.skip(f"the exporter cannot export this configuration: {e}")
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    for exact in (True, False):
+        result = rewrite(model, exact_masked_rows=exact)
+        check = verify(model, result.model, providers=providers, seed=2)
+        assert check.passed, check.format_table()
+        assert check.rewritten_providers[0] == "CUDAExecutionProvider"

@@ -23,9 +23,10 @@ python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>
 log "built in $(( $(date +%s) - t0 )) s"
 python3 -m ort_flash.cli info 2>&1 | tee "$OUT/info.log"
 log "GPU tests"
-python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" tests 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=${GPU_TEST_TIMEOUT:-120} tests 2>&1 \
+  | tee "$OUT/pytest-gpu.log" | grep -v "^\." | tail -40
 log "demo"
-python3 -m ort_flash.cli demo --provider cuda 2>&1 | tee "$OUT/demo.log"
+python3 -m ort_flash.cli demo --provider cuda 2>&1 | grep -v Memcpy | tee "$OUT/demo.log"
 for cmd in "$@"; do
   log "$cmd"
   bash -c "$cmd" 2>&1 | tee -a "$OUT/extra.log"

@@ -1,0 +1,149 @@
+"""The decode peers: Sq query tokens (1 or 4) against a full KV cache of L tokens, GQA heads.
+
+Shared per input set: ``q`` (B, Hq, Sq, D), ``k`` / ``v`` the cache (B, Hkv, L, D) whose last Sq
+rows are the new tokens, ``lens`` int64 (B,) = L on the device. Every peer computes the same
+function (bottom-right causal, so for Sq = 1 every key is seen), except MHA where noted.
+
+| peer             | what runs                                                                   |
+|------------------|-----------------------------------------------------------------------------|
+| ort_flash        | FlashAttention(Q, K=cache, V=cache, nonpad_kv_seqlen=L), is_causal: reads the cache in place |
+| ort_flash_past   | FlashAttention(Q, K_new, V_new, past_key, past_value) → present_*: the ONNX-standard cache path, which copies the cache into present every step |
+| ort_flash_kernel | the kernel alone through _C (seqlens_k = L)                                 |
+| ort_gqa          | com.microsoft.GroupQueryAttention, past/present sharing one buffer (the cache) |
+| ort_mha          | com.microsoft.MultiHeadAttention with the cache as 4-D BNSH key/value, heads repeated to Hq (MHA has no GQA); not causal |
+| sdpa*            | torch SDPA, enable_gqa, causal_lower_right for Sq > 1                        |
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ort_flash.bench import onnx_graphs
+from ort_flash.bench.measure import Context
+from ort_flash.bench.op_peers import _bnsh_from_bsh, _bsh_from_bnsh
+from ort_flash.bench.ort_session import BoundSession, Unsupported
+from ort_flash.bench.tensors import Buffer
+from ort_flash.bench.torch_calls import KernelCalls, SdpaCalls
+
+
+def _session(ctx: Context, model, inputs, outputs, **kw):
+    """A bound session with CUDA graphs when the context asks for them; without, if capture fails."""
+    if ctx.cuda_graph:
+        ctx.synchronize()  # the inputs were filled on torch's default stream
+        try:
+            run = BoundSession(model, ctx.device, inputs, outputs, stream=ctx.stream, cuda_graph=True, **kw)
+            run.check_runs(ctx.synchronize)
+            return run
+        except Unsupported as e:
+            note = f"ORT CUDA graph failed ({e}); timed without"
+            ctx.synchronize()
+        run = BoundSession(model, ctx.device, inputs, outputs, stream=ctx.stream, **kw)
+        run.info = {"note": note}
+        return run
+    return BoundSession(model, ctx.device, inputs, outputs, stream=ctx.stream, **kw)
+
+
+def _slice_seq(t, buf: Buffer, start: int, stop: int) -> Buffer:
+    return t.like(buf, lambda x: x[:, :, start:stop])
+
+
+def ort_flash(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
+    model = onnx_graphs.flash_attention(cfg["dtype"], {"Q": 4, "K": 4, "V": 4, "nonpad_kv_seqlen": 1},
+                                        {"Y": 4}, is_causal=1)
+    run = _session(ctx, model, [{"Q": s["q"], "K": s["k"], "V": s["v"], "nonpad_kv_seqlen": s["lens"]}
+                                for s in sets], [{"Y": y} for y in ys], custom_ops=True)
+    run.output = lambda: ys[0].data
+    return run
+
+
+def ort_flash_past(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    sq, cache = cfg["sq"], cfg["cache"]
+    ctx.require(sum(4 * s["k"].nbytes for s in sets), "past copies and present outputs")
+    feeds, outs, ys = [], [], []
+    for s in sets:
+        f = {"Q": s["q"], "K": _slice_seq(t, s["k"], cache - sq, cache),
+             "V": _slice_seq(t, s["v"], cache - sq, cache),
+             "past_key": _slice_seq(t, s["k"], 0, cache - sq), "past_value": _slice_seq(t, s["v"], 0, cache - sq)}
+        y = t.empty(s["q"].shape, cfg["dtype"])
+        feeds.append(f)
+        ys.append(y)
+        outs.append({"Y": y, "present_key": t.empty(s["k"].shape, cfg["dtype"]),
+                     "present_value": t.empty(s["v"].shape, cfg["dtype"])})
+    model = onnx_graphs.flash_attention(cfg["dtype"], {n: 4 for n in ("Q", "K", "V", "past_key", "past_value")},
+                                        {"Y": 4, "present_key": 4, "present_value": 4}, is_causal=1)
+    run = _session(ctx, model, feeds, outs, custom_ops=True)
+    run.output = lambda: ys[0].data
+    return run
+
+
+def kernel(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
+    run = KernelCalls([s["q"] for s in sets], [s["k"] for s in sets], [s["v"] for s in sets], ys,
+                      device=ctx.device, causal=True, seqlens=[s["lens"] for s in sets], stream=ctx.stream)
+    run.info = {"variant": "/".join(map(str, run.variant)), "tile": run.tile_config()}
+    return run
+
+
+def ort_gqa(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    b, sq, cache = cfg["batch"], cfg["sq"], cfg["cache"]
+    if sq > 1 and b > 1:
+        raise Unsupported("GroupQueryAttention with a past takes sequence_length > 1 only at "
+                          "batch_size 1 (its contrib-op documentation)")
+    feeds, outs, ys = [], [], []
+    for s in sets:
+        y = t.empty((b, sq, cfg["hq"] * cfg["d"]), cfg["dtype"])
+        feeds.append({
+            "query": t.like(s["q"], _bsh_from_bnsh),
+            "key": t.like(s["k"], lambda x: _bsh_from_bnsh(x[:, :, cache - sq:])),
+            "value": t.like(s["v"], lambda x: _bsh_from_bnsh(x[:, :, cache - sq:])),
+            "past_key": s["k"], "past_value": s["v"],
+            "seqlens_k": t.values(np.full(b, cache - 1), "int32"),
+            "total_sequence_length": t.values(np.array(cache, dtype=np.int32), "int32", device="cpu"),
+        })
+        outs.append({"output": y, "present_key": s["k"], "present_value": s["v"]})  # shared buffer
+        ys.append(y)
+    model = onnx_graphs.group_query_attention(cfg["dtype"], cfg["hq"], cfg["hkv"], causal=True)
+    run = _session(ctx, model, feeds, outs)
+    run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
+    return run
+
+
+def ort_mha(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    group = cfg["hq"] // cfg["hkv"]
+    ctx.require(sum(group * (s["k"].nbytes + s["v"].nbytes) for s in sets), "K/V repeated to Hq heads")
+    feeds, outs, ys = [], [], []
+    for s in sets:
+        rep = (lambda x: x.repeat_interleave(group, dim=1)) if s["k"].is_torch else \
+              (lambda x: np.repeat(x, group, axis=1))
+        y = t.empty((cfg["batch"], cfg["sq"], cfg["hq"] * cfg["d"]), cfg["dtype"])
+        feeds.append({"query": t.like(s["q"], _bsh_from_bnsh), "key": t.like(s["k"], rep),
+                      "value": t.like(s["v"], rep)})
+        outs.append({"output": y})
+        ys.append(y)
+    model = onnx_graphs.multi_head_attention(cfg["dtype"], cfg["hq"], causal=False, kv_rank=4)
+    run = _session(ctx, model, feeds, outs)
+    if cfg["sq"] == 1:  # with more query rows it is not causal, so it computes another function
+        run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
+    return run
+
+
+def sdpa(backend: str):
+    def build(ctx: Context, cfg: dict, sets: list[dict]):
+        if ctx.tensors.torch is None:
+            raise Unsupported("torch is not installed")
+        return SdpaCalls([s["q"] for s in sets], [s["k"] for s in sets], [s["v"] for s in sets],
+                         backend=backend, causal=True, lower_right=True)
+    return build
+
+
+def peers_for(device: str) -> dict:
+    peers = {"ort_flash": ort_flash, "ort_flash_past": ort_flash_past, "ort_flash_kernel": kernel,
+             "ort_gqa": ort_gqa, "ort_mha": ort_mha, "sdpa": sdpa("default")}
+    if device == "cuda":
+        peers.update(sdpa_flash=sdpa("flash"), sdpa_cudnn=sdpa("cudnn"))
+    return peers

@@ -1,0 +1,279 @@
+"""End to end: whole models in ONNX Runtime, three variants of each, fp16 on CUDA.
+
+* ``original``: the TorchScript export (``models/bench_models.py``, eager attention, fp16);
+* ``ort_flash``: ``ort_flash.rewrite`` of that export;
+* ``ort_optimizer``: ``onnxruntime.transformers.optimizer.optimize_model`` (model_type bert /
+  gpt2, ``opt_level=0``, ``use_gpu=True``) of the fp32 export, then ``convert_float_to_float16
+  (keep_io_types=True)``: the optimizer's documented recipe (its fusions match fp32 graphs).
+
+All three run with ONNX Runtime's default session optimizations, batch 1, sequence ascending,
+one session per variant. Latency: ``ort_flash.timing.SessionTimer`` (IOBinding, inputs on the
+device, the median). Peak memory: device memory in use (``torch.cuda.mem_get_info``) after the
+runs at each length minus the reading before the session was created. ONNX Runtime's arena only
+grows (``kSameAsRequested``), so the reading after length N is the most the session has held up
+to N: its peak, arena slack included, as a user pays it. ``act_mb`` subtracts the reading after
+the session was created (weights, context) to leave activations and workspaces.
+On the CPU (harness tests) tiny models run in fp32 and memory is the process's peak-RSS growth.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import importlib.util
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+from ort_flash.bench import memory, results
+from ort_flash.bench.measure import Budget, Context, add_ratios
+from ort_flash.bench.op_suite import verdict
+from ort_flash.bench.tables import text_table
+
+VARIANTS = ("original", "ort_flash", "ort_optimizer")
+OPTIMIZER_TYPE = {"bert": "bert", "gpt2": "gpt2", "llama": "gpt2"}
+
+
+@functools.lru_cache(maxsize=None)
+def bench_models():
+    """models/bench_models.py of this checkout (the models/ folder is not part of the package)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "models" / "bench_models.py"
+    if not path.is_file():
+        raise RuntimeError(f"{path} not found: run the e2e suite from an ort_flash checkout")
+    spec = importlib.util.spec_from_file_location("ort_flash_bench_models", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
+    o = overrides or {}
+    if device == "cuda":
+        g = dict(dtype="float16", models=["bert-base", "gpt2-medium", "llama-1b"], batch=1,
+                 seqlens=[512, 2048, 8192] if quick else [512, 1024, 2048, 4096, 8192],
+                 layers=o.get("layers") or (4 if quick else None), tiny=False)
+    else:
+        g = dict(dtype="float32", models=["bert-base", "gpt2-medium", "llama-1b"], batch=1,
+                 seqlens=[64, 256] if quick else [128, 512, 1024], layers=o.get("layers") or 2, tiny=True)
+    for key in ("models", "seqlens"):
+        if o.get(key):
+            g[key] = o[key]
+    return g
+
+
+def specs(g: dict) -> list:
+    bm = bench_models()
+    out = []
+    for name in g["models"]:
+        spec = bm.SPECS[name].scaled(g["layers"])
+        if g.get("tiny"):  # harness tests: same families, toy widths
+            import dataclasses
+            spec = dataclasses.replace(spec, hidden=128, heads=2 * (spec.heads // spec.kv_heads),
+                                       kv_heads=2, intermediate=256, vocab=1000, max_positions=2048)
+        out.append(spec)
+    return out
+
+
+def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, progress) -> None:
+    g = suite["grid"]
+    bm = bench_models()
+    cache_dir = pathlib.Path(getattr(args, "cache_dir", None) or "/tmp/ort_flash_bench")
+    suite["models"] = {}
+    for spec in progress(specs(g), desc=f"e2e ({ctx.device})", unit="model"):
+        if not budget.allows(prepare_estimate_s(spec)):
+            suite["not_run"] += [{"model": spec.name, "seqlen": s} for s in g["seqlens"]]
+            suite["notes"].append(f"time budget reached before {spec.name}")
+            continue
+        t0 = time.monotonic()
+        try:
+            paths, info = prepare(bm, spec, g["dtype"], cache_dir, ctx.device)
+        except Exception as e:  # noqa: BLE001 - an export that fails is a result; go on
+            reason = f"export failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            paths, info = {}, {"spec": {**spec.__dict__, "parameters": spec.parameters()},
+                               **{f"{v}_error": reason for v in VARIANTS}}
+        info["prepare_s"] = time.monotonic() - t0
+        suite["models"][spec.name] = info
+        save()
+        for variant in VARIANTS:
+            if variant not in paths:
+                suite["rows"].extend({"config": _config(spec, s, g), "peer": variant, "status": "error",
+                                      "reason": info.get(f"{variant}_error", "model not prepared")}
+                                     for s in g["seqlens"])
+                continue
+            suite["rows"].extend(time_variant(ctx, spec, g, variant, paths[variant], budget, suite))
+            save()
+        for s in g["seqlens"]:
+            group = [r for r in suite["rows"] if r["config"] == _config(spec, s, g)]
+            add_ratios(group, "ms", higher_is_better=False)
+            _vs_original(group)
+        save()
+
+
+def prepare_estimate_s(spec) -> float:
+    """A rough lower bound on export (fp16 and fp32) + rewrite + optimizer + three sessions; a
+    model that cannot finish inside the budget is not started."""
+    return 20.0 + 120.0 * spec.parameters() / 1e9
+
+
+def _config(spec, seqlen: int, g: dict) -> dict:
+    return {"model": spec.name, "layers": spec.layers, "seqlen": seqlen, "batch": g["batch"], "dtype": g["dtype"]}
+
+
+def prepare(bm, spec, dtype: str, cache_dir: pathlib.Path, device: str) -> tuple[dict, dict]:
+    """The three model files, and what was done to make them (fusion counts, times)."""
+    import onnx
+
+    import ort_flash
+
+    info = {"spec": {**spec.__dict__, "head_dim": spec.head_dim, "parameters": spec.parameters()}}
+    paths = {}
+    t0 = time.monotonic()
+    original, cached = bm.cached_export(spec, cache_dir, dtype)
+    info.update(export_s=time.monotonic() - t0, export_cached=cached)
+    paths["original"] = original
+    try:
+        t0 = time.monotonic()
+        result = ort_flash.rewrite(str(original))
+        out = original.with_name("model.flash.onnx")
+        bm.save(result.model, out)
+        paths["ort_flash"] = out
+        info["rewrite"] = {"fused": result.report.total_fused, "seconds": time.monotonic() - t0,
+                           "unfused": sorted({u.reason for u in result.report.unfused})}
+        del result
+    except Exception as e:  # noqa: BLE001
+        info["ort_flash_error"] = f"rewrite failed: {type(e).__name__}: {e}"
+    try:
+        t0 = time.monotonic()
+        paths["ort_optimizer"], info["optimizer"] = optimize(bm, spec, dtype, cache_dir, device)
+        info["optimizer"]["seconds"] = time.monotonic() - t0
+    except Exception as e:  # noqa: BLE001
+        info["ort_optimizer_error"] = f"optimizer failed: {type(e).__name__}: {str(e)[:300]}"
+    info["attention_nodes"] = {k: _count_ops(onnx.load(str(p), load_external_data=False))
+                               for k, p in paths.items()}
+    gc.collect()
+    return paths, info
+
+
+def optimize(bm, spec, dtype: str, cache_dir, device: str):
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    fp32, _ = bm.cached_export(spec, cache_dir, "float32")
+    out = fp32.with_name(f"model.ortopt.{dtype}.onnx")
+    model_type = OPTIMIZER_TYPE[spec.family]
+    opt = optimize_model(str(fp32), model_type=model_type, num_heads=spec.heads, hidden_size=spec.hidden,
+                         opt_level=0, use_gpu=device == "cuda")
+    stats = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+    if dtype == "float16":
+        opt.convert_float_to_float16(keep_io_types=True)
+    weights = sum(len(t.raw_data) for t in opt.model.graph.initializer)
+    opt.save_model_to_file(str(out), use_external_data_format=weights > bm.TWO_GB - 2**26)
+    return out, {"model_type": model_type, "opt_level": 0, "fused_ops": stats}
+
+
+def _count_ops(model) -> dict:
+    names = ("Softmax", "FlashAttention", "Attention", "MultiHeadAttention", "GroupQueryAttention")
+    counts = {}
+    for n in model.graph.node:
+        if n.op_type in names:
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return counts
+
+
+def time_variant(ctx: Context, spec, g: dict, variant: str, path, budget: Budget, suite) -> list[dict]:
+    import onnxruntime as ort
+
+    import ort_flash
+    from ort_flash.timing import SessionTimer
+
+    providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if ctx.device == "cuda"
+                 else ["CPUExecutionProvider"])
+    if ctx.device == "cuda":
+        providers[0] = ("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
+    rows = []
+    gc.collect()
+    torch = ctx.tensors.torch
+    mem0 = memory.used_bytes(ctx.device, torch)
+    t0 = time.monotonic()
+    so = ort_flash.session_options() if variant == "ort_flash" else ort.SessionOptions()
+    so.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(str(path), so, providers=providers)
+    except Exception as e:  # noqa: BLE001
+        return [{"config": _config(spec, s, g), "peer": variant, "status": "error",
+                 "reason": f"session: {str(e).splitlines()[0][:300]}"} for s in g["seqlens"]]
+    load_s = time.monotonic() - t0
+    mem_loaded = memory.used_bytes(ctx.device, torch)
+    failed = None
+    for s in g["seqlens"]:
+        row = {"config": _config(spec, s, g), "peer": variant, "session_s": load_s}
+        if failed:  # a longer sequence cannot fare better
+            rows.append(row | {"status": "error", "reason": failed})
+            continue
+        if not budget.allows(5):
+            suite["not_run"].append(row["config"] | {"variant": variant})
+            continue
+        rng = np.random.default_rng(s)
+        feeds = [{"input_ids": rng.integers(1, spec.vocab, (g["batch"], s), dtype=np.int64),
+                  "attention_mask": np.ones((g["batch"], s), dtype=np.int64)} for _ in range(3)]
+        try:
+            timer = SessionTimer(sess, feeds, ctx.device)
+            t1 = time.perf_counter()
+            timer.run_once(0)
+            first = time.perf_counter() - t1
+            repeat = int(min(20, max(3, ctx.target_s * 10 / max(first, 1e-3))))
+            ms = timer.median_ms(repeat, warmup=2)
+            mem = memory.used_bytes(ctx.device, torch)
+            row.update(status="ok", ms=ms, repeats=repeat, tokens_per_s=g["batch"] * s / (ms * 1e-3),
+                       peak_mb=(mem - mem0) / 2**20, act_mb=(mem - mem_loaded) / 2**20,
+                       memory_method=memory.method(ctx.device, torch))
+        except Exception as e:  # noqa: BLE001 - out of memory at long sequences is a result
+            failed = f"failed at sequence {s}: {str(e).splitlines()[0][:300]}"
+            row.update(status="error", reason=failed)
+        rows.append(row)
+        del feeds
+    del sess
+    gc.collect()
+    return rows
+
+
+def _vs_original(group: list[dict]) -> None:
+    by = {r["peer"]: r for r in group if r.get("status") == "ok"}
+    base = by.get("original")
+    if base is None:
+        return
+    for r in by.values():
+        r["speedup_vs_original"] = base["ms"] / r["ms"]
+        if base.get("act_mb") and r.get("act_mb") is not None:
+            r["act_mem_vs_original"] = r["act_mb"] / base["act_mb"] if base["act_mb"] > 0 else None
+
+
+def summary(suite: dict) -> tuple[list[str], list[list]]:
+    header = ["model", "layers", "N"] + [f"{v} ms" for v in VARIANTS] + \
+             [f"{v} MB" for v in VARIANTS] + ["ort_flash vs original", "vs ORT optimizer", "act mem vs orig"]
+    rows = []
+    for cfg, group in results.group_by_config(suite["rows"]):
+        by = {r["peer"]: r for r in group}
+        ms = [by[v]["ms"] if by.get(v, {}).get("status") == "ok" else "error" if v in by else None
+              for v in VARIANTS]
+        mb = [by[v].get("peak_mb") if by.get(v, {}).get("status") == "ok" else None for v in VARIANTS]
+        ours = by.get("ort_flash", {})
+        opt = by.get("ort_optimizer", {})
+        vs_opt = opt["ms"] / ours["ms"] if ours.get("status") == "ok" and opt.get("status") == "ok" else None
+        mem = ours.get("act_mem_vs_original")
+        rows.append([cfg["model"], cfg["layers"], cfg["seqlen"], *ms, *mb,
+                     verdict(ours.get("speedup_vs_original")), verdict(vs_opt),
+                     None if mem is None else f"{mem:.2f}"])
+    return header, rows
+
+
+def print_summary(suite: dict) -> None:
+    header, rows = summary(suite)
+    print(text_table(header, rows, title=f"\nend to end on {suite['device']} ({suite['grid']['dtype']}, "
+                     "batch 1): median latency, peak memory (see the method in the JSON)"))
+    for name, info in suite.get("models", {}).items():
+        print(f"  {name}: attention nodes {info.get('attention_nodes')}; ORT optimizer fused "
+              f"{(info.get('optimizer') or {}).get('fused_ops')}; rewrite fused "
+              f"{(info.get('rewrite') or {}).get('fused')} {(info.get('rewrite') or {}).get('unfused') or ''}")
+    print(results.format_reasons(suite["rows"]))

@@ -1,0 +1,97 @@
+"""The one-node (or one-subgraph) ONNX models the op-level peers run in ONNX Runtime.
+
+| builder                  | graph                                                                    |
+|--------------------------|--------------------------------------------------------------------------|
+| ``flash_attention``      | ort_flash.FlashAttention(Q, K, V[, attn_mask, past_key, past_value, nonpad_kv_seqlen]) |
+| ``multi_head_attention`` | com.microsoft.MultiHeadAttention(query (B,S,Hq·D), key, value) (3-D BSH, or 4-D BNSH K/V) |
+| ``onnx_attention``       | ONNX Attention-23(Q, K, V) on 4-D BNSH                                   |
+| ``unfused_attention``    | MatMul(Q, Transpose(K)) → Mul(scale) [→ Add(mask)] → Softmax → MatMul(V): the exporter's graph |
+| ``group_query_attention``| com.microsoft.GroupQueryAttention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length) |
+
+Every dimension is symbolic so one model serves every shape; IR version 10 (onnxruntime 1.31
+loads IR <= 13).
+"""
+from __future__ import annotations
+
+from onnx import helper
+
+from ort_flash.bench.tensors import ONNX_TYPES
+
+IR_VERSION = 10
+
+
+def _model(nodes, inputs, outputs, opsets, initializers=()) -> bytes:
+    graph = helper.make_graph(nodes, "bench", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    model.ir_version = IR_VERSION
+    return model.SerializeToString()
+
+
+def _vi(name, dtype: str, rank: int | None = None, shape=None):
+    dims = shape if shape is not None else [f"{name}_{i}" for i in range(rank)]
+    return helper.make_tensor_value_info(name, ONNX_TYPES[dtype], dims)
+
+
+def flash_attention(dtype: str, inputs: dict[str, int], outputs: dict[str, int], **attrs) -> bytes:
+    """``inputs`` / ``outputs`` map the FlashAttention names present to their rank."""
+    in_order = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+    out_order = ("Y", "present_key", "present_value", "softmax_lse")
+    node_in = [n if n in inputs else "" for n in in_order]
+    node_out = [n if n in outputs else "" for n in out_order]
+    while node_in[-1] == "":
+        node_in.pop()
+    while node_out[-1] == "":
+        node_out.pop()
+    types = {"nonpad_kv_seqlen": "int64", "softmax_lse": "float32"}
+    node = helper.make_node("FlashAttention", node_in, node_out, domain="ort_flash",
+                            **{k: v for k, v in attrs.items() if v is not None})
+    return _model([node], [_vi(n, types.get(n, dtype), r) for n, r in inputs.items()],
+                  [_vi(n, types.get(n, dtype), r) for n, r in outputs.items()],
+                  [("ort_flash", 1), ("", 21)])
+
+
+def multi_head_attention(dtype: str, num_heads: int, causal: bool, kv_rank: int = 3) -> bytes:
+    """query (B, S, Hq·D); key/value (B, Skv, H·D) or, with kv_rank 4, (B, H, Skv, D)."""
+    node = helper.make_node("MultiHeadAttention", ["query", "key", "value"], ["output"],
+                            domain="com.microsoft", num_heads=num_heads, unidirectional=int(causal))
+    return _model([node], [_vi("query", dtype, 3), _vi("key", dtype, kv_rank), _vi("value", dtype, kv_rank)],
+                  [_vi("output", dtype, 3)], [("com.microsoft", 1), ("", 21)])
+
+
+def onnx_attention(dtype: str, causal: bool, opset: int = 23) -> bytes:
+    node = helper.make_node("Attention", ["Q", "K", "V"], ["Y"], is_causal=int(causal))
+    return _model([node], [_vi(n, dtype, 4) for n in ("Q", "K", "V")], [_vi("Y", dtype, 4)],
+                  [("", opset)])
+
+
+def unfused_attention(dtype: str, scale: float, mask: bool) -> bytes:
+    """The exporter's attention on 4-D BNSH inputs; ``mask`` adds an additive (B|1, H|1, Sq, Skv) input."""
+    c = helper.make_tensor("scale", ONNX_TYPES[dtype], [], [float(scale)])
+    nodes = [
+        helper.make_node("Transpose", ["K"], ["Kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["Q", "Kt"], ["S"]),
+        helper.make_node("Mul", ["S", "scale"], ["Ss"]),
+    ]
+    last = "Ss"
+    inputs = [_vi(n, dtype, 4) for n in ("Q", "K", "V")]
+    if mask:
+        nodes.append(helper.make_node("Add", ["Ss", "attn_mask"], ["Sm"]))
+        inputs.append(_vi("attn_mask", dtype, 4))
+        last = "Sm"
+    nodes += [helper.make_node("Softmax", [last], ["P"], axis=-1),
+              helper.make_node("MatMul", ["P", "V"], ["Y"])]
+    return _model(nodes, inputs, [_vi("Y", dtype, 4)], [("", 17)], [c])
+
+
+def group_query_attention(dtype: str, num_heads: int, kv_num_heads: int, causal: bool = True) -> bytes:
+    """Decode with a shared past/present buffer: bind present_* to the past_* memory."""
+    node = helper.make_node(
+        "GroupQueryAttention",
+        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
+        ["output", "present_key", "present_value"], domain="com.microsoft",
+        num_heads=num_heads, kv_num_heads=kv_num_heads, causal=int(causal))
+    inputs = [_vi("query", dtype, 3), _vi("key", dtype, 3), _vi("value", dtype, 3),
+              _vi("past_key", dtype, 4), _vi("past_value", dtype, 4),
+              _vi("seqlens_k", "int32", 1), _vi("total_sequence_length", "int32", shape=[])]
+    outputs = [_vi("output", dtype, 3), _vi("present_key", dtype, 4), _vi("present_value", dtype, 4)]
+    return _model([node], inputs, outputs, [("com.microsoft", 1), ("", 21)])

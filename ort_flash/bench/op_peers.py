@@ -1,0 +1,129 @@
+"""The op-level peers on prefill shapes (Sq = Skv = N): each builder takes the shared input sets
+(Q, K, V as (B, H, N, D) buffers) and returns a runner for ``measure``; its ``output()`` is set
+0's result viewed as (B, H, N, D) for the agreement check.
+
+| peer             | what runs                                                                  |
+|------------------|----------------------------------------------------------------------------|
+| ort_flash        | ort_flash.FlashAttention (4-D BNSH) in an ORT session, IOBinding            |
+| ort_flash_kernel | the same kernel alone, launched through ort_flash._C (no ORT)               |
+| ort_mha          | com.microsoft.MultiHeadAttention, 3-D BSH inputs (its native layout), unidirectional=causal |
+| onnx_attention   | ONNX Attention-23 (4-D BNSH, is_causal) run by ORT                         |
+| unfused          | MatMul-Softmax-MatMul (+ additive causal mask input) with ORT graph optimizations off |
+| sdpa_cudnn/flash | torch SDPA forced onto one backend (CUDA); sdpa on CPU                     |
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ort_flash.bench import onnx_graphs
+from ort_flash.bench.measure import Context
+from ort_flash.bench.ort_session import BoundSession, Unsupported
+from ort_flash.bench.tensors import Buffer
+from ort_flash.bench.torch_calls import KernelCalls, SdpaCalls
+
+
+def _bnsh_from_bsh(buf, heads):
+    """(B, S, H*D) -> a (B, H, S, D) view."""
+    b, s, hd = buf.shape
+    x = buf.data.reshape(b, s, heads, hd // heads)
+    return x.transpose(0, 2, 1, 3) if isinstance(x, np.ndarray) else x.transpose(1, 2)
+
+
+def _bsh_from_bnsh(x):
+    """(B, H, S, D) -> (B, S, H*D)."""
+    b, h, s, d = x.shape
+    x = x.transpose(0, 2, 1, 3) if isinstance(x, np.ndarray) else x.transpose(1, 2)
+    return x.reshape(b, s, h * d)
+
+
+def ort_flash(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
+    model = onnx_graphs.flash_attention(cfg["dtype"], {"Q": 4, "K": 4, "V": 4}, {"Y": 4},
+                                        is_causal=int(cfg["causal"]))
+    run = BoundSession(model, ctx.device, [{"Q": s["q"], "K": s["k"], "V": s["v"]} for s in sets],
+                       [{"Y": y} for y in ys], stream=ctx.stream, custom_ops=True)
+    run.output = lambda: ys[0].data
+    return run
+
+
+def kernel(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
+    run = KernelCalls([s["q"] for s in sets], [s["k"] for s in sets], [s["v"] for s in sets], ys,
+                      device=ctx.device, causal=cfg["causal"], stream=ctx.stream)
+    run.info = {"variant": "/".join(map(str, run.variant)), "tile": run.tile_config()}
+    return run
+
+
+def ort_mha(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    heads = cfg["heads"]
+    bsh = [{n: t.like(s[n], _bsh_from_bnsh) for n in ("q", "k", "v")} for s in sets]
+    ys = [t.empty(x["q"].shape, cfg["dtype"]) for x in bsh]
+    model = onnx_graphs.multi_head_attention(cfg["dtype"], heads, cfg["causal"])
+    run = BoundSession(model, ctx.device,
+                       [{"query": x["q"], "key": x["k"], "value": x["v"]} for x in bsh],
+                       [{"output": y} for y in ys], stream=ctx.stream)
+    run.output = lambda: _bnsh_from_bsh(ys[0], heads)
+    run.keep = bsh
+    return run
+
+
+def onnx_attention(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
+    model = onnx_graphs.onnx_attention(cfg["dtype"], cfg["causal"])
+    run = BoundSession(model, ctx.device, [{"Q": s["q"], "K": s["k"], "V": s["v"]} for s in sets],
+                       [{"Y": y} for y in ys], stream=ctx.stream)
+    run.output = lambda: ys[0].data
+    return run
+
+
+def unfused(ctx: Context, cfg: dict, sets: list[dict]):
+    t = ctx.tensors
+    b, h, n, d = sets[0]["q"].shape
+    ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
+    model = onnx_graphs.unfused_attention(cfg["dtype"], d ** -0.5, mask=cfg["causal"])
+    feeds = [{"Q": s["q"], "K": s["k"], "V": s["v"]} for s in sets]
+    mask = None
+    if cfg["causal"]:
+        mask = causal_additive_mask(t, n, cfg["dtype"])
+        for f in feeds:
+            f["attn_mask"] = mask
+    run = BoundSession(model, ctx.device, feeds, [{"Y": y} for y in ys], stream=ctx.stream,
+                       optimize=False)
+    run.output = lambda: ys[0].data
+    run.keep = mask
+    return run
+
+
+def causal_additive_mask(t, n: int, dtype: str):
+    """(1, 1, n, n): 0 on and below the diagonal, the dtype's lowest finite value above."""
+    if t.torch is not None:
+        torch = t.torch
+        tdt = getattr(torch, dtype)
+        m = torch.full((n, n), torch.finfo(tdt).min, dtype=tdt, device=t.device).triu_(1)
+        return Buffer(m.view(1, 1, n, n), (1, 1, n, n), dtype, t.device)
+    low = np.finfo(np.float16 if dtype == "float16" else np.float32).min
+    return t.values(np.triu(np.full((n, n), low, np.float32), 1).reshape(1, 1, n, n), dtype)
+
+
+def sdpa(backend: str):
+    def build(ctx: Context, cfg: dict, sets: list[dict]):
+        if ctx.tensors.torch is None:
+            raise Unsupported("torch is not installed")
+        return SdpaCalls([s["q"] for s in sets], [s["k"] for s in sets], [s["v"] for s in sets],
+                         backend=backend, causal=cfg["causal"])
+    return build
+
+
+def peers_for(device: str) -> dict:
+    """Peer name -> builder, ours first (their output is the agreement reference)."""
+    peers = {"ort_flash": ort_flash, "ort_flash_kernel": kernel, "ort_mha": ort_mha,
+             "onnx_attention": onnx_attention, "unfused": unfused}
+    if device == "cuda":
+        peers.update(sdpa_cudnn=sdpa("cudnn"), sdpa_flash=sdpa("flash"))
+    else:
+        peers.update(sdpa=sdpa("default"))
+    return peers

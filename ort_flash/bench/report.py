@@ -1,0 +1,201 @@
+"""Result JSON files → docs/PERFORMANCE.md (tables, goals) and PNG plots beside it.
+
+    python -m ort_flash.bench.report results-gpu.json results-cpu.json -o docs/PERFORMANCE.md
+
+Later files override earlier ones suite by suite, so a new GPU run replaces only what it
+measured. GPU sections without a CUDA result say "not yet measured".
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+
+from ort_flash.bench import cpu_suite, decode_suite, e2e_suite, op_suite, plots, results, targets
+from ort_flash.bench.tables import fmt, markdown_table
+
+GPU_COMMANDS = """\
+# GPU machine, one call of <= 10 min, from the repository root, carrying .ortgpu0-4 and .orth as
+# for tools/gpu_session.sh; results, logs and the report land in $OUT:
+bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min
+bash tools/bench_gpu.sh --suite op           # the full op grid (Hopper issue), ~5 min
+bash tools/bench_gpu.sh --suite decode       # the full decode grid (decode issue), ~2 min
+# by hand: PYTHONPATH=/tmp/ortsite python3 -m ort_flash.cli bench --suite all --device cuda --out bench-gpu.json
+# this page, from the CPU run kept in the repository and a GPU run:
+python -m ort_flash.bench.report docs/performance/bench-cpu.json docs/performance/bench-gpu.json -o docs/PERFORMANCE.md"""
+CPU_COMMANDS = """\
+ort-flash bench --suite cpu --out docs/performance/bench-cpu.json   # 2-core machine, ~15 min"""
+METHOD = """\
+- **Same run, same machine.** Every peer is timed beside the fused op in one process per suite;
+  ratios compare numbers from the same run only.
+- **Inputs**: fresh N(0, 1) values (never zeros), several sets rotated so that each call reads
+  memory, not cache (at least 256 MiB touched; up to 8 sets); outputs preallocated and poisoned.
+- **ONNX Runtime peers** run one-node models bound with IOBinding to device-resident buffers,
+  on the timer's CUDA stream (`user_compute_stream`), without per-run synchronization; a peer
+  ONNX Runtime cannot place on the CUDA EP is reported *n/a* with ORT's reason, never timed on the
+  CPU. The unfused graph runs with ORT graph optimizations off (so ORT does not fuse it).
+- **Timing**: CUDA events around chunks of back-to-back calls (≥ 1 ms each), median over
+  chunks; decode shapes replay CUDA graphs (ORT `enable_cuda_graph`, `torch.cuda.graph`) so launch
+  overhead does not hide the kernels. CPU: host clock, median.
+- **Correctness**: each peer's output is compared with the float64 reference
+  (`ort_flash.reference`) on sampled rows; a peer over the limit is marked WRONG.
+- **Rates**: TFLOP/s = 4·B·H·Sq·Skv·D / t, halved when causal; KV bandwidth = bytes of K and V /
+  t; *of ceiling* divides by the 8192³ matmul rate in the row's dtype or the device-to-device
+  copy bandwidth (bytes read + written), both measured at the start of the same run.
+- **Decode timing classes**: ORT-session peers replay ORT's CUDA graph once per `Run` (ORT's
+  host overhead included where it exceeds the kernel, as a user pays it); torch SDPA and the
+  kernel alone replay one torch CUDA graph holding ≥ 32 calls (device time only). Compare
+  *ours/best* (the op in ORT) with that in mind at the smallest caches; *kernel/best* is device
+  time against the best competitor.
+- **"peer wins"** marks every shape where a competitor is faster than ours."""
+
+
+def pick_suites(docs: list[dict]) -> dict[tuple[str, str], tuple[dict, dict]]:
+    """{(suite, device): (suite, its document)}; later documents win."""
+    out = {}
+    for doc in docs:
+        for name, suite in doc["suites"].items():
+            out[(name, suite["device"])] = (suite, doc)
+    return out
+
+
+def environment_rows(docs_used: list[dict]) -> tuple[list[str], list[list]]:
+    header = ["run", "device", "GPU / CPU", "driver", "onnxruntime", "torch", "triton (AOT)", "date", "commit",
+              "matmul ceiling", "copy ceiling", "load avg (start → end)"]
+    rows = []
+    for doc in docs_used:
+        env, ceil = doc["environment"], doc.get("ceilings", {})
+        gpu = env.get("gpu") or {}
+        v = env.get("versions", {})
+        commit = (env.get("git") or {}).get("commit")
+        dirty = (env.get("git") or {}).get("dirty")
+        rows.append([", ".join(doc["suites"]), env["device"],
+                     gpu.get("name") or f"{env['host']['cpu']} ({env['host']['cores']} cores)",
+                     gpu.get("driver_version"), v.get("onnxruntime"), v.get("torch"),
+                     f"{v.get('triton')} ({v.get('aot_triton')})", env["date"],
+                     ((commit[:10] + (" +local changes" if dirty else "")) if commit else "?") +
+                     (f", lib {v['library']['sha256'][:8]}" if v.get("library") else ""),
+                     f"{fmt(ceil.get('matmul_tflops'))} TFLOP/s", f"{fmt(ceil.get('copy_tbps'))} TB/s",
+                     _load(env, doc)])
+    return header, rows
+
+
+def _load(env: dict, doc: dict) -> str | None:
+    """1-minute load average at the start and at the end of each suite: above the core count,
+    other work shared the machine and the timings are noisy."""
+    start = (env.get("host") or {}).get("loadavg_at_start")
+    ends = [s.get("loadavg_at_end") for s in doc["suites"].values() if s.get("loadavg_at_end")]
+    if not start:
+        return None
+    return f"{start[0]:.1f} → " + ", ".join(f"{e[0]:.1f}" for e in ends) if ends else f"{start[0]:.1f}"
+
+
+def _reasons(rows) -> str:
+    text = results.format_reasons(rows)
+    return "" if not text else "\n```\n" + text + "\n```\n"
+
+
+def _section(title: str, found, body) -> list[str]:
+    lines = [f"## {title}", ""]
+    if found is None:
+        return lines + ["Not yet measured.", ""]
+    suite, doc = found
+    lines.append(f"From the run of {doc['environment']['date']} ({suite['status']}, "
+                 f"{suite['elapsed_s']:.0f} s{'; ' + '; '.join(suite['notes']) if suite['notes'] else ''}).")
+    lines.append("")
+    return lines + body(suite)
+
+
+def render(docs: list[dict], out_md: str | os.PathLike) -> str:
+    out_md = pathlib.Path(out_md)
+    img_dir = out_md.parent / "performance"
+    chosen = pick_suites(docs)
+    gpu = {name: chosen.get((name, "cuda")) for name in ("op", "decode", "e2e")}
+    cpu = chosen.get(("cpu", "cpu"))
+    suites_for_plots = {k: v[0] for k, v in gpu.items() if v} | ({"cpu": cpu[0]} if cpu else {})
+    pngs = plots.draw_all(suites_for_plots, img_dir)
+
+    def img(key, alt):
+        p = pngs.get(key)
+        return [f"![{alt}](performance/{p.name})", ""] if p else []
+
+    used = []
+    for found in [*gpu.values(), cpu]:
+        if found and found[1] not in used:
+            used.append(found[1])
+    lines = ["<!-- generated by `python -m ort_flash.bench.report`; edit the generator, not this file -->",
+             "# Performance", "",
+             "What `ort-flash bench` measured: the fused `ort_flash::FlashAttention` against ONNX Runtime's "
+             "own attention, the unfused graph and torch SDPA, in the same run on the same machine.", "",
+             "## Runs", "", markdown_table(*environment_rows(used)) if used else "No results yet.", "",
+             "## Goals", "", markdown_table(["goal", "status", "detail"],
+                                            [list(g) for g in targets.all_goals({k: v[0] for k, v in gpu.items() if v}
+                                                                                | ({"cpu": cpu[0]} if cpu else {}))]),
+             ""]
+
+    def op_body(suite):
+        out = ["TFLOP/s per peer; *ours/best* is the fused op in ORT over the best competitor, "
+               "*kernel/best* the kernel alone.", ""]
+        for dtype in dict.fromkeys(r["config"]["dtype"] for r in suite["rows"]):
+            part = dict(suite, rows=[r for r in suite["rows"] if r["config"]["dtype"] == dtype])
+            out += [f"### {dtype}", "", markdown_table(*op_suite.summary(part)), ""] + img(f"op_{dtype}", f"TFLOP/s {dtype}")
+        return out + [_reasons(suite["rows"])]
+
+    def decode_body(suite):
+        return ["Effective KV read bandwidth (TB/s) per peer.", "", markdown_table(*decode_suite.summary(suite)), "",
+                *img("decode", "decode bandwidth"), _reasons(suite["rows"])]
+
+    def e2e_body(suite):
+        models = suite.get("models", {})
+        notes = [f"- **{k}**: {v['spec']['parameters'] / 1e6:.0f} M parameters at {v['spec']['layers']} layers; "
+                 f"attention nodes {v.get('attention_nodes')}; ORT optimizer fused "
+                 f"{(v.get('optimizer') or {}).get('fused_ops')}" for k, v in models.items()]
+        method = suite["rows"][0].get("memory_method") if suite["rows"] else None
+        return ["Median latency and peak memory per variant (batch 1). Memory: " + (method or "–") +
+                ", minus the reading before the session existed (see `e2e_suite.py`).", "",
+                markdown_table(*e2e_suite.summary(suite)), "", *notes, "",
+                *img("e2e_latency", "e2e latency"), *img("e2e_memory", "e2e memory"), _reasons(suite["rows"])]
+
+    def cpu_body(suite):
+        host = cpu[1]["environment"]["host"]
+        load = host.get("loadavg_at_start") or [0]
+        warn = []
+        if load[0] > (host.get("cores") or 1):
+            warn = [f"**Noisy machine**: the load average was {load[0]:.1f} on {host.get('cores')} cores when "
+                    "this ran (other work shared it). Peers are timed round-robin in one process, so ratios "
+                    "suffer less than absolute times; memory readings are unaffected. Rerun on a quiet "
+                    "machine before quoting a time.", ""]
+        return [*warn, "Median latency (peers timed round-robin in one process; *ours spread* is the "
+                "interquartile range of the fused op's samples over their median) and the extra peak RSS "
+                "one call needs (a fresh process per peer).", "",
+                markdown_table(*cpu_suite.summary(suite)), "", *img("cpu", "CPU latency and memory"),
+                _reasons(suite["rows"])]
+
+    lines += _section("Op level (CUDA)", gpu["op"], op_body)
+    lines += _section("Decode (CUDA)", gpu["decode"], decode_body)
+    lines += _section("End to end (CUDA, fp16)", gpu["e2e"], e2e_body)
+    lines += _section("CPU EP (fp32)", cpu, cpu_body)
+    lines += ["## How it is measured", "", METHOD, "", "## How to reproduce", "", "```sh", GPU_COMMANDS,
+              CPU_COMMANDS, "```", ""]
+    text = "\n".join(lines).replace("\n\n\n", "\n\n")
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text(text)
+    return text
+
+
+def write_report(paths, out_md) -> str:
+    return render([results.load(p) for p in paths if p and pathlib.Path(p).is_file()], out_md)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="+", help="result JSON files, oldest first")
+    ap.add_argument("-o", "--out", default="docs/PERFORMANCE.md")
+    args = ap.parse_args(argv)
+    write_report(args.results, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""The benchmark harness on the CPU at tiny shapes: the JSON it writes, the FLOP and byte counts,
+every peer computing the right function, and the report generator (markdown + PNGs from a
+synthetic result). Nothing here asserts a time."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ort_flash.bench import cpu_suite, decode_peers, decode_suite, op_peers, op_suite, results, targets
+from ort_flash.bench.measure import Context, add_ratios
+from ort_flash.bench.tensors import rotation_sets
+from ort_flash.bench.workload import attention_flops, floor_ms, kv_read_bytes, tbps, tflops
+
+CEILINGS = {"matmul_tflops": 1.0, "copy_tbps": 0.01}
+
+
+def test_flop_formula():
+    # 4·B·H·Sq·Skv·D: two matmuls of 2·M·N·K each
+    assert attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
+    assert attention_flops(2, 3, 5, 7, 11, causal=True) == 2 * 2 * 3 * 5 * 7 * 11
+    assert attention_flops(1, 1, 4, 4, 8, dv=16) == 2 * 4 * 4 * (8 + 16)
+    # the benchmark issue's shape: 16k tokens, hidden 2048, N = 8k, d = 128 -> B 2, H 16
+    assert attention_flops(2, 16, 8192, 8192, 128) == pytest.approx(1.0995e12, rel=1e-4)
+    assert tflops(1e12, 1000.0) == pytest.approx(1.0)
+
+
+def test_byte_counts():
+    # decode issue: B1, Hkv 8, 32k cache, d128, fp16 -> K and V are 2 * 8 * 32768 * 128 * 2 bytes
+    assert kv_read_bytes(1, 8, 32768, 128, "float16") == 2 * 8 * 32768 * 128 * 2
+    assert tbps(4e12, 1000.0) == pytest.approx(4.0)
+    assert floor_ms(1e12, 1e9, {"matmul_tflops": 1.0, "copy_tbps": 1.0}) == pytest.approx(1000.0)
+
+
+def test_rotation_sets():
+    assert rotation_sets(1e3) == 8
+    assert rotation_sets(200 * 2**20) == 2
+    assert rotation_sets(4 * 2**30) == 1  # a 4 GiB KV cache needs no company
+
+
+def test_ratios_name_the_best_competitor():
+    rows = [{"peer": "ort_flash", "status": "ok", "tflops": 90.0},
+            {"peer": "ort_mha", "status": "ok", "tflops": 100.0},
+            {"peer": "sdpa", "status": "ok", "tflops": 60.0},
+            {"peer": "unfused", "status": "unsupported", "reason": "x"}]
+    add_ratios(rows, "tflops")
+    assert rows[0]["best_peer"] == "ort_mha" and rows[0]["vs_best_peer"] == pytest.approx(0.9)
+    assert op_suite.verdict(0.9) == "0.90x (peer wins)" and op_suite.verdict(1.1) == "1.10x"
+
+
+def _ctx():
+    return Context.create("cpu", seed=1, target_s=0.01)
+
+
+def test_op_peers_compute_attention_on_cpu():
+    cfg = dict(dtype="float32", d=32, heads=2, batch=2, seqlen=48, causal=True)
+    rows = op_suite.run_config(_ctx(), cfg, op_peers.peers_for("cpu"), CEILINGS)
+    by = {r["peer"]: r for r in rows}
+    assert set(by) == {"ort_flash", "ort_flash_kernel", "ort_mha", "onnx_attention", "unfused", "sdpa"}
+    for name in ("ort_flash", "ort_flash_kernel", "ort_mha", "unfused"):
+        assert by[name]["status"] == "ok", by[name]
+        assert by[name]["ref_err"] < 1e-4, by[name]
+        assert by[name]["tflops"] > 0
+    assert "vs_best_peer" in by["ort_flash"]
+
+
+def test_decode_peers_compute_attention_on_cpu():
+    cfg = dict(dtype="float32", hq=4, hkv=2, d=32, batch=1, sq=4, cache=96)
+    rows = decode_suite.run_config(_ctx(), cfg, decode_peers.peers_for("cpu"), CEILINGS)
+    by = {r["peer"]: r for r in rows}
+    for name in ("ort_flash", "ort_flash_past", "ort_flash_kernel", "ort_gqa", "sdpa"):
+        assert by[name]["status"] == "ok", by[name]
+        assert by[name]["ref_err"] < 1e-4, by[name]
+        assert by[name]["kv_tbps"] > 0
+    assert "ref_err" not in by["ort_mha"]  # MHA is not causal here: timed, not compared
+
+
+def test_cli_writes_a_valid_result(tmp_path):
+    from ort_flash.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["bench", "--suite", "op", "--device", "cpu", "--quick", "--seqlens", "64",
+                 "--dtypes", "float32", "--peers", "ort_flash", "unfused", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert results.validate(doc) == []
+    suite = doc["suites"]["op"]
+    assert suite["status"] == "complete" and suite["device"] == "cpu"
+    assert {r["peer"] for r in suite["rows"]} == {"ort_flash", "unfused"}
+    assert all(r["status"] == "ok" for r in suite["rows"])
+    for key in ("date", "git", "versions", "host"):
+        assert key in doc["environment"]
+    assert doc["ceilings"]["matmul_tflops"] > 0 and doc["ceilings"]["source"] == "measured"
+
+
+def test_validate_reports_problems():
+    doc = results.new_document({"date": "d", "device": "cpu", "versions": {}, "git": {}}, {})
+    suite = results.new_suite("cpu", {}, None)
+    suite["status"] = "complete"
+    suite["rows"] = [{"config": {}, "peer": "x", "status": "ok"},
+                     {"config": {}, "peer": "y", "status": "error"}]
+    doc["suites"]["op"] = suite
+    problems = results.validate(doc)
+    assert any("without a time" in p for p in problems)
+    assert any("without a reason" in p for p in problems)
+
+
+def test_cpu_workers_time_round_robin_and_read_memory():
+    cfg = dict(dtype="float32", batch=1, heads=2, d=32, seqlen=128, causal=True)
+    timed = cpu_suite.run_worker({"mode": "timing", "peers": ["ort_flash", "unfused"], "config": cfg,
+                                  "target_s": 0.01, "sets": 2})
+    for peer in ("ort_flash", "unfused"):
+        assert timed[peer]["status"] == "ok", timed
+        assert timed[peer]["ref_err"] < 1e-4 and timed[peer]["calls"] >= 5
+    mem = cpu_suite.run_worker({"mode": "memory", "peers": ["unfused"], "config": cfg})
+    assert mem["unfused"]["work_mb"] >= 0, mem
+
+
+def test_growth_exponent():
+    assert targets.growth_exponent([(512, 10.0), (1024, 20.0), (2048, 40.0)]) == pytest.approx(1.0)
+    assert targets.growth_exponent([(512, 10.0), (1024, 40.0)]) == pytest.approx(2.0)
+    assert targets.growth_exponent([(512, 10.0)]) is None
+
+
+def _synthetic_document() -> dict:
+    env = {"date": "2026-11-29T12:00:00+00:00", "device": "cuda",
+           "host": {"cpu": "x", "cores": 16}, "gpu": {"name": "NVIDIA H200", "driver_version": "580.1"},
+           "versions": {"onnxruntime": "1.31.1", "torch": "2.11", "triton": "3.6.0", "aot_triton": "3.6.0"},
+           "git": {"commit": "0123456789abcdef", "dirty": False}}
+    doc = results.new_document(env, {"matmul_tflops": 790.0, "copy_tbps": 4.3, "source": "measured"})
+    op = results.new_suite("cuda", {}, 300)
+    for n, ours, mha in ((512, 400.0, 425.0), (8192, 700.0, 654.0)):
+        cfg = dict(dtype="float16", d=128, heads=16, batch=16384 // n, seqlen=n, causal=False)
+        rows = [{"config": cfg, "peer": "ort_flash", "status": "ok", "ms": 1.0, "tflops": ours,
+                 "ceiling_fraction": ours / 790},
+                {"config": cfg, "peer": "ort_mha", "status": "ok", "ms": 1.0, "tflops": mha},
+                {"config": cfg, "peer": "onnx_attention", "status": "unsupported",
+                 "reason": "no CUDA kernel for Attention(23) bfloat16"}]
+        add_ratios(rows, "tflops")
+        op["rows"] += rows
+    dec = results.new_suite("cuda", {"dtype": "float16", "hq": 32, "hkv": 8, "d": 128}, 120)
+    for cache, ours, gqa in ((4096, 1.2, 0.4), (32768, 3.1, 1.6)):
+        cfg = dict(dtype="float16", hq=32, hkv=8, d=128, batch=1, sq=1, cache=cache)
+        rows = [{"config": cfg, "peer": "ort_flash", "status": "ok", "ms": 0.01, "kv_tbps": ours},
+                {"config": cfg, "peer": "ort_gqa", "status": "ok", "ms": 0.02, "kv_tbps": gqa}]
+        add_ratios(rows, "kv_tbps")
+        dec["rows"] += rows
+    e2e = results.new_suite("cuda", {"dtype": "float16"}, 300)
+    for n in (2048, 8192):
+        cfg = {"model": "bert-base", "layers": 4, "seqlen": n, "batch": 1, "dtype": "float16"}
+        e2e["rows"] += [{"config": cfg, "peer": v, "status": "ok", "ms": ms, "peak_mb": mb, "act_mb": mb}
+                        for v, ms, mb in (("original", 30.0, 4000.0), ("ort_flash", 8.0, 300.0),
+                                          ("ort_optimizer", 9.0, 350.0))]
+    e2e["models"] = {"bert-base": {"spec": {"parameters": 5e7, "layers": 4}}}
+    for s in (op, dec, e2e):
+        s["status"] = "complete"
+    doc["suites"].update(op=op, decode=dec, e2e=e2e)
+    return doc
+
+
+def test_report_from_synthetic_result(tmp_path):
+    from ort_flash.bench.report import write_report
+
+    path = tmp_path / "gpu.json"
+    results.save(_synthetic_document(), path)
+    md = tmp_path / "docs" / "PERFORMANCE.md"
+    text = write_report([path], md)
+    assert md.read_text() == text
+    assert "NVIDIA H200" in text and "580.1" in text and "0123456789" in text
+    assert "(peer wins)" in text  # N=512: ORT MHA is faster, and the table says so
+    assert "no CUDA kernel for Attention(23)" in text
+    assert "## CPU EP (fp32)\n\nNot yet measured." in text
+    assert "| missed |" in text and "| met |" in text
+    for png in ("op_tflops_float16.png", "decode_bandwidth.png", "e2e_latency.png", "e2e_memory.png"):
+        p = md.parent / "performance" / png
+        assert p.is_file() and p.read_bytes()[:4] == b"\x89PNG", png
+        assert f"performance/{png}" in text
+
+
+def test_targets_on_synthetic_result():
+    goals = {g[0]: g[1:] for g in targets.all_goals(_synthetic_document()["suites"])}
+    first = next(k for k in goals if k.startswith("op: ≥ 1.05×"))
+    assert goals[first][0] == "missed" and "N512" in goals[first][1]
+    assert goals["e2e: rewritten ≥ 1.0× the ORT-optimizer model at 2k"][0] == "met"
+    assert goals["cpu: fused ≥ 1.0× ORT CPU MHA"][0] == "not measured"
+    assert not math.isnan(targets.growth_exponent([(1, 1.0), (2, 2.0)]))
+
+
+@pytest.mark.slow
+def test_e2e_suite_on_cpu_with_a_tiny_model(tmp_path):
+    """Export (fp32 on the CPU), rewrite, ORT optimizer, three sessions, latency and memory."""
+    import argparse
+
+    from ort_flash.bench import e2e_suite
+    from ort_flash.bench.measure import Budget
+
+    g = e2e_suite.grid("cpu", quick=True, overrides={"models": ["bert-base"], "seqlens": [32], "layers": 1})
+    suite = results.new_suite("cpu", g, None)
+    e2e_suite.run(_ctx(), suite, CEILINGS, Budget(None), argparse.Namespace(cache_dir=str(tmp_path)),
+                  save=lambda: None, progress=lambda it, **kw: it)
+    by = {r["peer"]: r for r in suite["rows"]}
+    assert set(by) == set(e2e_suite.VARIANTS)
+    assert all(r["status"] == "ok" for r in by.values()), by
+    info = suite["models"]["bert-base"]
+    assert info["rewrite"]["fused"] == 1 and info["attention_nodes"]["ort_flash"] == {"FlashAttention": 1}
+    assert "speedup_vs_original" in by["ort_flash"] and by["ort_flash"]["peak_mb"] is not None

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU-machine call for `ort-flash bench`: install the carried onnxruntime-gpu, build ort_flash
+# for sm_90 (the same first steps as tools/gpu_session.sh, without its tests and demo), run the
+# benchmark inside what is left of a deadline, and render the report. Everything lands in $OUT:
+#   bench-gpu.json (+ bench-gpu.<suite>.json per suite, written as they go), bench.log, build.log,
+#   docs/PERFORMANCE.md, docs/performance/*.png and docs/performance/bench-gpu.json (copy docs/
+#   back into the repository; `python -m ort_flash.bench.report` rebuilds the page from the JSON).
+# Run from the repository root on the device machine:
+#   bash tools/bench_gpu.sh                          # --suite all --quick
+#   bash tools/bench_gpu.sh --suite op               # the full op grid (~5 min)
+#   BENCH_DEADLINE_S=560 bash tools/bench_gpu.sh --suite all --e2e-layers 4
+# BENCH_DEADLINE_S (default 540) is counted from the start of this script, build included.
+# Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+start=$(date +%s)
+if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null; then
+  w=/tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl; cat .ortgpu?/part > $w && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite $w || exit 1
+fi
+export PYTHONPATH=/tmp/ortsite
+export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
+export ORT_FLASH_BENCH_COMMIT=${ORT_FLASH_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+echo "== ready in $(( $(date +%s) - start )) s"
+left=$(( ${BENCH_DEADLINE_S:-540} - ($(date +%s) - start) - 20 ))  # 20 s for the report
+[ $# -eq 0 ] && set -- --suite all --quick
+python3 -m ort_flash.cli bench --device cuda --out "$OUT/bench-gpu.json" --budget-s "$left" \
+  --cache-dir /tmp/ort_flash_bench "$@" 2>&1 | tee "$OUT/bench.log" | grep -v $'\r'
+mkdir -p "$OUT/docs/performance" && cp "$OUT/bench-gpu.json" "$OUT/docs/performance/bench-gpu.json"
+cpu_json=docs/performance/bench-cpu.json
+python3 -m ort_flash.bench.report $( [ -f $cpu_json ] && echo $cpu_json ) "$OUT/bench-gpu.json" \
+  -o "$OUT/docs/PERFORMANCE.md"
+echo "== done in $(( $(date +%s) - start )) s"
