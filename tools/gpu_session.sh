@@ -15,13 +15,12 @@ if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxrunt
 fi
 export PYTHONPATH=/tmp/ortsite
 export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
-git rev-parse HEAD 2>/dev/null | tee "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 log "build"
 t0=$(date +%s)
 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 log "built in $(( $(date +%s) - t0 )) s"
-python3 -m ort_flash.cli info 2>&1 | tee "$OUT/info.log"
+python3 -m ort_flash.cli info 2>&1 | tee -a "$OUT/session.log"
 log "GPU tests"
 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=${GPU_TEST_TIMEOUT:-120} tests 2>&1 \
   | tee "$OUT/pytest-gpu.log" | grep -v "^\." | tail -40
