@@ -40,7 +40,7 @@ def make_session(model: bytes, device: str, *, custom_ops: bool = False, optimiz
             opts["user_compute_stream"] = str(stream_handle(stream))
         if cuda_graph:
             opts["enable_cuda_graph"] = "1"
-        providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
+        providers = [("CUDAExecutionProvider", opts)]  # no CPU EP: fallback is disabled above
     else:
         providers = ["CPUExecutionProvider"]
     try:
