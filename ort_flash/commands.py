@@ -40,6 +40,9 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
         help="map causal + key-padding masks with a finite mask value (eager finfo.min) to "
              "is_causal + a (B,1,1,S) mask: much faster, but query rows whose visible keys are all "
              "padding (left padding) then average over their causal window instead of all keys")
+    parser.add_argument(
+        "--fp32-precision", choices=("ieee", "tf32"), default="ieee",
+        help="float32 models on the GPU: exact IEEE dots (default) or faster TF32 dots (opt-in)")
     parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
 
 
@@ -63,7 +66,8 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         _check_writable(args.output)
         if args.report:
             _check_writable(args.report)
-        result = rewrite(model, exact_masked_rows=not getattr(args, "fast_padded_rows", False))
+        result = rewrite(model, exact_masked_rows=not getattr(args, "fast_padded_rows", False),
+                         fp32_precision=getattr(args, "fp32_precision", "ieee"))
         print(result.report.format_table())
         _write_atomic(args.output, lambda path: onnx.save_model(result.model, path))
         if args.report:

@@ -171,3 +171,16 @@ def test_cmd_rewrite_refuses_to_overwrite_input(tmp_path, capsys):
     assert commands.cmd_rewrite(_rewrite_args(model, model)) == 2
     assert model.read_bytes() == before
     assert "is the input model" in capsys.readouterr().err
+
+
+def test_fp32_precision_opt_in_is_stamped_on_fused_nodes():
+    model = onnx.load(demo_path(DEMOS[0]))
+    default = rewrite(model).model
+    tf32 = rewrite(model, fp32_precision="tf32").model
+    fused = [n for n in tf32.graph.node if n.op_type == "FlashAttention"]
+    assert fused and all(
+        onnx.helper.get_attribute_value(a) == b"tf32"
+        for n in fused for a in n.attribute if a.name == "fp32_precision")
+    assert not [a for n in default.graph.node for a in n.attribute if a.name == "fp32_precision"]
+    with pytest.raises(ValueError, match="fp32_precision"):
+        rewrite(model, fp32_precision="fast")
