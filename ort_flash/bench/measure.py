@@ -157,3 +157,23 @@ def add_ratios(rows: list[dict], value_key: str, higher_is_better: bool = True) 
         if r["peer"] in OURS and r.get("status") == "ok" and value_key in r:
             ratio = r[value_key] / best[value_key] if higher_is_better else best[value_key] / r[value_key]
             r.update(best_peer=best["peer"], vs_best_peer=ratio)
+
+
+def run_grid(ctx: Context, suite: dict, todo: list[dict], builders: dict, run_config, ceilings: dict,
+             budget: Budget, args, save, progress, name: str) -> None:
+    """Runs `run_config` over a suite's configurations within the time budget, saving after each;
+    `--peers` narrows the peers. Configurations past the budget are listed as not run."""
+    if getattr(args, "peers", None):
+        builders = {k: v for k, v in builders.items() if k in args.peers}
+    bar = progress(todo, desc=f"{name} ({ctx.device})", unit="cfg")
+    for i, cfg in enumerate(bar):
+        if not budget.allows():
+            suite["not_run"].extend(todo[i:])
+            suite["notes"].append(f"time budget of {budget.seconds:.0f} s reached: "
+                                  f"{len(todo) - i} configurations not run")
+            break
+        suite["rows"].extend(run_config(ctx, cfg, builders, ceilings, bar))
+        suite["elapsed_s"] = budget.elapsed
+        save()
+        if stop_if_broken(ctx, suite, todo[i + 1:]):
+            break

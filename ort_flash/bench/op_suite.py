@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 
 from ort_flash.bench import op_peers, results
-from ort_flash.bench.measure import Budget, Context, add_ratios, measure, release, stop_if_broken
+from ort_flash.bench.measure import Budget, Context, add_ratios, measure, release, run_grid
 from ort_flash.bench.spot_check import SpotCheck
 from ort_flash.bench.tables import text_table
 from ort_flash.bench.tensors import rotation_sets
@@ -48,22 +48,8 @@ def configs(g: dict) -> list[dict]:
 
 
 def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, progress) -> None:
-    builders = op_peers.peers_for(ctx.device)
-    if getattr(args, "peers", None):
-        builders = {k: v for k, v in builders.items() if k in args.peers}
-    todo = configs(suite["grid"])
-    bar = progress(todo, desc=f"op ({ctx.device})", unit="cfg")
-    for i, cfg in enumerate(bar):
-        if not budget.allows():
-            suite["not_run"].extend(todo[i:])
-            suite["notes"].append(f"time budget of {budget.seconds:.0f} s reached: "
-                                  f"{len(todo) - i} configurations not run")
-            break
-        suite["rows"].extend(run_config(ctx, cfg, builders, ceilings, bar))
-        suite["elapsed_s"] = budget.elapsed
-        save()
-        if stop_if_broken(ctx, suite, todo[i + 1:]):
-            break
+    run_grid(ctx, suite, configs(suite["grid"]), op_peers.peers_for(ctx.device), run_config,
+             ceilings, budget, args, save, progress, "op")
 
 
 def run_config(ctx: Context, cfg: dict, builders: dict, ceilings: dict, bar=None) -> list[dict]:
