@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ort_flash.bench import onnx_graphs
+from ort_flash.bench import onnx_graphs, op_peers
 from ort_flash.bench.measure import Context
 from ort_flash.bench.op_peers import _bnsh_from_bsh, _bsh_from_bnsh
 from ort_flash.bench.ort_session import BoundSession, Unsupported
 from ort_flash.bench.tensors import Buffer
-from ort_flash.bench.torch_calls import KernelCalls, SdpaCalls
+from ort_flash.bench.torch_calls import SdpaCalls
 
 
 def _session(ctx: Context, model, inputs, outputs, **kw):
@@ -79,12 +79,7 @@ def ort_flash_past(ctx: Context, cfg: dict, sets: list[dict]):
 
 
 def kernel(ctx: Context, cfg: dict, sets: list[dict]):
-    t = ctx.tensors
-    ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
-    run = KernelCalls([s["q"] for s in sets], [s["k"] for s in sets], [s["v"] for s in sets], ys,
-                      device=ctx.device, causal=True, seqlens=[s["lens"] for s in sets], stream=ctx.stream)
-    run.info = {"variant": "/".join(map(str, run.variant)), "tile": run.tile_config()}
-    return run
+    return op_peers.kernel(ctx, cfg, sets, causal=True, seqlens=[s["lens"] for s in sets])
 
 
 def ort_gqa(ctx: Context, cfg: dict, sets: list[dict]):

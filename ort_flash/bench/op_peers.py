@@ -47,11 +47,14 @@ def ort_flash(ctx: Context, cfg: dict, sets: list[dict]):
     return run
 
 
-def kernel(ctx: Context, cfg: dict, sets: list[dict]):
+def kernel(ctx: Context, cfg: dict, sets: list[dict], **kernel_args):
+    """The fused kernel alone (ort_flash._C), on the same input sets; kernel_args default to
+    the config's causal flag."""
     t = ctx.tensors
     ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
+    kernel_args.setdefault("causal", cfg.get("causal", False))
     run = KernelCalls([s["q"] for s in sets], [s["k"] for s in sets], [s["v"] for s in sets], ys,
-                      device=ctx.device, causal=cfg["causal"], stream=ctx.stream)
+                      device=ctx.device, stream=ctx.stream, **kernel_args)
     run.info = {"variant": "/".join(map(str, run.variant)), "tile": run.tile_config()}
     return run
 

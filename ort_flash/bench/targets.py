@@ -19,17 +19,21 @@ def _status(fails: list[str], checked: int) -> tuple[str, str]:
     return "met", f"{checked} shape(s)"
 
 
+def _measured(suite: dict):
+    """(config, {peer: successful row}, our row) for each configuration the fused op ran."""
+    for cfg, group in results.group_by_config(suite["rows"]):
+        by = {r["peer"]: r for r in group if _ok(r)}
+        if by.get("ort_flash"):
+            yield cfg, by, by["ort_flash"]
+
+
 def op_goals(suite: dict | None) -> list[tuple[str, str, str]]:
     goals = [("op: ≥ 1.05× the best of ORT MHA and cuDNN SDPA on every shape (Hopper issue)", []),
              ("op: d128 N ≥ 8k ≥ 690 TFLOP/s non-causal, ≥ 600 causal", []),
              ("op: d64 N ≥ 8k ≥ 500 TFLOP/s", []), ("op: N = 512 ≥ 525 TFLOP/s", [])]
     counts = [0, 0, 0, 0]
     if suite and suite.get("device") == "cuda":
-        for cfg, group in results.group_by_config(suite["rows"]):
-            by = {r["peer"]: r for r in group if _ok(r)}
-            ours = by.get("ort_flash")
-            if not ours:
-                continue
+        for cfg, by, ours in _measured(suite):
             name = f"{cfg['dtype']} d{cfg['d']} N{cfg['seqlen']}{' causal' if cfg['causal'] else ''}"
             rivals = [by[p]["tflops"] for p in ("ort_mha", "sdpa_cudnn") if p in by]
             if rivals:
@@ -75,11 +79,7 @@ def e2e_goals(suite: dict | None) -> list[tuple[str, str, str]]:
     vs_opt, vs_orig, mem = [], [], []
     n = [0, 0, 0]
     if suite and suite.get("device") == "cuda":
-        for cfg, group in results.group_by_config(suite["rows"]):
-            by = {r["peer"]: r for r in group if _ok(r)}
-            ours = by.get("ort_flash")
-            if not ours:
-                continue
+        for cfg, by, ours in _measured(suite):
             name = f"{cfg['model']} N{cfg['seqlen']}"
             if cfg["seqlen"] == 2048:
                 if "ort_optimizer" in by:
@@ -104,11 +104,7 @@ def cpu_goals(suite: dict | None) -> list[tuple[str, str, str]]:
     n = [0, 0, 0]
     if suite:
         series: dict[bool, list[tuple[int, float]]] = {}
-        for cfg, group in results.group_by_config(suite["rows"]):
-            by = {r["peer"]: r for r in group if _ok(r)}
-            ours = by.get("ort_flash")
-            if not ours:
-                continue
+        for cfg, by, ours in _measured(suite):
             name = f"N{cfg['seqlen']}{' causal' if cfg['causal'] else ''}"
             if "ort_mha" in by:
                 n[0] += 1
