@@ -40,8 +40,12 @@ def ref_kwargs(feeds, **attrs):
     return {k: feeds[k] for k in keys if k in feeds} | attrs
 
 
-def assert_contract(out, feeds, dtype_name, low=None, **attrs):
-    """Y and lse within the error contract of tests/cases.py against the float64 reference."""
+def assert_contract(out, feeds, dtype_name, low=None, lse_abs_slack=0.0, **attrs):
+    """Y and lse within the error contract of tests/cases.py against the float64 reference.
+
+    `lse_abs_slack` widens the lse check by an absolute amount: the rounding bound of the fp32
+    dot products themselves, for inputs so large that two correct fp32 summation orders (ours
+    and numpy's) differ by more than 2x."""
     q, k, v = feeds["Q"], feeds["K"], feeds["V"]
     ref_y, _, _, ref_lse = attention_reference(q, k, v, **ref_kwargs(feeds, **attrs))
     low_y, _, _, low_lse = low or attention_lowp(q, k, v, **ref_kwargs(feeds, **attrs))
@@ -53,9 +57,12 @@ def assert_contract(out, feeds, dtype_name, low=None, **attrs):
     lse = out["softmax_lse"].astype(np.float64)
     assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse)) and not np.isnan(lse).any()
     fin = np.isfinite(ref_lse)
-    rel = np.abs(lse[fin] - ref_lse[fin]) / np.maximum(1, np.abs(ref_lse[fin]))
-    low_rel = np.abs(low_lse[fin] - ref_lse[fin]) / np.maximum(1, np.abs(ref_lse[fin]))
-    assert rel.max(initial=0) <= 2 * low_rel.max(initial=0) + floor_lse
+    denom = np.maximum(1, np.abs(ref_lse[fin]))
+    rel = np.abs(lse[fin] - ref_lse[fin]) / denom
+    low_rel = np.abs(low_lse[fin] - ref_lse[fin]) / denom
+    slack = (lse_abs_slack[fin] if np.ndim(lse_abs_slack) else lse_abs_slack) / denom
+    assert np.all(rel <= 2 * low_rel.max(initial=0) + floor_lse + slack), (
+        rel.max(initial=0), low_rel.max(initial=0))
 
 
 def randn(rng, shape, dtype, std=1.0):
@@ -86,9 +93,16 @@ def test_fp16_scores_that_overflow_fp16(provider, masked):
     f32 = {n: a.astype(np.float32) for n, a in feeds.items()}
     low32 = attention_lowp(f32["Q"], f32["K"], f32["V"], **ref_kwargs(f32, **ref_attrs))
     out = run(provider, feeds, f16, (2, 4, 33, 64), **attrs)
-    # The op's own error: fp32 arithmetic (as low32) plus the fp16 rounding of Y.
+    # The op's own error: fp32 arithmetic (as low32) plus the fp16 rounding of Y. Scores here
+    # are sums of 64 products of ~1e5 each; any fp32 summation order is within the standard dot
+    # product bound gamma_D * sum|q||k| (gamma_D = D * 2^-24) of the exact score, so two correct
+    # orders can differ by twice that: that bound (times the scale) is the lse slack.
+    d = q.shape[-1]
+    qa, ka = np.abs(q.astype(np.float64)), np.abs(k.astype(np.float64))
+    cond = (qa @ ka.swapaxes(-1, -2)).max(axis=-1) / np.sqrt(d)  # (B, H, Sq)
+    slack = 2 * d * 2.0 ** -24 * cond
     low = (low32[0].astype(f16), None, None, low32[3])
-    assert_contract(out, feeds, "float16", low=low, **ref_attrs)
+    assert_contract(out, feeds, "float16", low=low, lse_abs_slack=slack, **ref_attrs)
 
 
 # ---- -inf and finfo.min masks, fully masked batches --------------------------------------------
