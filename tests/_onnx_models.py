@@ -80,7 +80,15 @@ def run_model(
     import ort_flash
 
     session = ort_flash.InferenceSession(model, providers=list(providers))
-    binding = session.io_binding()
+    return run_bound(session, feeds, outputs, poison=np.nan)  # every output is floating point
+
+
+def run_bound(sess, feeds: Mapping[str, np.ndarray],
+              outputs: Mapping[str, tuple[Sequence[int], np.dtype]],
+              poison: float) -> dict[str, np.ndarray]:
+    """One run of ``sess`` with inputs and preallocated outputs (filled with ``poison``) bound
+    through IOBinding; safe to call from many threads at once (one binding per call)."""
+    binding = sess.io_binding()
     keep = []  # the numpy buffers behind the OrtValues must outlive the run
     for name, array in feeds.items():
         array = np.ascontiguousarray(array)
@@ -88,8 +96,7 @@ def run_model(
         binding.bind_ortvalue_input(name, _ort_value(array))
     results = {}
     for name, (shape, dtype) in outputs.items():
-        buf = np.full(shape, np.nan, dtype=dtype)  # every output is floating point
-        results[name] = buf
-        binding.bind_ortvalue_output(name, _ort_value(buf))
-    session.run_with_iobinding(binding)
+        results[name] = np.full(shape, poison, dtype=dtype)
+        binding.bind_ortvalue_output(name, _ort_value(results[name]))
+    sess.run_with_iobinding(binding)
     return results

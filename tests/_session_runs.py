@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from _onnx_models import _ort_value, flash_attention_model
+import _onnx_models
+from _onnx_models import flash_attention_model
 
 CPU = ["CPUExecutionProvider"]
 POISON = 1234.5  # exactly representable in float16, bfloat16 and float32
@@ -35,20 +36,8 @@ def session(model: bytes, providers: Sequence = CPU, threads: int | None = None)
 def run_bound(sess, feeds: Mapping[str, np.ndarray],
               outputs: Mapping[str, tuple[Sequence[int], np.dtype]],
               poison: float = POISON) -> dict[str, np.ndarray]:
-    """One run of ``sess`` with inputs and preallocated outputs (filled with ``poison``) bound
-    through IOBinding; safe to call from many threads at once (one binding per call)."""
-    binding = sess.io_binding()
-    keep = []
-    for name, array in feeds.items():
-        array = np.ascontiguousarray(array)
-        keep.append(array)
-        binding.bind_ortvalue_input(name, _ort_value(array))
-    results = {}
-    for name, (shape, dtype) in outputs.items():
-        results[name] = np.full(shape, poison, dtype=dtype)
-        binding.bind_ortvalue_output(name, _ort_value(results[name]))
-    sess.run_with_iobinding(binding)
-    return results
+    """_onnx_models.run_bound with this module's default poison value."""
+    return _onnx_models.run_bound(sess, feeds, outputs, poison)
 
 
 def static_model(inputs: Mapping[str, tuple[np.dtype, Sequence[int | None]]],
