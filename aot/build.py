@@ -23,26 +23,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import flash_decode  # noqa: E402
 import flash_fwd  # noqa: E402
-from variants import (DTYPE_CODES, MASK_KINDS, PRECISION_CODES, TRITON_VERSION,  # noqa: E402
-                      TileConfig, Variant, all_variants, get_fwd_config)
+from variants import (DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES,  # noqa: E402
+                      TRITON_VERSION, TileConfig, Variant, all_variants, get_fwd_config)
+
+# The kernel each variant kind compiles.
+KERNELS = {"fwd": flash_fwd.flash_fwd, "decode": flash_decode.flash_decode_split,
+           "combine": flash_decode.flash_decode_combine}
 
 # Largest dynamic shared memory a block may use, per arch (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
-# Launch ABI: the kernel's non-constexpr parameters, in order. cpp/cuda_launch.cc fills exactly
-# these (the generated table static_asserts the count); two null scratch pointers follow.
-POINTER_ARGS = ("Q", "K", "V", "Y", "Lse", "Mask", "SeqlensK")
+# Launch ABI: each kernel's non-constexpr parameters, in order. cpp/cuda_launch.cc fills exactly
+# these (the generated table static_asserts the counts); two null scratch pointers follow.
 STRIDE_ARGS = tuple(f"stride_{t}{d}" for t in "qkvy" for d in ("b", "h", "m" if t in "qy" else "n"))
-SEQ_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_ym"}
+# Name of the C++ constant that holds each kind's runtime-argument count (cpp/kernel_table.h).
+ARG_COUNT_NAMES = {"fwd": "kLaunchArgCount", "decode": "kDecodeArgCount", "combine": "kCombineArgCount"}
 
 
-def _runtime_arg_count() -> int:
-    params = inspect.signature(flash_fwd.flash_fwd.fn).parameters
+def _runtime_arg_count(kind: str) -> int:
+    params = inspect.signature(KERNELS[kind].fn).parameters
     return sum("constexpr" not in str(p.annotation) for p in params.values())
-
-
-KERNEL_ARG_COUNT = _runtime_arg_count()
 
 
 def _dtype_sig(dtype: str) -> str:
@@ -51,7 +53,7 @@ def _dtype_sig(dtype: str) -> str:
 
 def signature(v: Variant) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) for ASTSource."""
-    params = inspect.signature(flash_fwd.flash_fwd.fn).parameters
+    params = inspect.signature(KERNELS[v.kind].fn).parameters
     arg_names = params.keys()
     t = _dtype_sig(v.dtype)
     mask_t = {"none": "*i8", "bool": "*i8", "add": t}[v.mask]
@@ -59,7 +61,7 @@ def signature(v: Variant) -> tuple[dict, dict, dict]:
     for name in arg_names:
         if name in ("Q", "K", "V", "Y"):
             sig[name] = t
-        elif name == "Lse":
+        elif name in ("Lse", "OPart", "LsePart"):
             sig[name] = "*fp32"
         elif name == "Mask":
             sig[name] = mask_t
@@ -75,8 +77,9 @@ def signature(v: Variant) -> tuple[dict, dict, dict]:
             sig[name] = "i32"
     names = list(arg_names)
     attrs = {}
-    for name in ("Q", "K", "V", "Y", "Lse"):
-        attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+    for name in ("Q", "K", "V", "Y", "Lse", "OPart", "LsePart"):
+        if name in names:
+            attrs[(names.index(name),)] = [["tt.divisibility", 16]]
     if v.even_d:
         for name in STRIDE_ARGS:
             attrs[(names.index(name),)] = [["tt.divisibility", 16]]
@@ -96,12 +99,15 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         meta.update(cached=True, cubin=str(cached / "kernel.cubin"))
         return meta
     sig, attrs, names = signature(v)
-    constexprs = {
-        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
-        "BLOCK_DV": v.head_dim, "EVEN_D": v.even_d,
-        "MASK_KIND": MASK_KINDS[v.mask], "EXTRAS": v.extras, "DOT_PRECISION": v.precision,
-    }
-    src = ASTSource(fn=flash_fwd.flash_fwd, signature=sig, constexprs=constexprs, attrs=attrs)
+    if v.kind == "combine":
+        constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
+    else:
+        constexprs = {
+            "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
+            "BLOCK_DV": v.head_dim, "EVEN_D": v.even_d,
+            "MASK_KIND": MASK_KINDS[v.mask], "EXTRAS": v.extras, "DOT_PRECISION": v.precision,
+        }
+    src = ASTSource(fn=KERNELS[v.kind], signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
     try:
         compiled = triton.compile(src, target=target,
@@ -131,8 +137,9 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
 
 
 def source_hash() -> str:
-    """The kernel source and this script (it decides signatures and hints)."""
+    """The kernel sources and this script (it decides signatures and hints)."""
     h = hashlib.sha256(Path(flash_fwd.__file__).read_bytes())
+    h.update(Path(flash_decode.__file__).read_bytes())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()
 
@@ -165,21 +172,21 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
     asm.append('\t.section .note.GNU-stack,"",@progbits')
     (out / "kernels.gen.S").write_text("\n".join(asm) + "\n")
 
-    nargs = len(metas[0]["args"]) if metas else KERNEL_ARG_COUNT
     cc = ["// Generated by aot/build.py; do not edit. The AOT kernel table.",
           '#include "kernel_table.h"', "", "extern \"C\" {"]
     for sym, *_ in rows:
         cc.append(f"extern const unsigned char {sym}[];")
         cc.append(f"extern const unsigned char {sym}_end[];")
     cc += ["}", "", "namespace ort_flash {", "",
-           f"static_assert(kLaunchArgCount == {nargs}, \"aot/flash_fwd.py's runtime arguments "
-           "changed: update cpp/cuda_launch.cc\");", "",
-           "static const KernelEntry kEntries[] = {"]
+           *[f"static_assert({ARG_COUNT_NAMES[kind]} == {_runtime_arg_count(kind)}, \"the {kind} "
+             f"kernel's runtime arguments changed: update cpp/cuda_launch.cc\");" for kind in KERNELS],
+           "", "static const KernelEntry kEntries[] = {"]
     for sym, m, v, cfg in rows:
         cc.append(
             f"  {{{{DType({DTYPE_CODES[v.dtype]}), {v.head_dim}, {_cxx_bool(v.even_d)}, "
             f"MaskKind({MASK_KINDS[v.mask]}), {_cxx_bool(v.extras)}, "
-            f"Fp32Precision({PRECISION_CODES[v.precision] if v.dtype == 'fp32' else 0})}}, "
+            f"Fp32Precision({PRECISION_CODES[v.precision] if v.dtype == 'fp32' else 0}), "
+            f"KernelKind({KIND_CODES[v.kind]})}}, "
             f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
             f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end}},")
     if not rows:  # a CPU-only build (no archs): an empty table

@@ -1,4 +1,7 @@
-"""The variant table: which specializations of aot/flash_fwd.py get compiled, and their tiles.
+"""The variant table: which specializations of the kernels get compiled, and their tiles.
+
+Three kernel kinds: "fwd" (aot/flash_fwd.py, every shape), "decode" (aot/flash_decode.py's
+split-KV kernel, few query rows against a long cache) and "combine" (its merge step).
 
 This file is the single source of the kernel family's shape. aot/build.py compiles the product
 below for each target arch and generates the C++ table (`kernel_table.gen.cc`) that the runtime
@@ -23,6 +26,13 @@ HEAD_DIMS = ((32, False), (64, True), (128, True), (256, True))
 MASK_KINDS = {"none": 0, "bool": 1, "add": 2}
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}    # mirrors ort_flash::DType
 PRECISION_CODES = {"ieee": 0, "tf32x3": 1, "tf32": 2}  # mirrors ort_flash::Fp32Precision
+KIND_CODES = {"fwd": 0, "decode": 1, "combine": 2}    # mirrors ort_flash::KernelKind
+# Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
+# dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
+DECODE_DTYPES = ("fp16", "bf16", "fp32")
+DECODE_HEAD_DIMS = ((64, True), (128, True), (256, False))
+DECODE_BLOCK_M = 16         # packed rows (query heads of a GQA group x query positions) per CTA
+MAX_DECODE_ROWS = 64        # group * Sq up to this takes the decode kernel (cpp/cuda_launch.cc)
 
 
 @dataclass(frozen=True)
@@ -33,11 +43,14 @@ class Variant:
     mask: str              # key of MASK_KINDS
     extras: bool           # windows, softcap, nonpad_kv_seqlen
     precision: str         # dot precision; "tf32" (ignored by Triton) for fp16/bf16
+    kind: str = "fwd"      # key of KIND_CODES
 
     @property
     def name(self) -> str:
-        prec = f"_{self.precision}" if self.dtype == "fp32" else ""
-        return (f"flash_fwd_{self.dtype}{prec}_d{self.head_dim}{'' if self.even_d else 'm'}"
+        if self.kind == "combine":
+            return f"flash_combine_{self.dtype}_d{self.head_dim}"
+        prec = f"_{self.precision}" if self.dtype == "fp32" and self.kind == "fwd" else ""
+        return (f"flash_{self.kind}_{self.dtype}{prec}_d{self.head_dim}{'' if self.even_d else 'm'}"
                 f"_{self.mask}{'_x' if self.extras else ''}")
 
 
@@ -50,7 +63,14 @@ class TileConfig:
 
 
 def get_fwd_config(arch: int, v: Variant) -> TileConfig:
-    """Tile table per (arch, dtype, head dim)."""
+    """Tile table per (arch, kind, dtype, head dim)."""
+    if v.kind == "combine":
+        return TileConfig(1, 16, 4 if v.head_dim >= 128 else 2, 1)  # block_n: splits per step
+    if v.kind == "decode":
+        # Streams K/V: a small row tile, deep enough pipelining to keep loads in flight.
+        if v.dtype == "fp32" or v.head_dim >= 256:
+            return TileConfig(DECODE_BLOCK_M, 32, 4, 2)
+        return TileConfig(DECODE_BLOCK_M, 64, 4, 3)
     if v.dtype == "fp32":
         if v.head_dim >= 256:
             return TileConfig(32, 32, 4, 1)
@@ -72,4 +92,12 @@ def all_variants() -> list[Variant]:
             DTYPE_PRECISIONS, HEAD_DIMS, MASK_KINDS, (False, True)):
         for even in ((True, False) if has_even else (False,)):
             out.append(Variant(dtype, hd, even, mask, extras, prec))
+    for dtype, (hd, has_even), mask, extras in itertools.product(
+            DECODE_DTYPES, DECODE_HEAD_DIMS, MASK_KINDS, (False, True)):
+        for even in ((True, False) if has_even else (False,)):
+            out.append(Variant(dtype, hd, even, mask, extras, "ieee" if dtype == "fp32" else "tf32",
+                               "decode"))
+    for dtype, (hd, _) in itertools.product(DECODE_DTYPES, DECODE_HEAD_DIMS):
+        out.append(Variant(dtype, hd, False, "none", False, "ieee" if dtype == "fp32" else "tf32",
+                           "combine"))
     return out

@@ -40,6 +40,8 @@ Status load() {
       {"cuLaunchKernel", reinterpret_cast<void**>(&d.cuLaunchKernel)},
       {"cuMemcpy2DAsync_v2", reinterpret_cast<void**>(&d.cuMemcpy2DAsync)},
       {"cuMemsetD8Async", reinterpret_cast<void**>(&d.cuMemsetD8Async)},
+      {"cuMemAllocAsync", reinterpret_cast<void**>(&d.cuMemAllocAsync)},
+      {"cuMemFreeAsync", reinterpret_cast<void**>(&d.cuMemFreeAsync)},
   };
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.name);

@@ -63,6 +63,8 @@ struct CudaDriver {
                              unsigned, unsigned, CUstream, void**, void**);
   CUresult (*cuMemcpy2DAsync)(const CUDA_MEMCPY2D*, CUstream);
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+  CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream);  // stream-ordered (CUDA 11.2+)
+  CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
 };
 
 // Loads libcuda.so.1 and cuInit(0)s once (thread-safe). Fails with a clear message when no

@@ -1,11 +1,47 @@
 #include "cuda_launch.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "kernel_registry.h"
 
 namespace ort_flash {
 namespace {
+
+// Split-KV decode dispatch (aot/flash_decode.py; aot/variants.py DECODE_* mirror these).
+constexpr int64_t kMaxDecodeSq = 16;
+constexpr int64_t kMaxDecodeRows = 64;     // GQA group x Sq packed into one CTA's rows
+constexpr int64_t kMaxSplits = 128;
+constexpr int64_t kMinSplitKeys = 256;     // a split shorter than this costs more than it gains
+constexpr int64_t kCtasPerSm = 4;          // CTAs in flight per SM the splits aim for
+
+// ORT_FLASH_DECODE_SPLITS: unset/empty = heuristic (-1), 0 = forward kernel, N = N splits.
+int64_t decode_splits_override() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("ORT_FLASH_DECODE_SPLITS");
+    if (!e || !*e) return static_cast<int64_t>(-1);
+    char* end = nullptr;
+    const long long n = std::strtoll(e, &end, 10);
+    return (end && *end == 0 && n >= 0) ? static_cast<int64_t>(n) : static_cast<int64_t>(-1);
+  }();
+  return v;
+}
+
+int decode_bucket(int64_t d) {
+  for (int b : {64, 128, 256}) {
+    if (d <= b) return b;
+  }
+  return 0;
+}
+
+const LoadedKernel* find_kernel(const DeviceKernels& dk, const VariantKey& key) {
+  for (const LoadedKernel& lk : dk.kernels) {
+    if (lk.entry->key == key) return &lk;
+  }
+  return nullptr;
+}
+
+size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 
 int head_dim_bucket(int64_t d) {
   for (int b : {32, 64, 128, 256}) {
@@ -51,7 +87,59 @@ Status select_variant(const FlashParams& p, VariantKey* key) {
   return Status::Ok();
 }
 
-Status launch_flash_cuda(const FlashParams& p, CUstream stream) {
+namespace {
+
+VariantKey decode_key(const FlashParams& p, KernelKind kind) {
+  VariantKey key{};
+  key.dtype = p.dtype;
+  key.head_dim = decode_bucket(p.d > p.dv ? p.d : p.dv);
+  key.kind = kind;
+  key.precision = Fp32Precision::kIeee;
+  if (kind == KernelKind::kCombine) {
+    key.even_d = false;
+    key.mask = MaskKind::kNone;
+    key.extras = false;
+    return key;
+  }
+  key.even_d = p.d == key.head_dim && p.dv == key.head_dim && strides_aligned(p);
+  key.mask = p.mask_kind;
+  key.extras = p.window_left >= 0 || p.window_right >= 0 || p.softcap > 0.0f || p.seqlens_k != nullptr;
+  return key;
+}
+
+Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const LaunchPlan& plan,
+                     CUstream stream, const WorkspaceFn& workspace);
+
+}  // namespace
+
+Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan) {
+  *plan = LaunchPlan{};
+  const int64_t forced = decode_splits_override();
+  if (forced == 0 || p.hkv <= 0 || p.sq > kMaxDecodeSq) return Status::Ok();
+  const int64_t group = p.hq / p.hkv;
+  const int64_t rows = group * p.sq;
+  if (rows > kMaxDecodeRows || p.batch * p.hkv > 65535) return Status::Ok();
+  const VariantKey key = decode_key(p, KernelKind::kDecode);
+  if (key.head_dim == 0) return Status::Ok();
+  const LoadedKernel* k = find_kernel(dk, key);
+  if (!k || !find_kernel(dk, decode_key(p, KernelKind::kCombine))) return Status::Ok();
+  const KernelEntry& e = *k->entry;
+  plan->kind = KernelKind::kDecode;
+  if (!can_split) return Status::Ok();
+  const int64_t ctas = p.batch * p.hkv * ((rows + e.block_m - 1) / e.block_m);
+  const int64_t key_blocks = (p.skv + e.block_n - 1) / e.block_n;
+  int64_t splits = forced > 0 ? forced
+                              : std::min((kCtasPerSm * dk.sm_count + ctas - 1) / ctas, p.skv / kMinSplitKeys);
+  splits = std::max<int64_t>(1, std::min({splits, kMaxSplits, key_blocks}));
+  plan->num_splits = static_cast<int>(splits);
+  if (splits > 1) {
+    const size_t parts = static_cast<size_t>(p.batch * p.hq * p.sq * splits);
+    plan->workspace_bytes = align_up(parts * static_cast<size_t>(p.dv) * 4) + align_up(parts * 4);
+  }
+  return Status::Ok();
+}
+
+Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace) {
   if (p.sq == 0 || p.batch == 0 || p.hq == 0) return Status::Ok();
   const CudaDriver* d = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&d));
@@ -59,13 +147,13 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream) {
   ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
   const DeviceKernels* dk = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(kernels_for_stream(stream, &dk));
-  const LoadedKernel* k = nullptr;
-  for (const LoadedKernel& lk : dk->kernels) {
-    if (lk.entry->key == key) {
-      k = &lk;
-      break;
-    }
+  if (p.sq > INT32_MAX || p.skv > INT32_MAX) {
+    return Status::Error("sequence lengths above 2^31 - 1 are not supported");
   }
+  LaunchPlan plan;
+  ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(p, *dk, static_cast<bool>(workspace), &plan));
+  if (plan.kind == KernelKind::kDecode) return launch_decode(p, *dk, plan, stream, workspace);
+  const LoadedKernel* k = find_kernel(*dk, key);
   if (!k) {
     return Status::Error("no CUDA kernel in this build for " + describe(key) + " on sm_" +
                          std::to_string(dk->arch) + "; see `ort-flash info` for the compiled variants");
@@ -76,9 +164,6 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream) {
   if (grid_bh > 65535) {
     return Status::Error("batch x query heads = " + std::to_string(grid_bh) +
                          " exceeds the CUDA grid limit of 65535");
-  }
-  if (p.sq > INT32_MAX || p.skv > INT32_MAX) {
-    return Status::Error("sequence lengths above 2^31 - 1 are not supported");
   }
 
   // The launch ABI (aot/build.py): runtime arguments in kernel order, then two scratch pointers.
@@ -114,6 +199,70 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream) {
                                       static_cast<unsigned>(e.shared), stream, args, nullptr),
                     (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
 }
+
+namespace {
+
+Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const LaunchPlan& plan,
+                     CUstream stream, const WorkspaceFn& workspace) {
+  const CudaDriver* d = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&d));
+  const LoadedKernel* k = find_kernel(dk, decode_key(p, KernelKind::kDecode));
+  const LoadedKernel* c = find_kernel(dk, decode_key(p, KernelKind::kCombine));
+  const KernelEntry& e = *k->entry;
+  CUdeviceptr opart = 0, lpart = 0;
+  if (plan.num_splits > 1) {
+    void* ws = nullptr;
+    ORT_FLASH_RETURN_IF_ERROR(workspace(plan.workspace_bytes, &ws));
+    if (!ws) return Status::Error("no workspace for the split-KV partials");
+    opart = reinterpret_cast<CUdeviceptr>(ws);
+    const size_t parts = static_cast<size_t>(p.batch * p.hq * p.sq * plan.num_splits);
+    lpart = opart + align_up(parts * static_cast<size_t>(p.dv) * 4);
+  }
+  CUdeviceptr q = reinterpret_cast<CUdeviceptr>(p.q), kk = reinterpret_cast<CUdeviceptr>(p.k),
+              v = reinterpret_cast<CUdeviceptr>(p.v), y = reinterpret_cast<CUdeviceptr>(p.y),
+              lse = reinterpret_cast<CUdeviceptr>(p.lse), mask = reinterpret_cast<CUdeviceptr>(p.mask),
+              seqlens = reinterpret_cast<CUdeviceptr>(p.seqlens_k);
+  float scale = p.scale, softcap = p.softcap;
+  int32_t hq = static_cast<int32_t>(p.hq), group = static_cast<int32_t>(p.hq / p.hkv),
+          sq = static_cast<int32_t>(p.sq), skv = static_cast<int32_t>(p.skv),
+          dd = static_cast<int32_t>(p.d), dv = static_cast<int32_t>(p.dv),
+          offset = static_cast<int32_t>(p.offset), causal = p.causal ? 1 : 0,
+          wl = static_cast<int32_t>(p.window_left), wr = static_cast<int32_t>(p.window_right),
+          mask_len = static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len),
+          has_seqlens = p.seqlens_k != nullptr, store_lse = p.lse != nullptr,
+          splits = plan.num_splits;
+  int64_t st[15];
+  for (int i = 0; i < 3; ++i) {
+    st[i] = p.q_stride[i];
+    st[3 + i] = p.k_stride[i];
+    st[6 + i] = p.v_stride[i];
+    st[9 + i] = p.y_stride[i];
+    st[12 + i] = p.mask_stride[i];
+  }
+  CUdeviceptr global_scratch = 0, profile_scratch = 0;
+  void* args[kDecodeArgCount + 2] = {
+      &q, &kk, &v, &y, &lse, &mask, &seqlens, &opart, &lpart, &scale, &softcap, &hq, &group, &sq,
+      &skv, &dd, &dv, &offset, &causal, &wl, &wr, &mask_len, &has_seqlens, &store_lse, &splits,
+      &st[0], &st[1], &st[2], &st[3], &st[4], &st[5], &st[6], &st[7], &st[8], &st[9], &st[10],
+      &st[11], &st[12], &st[13], &st[14], &global_scratch, &profile_scratch};
+  const int64_t m_blocks = (p.sq * group + e.block_m - 1) / e.block_m;
+  ORT_FLASH_RETURN_IF_ERROR(cuda_check(
+      d->cuLaunchKernel(k->function, static_cast<unsigned>(splits), static_cast<unsigned>(p.batch * p.hkv),
+                        static_cast<unsigned>(m_blocks), 32 * e.num_warps, 1, 1,
+                        static_cast<unsigned>(e.shared), stream, args, nullptr),
+      (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str()));
+  if (splits == 1) return Status::Ok();
+  const KernelEntry& ce = *c->entry;
+  const int64_t rows = p.batch * p.hq * p.sq;
+  if (rows > INT32_MAX) return Status::Error("batch x heads x queries above 2^31 - 1 are not supported");
+  void* cargs[kCombineArgCount + 2] = {&opart, &lpart, &y, &lse, &hq, &sq, &dv, &splits, &store_lse,
+                                       &st[9], &st[10], &st[11], &global_scratch, &profile_scratch};
+  return cuda_check(d->cuLaunchKernel(c->function, static_cast<unsigned>(rows), 1, 1, 32 * ce.num_warps,
+                                      1, 1, static_cast<unsigned>(ce.shared), stream, cargs, nullptr),
+                    (std::string("cuLaunchKernel(") + ce.variant_name + ")").c_str());
+}
+
+}  // namespace
 
 Status append_kv_cuda(const void* past, const void* cur, const int64_t cur_stride[3], void* present,
                       int64_t batch, int64_t heads, int64_t past_len, int64_t cur_len, int64_t d,

@@ -2,18 +2,39 @@
 // to compile-time specializations) and launches it on the caller's stream.
 #pragma once
 
+#include <functional>
+
 #include "cuda_driver.h"
 #include "flash_params.h"
+#include "kernel_registry.h"
 #include "kernel_table.h"
 
 namespace ort_flash {
 
+// Device memory for the split-KV partials: returns `bytes` on the stream's device, owned by the
+// caller and valid until the work queued on the stream has run (stream-ordered reuse is fine).
+using WorkspaceFn = std::function<Status(size_t bytes, void** ptr)>;
+
+// How a call runs: the forward kernel, or the decode kernel with `num_splits` KV splits (more
+// than one adds the combine kernel and needs `workspace_bytes` of scratch).
+struct LaunchPlan {
+  KernelKind kind = KernelKind::kFwd;
+  int num_splits = 1;
+  size_t workspace_bytes = 0;
+};
+
+// The dispatcher: the decode kernel when few query rows per KV head (Sq <= 16, GQA group x Sq
+// <= 64) meet a compiled decode variant; splits so that B x Hkv x splits CTAs fill the GPU,
+// each split at least 256 keys. `can_split` false (no workspace) keeps one split.
+// ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits.
+Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
+
 // The variant `p` needs, or an error naming what this build cannot run.
 Status select_variant(const FlashParams& p, VariantKey* key);
 
-// Launches the forward kernel for `p` on `stream` (asynchronous). Sq == 0 or B*Hq == 0 launch
-// nothing.
-Status launch_flash_cuda(const FlashParams& p, CUstream stream);
+// Launches the kernels for `p` on `stream` (asynchronous). Sq == 0 or B*Hq == 0 launch
+// nothing. Without `workspace` the decode path runs unsplit.
+Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace = nullptr);
 
 // present = past ++ new along the sequence axis, on `stream`. `past` is (B, H, P, D) contiguous;
 // `cur` is addressed by element strides (b, h, s) with a contiguous last dim of D elements;

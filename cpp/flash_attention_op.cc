@@ -164,7 +164,18 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
       api_.ReleaseStatus(st);
       return prefix(Status::Error("no CUDA stream from ONNX Runtime: " + msg));
     }
-    return prefix(launch_flash_cuda(p, static_cast<CUstream>(stream)));
+    // Split-KV partials (decode shapes): from the EP's allocator, like ORT's own scratch; freed
+    // (returned to the arena) after the launch, which is stream-ordered.
+    std::unique_ptr<void, std::function<void(void*)>> workspace(nullptr, [this](void* ptr) {
+      if (ptr) allocator_->Free(allocator_, ptr);
+    });
+    auto get_workspace = [&](size_t bytes, void** ptr) -> Status {
+      workspace.reset(allocator_->Alloc(allocator_, bytes));
+      if (!workspace) return Status::Error("cannot allocate " + std::to_string(bytes) + " bytes for split-KV partials");
+      *ptr = workspace.get();
+      return Status::Ok();
+    };
+    return prefix(launch_flash_cuda(p, static_cast<CUstream>(stream), get_workspace));
   }
   try {
     run_flash_cpu(p, ort_parallel_for(api_, ctx));

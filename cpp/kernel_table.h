@@ -8,6 +8,10 @@
 
 namespace ort_flash {
 
+// Which kernel of the family (aot/variants.py KIND_CODES): the forward kernel (any shape), the
+// split-KV decode kernel (aot/flash_decode.py) and its combine step.
+enum class KernelKind : int { kFwd = 0, kDecode = 1, kCombine = 2 };
+
 // The specialization a launch needs; mirrors aot/variants.py's Variant.
 struct VariantKey {
   DType dtype;
@@ -16,9 +20,10 @@ struct VariantKey {
   MaskKind mask;
   bool extras;         // windows, softcap or nonpad_kv_seqlen in use
   Fp32Precision precision;  // fp32 only; kIeee for fp16/bf16
+  KernelKind kind = KernelKind::kFwd;
   bool operator==(const VariantKey& o) const {
     return dtype == o.dtype && head_dim == o.head_dim && even_d == o.even_d && mask == o.mask &&
-           extras == o.extras && precision == o.precision;
+           extras == o.extras && precision == o.precision && kind == o.kind;
   }
 };
 
@@ -29,13 +34,16 @@ struct KernelEntry {
   const char* kernel_name;   // symbol inside the cubin
   int num_warps;             // launch with 32 * num_warps threads
   int shared;                // dynamic shared memory in bytes
-  int block_m, block_n;      // tile; the grid is (ceil(Sq / block_m), B * Hq)
+  int block_m, block_n;      // tile; fwd grid (ceil(Sq / block_m), B * Hq); combine: block_n
+                             // is the splits merged per step
   const unsigned char* cubin;
   const unsigned char* cubin_end;
 };
 
-// Runtime arguments of aot/flash_fwd.py's kernel, in order (the launch ABI).
-constexpr int kLaunchArgCount = 37;
+// Runtime arguments of each kernel, in order (the launch ABI; aot/build.py asserts the counts).
+constexpr int kLaunchArgCount = 37;   // flash_fwd
+constexpr int kDecodeArgCount = 40;   // flash_decode_split
+constexpr int kCombineArgCount = 12;  // flash_decode_combine
 
 const KernelEntry* kernel_table(size_t* count);
 const char* kernel_table_triton_version();

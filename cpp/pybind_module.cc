@@ -38,6 +38,7 @@ py::list kernels() {
     d["precision"] = e.key.precision == Fp32Precision::kIeee ? "ieee" : (e.key.precision == Fp32Precision::kTf32 ? "tf32" : "tf32x3");
     d["mask"] = mask_name(e.key.mask);
     d["extras"] = e.key.extras;
+    d["kind"] = e.key.kind == KernelKind::kFwd ? "fwd" : (e.key.kind == KernelKind::kDecode ? "decode" : "combine");
     d["num_warps"] = e.num_warps;
     d["shared"] = e.shared;
     d["block_m"] = e.block_m;
@@ -123,7 +124,30 @@ PYBIND11_MODULE(_C, m) {
     check(select_variant(p, &k));
     return py::make_tuple(dtype_name(k.dtype), k.head_dim, k.even_d, mask_name(k.mask), k.extras);
   });
+  m.def("launch_plan", [](const FlashParams& p, int device) {
+    const DeviceKernels* dk = nullptr;
+    check(prepare_device(device, &dk));
+    LaunchPlan plan;
+    check(plan_flash_cuda(p, *dk, true, &plan));
+    const char* kind = plan.kind == KernelKind::kDecode ? "decode" : "fwd";
+    return py::make_tuple(kind, plan.num_splits, plan.workspace_bytes);
+  }, py::arg("p"), py::arg("device") = 0,
+     "How run_cuda / the op would run `p`: (\"fwd\" or \"decode\", KV splits, workspace bytes).");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
-    check(launch_flash_cuda(p, reinterpret_cast<CUstream>(stream)));
-  }, "Launches the CUDA kernel on device pointers, on `stream` (a CUstream as int; 0 = legacy default).");
+    const CudaDriver* d = nullptr;
+    check(cuda_driver(&d));
+    const CUstream s = reinterpret_cast<CUstream>(stream);
+    CUdeviceptr ws = 0;
+    // Split-KV partials: stream-ordered allocation, freed on the stream after the kernels.
+    Status st = launch_flash_cuda(p, s, [&](size_t bytes, void** ptr) {
+      ORT_FLASH_RETURN_IF_ERROR(cuda_check(d->cuMemAllocAsync(&ws, bytes, s), "cuMemAllocAsync"));
+      *ptr = reinterpret_cast<void*>(ws);
+      return Status::Ok();
+    });
+    if (ws) {
+      Status f = cuda_check(d->cuMemFreeAsync(ws, s), "cuMemFreeAsync");
+      if (st.ok()) st = f;
+    }
+    check(st);
+  }, "Launches the CUDA kernels on device pointers, on `stream` (a CUstream as int; 0 = legacy default).");
 }

@@ -41,12 +41,20 @@ def format_info() -> str:
         + ", ".join(f"sm_{a}" for a in archs),
     ]
     groups = collections.defaultdict(set)
+    decode = collections.defaultdict(set)
     for k in kernels:
+        if k.get("kind", "fwd") != "fwd":
+            if k["kind"] == "decode":
+                decode[k["dtype"]].add(k["head_dim"])
+            continue
         name = k["dtype"] + (f" ({k['precision']} dots)" if k["dtype"] == "float32" else "")
         groups[name].add(k["head_dim"])
     for name, dims in sorted(groups.items()):
         lines.append(f"  {name:22s} head dims up to {', '.join(map(str, sorted(dims)))}; "
                      "causal or not, no/bool/additive mask, windows, softcap, nonpad_kv_seqlen")
+    for name, dims in sorted(decode.items()):
+        lines.append(f"  {name:22s} split-KV decode (Sq <= 16, GQA group x Sq <= 64) for head dims up to "
+                     f"{', '.join(map(str, sorted(dims)))}")
     dev = cuda_device_arch()
     if dev is None:
         lines.append("GPU:          none found (the CPU execution provider runs the op)")

@@ -78,6 +78,14 @@ _BASE = [
     dict(name="no_lse", causal=True, lse=False),
     dict(name="empty_kv", skv=0),
     dict(name="empty_q", sq=0),
+    # Decode shapes: on CUDA the split-KV kernel (GQA rows packed, cache split, then combined).
+    dict(name="decode_gqa_long", hq=8, hkv=2, sq=1, skv=2049, d=128, causal=True, b=1),
+    dict(name="decode_sq4_mask", hq=8, hkv=2, sq=4, skv=1500, mask=("additive", "b11k"), causal=True),
+    dict(name="decode_nonpad_window_softcap", b=3, sq=1, skv=1800, nonpad=True, window=(700, -1),
+         softcap=5.0, causal=True),
+    dict(name="decode_past_long", hq=4, hkv=1, sq=1, skv=1, past=2000, causal=True),
+    dict(name="decode_masked_rows", hq=4, hkv=2, sq=2, skv=1000, mask=("bool", "bhqk"), masked_rows=True),
+    dict(name="decode_3d_dv", layout="bsd", hq=6, hkv=3, sq=3, skv=1300, d=96, dv=40, causal=True),
 ]
 _LARGE = [
     dict(name="large_1023x1024", dtype="float16", b=1, hq=2, hkv=2, sq=1023, skv=1024),

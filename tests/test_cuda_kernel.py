@@ -30,6 +30,11 @@ CASES = [
     dict(b=2, hq=4, hkv=2, sq=64, skv=190, d=128, mask="bool", causal=True),
     dict(b=2, hq=4, hkv=4, sq=50, skv=120, d=64, window=(16, 3), softcap=20.0),
     dict(b=3, hq=4, hkv=4, sq=8, skv=256, d=128, nonpad=True, causal=True),
+    # Decode shapes (split-KV kernel + combine; launch_plan below checks the dispatch).
+    dict(b=1, hq=32, hkv=8, sq=1, skv=8191, d=128, causal=True),
+    dict(b=2, hq=8, hkv=1, sq=4, skv=3000, d=64, causal=True, mask="add"),
+    dict(b=3, hq=4, hkv=2, sq=1, skv=2500, d=128, nonpad=True, causal=True, window=(900, 0), softcap=8.0),
+    dict(b=1, hq=4, hkv=4, sq=2, skv=1200, d=200, dv=72, mask="bool"),
 ]
 
 
@@ -123,6 +128,32 @@ def test_kernel_matches_reference(case, dtype):
     assert np.array_equal(np.isneginf(got_lse), np.isneginf(ref_lse)), f"{ctx}: -inf lse rows differ"
     fin = np.isfinite(ref_lse)
     assert np.abs(got_lse[fin] - ref_lse[fin]).max(initial=0) < 1e-3 * max(1.0, np.abs(ref_lse[fin]).max(initial=1)), ctx
+
+
+def _decode_params(b, hq, hkv, sq, skv, d, dtype="float16"):
+    from ort_flash import _C
+
+    p = _C.FlashParams()
+    p.dtype = getattr(_C.DType, dtype)
+    p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, d, d
+    p.q_stride, p.y_stride = [hq * sq * d, sq * d, d], [hq * sq * d, sq * d, d]
+    p.k_stride = p.v_stride = [hkv * skv * d, skv * d, d]
+    p.causal = True
+    return p
+
+
+def test_decode_dispatch():
+    """Few query rows per KV head take the split-KV kernel, split to fill the GPU; prefill does not."""
+    from ort_flash import _C
+
+    kind, splits, ws = _C.launch_plan(_decode_params(1, 32, 8, 1, 32768, 128))
+    assert kind == "decode" and splits > 1 and ws >= 32 * splits * 128 * 4, (kind, splits, ws)
+    kind, splits, ws = _C.launch_plan(_decode_params(1, 32, 8, 1, 200, 128))
+    assert (kind, splits, ws) == ("decode", 1, 0)  # too short to split
+    kind, splits, _ = _C.launch_plan(_decode_params(64, 32, 8, 1, 4096, 128))
+    assert kind == "decode" and splits <= 2, splits  # B x Hkv already fills the GPU
+    assert _C.launch_plan(_decode_params(1, 32, 8, 128, 4096, 128))[0] == "fwd"
+    assert _C.launch_plan(_decode_params(1, 32, 1, 4, 4096, 128))[0] == "fwd"  # 128 packed rows
 
 
 def test_kernels_load_on_this_gpu():

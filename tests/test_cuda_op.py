@@ -47,3 +47,38 @@ def test_fused_op_runs_on_cuda_provider():
                              ["CUDAExecutionProvider", "CPUExecutionProvider"], ort_flash.session_options())
     fa = {prov: n for (op, prov), n in placed.items() if op == "FlashAttention"}
     assert fa == {"CUDAExecutionProvider": 2}, placed
+
+
+@pytest.mark.parametrize("shape", [dict(sq=113, skv=203, d=64), dict(sq=1, skv=1500, d=128)],
+                         ids=["prefill", "decode"])
+def test_fp32_tf32_opt_in_on_cuda(shape):
+    """fp32 stays IEEE-accurate by default; fp32_precision="tf32" (the rewriter's opt-in) runs the
+    TF32 cubins: a different result, within the error of 10-bit-mantissa inputs (fp16's)."""
+    import secrets
+
+    import numpy as np
+
+    from _onnx_models import flash_attention_model, run_model
+    from ort_flash.reference import attention_lowp, attention_reference, error_bound
+
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    sq, skv, d = shape["sq"], shape["skv"], shape["d"]
+    feeds = {n: rng.standard_normal(s, dtype=np.float32)
+             for n, s in (("Q", (2, 4, sq, d)), ("K", (2, 4, skv, d)), ("V", (2, 4, skv, d)))}
+    specs = {"Y": ((2, 4, sq, d), np.float32)}
+    prov = ["CUDAExecutionProvider"]
+    ieee = run_model(flash_attention_model(feeds, {"Y": np.float32}), feeds, specs, prov)["Y"]
+    tf32 = run_model(flash_attention_model(feeds, {"Y": np.float32}, fp32_precision="tf32"),
+                     feeds, specs, prov)["Y"]
+    ref = attention_reference(feeds["Q"], feeds["K"], feeds["V"])[0]
+    half = attention_lowp(*(feeds[n].astype(np.float16) for n in "QKV"))[0].astype(np.float64)
+    err_ieee = float(np.abs(ieee - ref).max())
+    err_tf32 = float(np.abs(tf32 - ref).max())
+    ctx = f"seed={seed} {shape}"
+    assert err_ieee <= 1e-5, f"{ctx}: IEEE fp32 error {err_ieee:.3g}"
+    assert err_tf32 <= error_bound(ref, half, 1e-3), f"{ctx}: TF32 error {err_tf32:.3g}"
+    if shape["sq"] > 16:  # the decode kernel uses IEEE dots for fp32 always (memory-bound anyway)
+        assert not np.array_equal(ieee, tf32), f"{ctx}: the TF32 opt-in gave IEEE results"
+    else:
+        np.testing.assert_array_equal(ieee, tf32)

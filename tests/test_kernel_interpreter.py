@@ -1,6 +1,7 @@
-"""The Triton kernel source (aot/flash_fwd.py) run by Triton's CPU interpreter against the
-float64 reference: the GPU kernel's logic (phases, bounds, masks, windows, softcap, GQA, LSE)
-checked in CI, where there is no GPU. Small tiles so every phase (left edge, interior, right
+"""The Triton kernel sources (aot/flash_fwd.py, aot/flash_decode.py) run by Triton's CPU
+interpreter against the float64 reference: the GPU kernels' logic (phases, bounds, masks, windows,
+softcap, GQA, LSE; for decode the GQA row packing, KV splits and their combine) checked in CI,
+where there is no GPU. Small tiles so every phase (left edge, interior, right
 edge) is exercised at small sizes. Each case runs in a subprocess started with
 TRITON_INTERPRET=1 (Triton reads it when it is imported)."""
 from __future__ import annotations
@@ -28,6 +29,16 @@ CASES = [
     dict(b=1, hq=2, hkv=2, sq=50, skv=90, d=64, window=(7, 0), softcap=5.0),
     dict(b=2, hq=2, hkv=2, sq=9, skv=64, d=64, causal=True, lens=[30, 0]),
     dict(b=1, hq=2, hkv=1, sq=17, skv=29, d=64, dtype="float32"),
+    # Split-KV decode (the launcher's choices: grid (splits, B * Hkv, row blocks), then combine).
+    dict(kernel="decode", splits=1, b=2, hq=4, hkv=1, sq=1, skv=70, d=64),
+    dict(kernel="decode", splits=5, b=2, hq=8, hkv=2, sq=1, skv=150, d=64, causal=True),
+    dict(kernel="decode", splits=3, b=1, hq=6, hkv=2, sq=3, skv=101, d=40, dv=24, causal=True),
+    dict(kernel="decode", splits=4, b=2, hq=4, hkv=2, sq=2, skv=90, d=64, mask="add", causal=True),
+    dict(kernel="decode", splits=7, b=1, hq=2, hkv=2, sq=1, skv=120, d=64, mask="bool"),
+    dict(kernel="decode", splits=4, b=3, hq=4, hkv=1, sq=1, skv=96, d=64, lens=[96, 17, 0]),
+    dict(kernel="decode", splits=3, b=1, hq=4, hkv=2, sq=5, skv=80, d=64, window=(20, 0), softcap=4.0),
+    dict(kernel="decode", splits=9, b=1, hq=20, hkv=1, sq=1, skv=64, d=64),   # 20 rows: 2 row blocks
+    dict(kernel="decode", splits=2, b=1, hq=2, hkv=1, sq=1, skv=77, d=64, dtype="float32"),
 ]
 
 
@@ -61,11 +72,12 @@ def check_case(case):
 
     sys.path.insert(0, str(ROOT / "aot"))
     _patch_interpreter()
+    from flash_decode import flash_decode_combine, flash_decode_split
     from flash_fwd import flash_fwd as kernel
 
     from ort_flash.reference import attention_reference
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
-                  lens=None, dtype="float16"), **case)
+                  lens=None, dtype="float16", kernel="fwd", splits=1), **case)
     rng = np.random.default_rng()
     b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
     dv = c["dv"] or d
@@ -87,7 +99,7 @@ def check_case(case):
         kw["attn_mask"] = mask.numpy().astype(bool)
     elif c["mask"] == "add":
         mask = rand(1, 1, sq, skv)
-        mask[0, 0, 2, :] = float("-inf")
+        mask[0, 0, min(2, sq - 1), :] = float("-inf")
         mask_kind = 2
         kw["attn_mask"] = mask.numpy()
     if mask_kind:
@@ -96,13 +108,26 @@ def check_case(case):
     if c["lens"]:
         kw["nonpad_kv_seqlen"] = np.array(c["lens"], dtype=np.int64)
     extras = c["window"] != (-1, -1) or c["softcap"] > 0 or c["lens"] is not None
-    kernel[(triton.cdiv(sq, 16), b * hq)](
-        q, k, v, y, lse, mask, lens, 1 / math.sqrt(d), c["softcap"],
-        hq, hq // hkv, sq, skv, d, dv, c["offset"], int(c["causal"]), c["window"][0], c["window"][1],
-        skv, int(c["lens"] is not None), 1,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], *ms,
-        BLOCK_M=16, BLOCK_N=16, BLOCK_D=bd, BLOCK_DV=bd, EVEN_D=(d == bd and dv == bd),
-        MASK_KIND=mask_kind, EXTRAS=extras, DOT_PRECISION="ieee" if c["dtype"] == "float32" else "tf32")
+    common = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=bd, BLOCK_DV=bd, EVEN_D=(d == bd and dv == bd),
+                  MASK_KIND=mask_kind, EXTRAS=extras,
+                  DOT_PRECISION="ieee" if c["dtype"] == "float32" else "tf32")
+    scalars = (hq, hq // hkv, sq, skv, d, dv, c["offset"], int(c["causal"]), c["window"][0],
+               c["window"][1], skv, int(c["lens"] is not None), 1)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], *ms)
+    if c["kernel"] == "fwd":
+        kernel[(triton.cdiv(sq, 16), b * hq)](
+            q, k, v, y, lse, mask, lens, 1 / math.sqrt(d), c["softcap"], *scalars, *strides, **common)
+    else:
+        splits = c["splits"]
+        # Partials poisoned too: the combine must read only what the split kernel wrote.
+        opart = torch.full((b * hq * sq * splits * dv,), float("nan"))
+        lpart = torch.full((b * hq * sq * splits,), float("nan"))
+        flash_decode_split[(splits, b * hkv, triton.cdiv(sq * hq // hkv, 16))](
+            q, k, v, y, lse, mask, lens, opart, lpart, 1 / math.sqrt(d), c["softcap"], *scalars, splits,
+            *strides, **common)
+        if splits > 1:
+            flash_decode_combine[(b * hq * sq,)](opart, lpart, y, lse, hq, sq, dv, splits, 1,
+                                                 *y.stride()[:3], BLOCK_DV=bd, BLOCK_S=4)
     qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
     if c["offset"]:
         p = c["offset"]

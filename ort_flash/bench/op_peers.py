@@ -56,6 +56,9 @@ def kernel(ctx: Context, cfg: dict, sets: list[dict], **kernel_args):
     run = KernelCalls([s["q"] for s in sets], [s["k"] for s in sets], [s["v"] for s in sets], ys,
                       device=ctx.device, stream=ctx.stream, **kernel_args)
     run.info = {"variant": "/".join(map(str, run.variant)), "tile": run.tile_config()}
+    if ctx.device == "cuda":
+        kind, splits, _ = run._C.launch_plan(run.params[0])
+        run.info["plan"] = f"{kind}, {splits} KV split{'s' if splits > 1 else ''}"
     return run
 
 

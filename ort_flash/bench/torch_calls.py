@@ -138,7 +138,7 @@ class KernelCalls:
         dtype, head_dim, even_d, mask, extras = self.variant
         arch = self.device_info[1]
         for k in self._C.kernels():
-            if (k["dtype"], k["head_dim"], k["even_d"], k["mask"], k["extras"], k["arch"]) == \
-                    (dtype, head_dim, even_d, mask, extras, arch):
+            if (k["dtype"], k["head_dim"], k["even_d"], k["mask"], k["extras"], k["arch"],
+                    k.get("kind", "fwd")) == (dtype, head_dim, even_d, mask, extras, arch, "fwd"):
                 return {key: k[key] for key in ("variant", "arch", "block_m", "block_n", "num_warps", "shared")}
         return None

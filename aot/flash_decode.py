@@ -1,0 +1,188 @@
+"""Split-KV ("Flash-Decoding") kernels for few query rows against a long KV cache.
+
+Decode is bound by reading K and V. The prefill kernel (flash_fwd.py) gives one CTA per
+(query block, query head): at Sq = 1 that is B * Hq CTAs, too few to fill the GPU, each reading
+its KV head alone (a GQA group reads the same K/V Hq / Hkv times). Here:
+
+- **GQA packing**: one CTA owns a KV head and stacks the rows of every query head of its group
+  (row r is query head hk * group + r % group, query r // group), so K/V are read once per group.
+- **Split KV**: the key range a row block sees is cut into `num_splits` BLOCK_N-aligned chunks,
+  one CTA each (grid: (num_splits, B * Hkv, cdiv(group * Sq, BLOCK_M))). Each writes its partial
+  softmax-normalized output and natural-log LSE in fp32; `flash_decode_combine` merges them with
+  the online-softmax rescaling. With one split the partial is final and is written directly.
+
+The scoring, masks, windows, softcap, per-batch key lengths and fully masked rows follow
+flash_fwd.py exactly (it is the same `_attend` loop); only the row mapping and the key range
+differ. Same op contract: cpp/flash_params.h.
+"""
+import triton
+import triton.language as tl
+
+from flash_fwd import MASK_ADD, MASK_NONE, _attend
+
+
+@triton.jit
+def flash_decode_split(
+    Q, K, V, Y, Lse, Mask, SeqlensK, OPart, LsePart,
+    scale, softcap,
+    Hq, group, Sq, Skv, D, Dv, offset, causal, window_left, window_right, mask_len, has_seqlens,
+    store_lse, num_splits,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_yb, stride_yh, stride_ym,
+    stride_mb, stride_mh, stride_mm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    Hkv = Hq // group
+    b = pid_bk // Hkv
+    hk = pid_bk % Hkv
+    b64 = b.to(tl.int64)
+
+    # Packed rows: r -> (query head hk * group + r % group, query row r // group).
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_rows = group * Sq
+    row_ok = rows < n_rows
+    g = rows % group
+    s_row = rows // group
+    h = hk * group + g
+    h64 = h.to(tl.int64)
+    s64 = s_row.to(tl.int64)
+
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+
+    key_end = Skv
+    off = offset
+    right = tl.where(causal != 0, 0, 1 << 30)
+    left = 1 << 30
+    cap = 1.0
+    cap_on = False
+    if EXTRAS:
+        if has_seqlens != 0:
+            nonpad = tl.load(SeqlensK + b).to(tl.int32)
+            key_end = tl.minimum(key_end, nonpad)
+            off = nonpad - Sq
+        right = tl.minimum(right, tl.where(window_right >= 0, window_right, 1 << 30))
+        left = tl.where(window_left >= 0, window_left, 1 << 30)
+        cap = tl.where(softcap > 0, softcap, 1.0)
+        cap_on = softcap > 0
+    if MASK_KIND != MASK_NONE:
+        key_end = tl.minimum(key_end, mask_len)
+    # Rows are ordered by query position, so the block's positions span [pos_lo, pos_hi].
+    pos_lo = (pid_m * BLOCK_M) // group + off
+    pos_hi = (tl.minimum((pid_m + 1) * BLOCK_M, n_rows) - 1) // group + off
+    hi = tl.minimum(key_end, pos_hi + right + 1)
+    lo = tl.maximum(0, pos_lo - left)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, lo)
+    lo_full = tl.minimum(tl.maximum(lo, ((pos_hi - left + BLOCK_N - 1) // BLOCK_N) * BLOCK_N), hi)
+    hi_full = lo_full + tl.maximum(tl.minimum(key_end, pos_lo + right + 1) - lo_full, 0) // BLOCK_N * BLOCK_N
+
+    # This split's share of [lo, hi): BLOCK_N-aligned chunks, so interior blocks stay aligned.
+    chunk = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    c_lo = tl.minimum(lo + split * chunk, hi)
+    c_hi = tl.minimum(c_lo + chunk, hi)
+    f_lo = tl.minimum(tl.maximum(lo_full, c_lo), c_hi)
+    f_hi = tl.maximum(tl.minimum(hi_full, c_hi), f_lo)
+
+    q_ptrs = Q + b64 * stride_qb + h64[:, None] * stride_qh + s64[:, None] * stride_qm + offs_d[None, :]
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    pos = s_row + off
+    m_base = Mask + b64 * stride_mb + h64[:, None] * stride_mh + s64[:, None] * stride_mm
+
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, c_lo, f_lo, c_hi, pos, row_ok,
+                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                            scale, cap, cap_on, left, right,
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_lo, f_hi, c_hi, pos, row_ok,
+                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                            scale, cap, cap_on, left, right,
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_hi, c_hi, c_hi, pos, row_ok,
+                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                            scale, cap, cap_on, left, right,
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True)
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    if MASK_KIND == MASK_ADD:
+        lse = m_i + tl.log(l_safe)
+    else:
+        lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453
+    lse = tl.where(l_i == 0.0, float("-inf"), lse)
+    # Flat row id over (B, Hq, Sq), the layout of Lse and of the partials.
+    flat = (b64 * Hq + h64) * Sq + s64
+    dv_ok = offs_dv[None, :] < Dv
+    if num_splits == 1:
+        y_ptrs = Y + b64 * stride_yb + h64[:, None] * stride_yh + s64[:, None] * stride_ym + offs_dv[None, :]
+        if EVEN_D:
+            tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
+        if store_lse != 0:
+            tl.store(Lse + flat, lse, mask=row_ok)
+    else:
+        part = flat * num_splits + split
+        tl.store(OPart + part[:, None] * Dv + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok)
+        tl.store(LsePart + part, lse, mask=row_ok)
+
+
+@triton.jit
+def flash_decode_combine(
+    OPart, LsePart, Y, Lse,
+    Hq, Sq, Dv, num_splits, store_lse,
+    stride_yb, stride_yh, stride_ym,
+    BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """One program per output row (b, h, s): Y = sum_i w_i O_i / sum_i w_i, w_i = exp(lse_i - max)."""
+    row = tl.program_id(0).to(tl.int64)
+    s = row % Sq
+    bh = row // Sq
+    h = bh % Hq
+    b = bh // Hq
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < Dv
+    base = row * num_splits
+
+    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for start in range(0, num_splits, BLOCK_S):
+        lse = tl.load(LsePart + base + start + offs_s, mask=start + offs_s < num_splits,
+                      other=float("-inf"))
+        m = tl.maximum(m, lse)
+    m_all = tl.max(m, 0)
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    wsum = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for start in range(0, num_splits, BLOCK_S):
+        idx = start + offs_s
+        ok = idx < num_splits
+        lse = tl.load(LsePart + base + idx, mask=ok, other=float("-inf"))
+        w = tl.exp(lse - m_safe)
+        o = tl.load(OPart + (base + idx)[:, None] * Dv + offs_dv[None, :],
+                    mask=ok[:, None] & dv_ok[None, :], other=0.0)
+        acc += tl.sum(w[:, None] * o, 0)
+        wsum += w
+    total = tl.sum(wsum, 0)
+    out = acc / tl.where(total == 0.0, 1.0, total)
+    y_ptrs = Y + b * stride_yb + h * stride_yh + s * stride_ym + offs_dv
+    tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=dv_ok)
+    if store_lse != 0:
+        lse_all = tl.where(total == 0.0, float("-inf"), m_safe + tl.log(total))
+        tl.store(Lse + row, lse_all)
