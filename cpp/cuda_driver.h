@@ -65,6 +65,7 @@ struct CudaDriver {
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream);  // stream-ordered (CUDA 11.2+)
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
 };
 
 // Loads libcuda.so.1 and cuInit(0)s once (thread-safe). Fails with a clear message when no

@@ -1,5 +1,7 @@
 #include "cuda_launch.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -12,8 +14,7 @@ namespace {
 constexpr int64_t kMaxDecodeSq = 16;
 constexpr int64_t kMaxDecodeRows = 64;     // GQA group x Sq packed into one CTA's rows
 constexpr int64_t kMaxSplits = 128;
-constexpr int64_t kMinSplitKeys = 256;     // a split shorter than this costs more than it gains
-constexpr int64_t kCtasPerSm = 4;          // CTAs in flight per SM the splits aim for
+constexpr int64_t kMinSplitKeys = 128;     // a split shorter than this costs more than it gains
 
 // ORT_FLASH_DECODE_SPLITS: unset/empty = heuristic (-1), 0 = forward kernel, N = N splits.
 int64_t decode_splits_override() {
@@ -128,8 +129,21 @@ Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_s
   if (!can_split) return Status::Ok();
   const int64_t ctas = p.batch * p.hkv * ((rows + e.block_m - 1) / e.block_m);
   const int64_t key_blocks = (p.skv + e.block_n - 1) / e.block_n;
-  int64_t splits = forced > 0 ? forced
-                              : std::min((kCtasPerSm * dk.sm_count + ctas - 1) / ctas, p.skv / kMinSplitKeys);
+  int64_t splits = forced;
+  if (forced < 0) {
+    // All CTAs do equal work, so time goes by waves of `slots` resident CTAs: pick the fewest
+    // splits whose wave efficiency (waves / ceil(waves)) is within 85% of the best reachable.
+    const double slots = static_cast<double>(k->blocks_per_sm) * dk.sm_count;
+    const int64_t most = std::max<int64_t>(1, std::min({kMaxSplits, key_blocks, p.skv / kMinSplitKeys}));
+    auto efficiency = [&](int64_t s) {
+      const double waves = static_cast<double>(ctas * s) / slots;
+      return waves / std::ceil(waves);
+    };
+    double best = 0.0;
+    for (int64_t s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
+    splits = 1;
+    while (splits < most && efficiency(splits) < 0.85 * best) ++splits;
+  }
   splits = std::max<int64_t>(1, std::min({splits, kMaxSplits, key_blocks}));
   plan->num_splits = static_cast<int>(splits);
   if (splits > 1) {
