@@ -9,6 +9,7 @@ if(_archs STREQUAL "")
 endif()
 set(_aot_sources
   "${PROJECT_SOURCE_DIR}/aot/build.py"
+  "${PROJECT_SOURCE_DIR}/aot/flash_decode.py"
   "${PROJECT_SOURCE_DIR}/aot/flash_fwd.py"
   "${PROJECT_SOURCE_DIR}/aot/variants.py")
 add_custom_command(
