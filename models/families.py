@@ -12,7 +12,8 @@ benchmark dependencies, never ``ort_flash``'s.
 
 Exporters: ``"torchscript"`` is ``torch.onnx.export(dynamo=False)`` at opset 17;
 ``"dynamo"`` is ``torch.onnx.export(dynamo=True)`` at opset 18 (the onnxscript translation;
-SDPA is decomposed into MatMul/Softmax below opset 23). Every file gets IR version 10.
+SDPA is decomposed into MatMul/Softmax below opset 23); ``"dynamo23"`` is the same at opset 23,
+where SDPA becomes one ONNX ``Attention`` node. Every file gets IR version 10 (11 at opset 23).
 Graph inputs: token ids / pixel values / audio features with a dynamic batch (and sequence where
 the model allows it), 0/1 ``attention_mask`` inputs where the family takes one, and one output.
 """
@@ -33,11 +34,12 @@ import onnx
 FAMILIES = ("bert", "gpt2", "llama", "qwen2", "vit", "t5", "bart", "whisper")
 # Families also exported as one decoding step with a KV cache (ExportSpec.cache).
 CACHE_FAMILIES = ("gpt2", "llama", "qwen2", "bart", "whisper")
-EXPORTERS = ("torchscript", "dynamo")
+EXPORTERS = ("torchscript", "dynamo", "dynamo23")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 DTYPES = ("float32", "float16")
-OPSETS = {"torchscript": 17, "dynamo": 18}
+OPSETS = {"torchscript": 17, "dynamo": 18, "dynamo23": 23}
 IR_VERSION = 10
+IR_VERSIONS = {"dynamo23": 11}  # opset 23 needs IR version 11
 # Bump a family's revision when its builder changes in a way its config does not show.
 REVISIONS = {"whisper": 2}
 SEED = 0
@@ -128,7 +130,7 @@ def cache_key(spec: ExportSpec) -> str:
     if not spec.cache:
         del fields["cache"]  # the uncached specs keep the keys they had before caches existed
     recipe = dict(spec=fields, config=CONFIGS[spec.family],
-                  opset=OPSETS[spec.exporter], ir=IR_VERSION, revision=REVISIONS.get(spec.family, 1),
+                  opset=OPSETS[spec.exporter], ir=IR_VERSIONS.get(spec.exporter, IR_VERSION), revision=REVISIONS.get(spec.family, 1),
                   seed=SEED, torch=torch.__version__, transformers=transformers.__version__)
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     return f"{spec.id}-{digest}"
@@ -183,7 +185,7 @@ def _export_proto(spec: ExportSpec) -> onnx.ModelProto:
                 proto = onnx.load_from_string(buffer.getvalue())
             else:
                 program = torch.onnx.export(
-                    model, tuple(inputs.values()), dynamo=True, opset_version=OPSETS["dynamo"],
+                    model, tuple(inputs.values()), dynamo=True, opset_version=OPSETS[spec.exporter],
                     input_names=names, output_names=outputs,
                     dynamic_shapes=_dynamic_shapes(names, dynamic, varargs=spec.cache),
                     optimize=True, verbose=False,
@@ -193,7 +195,7 @@ def _export_proto(spec: ExportSpec) -> onnx.ModelProto:
                     _name_total_length(proto, dynamic)
         except Exception as e:  # noqa: BLE001 - every exporter error becomes one clear failure
             raise ExportFailure(f"{spec.id}: {type(e).__name__}: {_summary(e)}") from e
-    proto.ir_version = IR_VERSION
+    proto.ir_version = IR_VERSIONS.get(spec.exporter, IR_VERSION)
     proto.producer_name = f"ort_flash/models/families.py ({spec.id})"
     onnx.helper.set_model_props(proto, {"ort_flash.family": json.dumps(
         dict(dataclasses.asdict(spec), attention_layers=spec.layers))})
@@ -202,7 +204,23 @@ def _export_proto(spec: ExportSpec) -> onnx.ModelProto:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         text = " ".join(str(e).split())[:600]
         raise ExportFailure(f"{spec.id}: the exporter wrote an invalid model: {text}") from e
+    _check_runs(spec, proto, inputs)
     return proto
+
+
+def _check_runs(spec: ExportSpec, proto: onnx.ModelProto, inputs: dict) -> None:
+    """ONNX Runtime (CPU, no graph optimizations) runs the export on the traced inputs."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(proto.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        session.run(None, {k: v.numpy() for k, v in inputs.items()})
+    except Exception as e:  # noqa: BLE001 - onnxruntime's errors have no common base class
+        text = " ".join(str(e).split())[:600]
+        raise ExportFailure(f"{spec.id}: ONNX Runtime cannot run the exported model: {text}") from e
 
 
 def _name_total_length(proto: onnx.ModelProto, dynamic: dict[str, dict[int, str]]) -> None:
@@ -454,6 +472,9 @@ def load(spec: ExportSpec) -> onnx.ModelProto:
 
 
 def specs(*, cache: bool = False) -> list[ExportSpec]:
-    """Every configuration without a cache, or (cache=True) every cached one."""
+    """Every configuration without a cache, or (cache=True) every cached one. The opset-23
+    dynamo export only with ``sdpa`` (which it writes as ONNX Attention; eager attention
+    exports the same MatMul/Softmax graph as at opset 18)."""
     return [ExportSpec(f, e, a, d, cache=cache) for f in (CACHE_FAMILIES if cache else FAMILIES)
-            for e in EXPORTERS for a in ATTN_IMPLEMENTATIONS for d in DTYPES]
+            for e in EXPORTERS for a in ATTN_IMPLEMENTATIONS for d in DTYPES
+            if e != "dynamo23" or a == "sdpa"]
