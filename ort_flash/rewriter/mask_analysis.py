@@ -82,6 +82,10 @@ def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
         if isinstance(term, Le) and _is_causal(term, causal_offset):
             causal = True
             continue
+        if isinstance(term, Le) and _is_causal(term, -term.const):
+            raise Unprovable(f"the mask's causal window is offset by {-term.const} (key <= query + "
+                             f"{-term.const}), the op's is_causal here by {causal_offset} (the past "
+                             "length its past_key input gives)")
         if isinstance(term, Nonzero) and term.index == (aff_index(0, 4), aff_index(3, 4)):
             if padding not in (None, term.name):
                 raise Unprovable("the mask looks up two different padding inputs")
