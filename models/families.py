@@ -16,6 +16,10 @@ SDPA is decomposed into MatMul/Softmax below opset 23); ``"dynamo23"`` is the sa
 where SDPA becomes one ONNX ``Attention`` node. Every file gets IR version 10 (11 at opset 23).
 Graph inputs: token ids / pixel values / audio features with a dynamic batch (and sequence where
 the model allows it), 0/1 ``attention_mask`` inputs where the family takes one, and one output.
+``ExportSpec(..., cache=True)`` (GPT-2, LLaMA, Qwen2, and the BART and Whisper decoders) is one
+decoding step with a KV cache instead: flat ``past_key_i`` / ``past_value_i`` inputs
+(B, Hkv, past_sequence, D), an ``attention_mask`` of length "past_sequence + sequence", and
+``present_key_i`` / ``present_value_i`` outputs after the first (see ``_build_cached``).
 """
 
 from __future__ import annotations
@@ -209,15 +213,19 @@ def _export_proto(spec: ExportSpec) -> onnx.ModelProto:
 
 
 def _check_runs(spec: ExportSpec, proto: onnx.ModelProto, inputs: dict) -> None:
-    """ONNX Runtime (CPU, no graph optimizations) runs the export on the traced inputs."""
+    """ONNX Runtime (CPU, no graph optimizations) runs the export on the traced inputs (those it
+    kept: the TorchScript exporter drops unused ones, such as a cached Whisper step's
+    encoder_hidden_states)."""
     import onnxruntime as ort
+
+    kept = {i.name for i in proto.graph.input}
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         session = ort.InferenceSession(proto.SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
-        session.run(None, {k: v.numpy() for k, v in inputs.items()})
+        session.run(None, {k: v.numpy() for k, v in inputs.items() if k in kept})
     except Exception as e:  # noqa: BLE001 - onnxruntime's errors have no common base class
         text = " ".join(str(e).split())[:600]
         raise ExportFailure(f"{spec.id}: ONNX Runtime cannot run the exported model: {text}") from e
