@@ -12,9 +12,14 @@ benchmark dependencies, never ``ort_flash``'s.
 
 Exporters: ``"torchscript"`` is ``torch.onnx.export(dynamo=False)`` at opset 17;
 ``"dynamo"`` is ``torch.onnx.export(dynamo=True)`` at opset 18 (the onnxscript translation;
-SDPA is decomposed into MatMul/Softmax below opset 23). Every file gets IR version 10.
+SDPA is decomposed into MatMul/Softmax below opset 23); ``"dynamo23"`` is the same at opset 23,
+where SDPA becomes one ONNX ``Attention`` node. Every file gets IR version 10 (11 at opset 23).
 Graph inputs: token ids / pixel values / audio features with a dynamic batch (and sequence where
 the model allows it), 0/1 ``attention_mask`` inputs where the family takes one, and one output.
+``ExportSpec(..., cache=True)`` (GPT-2, LLaMA, Qwen2, and the BART and Whisper decoders) is one
+decoding step with a KV cache instead: flat ``past_key_i`` / ``past_value_i`` inputs
+(B, Hkv, past_sequence, D), an ``attention_mask`` of length "past_sequence + sequence", and
+``present_key_i`` / ``present_value_i`` outputs after the first (see ``_build_cached``).
 """
 
 from __future__ import annotations
@@ -31,11 +36,14 @@ import warnings
 import onnx
 
 FAMILIES = ("bert", "gpt2", "llama", "qwen2", "vit", "t5", "bart", "whisper")
-EXPORTERS = ("torchscript", "dynamo")
+# Families also exported as one decoding step with a KV cache (ExportSpec.cache).
+CACHE_FAMILIES = ("gpt2", "llama", "qwen2", "bart", "whisper")
+EXPORTERS = ("torchscript", "dynamo", "dynamo23")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 DTYPES = ("float32", "float16")
-OPSETS = {"torchscript": 17, "dynamo": 18}
+OPSETS = {"torchscript": 17, "dynamo": 18, "dynamo23": 23}
 IR_VERSION = 10
+IR_VERSIONS = {"dynamo23": 11}  # opset 23 needs IR version 11
 # Bump a family's revision when its builder changes in a way its config does not show.
 REVISIONS = {"whisper": 2}
 SEED = 0
@@ -66,10 +74,12 @@ CONFIGS: dict[str, dict] = {
 }
 
 
-def attention_layers(family: str) -> int:
+def attention_layers(family: str, cache: bool = False) -> int:
     """Attention subgraphs in the exported model: self-attention per layer, plus cross-attention
-    per decoder layer for encoder-decoder families."""
+    per decoder layer for encoder-decoder families (only the decoder's for a cached step)."""
     c = CONFIGS[family]
+    if cache and family in ("bart", "whisper"):
+        return 2 * c["decoder_layers"]
     if family in ("bert", "llama", "qwen2", "vit"):
         return c["num_hidden_layers"]
     if family == "gpt2":
@@ -85,16 +95,26 @@ class ExportSpec:
     exporter: str = "torchscript"
     attn: str = "eager"
     dtype: str = "float32"
+    # One decoding step with a KV cache: flat past_key_i / past_value_i inputs (B, Hkv, P, D),
+    # present_key_i / present_value_i outputs (B, Hkv, P + S, D); see ``build``.
+    cache: bool = False
 
     def __post_init__(self) -> None:
         for value, allowed in ((self.family, FAMILIES), (self.exporter, EXPORTERS),
                                (self.attn, ATTN_IMPLEMENTATIONS), (self.dtype, DTYPES)):
             if value not in allowed:
                 raise ValueError(f"{value!r} is not one of {allowed}")
+        if self.cache and self.family not in CACHE_FAMILIES:
+            raise ValueError(f"{self.family!r} has no cached export (one of {CACHE_FAMILIES})")
 
     @property
     def id(self) -> str:
-        return f"{self.family}-{self.exporter}-{self.attn}-{'fp32' if self.dtype == 'float32' else 'fp16'}"
+        kv = "-kv" if self.cache else ""
+        return f"{self.family}{kv}-{self.exporter}-{self.attn}-{'fp32' if self.dtype == 'float32' else 'fp16'}"
+
+    @property
+    def layers(self) -> int:
+        return attention_layers(self.family, self.cache)
 
 
 class ExportFailure(RuntimeError):
@@ -110,8 +130,11 @@ def cache_key(spec: ExportSpec) -> str:
     import torch
     import transformers
 
-    recipe = dict(spec=dataclasses.asdict(spec), config=CONFIGS[spec.family],
-                  opset=OPSETS[spec.exporter], ir=IR_VERSION, revision=REVISIONS.get(spec.family, 1),
+    fields = dataclasses.asdict(spec)
+    if not spec.cache:
+        del fields["cache"]  # the uncached specs keep the keys they had before caches existed
+    recipe = dict(spec=fields, config=CONFIGS[spec.family],
+                  opset=OPSETS[spec.exporter], ir=IR_VERSIONS.get(spec.exporter, IR_VERSION), revision=REVISIONS.get(spec.family, 1),
                   seed=SEED, torch=torch.__version__, transformers=transformers.__version__)
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     return f"{spec.id}-{digest}"
@@ -146,6 +169,12 @@ def _export_proto(spec: ExportSpec) -> onnx.ModelProto:
 
     model, inputs, dynamic = build(spec)
     names = list(inputs)
+    outputs = ["output"] + [f"present_{kv}_{i}" for i in range(_cache_layers(spec))
+                            for kv in ("key", "value")]
+    output_axes = {"output": {0: "batch"}}
+    output_axes.update({o: {0: "batch", 2: PAST + " + " + dynamic["input_ids" if "input_ids" in
+                                                                   dynamic else "decoder_input_ids"][1]}
+                        for o in outputs[1:]})
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -154,29 +183,75 @@ def _export_proto(spec: ExportSpec) -> onnx.ModelProto:
                 torch.onnx.export(
                     model, tuple(inputs.values()), buffer, dynamo=False,
                     opset_version=OPSETS["torchscript"], input_names=names,
-                    output_names=["output"], dynamic_axes={**dynamic, "output": {0: "batch"}},
+                    output_names=outputs, dynamic_axes={**dynamic, **output_axes},
                     do_constant_folding=True,
                 )
                 proto = onnx.load_from_string(buffer.getvalue())
             else:
                 program = torch.onnx.export(
-                    model, tuple(inputs.values()), dynamo=True, opset_version=OPSETS["dynamo"],
-                    input_names=names, output_names=["output"],
-                    dynamic_shapes=_dynamic_shapes(names, dynamic), optimize=True, verbose=False,
+                    model, tuple(inputs.values()), dynamo=True, opset_version=OPSETS[spec.exporter],
+                    input_names=names, output_names=outputs,
+                    dynamic_shapes=_dynamic_shapes(names, dynamic, varargs=spec.cache),
+                    optimize=True, verbose=False,
                 )
                 proto = program.model_proto
+                if spec.cache:
+                    _name_total_length(proto, dynamic)
         except Exception as e:  # noqa: BLE001 - every exporter error becomes one clear failure
             raise ExportFailure(f"{spec.id}: {type(e).__name__}: {_summary(e)}") from e
-    proto.ir_version = IR_VERSION
+    proto.ir_version = IR_VERSIONS.get(spec.exporter, IR_VERSION)
     proto.producer_name = f"ort_flash/models/families.py ({spec.id})"
     onnx.helper.set_model_props(proto, {"ort_flash.family": json.dumps(
-        dict(dataclasses.asdict(spec), attention_layers=attention_layers(spec.family)))})
+        dict(dataclasses.asdict(spec), attention_layers=spec.layers))})
     try:
         onnx.checker.check_model(proto, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         text = " ".join(str(e).split())[:600]
         raise ExportFailure(f"{spec.id}: the exporter wrote an invalid model: {text}") from e
+    _check_runs(spec, proto, inputs)
     return proto
+
+
+def _check_runs(spec: ExportSpec, proto: onnx.ModelProto, inputs: dict) -> None:
+    """ONNX Runtime (CPU, no graph optimizations) runs the export on the traced inputs (those it
+    kept: the TorchScript exporter drops unused ones, such as a cached Whisper step's
+    encoder_hidden_states)."""
+    import onnxruntime as ort
+
+    kept = {i.name for i in proto.graph.input}
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(proto.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        session.run(None, {k: v.numpy() for k, v in inputs.items() if k in kept})
+    except Exception as e:  # noqa: BLE001 - onnxruntime's errors have no common base class
+        text = " ".join(str(e).split())[:600]
+        raise ExportFailure(f"{spec.id}: ONNX Runtime cannot run the exported model: {text}") from e
+
+
+def _name_total_length(proto: onnx.ModelProto, dynamic: dict[str, dict[int, str]]) -> None:
+    """Name the cached step's attention-mask length "past_sequence + sequence" in the dynamo
+    export, as the TorchScript export's dynamic_axes name it. torch.export cannot state it (a
+    derived Dim is a function of one dim), so it exports the length as a symbol of its own
+    ("s81"); the model is only defined where it equals past + new (the mask and the
+    concatenated keys are added together), and naming it so is the contract of the input."""
+    renames = {}
+    for value in proto.graph.input:
+        for axis, name in dynamic.get(value.name, {}).items():
+            dim = value.type.tensor_type.shape.dim[axis]
+            if "+" in name and dim.dim_param and dim.dim_param != name:
+                renames[dim.dim_param] = name
+    if not renames:
+        return
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b")
+    for value in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in renames:
+                dim.dim_param = renames[dim.dim_param]
+            elif dim.dim_param and pattern.search(dim.dim_param):
+                dim.dim_param = pattern.sub(lambda m: f"({renames[m.group(1)]})", dim.dim_param)
 
 
 def _summary(error: Exception) -> str:
@@ -192,13 +267,23 @@ def _summary(error: Exception) -> str:
     return text[:700]
 
 
-def _dynamic_shapes(names: list[str], dynamic: dict[str, dict[int, str]]) -> dict:
+def _dynamic_shapes(names: list[str], dynamic: dict[str, dict[int, str]], *,
+                    varargs: bool = False) -> tuple:
+    """torch.export's dims for the TorchScript-style dynamic axes; an axis named "a + b" (the
+    attention mask of a cached step: past + new) is left to export to derive (Dim.AUTO).
+    ``varargs``: the module's forward takes ``*args`` (one argument holding them all)."""
     from torch.export import Dim
 
     dims: dict[str, object] = {}
-    return tuple({a: dims.setdefault(d, Dim(d, min=1, max=1024) if d == "batch" else
-                                     Dim(d, min=2, max=1024))
-                  for a, d in dynamic.get(n, {}).items()} or None for n in names)
+
+    def dim(name: str):
+        if "+" in name:
+            return Dim.AUTO
+        return dims.setdefault(name, Dim(name, min=1, max=1024) if name == "batch" else
+                               Dim(name, min=2, max=1024))
+
+    shapes = tuple({a: dim(d) for a, d in dynamic.get(n, {}).items()} or None for n in names)
+    return (shapes,) if varargs else shapes
 
 
 def build(spec: ExportSpec):
@@ -206,6 +291,8 @@ def build(spec: ExportSpec):
     import torch
     import transformers as tf
 
+    if spec.cache:
+        return _build_cached(spec)
     torch.manual_seed(SEED)
     config_cls, model_cls = {
         "bert": (tf.BertConfig, tf.BertModel), "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel),
@@ -272,10 +359,130 @@ class _Wrapper:
         return Wrapped().eval()
 
 
+PAST = "past_sequence"  # the cache's length P in the dynamic axes ("past_sequence + sequence")
+PAST_LEN = 3  # P of the example inputs the exporters trace with
+
+
+def _cache_layers(spec: ExportSpec) -> int:
+    if not spec.cache:
+        return 0
+    c = CONFIGS[spec.family]
+    return c.get("n_layer") or c.get("num_hidden_layers") or c["decoder_layers"]
+
+
+def _build_cached(spec: ExportSpec):
+    """One decoding step with a KV cache, wrapped so the export has flat tensors:
+
+    - gpt2, llama, qwen2: (input_ids (B, S), attention_mask (B, P + S), past_key_i,
+      past_value_i (B, Hkv, P, D) per layer) -> (logits, present_key_i, present_value_i);
+    - bart, whisper: the decoder alone: (decoder_input_ids (B, S), [whisper:
+      decoder_attention_mask (B, P + S)], encoder_hidden_states (B, E, d), [bart:
+      encoder_attention_mask (B, E)], past self-attention key/value_i (B, H, P, D), past
+      cross-attention key/value_i (B, H, E, D)) -> (last_hidden_state, present self-attention
+      key/value_i). The cross-attention reads its cached K/V (as a decoding step after the
+      first does); they are inputs only, the step does not change them.
+
+    The model gets its cache as a transformers Cache object built from the flat tensors
+    (DynamicCache, EncoderDecoderCache for the decoders) and returns the updated one.
+    """
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(SEED)
+    config_cls, model_cls = {
+        "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel), "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "bart": (tf.BartConfig, tf.BartModel),
+        "whisper": (tf.WhisperConfig, tf.WhisperModel),
+    }[spec.family]
+    config = config_cls(**CONFIGS[spec.family], attn_implementation=spec.attn)
+    dtype = getattr(torch, spec.dtype)
+    net = model_cls(config).eval().to(dtype)
+    layers = _cache_layers(spec)
+    batch, seq, past, enc = 2, 4, PAST_LEN, 6
+    heads = getattr(config, "num_key_value_heads", None) or getattr(
+        config, "n_head", None) or config.decoder_attention_heads
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or config.d_model
+    head_dim = hidden // (getattr(config, "num_attention_heads", None) or getattr(
+        config, "n_head", None) or config.decoder_attention_heads)
+    ids = torch.randint(1, config.vocab_size, (batch, seq))
+    mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    mask[1, -1:] = 0
+    cache = lambda n: torch.randn(batch, heads, n, head_dim, dtype=dtype)  # noqa: E731
+    step = {0: "batch", 1: "sequence"}
+    total = {0: "batch", 1: f"{PAST} + sequence"}
+    past_axes = {0: "batch", 2: PAST}
+    inputs: dict[str, torch.Tensor] = {}
+    dynamic: dict[str, dict[int, str]] = {}
+    if spec.family in ("gpt2", "llama", "qwen2"):
+        inputs.update(input_ids=ids, attention_mask=mask)
+        dynamic.update(input_ids=step, attention_mask=total)
+    else:
+        inputs["decoder_input_ids"] = ids
+        dynamic["decoder_input_ids"] = step
+        if spec.family == "whisper":  # see build(): without it, aten::diff (TorchScript fails)
+            inputs["decoder_attention_mask"] = mask
+            dynamic["decoder_attention_mask"] = total
+        inputs["encoder_hidden_states"] = torch.randn(batch, enc, hidden, dtype=dtype)
+        dynamic["encoder_hidden_states"] = {0: "batch", 1: "encoder_sequence"}
+        if spec.family == "bart":
+            enc_mask = torch.ones(batch, enc, dtype=torch.int64)
+            enc_mask[1, -2:] = 0
+            inputs["encoder_attention_mask"] = enc_mask
+            dynamic["encoder_attention_mask"] = {0: "batch", 1: "encoder_sequence"}
+    for i in range(layers):
+        for kv in ("key", "value"):
+            inputs[f"past_{kv}_{i}"] = cache(past)
+            dynamic[f"past_{kv}_{i}"] = past_axes
+    if spec.family in ("bart", "whisper"):
+        for i in range(layers):
+            for kv in ("key", "value"):
+                inputs[f"past_cross_{kv}_{i}"] = cache(enc)
+                dynamic[f"past_cross_{kv}_{i}"] = {0: "batch", 2: "encoder_sequence"}
+    return _CachedStep(net, tuple(inputs), layers), inputs, dynamic
+
+
+class _CachedStep:
+    """Calls the model (or its decoder) with a Cache built from flat past tensors and returns
+    (output, present_key_0, present_value_0, ...)."""
+
+    def __new__(cls, net, names: tuple[str, ...], layers: int):
+        import torch
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+        decoder = net.config.model_type in ("bart", "whisper")
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = net.get_decoder() if decoder else net
+
+            def forward(self, *args):
+                named = dict(zip(names, args))
+                pasts = [(named.pop(f"past_key_{i}"), named.pop(f"past_value_{i}"))
+                         for i in range(layers)]
+                cache = DynamicCache(pasts)
+                if decoder:
+                    cross = DynamicCache([(named.pop(f"past_cross_key_{i}"),
+                                           named.pop(f"past_cross_value_{i}")) for i in range(layers)])
+                    cache = EncoderDecoderCache(cache, cross)
+                    named = {k.removeprefix("decoder_"): v for k, v in named.items()}
+                out = self.net(**named, cache=cache, use_cache=True, return_dict=True)
+                cache = out.cache.self_attention_cache if decoder else out.cache
+                first = out.last_hidden_state if decoder else out.logits
+                flat = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+                return (first, *flat)
+
+        return Wrapped().eval()
+
+
 def load(spec: ExportSpec) -> onnx.ModelProto:
     return onnx.load(export(spec))
 
 
-def specs() -> list[ExportSpec]:
-    return [ExportSpec(f, e, a, d) for f in FAMILIES for e in EXPORTERS
-            for a in ATTN_IMPLEMENTATIONS for d in DTYPES]
+def specs(*, cache: bool = False) -> list[ExportSpec]:
+    """Every configuration without a cache, or (cache=True) every cached one. The opset-23
+    dynamo export only with ``sdpa`` (which it writes as ONNX Attention; eager attention
+    exports the same MatMul/Softmax graph as at opset 18)."""
+    return [ExportSpec(f, e, a, d, cache=cache) for f in (CACHE_FAMILIES if cache else FAMILIES)
+            for e in EXPORTERS for a in ATTN_IMPLEMENTATIONS for d in DTYPES
+            if e != "dynamo23" or a == "sdpa"]

@@ -51,6 +51,8 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("rewritten", help="the model after rewriting")
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
     parser.add_argument("--seq-len", type=positive_int, default=None, help="size of dynamic sequence dims")
+    parser.add_argument("--past-len", type=positive_int, default=None,
+                        help="size of dynamic dims named like a KV cache's ('past...'; default 12)")
     parser.add_argument("--batch", type=positive_int, default=2, help="size of dynamic batch dims")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     parser.add_argument("--json", metavar="FILE.json", help="also write the result as JSON")
@@ -88,7 +90,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise ModelLoadError(f"--seq-len must be at least 1, not {args.seq_len}")
         result = verify(
             args.original, args.rewritten, providers=PROVIDERS[args.provider],
-            batch=getattr(args, "batch", 2), seq_len=args.seq_len, seed=getattr(args, "seed", None),
+            batch=getattr(args, "batch", 2), seq_len=args.seq_len,
+            past_len=getattr(args, "past_len", None), seed=getattr(args, "seed", None),
         )
     except (ModelLoadError, ModelMismatchError, OSError) as e:
         return _user_error(e)

@@ -6,6 +6,11 @@ the comparison); the rewritten model runs with the ort_flash custom-op library r
 the vocabulary (read from the embedding Gather the input feeds), 0/1 attention masks padded at
 the end of some rows (never a whole row), floats from N(0, 1). Every output element is compared
 in float64, padded positions included: the two models must agree everywhere.
+
+Sizes: axis 0 of every input is the batch, a named dim whose name contains "past" (a KV cache's
+length) is ``past_len``, every other dim is ``seq_len``; the same name gets the same size
+everywhere, and a dim named by an expression of other names ("past_sequence + sequence", the
+attention mask of a cached decoding step) gets its value.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ TOLERANCES = {
     "bfloat16": (5e-2, 5e-2),
 }
 DEFAULT_SEQ_LEN = 37  # odd on purpose: exercises the kernels' partial tiles
+DEFAULT_PAST_LEN = 12  # a KV cache's length; past + seq stays within small position tables
 SMALL_INT_RANGE = 4  # ids for integer inputs that feed no embedding Gather
 
 
@@ -89,6 +95,7 @@ def verify(
     providers: Sequence[str] | None = None,
     batch: int = 2,
     seq_len: int | None = None,
+    past_len: int | None = None,
     seed: int | None = None,
     atol: float | None = None,
     rtol: float | None = None,
@@ -106,7 +113,8 @@ def verify(
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**31))
     original_proto = load_model(original)
-    feeds = make_inputs(original_proto, batch=batch, seq_len=seq_len or DEFAULT_SEQ_LEN, seed=seed)
+    feeds = make_inputs(original_proto, batch=batch, seq_len=seq_len or DEFAULT_SEQ_LEN,
+                        past_len=past_len or DEFAULT_PAST_LEN, seed=seed)
 
     base_opts = ort.SessionOptions()
     base_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -131,16 +139,22 @@ def verify(
     )
 
 
-def make_inputs(model: onnx.ModelProto, *, batch: int, seq_len: int, seed: int) -> dict:
-    """Random feeds for every graph input that is not an initializer."""
+def make_inputs(model: onnx.ModelProto, *, batch: int, seq_len: int, seed: int,
+                past_len: int = DEFAULT_PAST_LEN) -> dict:
+    """Random feeds for every graph input that is not an initializer (sizes: module docstring)."""
     rng = np.random.default_rng(seed)
     initializers = {i.name for i in model.graph.initializer}
     vocab = _embedding_vocab_sizes(model)
+    inputs = [v for v in model.graph.input if v.name in set(v.name for v in model.graph.input)
+              - initializers]
     sizes: dict[str, int] = {}
+    for value in inputs:  # plain names first, so that expressions of them can be evaluated
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param and dim.dim_param.isidentifier():
+                sizes.setdefault(dim.dim_param, batch if axis == 0 else
+                                 past_len if "past" in dim.dim_param else seq_len)
     feeds = {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
+    for value in inputs:
         tensor_type = value.type.tensor_type
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         shape = []
@@ -149,9 +163,36 @@ def make_inputs(model: onnx.ModelProto, *, batch: int, seq_len: int, seed: int) 
                 shape.append(dim.dim_value)
                 continue
             size = batch if axis == 0 else seq_len
-            shape.append(sizes.setdefault(dim.dim_param, size) if dim.dim_param else size)
+            if dim.dim_param:
+                size = sizes.setdefault(dim.dim_param, _dim_expression(dim.dim_param, sizes, size))
+            shape.append(size)
         feeds[value.name] = _random_input(value.name, dtype, shape, vocab.get(value.name), rng)
     return feeds
+
+
+def _dim_expression(text: str, sizes: dict[str, int], default: int) -> int:
+    """The value of a dim named like "past_sequence + sequence" (+, -, * of known names and
+    integers), or ``default`` where the name is not such an expression."""
+    import ast
+
+    def value(node):
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.Name) and node.id in sizes:
+            return sizes[node.id]
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+            a, b = value(node.left), value(node.right)
+            return a + b if isinstance(node.op, ast.Add) else a - b if isinstance(
+                node.op, ast.Sub) else a * b
+        raise ValueError(text)
+
+    try:
+        result = value(ast.parse(text, mode="eval"))
+    except (SyntaxError, ValueError):
+        return default
+    return result if result > 0 else default
 
 
 def _random_input(name, dtype, shape, vocab, rng) -> np.ndarray:

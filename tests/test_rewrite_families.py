@@ -1,14 +1,16 @@
 """Real exporters: every attention of every model family fused, and the same function after.
 
 For each family × exporter × attn_implementation × dtype of ``models/families.py`` (tiny random
-models, exported once into the model cache): every attention Softmax (self and cross) becomes one
-FlashAttention node, the causal self-attentions become ``is_causal`` (no (S × S) mask is left
-except T5's relative position bias), the model stays valid with its interface, and
-``ort_flash.verify`` on the CPU EP agrees with the original within tolerance.
+models, exported once into the model cache), with and without a KV cache: every attention
+Softmax or ONNX Attention node (self and cross) becomes one FlashAttention node, the causal
+self-attentions become ``is_causal`` (no (S × S) mask is left except T5's relative position
+bias), a cached step's Concat(past, new) becomes the op's past/present, the model stays valid
+with its interface, and ``ort_flash.verify`` on the CPU EP agrees with the original within
+tolerance.
 
-One configuration per family × exporter runs by default (the whole file stays within a few
-minutes with a cold cache on 2 cores); the rest are marked ``slow``. A configuration the exporter
-cannot export (recorded by ``models.families``) is skipped with the exporter's message.
+One configuration per family × exporter (× cache) runs by default (the whole file stays within a
+few minutes with a cold cache on 2 cores); the rest are marked ``slow``. A configuration the
+exporter cannot export (recorded by ``models.families``) is skipped with the exporter's message.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ pytest.importorskip("torch", reason="torch builds the model families (test depen
 pytest.importorskip("transformers", reason="transformers builds the model families")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
-from models.families import ExportFailure, ExportSpec, attention_layers, export, specs  # noqa: E402
+from models.families import ExportFailure, ExportSpec, export, specs  # noqa: E402
 from ort_flash.rewriter import rewrite  # noqa: E402
 from ort_flash.verify import verify  # noqa: E402
 
@@ -38,6 +40,17 @@ DEFAULT = {
     ("t5", "torchscript"): ("eager", "float32"), ("t5", "dynamo"): ("sdpa", "float32"),
     ("bart", "torchscript"): ("eager", "float32"), ("bart", "dynamo"): ("sdpa", "float32"),
     ("whisper", "torchscript"): ("sdpa", "float32"), ("whisper", "dynamo"): ("eager", "float32"),
+    # opset 23: SDPA exported as ONNX Attention
+    ("gpt2", "dynamo23"): ("sdpa", "float32"), ("t5", "dynamo23"): ("sdpa", "float32"),
+}
+# The same for the decoding steps with a KV cache (ExportSpec.cache).
+DEFAULT_CACHED = {
+    ("gpt2", "torchscript"): ("eager", "float32"), ("gpt2", "dynamo"): ("sdpa", "float16"),
+    ("llama", "torchscript"): ("sdpa", "float16"), ("llama", "dynamo"): ("eager", "float32"),
+    ("qwen2", "torchscript"): ("eager", "float32"), ("qwen2", "dynamo"): ("sdpa", "float32"),
+    ("bart", "torchscript"): ("sdpa", "float32"), ("bart", "dynamo"): ("eager", "float16"),
+    ("whisper", "torchscript"): ("eager", "float16"), ("whisper", "dynamo"): ("sdpa", "float32"),
+    ("llama", "dynamo23"): ("sdpa", "float16"), ("whisper", "dynamo23"): ("sdpa", "float32"),
 }
 # Causal self-attention layers per family (decoder self-attention).
 CAUSAL = {"bert": 0, "vit": 0, "gpt2": 2, "llama": 2, "qwen2": 2, "t5": 1, "bart": 1, "whisper": 1}
@@ -45,9 +58,14 @@ GQA = {"llama": 2, "qwen2": 2}  # kv heads after repeat_kv is absorbed
 
 
 def _params():
-    for spec in specs():
-        default = DEFAULT[(spec.family, spec.exporter)] == (spec.attn, spec.dtype)
-        yield pytest.param(spec, id=spec.id, marks=() if default else pytest.mark.slow)
+    for spec in specs() + specs(cache=True):
+        default = (DEFAULT_CACHED if spec.cache else DEFAULT).get((spec.family, spec.exporter))
+        yield pytest.param(spec, id=spec.id,
+                           marks=() if default == (spec.attn, spec.dtype) else pytest.mark.slow)
+
+
+def _attention_nodes(model: onnx.ModelProto) -> int:
+    return sum(n.op_type in ("Softmax", "Attention") for n in model.graph.node)
 
 
 @pytest.fixture(scope="module")
@@ -71,20 +89,29 @@ def rewritten():
 @pytest.mark.parametrize("spec", list(_params()))
 def test_every_attention_fused(spec, rewritten):
     model, result = rewritten(spec)
-    layers = attention_layers(spec.family)
+    layers = spec.layers
     report = result.report
-    assert sum(n.op_type == "Softmax" for n in model.graph.node) == layers
+    assert _attention_nodes(model) == layers
     assert report.total_fused == layers, report.format_table()
     assert report.unfused == [], report.format_table()
     ops = collections.Counter(n.op_type for n in result.model.graph.node)
-    assert ops["FlashAttention"] == layers and ops["Softmax"] == 0
+    assert ops["FlashAttention"] == layers and ops["Softmax"] == ops["Attention"] == 0
     assert sum(f.causal for f in report.fused) == CAUSAL[spec.family], report.format_table()
+    # with a cache, every self-attention (the causal ones) reads past_key/past_value
+    assert sum(f.cache == "past/present" for f in report.fused) == (
+        CAUSAL[spec.family] if spec.cache else 0), report.format_table()
+    # ... and its present_key/present_value outputs are the graph's present outputs
+    presents = {o for n in result.model.graph.node if n.op_type == "FlashAttention"
+                for o in n.output[1:3]}
+    assert sum(o.name in presents for o in result.model.graph.output) == (
+        2 * CAUSAL[spec.family] if spec.cache else 0)
     for f in report.fused:
         # a causal or padding mask never stays (B, 1, S, S); T5's position bias is a real bias
-        assert f.mask in ("none", "additive (B,1,1,Skv)") or f.mask.startswith(
+        assert f.mask in ("none", "additive (B,1,1,Skv)", "bool (B,1,1,Skv)") or f.mask.startswith(
             "additive bias") and spec.family == "t5", f
         assert f.kv_heads == GQA.get(spec.family, f.heads), f
-        if spec.family not in ("llama", "qwen2"):  # RoPE keeps Q/K in BNSH
+        # RoPE keeps LLaMA's Q/K in BNSH; a cached step's K/V are BNSH caches
+        if spec.family not in ("llama", "qwen2") and not spec.cache:
             assert f.layout == "BSD", f
 
 
@@ -94,12 +121,12 @@ def test_valid_and_same_function(spec, rewritten):
     onnx.checker.check_model(result.model, full_check=True)
     assert [i.name for i in result.model.graph.input] == [i.name for i in model.graph.input]
     assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
-    assert result.model.ir_version == model.ir_version <= 10
+    assert result.model.ir_version == model.ir_version <= 11
     check = verify(model, result.model, seed=0)
     assert check.passed, check.format_table()
 
 
-@pytest.mark.parametrize("spec", [s for s in specs() if s.exporter == "torchscript"
+@pytest.mark.parametrize("spec", [s for s in specs() + specs(cache=True) if s.exporter == "torchscript"
                                   and s.dtype == "float32" and s.attn == "eager"
                                   and s.family in ("bert", "gpt2", "llama", "whisper")], ids=lambda s: s.id)
 def test_default_rewrite_fuses_too(spec):
@@ -110,7 +137,7 @@ def test_default_rewrite_fuses_too(spec):
     except ExportFailure as e:
         pytest.skip(f"the exporter cannot export this configuration: {e}")
     result = rewrite(model)
-    assert result.report.total_fused == attention_layers(spec.family), result.report.format_table()
+    assert result.report.total_fused == spec.layers, result.report.format_table()
     assert result.report.unfused == []
     assert verify(model, result.model, seed=1).passed
 
@@ -121,6 +148,23 @@ def test_default_rewrite_fuses_too(spec):
                                   and s.family in ("bert", "gpt2", "llama", "whisper")], ids=lambda s: s.id)
 def test_rewritten_family_on_cuda(spec):
     """The fp16 exports, rewritten, in a CUDA session against the original on CUDA."""
+    _check_on_cuda(spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [s for s in specs(cache=True) + specs() if s.dtype == "float16"
+                                  and (s.cache or s.exporter == "dynamo23")
+                                  and (s.exporter, s.attn) in (("torchscript", "eager"),
+                                                               ("dynamo", "sdpa"),
+                                                               ("dynamo23", "sdpa"))],
+                         ids=lambda s: s.id)
+def test_rewritten_cached_and_attention_exports_on_cuda(spec):
+    """The fp16 KV-cache steps (past/present on the op) and opset-23 ONNX Attention exports,
+    rewritten, in a CUDA session against the original on CUDA."""
+    _check_on_cuda(spec)
+
+
+def _check_on_cuda(spec: ExportSpec) -> None:
     try:
         model = onnx.load(export(spec))
     except ExportFailure as e:

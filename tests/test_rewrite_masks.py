@@ -147,7 +147,7 @@ MAPPED = [
 ]
 # id, mask builder, reason substring
 KEPT = [
-    ("shifted_diagonal", mask_shifted, "neither causal nor key padding"),
+    ("shifted_diagonal", mask_shifted, "causal window is offset by 1"),
     ("sliding_window", mask_window, "neither causal nor key padding"),
     ("mask_value_too_small", mask_small_value, "not a mask value"),
     ("query_axis_padding", mask_query_padding, "neither causal nor key padding"),

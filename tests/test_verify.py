@@ -74,6 +74,23 @@ def test_inputs_are_seeded_and_respect_static_dims():
     assert a["other"].shape == (5,) and a["other"].dtype == np.int32
 
 
+def test_cache_inputs_get_the_past_length_and_masks_the_total():
+    """A KV-cache step: past dims get past_len, a dim named "past + sequence" their sum."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["past_key_0"], ["y"])], "g",
+        [helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                       ["batch", "past_sequence + sequence"]),
+         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+         helper.make_tensor_value_info("past_key_0", TensorProto.FLOAT, ["batch", 2, "past_sequence", 4]),
+         helper.make_tensor_value_info("odd", TensorProto.FLOAT, ["batch", "floor(n/2)"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, "past_sequence", 4])])
+    feeds = make_inputs(helper.make_model(graph), batch=3, seq_len=7, past_len=5, seed=0)
+    assert feeds["past_key_0"].shape == (3, 2, 5, 4)
+    assert feeds["input_ids"].shape == (3, 7)
+    assert feeds["attention_mask"].shape == (3, 12) and feeds["attention_mask"][0].all()
+    assert feeds["odd"].shape == (3, 7)  # not an expression of known names: the sequence length
+
+
 # Judging.
 
 

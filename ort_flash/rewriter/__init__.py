@@ -12,7 +12,8 @@ Two stages, each a set of onnxscript pattern rules (pattern / check / rewrite, o
    com.microsoft.MultiHeadAttention). The node first takes the mask exactly as the model
    computed it, in the BNSH layout.
 2. Refinements prove cheaper forms of each new node: ``repeat_kv`` (K/V keep their Hkv heads),
-   ``causal_mask`` (a materialized causal / padding mask becomes is_causal and a (B, 1, 1, S)
+   ``kv_cache`` (a KV cache's Concat(past, new) becomes the op's past_key / past_value inputs
+   and present_key / present_value outputs), ``causal_mask`` (a materialized causal / padding mask becomes is_causal and a (B, 1, 1, S)
    mask, proven by ``mask_analysis``), ``layout_3d`` (the head split/merge Transposes become the
    op's 3-D layout).
 
@@ -35,7 +36,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_flash.rewriter import (
-    causal_mask, flash_op, layout_3d, matmul_softmax_attention, ms_multihead_attention,
+    causal_mask, flash_op, kv_cache, layout_3d, matmul_softmax_attention, ms_multihead_attention,
     onnx_attention, repeat_kv, sdpa_attention,
 )
 from ort_flash.rewriter.diagnose import structural_reason
@@ -53,7 +54,7 @@ __all__ = [
 FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihead_attention)
 # Refinements, applied in this order to every FlashAttention node: each proves a cheaper form
 # (fewer K/V heads, is_causal instead of a materialized mask, no transposes) of the same function.
-REFINEMENTS = (repeat_kv, causal_mask, layout_3d)
+REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d)
 
 
 @dataclasses.dataclass
@@ -134,6 +135,9 @@ def _report(model: ir.Model, fusions: list, refinements: list) -> RewriteReport:
             report.counts[fused.rule] += 1
             report.fused.append(fused)
     by_node = {f.fused_node: f for f in report.fused}
+    done = {}  # family -> nodes it refined (by any of its variants)
+    for inst in refinements:
+        done.setdefault(inst.family, set()).update(name for name, _ in inst.applied)
     for inst in refinements:
         for node_name, changes in inst.applied:
             report.counts[inst.family] += 1
@@ -141,9 +145,9 @@ def _report(model: ir.Model, fusions: list, refinements: list) -> RewriteReport:
             for key, value in changes.items():
                 setattr(entry, key, value)
             entry.refined_by.append(inst.family)
-        done = {name for name, _ in inst.applied}
         for node_name, reason in inst.declined.items():
-            if node_name in by_node and node_name not in done and _worth_reporting(inst.family, reason):
+            if (node_name in by_node and node_name not in done[inst.family]
+                    and _worth_reporting(inst.family, reason)):
                 report.declined.setdefault(node_name, {})[inst.family] = reason
     for i, node in enumerate(n for n in _all_nodes(model) if n.op_type == "Softmax"):
         reasons = [inst.failures[node] for inst in fusions if node in inst.failures]

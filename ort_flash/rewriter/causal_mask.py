@@ -7,12 +7,18 @@
 #       as Where(visible, 0, c) with c <= -1e4 or -inf (additive), or visible itself (bool);
 #       or Add(A, M) where only M has that form (T5: A is the relative position bias), or
 #       Where(visible, A, c) (T5's SDPA path: the bias where visible, c elsewhere)
-#   Y = ort_flash.FlashAttention(Q, K, V, M, is_causal = 0)      [no past, no nonpad_kv_seqlen]
+#   Y = ort_flash.FlashAttention(Q, K, V, M[, past_k, past_v], is_causal = 0)
+#                                                          [no nonpad_kv_seqlen]
 #
 # becomes
 #
 #   P = Where(Unsqueeze(m != 0, [1, 2]), 0, c) (B, 1, 1, Skv)   [additive; bool: the Unsqueeze]
-#   Y = ort_flash.FlashAttention(Q, K, V[, P][ + A], is_causal = (j <= i) in M)
+#   Y = ort_flash.FlashAttention(Q, K, V[, P][ + A][, past_k, past_v],
+#                                is_causal = (j <= i + offset) in M)
+#
+# The causal term must have the op's offset: 0 without a past, the past length (past_k's axis 2)
+# with one (query i of a cached step is position past + i: bottom-right). Skv counts the past
+# keys too (P + S), and so must the padding input. The node's present outputs (kv_cache) stay.
 #
 # Equality: a key the mask hides has weight exp(c - max) = 0 in both; the kept keys get the same
 # scores. A query row with no visible key at all (only possible when the causal window of a
@@ -42,24 +48,27 @@ NOTE = ("causal + key padding with a finite mask value: equal except at query ro
 class CausalMask(Refinement):
     family = FAMILY
 
-    def __init__(self, *, exact_masked_rows: bool = False) -> None:
-        super().__init__()
+    has_present_variant = True
+
+    def __init__(self, *, exact_masked_rows: bool = False, present: bool = False) -> None:
+        super().__init__(present=present)
         self.exact_masked_rows = exact_masked_rows
 
     def pattern(self, op, q, k, v, mask):
-        return flash_pattern(op, q, k, v, mask)
+        return flash_pattern(op, q, k, v, mask, present=self.present)
 
     def analyze(self, context, node, q, k, v, mask, **_):
         if attr(node, "is_causal", 0):
             fail("the node is already causal")
-        if len(node.inputs) > 4 and any(i is not None for i in node.inputs[4:]):
-            fail("the node has a past or nonpad_kv_seqlen input")
-        scores = _scores_dims(node, q, v)
+        if len(node.inputs) > 6 and node.inputs[6] is not None:
+            fail("the node has a nonpad_kv_seqlen input")
+        past = node.inputs[4] if len(node.inputs) > 4 else None
+        scores, offset = _scores_dims(node, q, v, past)
         inputs = {v.name for v in context.graph_or_function.inputs}
         bias, form, term, why = None, None, mask, ""
         for bias_c, term_c, hidden in _candidates(mask):
             try:
-                form = analyze_mask(term_c, scores, inputs)
+                form = analyze_mask(term_c, scores, inputs, causal_offset=offset)
             except Unprovable as e:
                 why = why or str(e)
                 continue
@@ -132,22 +141,26 @@ class CausalMask(Refinement):
 
 
 def rules(*, exact_masked_rows: bool = False) -> list[CausalMask]:
-    return [CausalMask(exact_masked_rows=exact_masked_rows)]
+    return [CausalMask(exact_masked_rows=exact_masked_rows, present=p) for p in (False, True)]
 
 
-def _scores_dims(node: ir.Node, q: ir.Value, v: ir.Value) -> tuple:
-    """(B, Hq, Sq, Skv), Skv read from V (K may be a Transpose the fusion just made)."""
+def _scores_dims(node: ir.Node, q: ir.Value, v: ir.Value, past: ir.Value | None) -> tuple:
+    """((B, Hq, Sq, Skv), causal offset): Skv read from V (K may be a Transpose the fusion just
+    made) plus the past length P, which is also the offset of is_causal (0 without a past)."""
     try:
         qd, kd = value_dims(q), value_dims(v)
+        p = sp.Integer(0) if past is None else value_dims(past)[2]
     except Unprovable as e:
         fail(str(e))
+    except IndexError:
+        fail("past_key is not 4-D")
     if len(qd) == 4 and len(kd) == 4:
-        return (qd[0], qd[1], qd[2], kd[2])
+        return (qd[0], qd[1], qd[2], p + kd[2]), p
     if len(qd) == 3 and len(kd) == 3:
         heads = attr(node, "q_num_heads")
         if heads is None:
             fail("3-D Q without q_num_heads")
-        return (qd[0], sp.Integer(int(heads)), qd[1], kd[1])
+        return (qd[0], sp.Integer(int(heads)), qd[1], p + kd[1]), p
     fail(f"Q and K have ranks {len(qd)} and {len(kd)}")
 
 

@@ -50,9 +50,11 @@ class MaskForm:
     masked_value: float  # the additive value of hidden keys (-inf for bool)
 
 
-def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str]) -> MaskForm:
+def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
+                 causal_offset=0) -> MaskForm:
     """The causal / key-padding form of ``mask`` as it broadcasts to ``scores_dims``
-    (B, H, Sq, Skv as sympy exprs), or Unprovable."""
+    (B, H, Sq, Skv as sympy exprs), or Unprovable. Causal means key j visible to query i iff
+    j <= i + ``causal_offset`` (a sympy expr: the past length of a cached step)."""
     av = Evaluator(graph_inputs)(mask)
     if len(av.dims) > 4:
         raise Unprovable(f"mask rank {len(av.dims)}")
@@ -77,9 +79,13 @@ def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str]) -> 
     for term in _conjuncts(pred):
         if isinstance(term, Le) and _always_true(term):
             continue
-        if isinstance(term, Le) and _is_causal(term):
+        if isinstance(term, Le) and _is_causal(term, causal_offset):
             causal = True
             continue
+        if isinstance(term, Le) and _is_causal(term, -term.const):
+            raise Unprovable(f"the mask's causal window is offset by {-term.const} (key <= query + "
+                             f"{-term.const}), the op's is_causal here by {causal_offset} (the past "
+                             "length its past_key input gives)")
         if isinstance(term, Nonzero) and term.index == (aff_index(0, 4), aff_index(3, 4)):
             if padding not in (None, term.name):
                 raise Unprovable("the mask looks up two different padding inputs")
@@ -108,12 +114,13 @@ def _always_true(le: Le) -> bool:
     return all(sp.ask(sp.Q.nonpositive(c)) for c in (*le.coefs, le.const))
 
 
-def _is_causal(le: Le) -> bool:
-    """x3 - x2 <= 0: key j visible to query i iff j <= i, FlashAttention's is_causal without a
-    past (its offset is the past length; with Sq = Skv this is also bottom-right)."""
+def _is_causal(le: Le, offset) -> bool:
+    """x3 - x2 - offset <= 0: key j visible to query i iff j <= i + offset, FlashAttention's
+    is_causal (offset 0 without a past: top-left, which with Sq = Skv is also bottom-right;
+    the past length P with one: bottom-right, as a cached decoding step's mask is)."""
     c = le.coefs
     return (equal(c[0], 0) and equal(c[1], 0) and equal(c[2], -1) and equal(c[3], 1)
-            and equal(le.const, 0))
+            and equal(le.const, -sp.sympify(offset)))
 
 
 def _text(term) -> str:

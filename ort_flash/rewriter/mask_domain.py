@@ -127,14 +127,19 @@ def sym(dim) -> Any:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_dim(text: str) -> Any:
-    names = set(re.findall(r"[A-Za-z_][A-Za-z_0-9.]*", text))
+    """Names are positive integers; ``floor`` (of a quotient, as symbolic shape inference
+    writes a Reshape's -1: "floor(64*batch*(p + s)/(32*p + 32*s))") is simplified inside."""
+    names = set(re.findall(r"[A-Za-z_][A-Za-z_0-9.]*", text)) - {"floor"}
     symbols = {n: sp.Symbol(n, integer=True, positive=True) for n in names}
-    if not names or not re.fullmatch(r"[A-Za-z_0-9.*+\- ()]+", text):
+    if not names or not re.fullmatch(r"[A-Za-z_0-9.*+\-/ ()]+", text):
+        return sp.Symbol(text, integer=True, positive=True)
+    if "/" in text and "floor(" not in text:  # a bare quotient: not an integer dim we can read
         return sp.Symbol(text, integer=True, positive=True)
     try:
-        return sp.sympify(text, locals=symbols)
+        expr = sp.sympify(text, locals={**symbols, "floor": sp.floor})
     except (sp.SympifyError, SyntaxError, TypeError):
         return sp.Symbol(text, integer=True, positive=True)
+    return expr.replace(sp.floor, lambda arg: sp.floor(sp.cancel(arg)))
 
 
 def value_dims(value: ir.Value) -> tuple:

@@ -21,6 +21,7 @@ class FusedSubgraph:
     kv_heads: int | str = "?"  # Hkv as the op sees it (fewer than heads after repeat_kv)
     layout: str = "BNSH"  # "BNSH" (4-D inputs) or "BSD" (3-D inputs with head attributes)
     refined_by: list[str] = dataclasses.field(default_factory=list)  # later rules applied to it
+    cache: str = ""  # "past/present" where a KV cache's Concat became the op's past/present
     note: str = ""  # where the fused node is not equal bit for bit, what differs
 
 
@@ -75,7 +76,8 @@ class RewriteReport:
         if self.fused:
             rows = [
                 (f.fused_node, f.rule, f"{f.heads}/{f.kv_heads}", str(f.head_dim),
-                 "yes" if f.causal else "no", f.mask, f.layout, f"{f.scale:.6g}", str(len(f.nodes)))
+                 "yes" if f.causal else "no", f.mask, f.layout + (" +cache" if f.cache else ""),
+                 f"{f.scale:.6g}", str(len(f.nodes)))
                 for f in self.fused
             ]
             header = ("node", "rule", "heads q/kv", "head_dim", "causal", "mask", "layout",
