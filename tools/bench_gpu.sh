@@ -10,7 +10,8 @@
 #   bash tools/bench_gpu.sh --suite op               # the full op grid (~5 min)
 #   BENCH_DEADLINE_S=560 bash tools/bench_gpu.sh --suite all --e2e-layers 4
 # BENCH_DEADLINE_S (default 540) is counted from the start of this script, build included.
-# Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers).
+# Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers),
+# optionally .aotcache (tools/stage_aot_cache.sh: compiled cubins, skips the Triton compile).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -21,6 +22,10 @@ if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxrunt
 fi
 export PYTHONPATH=/tmp/ortsite
 export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
+if [ -f .aotcache/aot90.tgz ]; then  # compiled cubins from tools/stage_aot_cache.sh
+  mkdir -p /tmp/ort_flash_cache/aot && tar xzf .aotcache/aot90.tgz -C /tmp/ort_flash_cache/aot
+  export ORT_FLASH_CACHE_DIR=/tmp/ort_flash_cache
+fi
 export ORT_FLASH_BENCH_COMMIT=${ORT_FLASH_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }

@@ -3,7 +3,8 @@
 # the machine's Python, run the GPU test suite, `ort-flash demo` and the given extra commands.
 # Logs land in $OUT. Run from the repository root on the device machine:
 #   bash tools/gpu_session.sh [extra command ...]
-# Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers).
+# Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers),
+# optionally .aotcache (tools/stage_aot_cache.sh: compiled cubins, skips the Triton compile).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -15,6 +16,10 @@ if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxrunt
 fi
 export PYTHONPATH=/tmp/ortsite
 export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
+if [ -f .aotcache/aot90.tgz ]; then  # compiled cubins from tools/stage_aot_cache.sh
+  mkdir -p /tmp/ort_flash_cache/aot && tar xzf .aotcache/aot90.tgz -C /tmp/ort_flash_cache/aot
+  export ORT_FLASH_CACHE_DIR=/tmp/ort_flash_cache
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 log "build"
 t0=$(date +%s)
