@@ -152,6 +152,11 @@ def export(spec: ExportSpec, *, refresh: bool = False) -> pathlib.Path:
         return path
     if not refresh and failed.exists():
         raise ExportFailure(failed.read_text(encoding="utf-8").strip())
+    prebuilt = _prebuilt(spec)
+    if not refresh and prebuilt is not None:
+        if prebuilt.suffix == ".failed":
+            raise ExportFailure(prebuilt.read_text(encoding="utf-8").strip())
+        return prebuilt
     folder.mkdir(parents=True, exist_ok=True)
     try:
         proto = _export_proto(spec)
@@ -162,6 +167,18 @@ def export(spec: ExportSpec, *, refresh: bool = False) -> pathlib.Path:
     onnx.save_model(proto, tmp)
     os.replace(tmp, path)
     return path
+
+
+def _prebuilt(spec: ExportSpec) -> pathlib.Path | None:
+    """An export of ``spec`` made elsewhere (another torch / transformers), from the folder named
+    by ``$ORT_FLASH_MODEL_PREBUILT``: lets a GPU machine verify exactly the files CI exported
+    (the newest one if several). None when unset or absent."""
+    folder = os.environ.get("ORT_FLASH_MODEL_PREBUILT")
+    if not folder or not pathlib.Path(folder).is_dir():
+        return None
+    pattern = re.compile(rf"{re.escape(spec.id)}-[0-9a-f]{{12}}\.(onnx|failed)")
+    found = [p for p in pathlib.Path(folder).iterdir() if pattern.fullmatch(p.name)]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def _export_proto(spec: ExportSpec) -> onnx.ModelProto:

@@ -11,7 +11,7 @@
 #   BENCH_DEADLINE_S=560 bash tools/bench_gpu.sh --suite all --e2e-layers 4
 # BENCH_DEADLINE_S (default 540) is counted from the start of this script, build included.
 # Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers),
-# optionally .aotcache (tools/stage_aot_cache.sh: compiled cubins, skips the Triton compile).
+# optionally .gpucache (tools/stage_gpu_cache.sh: compiled cubins and model exports).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -22,9 +22,13 @@ if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxrunt
 fi
 export PYTHONPATH=/tmp/ortsite
 export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
-if [ -f .aotcache/aot90.tgz ]; then  # compiled cubins from tools/stage_aot_cache.sh
-  mkdir -p /tmp/ort_flash_cache/aot && tar xzf .aotcache/aot90.tgz -C /tmp/ort_flash_cache/aot
+if [ -f .gpucache/aot90.tgz ]; then  # compiled cubins (tools/stage_gpu_cache.sh)
+  mkdir -p /tmp/ort_flash_cache/aot && tar xzf .gpucache/aot90.tgz -C /tmp/ort_flash_cache/aot
   export ORT_FLASH_CACHE_DIR=/tmp/ort_flash_cache
+fi
+if [ -f .gpucache/models-fp16.tgz ]; then  # the model exports CI made (tools/stage_gpu_cache.sh)
+  mkdir -p /tmp/ort_flash_prebuilt && tar xzf .gpucache/models-fp16.tgz -C /tmp/ort_flash_prebuilt
+  export ORT_FLASH_MODEL_PREBUILT=/tmp/ort_flash_prebuilt
 fi
 export ORT_FLASH_BENCH_COMMIT=${ORT_FLASH_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
