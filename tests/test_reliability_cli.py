@@ -78,6 +78,7 @@ BAD_FILES = {
     "gzipped_model": "gzip",
     "tensor_proto": onnx.numpy_helper.from_array(np.ones(3, np.float32), "t").SerializeToString(),
     "external_data_missing": "external",
+    "invalid_graph": "invalid",  # parses, but a node reads a tensor nothing produces
     "directory": "dir",
     "missing": "missing",
 }
@@ -97,6 +98,11 @@ def make_bad_file(name: str, folder: Path) -> Path:
         content = gzip.compress(demo)
     if content == "external":
         return _external_data_missing(path.parent)
+    if content == "invalid":
+        graph = helper.make_graph([helper.make_node("Softmax", ["nowhere"], ["y"], axis=-1)], "g",
+                                  [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])])
+        content = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString()
     if content == "dir":
         path.mkdir()
     elif content != "missing":
