@@ -115,6 +115,12 @@ CANDIDATES = [dict(BLOCK_M=128, BLOCK_N=n, num_warps=w, num_stages=st, WS=ws)
               for n, w, st, ws in itertools.product((64, 128), (4, 8), (2, 3), (False, True))]
 
 
+def save(path, results) -> None:
+    meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
+                date=datetime.date.today().isoformat())
+    Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", default="8192")
@@ -154,9 +160,7 @@ def main(argv=None) -> int:
                   + "; ".join(f"{r['kernel']} {r['tflops']:.0f} (err {r['max_err']:.1e}) {r['tile']}"
                               for r in rows[:3]), flush=True)
             results.append(dict(head_dim=d, seq=s, batch=b, heads=h, causal=causal, rows=rows))
-    meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
-                date=datetime.date.today().isoformat())
-    Path(args.out).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+            save(args.out, results)  # after each shape: a timeout keeps what was measured
     return 0
 
 

@@ -75,6 +75,12 @@ def run(q, k, v, y, lse, opart, lpart, splits, cfg):
     return kern
 
 
+def save(path, results) -> None:
+    meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
+                date=datetime.date.today().isoformat())
+    Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1x4096,1x32768,8x131072,32x32768", help="BxCACHE list")
@@ -109,9 +115,7 @@ def main(argv=None) -> int:
         print(f"B{b} cache {skv}: best {timed[0]['tbps']:.2f} TB/s {timed[0]}; "
               f"runner-up {timed[1]['tbps']:.2f} {timed[1]}", flush=True)
         results.append(dict(batch=b, cache=skv, hq=hq, hkv=hkv, d=d, all=timed))
-    meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
-                date=datetime.date.today().isoformat())
-    Path(args.out).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+        save(args.out, results)  # after each shape: a timeout keeps what was measured
     return 0
 
 
