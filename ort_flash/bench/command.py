@@ -68,6 +68,11 @@ def suite_budget(args, suite: str, device: str, share: float = 1.0) -> float | N
 
 def run_command(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    if device == "cpu" and "torch" not in sys.modules:
+        # Peers take turns on the same cores: torch's OpenMP workers must not keep spinning
+        # after their call returns, or the next peer (ours, in the round-robin) runs on busy
+        # cores. Only where the user has not chosen a policy; torch reads it when first imported.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     suites = SUITES_BY_DEVICE[device] if args.suite == "all" else (args.suite,)
     if len(suites) == 1 or args.in_process:
         status = 0
