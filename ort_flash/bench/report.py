@@ -17,12 +17,14 @@ from ort_flash.bench.tables import fmt, markdown_table
 GPU_COMMANDS = """\
 # GPU machine, one call of <= 10 min, from the repository root, carrying .ortgpu0-4 and .orth as
 # for tools/gpu_session.sh; results, logs and the report land in $OUT:
+bash tools/gpu_release.sh bench              # this page's op (fp16 + bf16, quick) and e2e (4 layers) runs
+bash tools/gpu_release.sh tests              # build, GPU tests, demo and this page's decode run (quick)
 bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min
 bash tools/bench_gpu.sh --suite op           # the full op grid (Hopper issue), ~5 min
 bash tools/bench_gpu.sh --suite decode       # the full decode grid (decode issue), ~2 min
 # by hand: PYTHONPATH=/tmp/ortsite python3 -m ort_flash.cli bench --suite all --device cuda --out bench-gpu.json
 # this page, from the CPU run kept in the repository and a GPU run:
-python -m ort_flash.bench.report docs/performance/bench-cpu.json docs/performance/bench-gpu.json -o docs/PERFORMANCE.md"""
+python -m ort_flash.bench.report docs/performance/bench-cpu.json docs/performance/bench-gpu-*.json -o docs/PERFORMANCE.md"""
 CPU_COMMANDS = """\
 ort-flash bench --suite cpu --out docs/performance/bench-cpu.json   # 2-core machine, ~15 min"""
 METHOD = """\
