@@ -12,6 +12,10 @@
 #   Y = ort_flash.FlashAttention(xq, xk, xv, ..., q_num_heads = Hq, kv_num_heads = Hkv)
 #   T = Reshape(Y, [0, 0, Hq, Dv])                                     (a view, no copy)
 #
+# A KV-cache node (kv_cache: past_key/past_value in, present_key/present_value out) takes the
+# same rewrite: ONNX Attention keeps past and present 4-D (B, Hkv, S, D) whatever the layout of
+# K and V, and present = past ++ (K split to heads), so only the new K/V change form.
+#
 # The op's 3-D form is defined as exactly this split (reshape to (B, S, H, D), heads to axis 1)
 # and its 3-D output as the merge (B, Sq, Hq, Dv) -> (B, Sq, Hq·Dv), so T is Y viewed with the
 # heads split again; whatever reshaped T (to (B, Sq, Hq·Dv) or (B·Sq, Hq·Dv)) reads the same
@@ -32,19 +36,23 @@ _HEADS_TO_AXIS1 = [0, 2, 1, 3]
 
 class Layout3d(Refinement):
     family = FAMILY
+    has_present_variant = True
 
-    def __init__(self, *, same_shape_reshape: bool) -> None:
-        super().__init__("reshape" if same_shape_reshape else "")
+    def __init__(self, *, same_shape_reshape: bool, present: bool = False) -> None:
+        super().__init__("reshape" if same_shape_reshape else "", present=present)
         self.same_shape_reshape = same_shape_reshape
 
     def pattern(self, op, xq, xk, xv, sq, sk, sv, sy):
         q = op.Transpose(op.Reshape(xq, sq, _allow_other_attributes=True), perm=_HEADS_TO_AXIS1)
         k = op.Transpose(op.Reshape(xk, sk, _allow_other_attributes=True), perm=_HEADS_TO_AXIS1)
         v = op.Transpose(op.Reshape(xv, sv, _allow_other_attributes=True), perm=_HEADS_TO_AXIS1)
-        y = flash_pattern(op, q, k, v)
+        y = flash_pattern(op, q, k, v, present=self.present)
+        if self.present:
+            y, present_key, present_value = y
         if self.same_shape_reshape:  # HF's SDPA path reshapes Y to its own shape first
             y = op.Reshape(y, sy, _allow_other_attributes=True)
-        return op.Transpose(y, perm=_HEADS_TO_AXIS1)
+        t = op.Transpose(y, perm=_HEADS_TO_AXIS1)
+        return (t, present_key, present_value) if self.present else t
 
     def analyze(self, context, node, xq, xk, xv, **_):
         try:
@@ -58,8 +66,9 @@ class Layout3d(Refinement):
             fail(f"K has {hk} heads and V {hv}")
         if d != dk:
             fail(f"head dims of Q ({d}) and K ({dk}) differ")
+        out_t = _output_transpose(context, node)
         if self.same_shape_reshape:
-            same = context.root.inputs[0]
+            same = out_t.inputs[0]
             try:
                 before, after = value_dims(same.producer().inputs[0]), value_dims(same)
             except Unprovable as e:
@@ -69,25 +78,41 @@ class Layout3d(Refinement):
         y = node.outputs[0]
         y3 = ir.Value(shape=ir.Shape([_dim(xqd[0]), _dim(xqd[1]), hq * dv]), type=y.type)
         return {"node": node, "hq": hq, "hkv": hk, "dv": dv, "y3": y3,
-                "t": context.root.outputs[0]}
+                "t": out_t.outputs[0]}
 
     def rewrite(self, op, xq, xk, xv, **_):
         plan, self._plan = self._plan, None
         y = self.emit(op, plan["node"], {"Q": xq, "K": xk, "V": xv},
                       {"q_num_heads": plan["hq"], "kv_num_heads": plan["hkv"]},
                       {"layout": "BSD"}, output=plan["y3"])
+        presents = ()
+        if self.present:
+            y, *presents = y
         shape = op.Constant(value=ir.tensor(np.array([0, 0, plan["hq"], plan["dv"]], np.int64)))
         shape.producer().name = plan["node"].name + "_heads"
         t = op.Reshape(y, shape)
         t.producer().name = plan["node"].name + "_split_heads"
         t.shape, t.type = plan["t"].shape, plan["t"].type
-        return t
+        return (t, *presents) if self.present else t
 
 
 def rules() -> list:
     """The Shape rewrite first (so the Transposes have no other uses), then the layout."""
-    return [HeadSplitShape(), Layout3d(same_shape_reshape=True),
-            Layout3d(same_shape_reshape=False)]
+    return [HeadSplitShape()] + [Layout3d(same_shape_reshape=same, present=p)
+                                 for same in (True, False) for p in (False, True)]
+
+
+def _output_transpose(context, node: ir.Node) -> ir.Node:
+    """The matched Transpose that merges Y's heads (after the same-shape Reshape, if any)."""
+    y = node.outputs[0]
+    for n in context.nodes:
+        if n.op_type != "Transpose" or not n.inputs or n.inputs[0] is None:
+            continue
+        src = n.inputs[0]
+        if src is y or (src.producer() is not None and src.producer().op_type == "Reshape"
+                        and src.producer().inputs[0] is y):
+            return n
+    fail("no Transpose of Y in the match")
 
 
 def _split(bnsh: ir.Value, x: ir.Value, name: str) -> tuple[int, int]:
