@@ -306,21 +306,11 @@ def _dynamic_shapes(names: list[str], dynamic: dict[str, dict[int, str]], *,
 def build(spec: ExportSpec):
     """(torch module returning one tensor, example inputs by name, dynamic axes by name)."""
     import torch
-    import transformers as tf
 
     if spec.cache:
         return _build_cached(spec)
-    torch.manual_seed(SEED)
-    config_cls, model_cls = {
-        "bert": (tf.BertConfig, tf.BertModel), "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel),
-        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
-        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "vit": (tf.ViTConfig, tf.ViTModel),
-        "t5": (tf.T5Config, tf.T5Model), "bart": (tf.BartConfig, tf.BartModel),
-        "whisper": (tf.WhisperConfig, tf.WhisperModel),
-    }[spec.family]
-    config = config_cls(**CONFIGS[spec.family], attn_implementation=spec.attn)
+    config, net = _random_model(spec)
     dtype = getattr(torch, spec.dtype)
-    net = model_cls(config).eval().to(dtype)
     batch, seq = 2, 8
     ids = torch.randint(1, config.vocab_size if hasattr(config, "vocab_size") else 2, (batch, seq))
     mask = torch.ones(batch, seq, dtype=torch.int64)
@@ -376,6 +366,24 @@ class _Wrapper:
         return Wrapped().eval()
 
 
+def _random_model(spec: ExportSpec):
+    """(config, model) of ``spec``'s family: the tiny configuration, seeded random weights, in
+    ``spec.dtype``, eval mode."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(SEED)
+    config_cls, model_cls = {
+        "bert": (tf.BertConfig, tf.BertModel), "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel),
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "vit": (tf.ViTConfig, tf.ViTModel),
+        "t5": (tf.T5Config, tf.T5Model), "bart": (tf.BartConfig, tf.BartModel),
+        "whisper": (tf.WhisperConfig, tf.WhisperModel),
+    }[spec.family]
+    config = config_cls(**CONFIGS[spec.family], attn_implementation=spec.attn)
+    return config, model_cls(config).eval().to(getattr(torch, spec.dtype))
+
+
 PAST = "past_sequence"  # the cache's length P in the dynamic axes ("past_sequence + sequence")
 PAST_LEN = 3  # P of the example inputs the exporters trace with
 
@@ -403,17 +411,9 @@ def _build_cached(spec: ExportSpec):
     (DynamicCache, EncoderDecoderCache for the decoders) and returns the updated one.
     """
     import torch
-    import transformers as tf
 
-    torch.manual_seed(SEED)
-    config_cls, model_cls = {
-        "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel), "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
-        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "bart": (tf.BartConfig, tf.BartModel),
-        "whisper": (tf.WhisperConfig, tf.WhisperModel),
-    }[spec.family]
-    config = config_cls(**CONFIGS[spec.family], attn_implementation=spec.attn)
+    config, net = _random_model(spec)
     dtype = getattr(torch, spec.dtype)
-    net = model_cls(config).eval().to(dtype)
     layers = _cache_layers(spec)
     batch, seq, past, enc = 2, 4, PAST_LEN, 6
     heads = getattr(config, "num_key_value_heads", None) or getattr(

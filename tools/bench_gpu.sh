@@ -17,19 +17,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
-if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null; then
-  w=/tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl; cat .ortgpu?/part > $w && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite $w || exit 1
-fi
-export PYTHONPATH=/tmp/ortsite
-export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
-if [ -f .gpucache/aot90.tgz ]; then  # compiled cubins (tools/stage_gpu_cache.sh)
-  mkdir -p /tmp/ort_flash_cache/aot && tar xzf .gpucache/aot90.tgz -C /tmp/ort_flash_cache/aot
-  export ORT_FLASH_CACHE_DIR=/tmp/ort_flash_cache
-fi
-if [ -f .gpucache/models-fp16.tgz ]; then  # the model exports CI made (tools/stage_gpu_cache.sh)
-  mkdir -p /tmp/ort_flash_prebuilt && tar xzf .gpucache/models-fp16.tgz -C /tmp/ort_flash_prebuilt
-  export ORT_FLASH_MODEL_PREBUILT=/tmp/ort_flash_prebuilt
-fi
+. tools/gpu_env.sh
 export ORT_FLASH_BENCH_COMMIT=${ORT_FLASH_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
