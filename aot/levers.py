@@ -19,9 +19,7 @@ Prints TFLOP/s per candidate and writes JSON (GPU, Triton version, date) for doc
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import math
 import sys
 from pathlib import Path
@@ -34,8 +32,9 @@ import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from flash_fwd import flash_fwd  # noqa: E402
-from variants import TileConfig, Variant, get_fwd_config  # noqa: E402
+from tune import launch as launch_shipped  # noqa: E402
+from tune import save  # noqa: E402
+from variants import Variant, get_fwd_config  # noqa: E402
 
 
 @triton.jit
@@ -98,27 +97,8 @@ def run_desc(q, k, v, y, causal, cfg):
         HEAD_DIM=d, CAUSAL=causal, WS=cfg["WS"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
-def run_shipped(q, k, v, y, lse, causal, tile: TileConfig):
-    b, h, s, d = q.shape
-    dummy = torch.empty(1, dtype=torch.int8, device=q.device)
-    seqlens = torch.empty(1, dtype=torch.int64, device=q.device)
-    flash_fwd[(triton.cdiv(s, tile.block_m), b * h)](
-        q, k, v, y, lse, dummy, seqlens, 1.0 / math.sqrt(d), 0.0,
-        h, 1, s, s, d, d, 0, int(causal), -1, -1, s, 0, 1,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
-        MASK_KIND=0, EXTRAS=False, DOT_PRECISION="tf32",
-        num_warps=tile.num_warps, num_stages=tile.num_stages)
-
-
 CANDIDATES = [dict(BLOCK_M=128, BLOCK_N=n, num_warps=w, num_stages=st, WS=ws)
               for n, w, st, ws in itertools.product((64, 128), (4, 8), (2, 3), (False, True))]
-
-
-def save(path, results) -> None:
-    meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
-                date=datetime.date.today().isoformat())
-    Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
 
 
 def main(argv=None) -> int:
@@ -138,7 +118,9 @@ def main(argv=None) -> int:
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
             ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
             tile = get_fwd_config(90, Variant("fp16", d, True, "none", False, "tf32"))
-            ms = triton.testing.do_bench(lambda: run_shipped(q, k, v, y, lse, causal, tile),
+            shipped = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
+                           num_stages=tile.num_stages)
+            ms = triton.testing.do_bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped),
                                          warmup=25, rep=100, return_mode="median")
             rows = [dict(kernel="flash_fwd (shipped)", tile=str(tile), tflops=flops / ms / 1e9,
                          max_err=float((y - ref).abs().max()))]

@@ -47,6 +47,14 @@ def launch(q, k, v, y, lse, causal, cfg):
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
+def save(path, results: list) -> None:
+    """The results as JSON with the GPU, the Triton version and the date (also used by
+    aot/levers.py and aot/tune_decode.py)."""
+    meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
+                date=datetime.date.today().isoformat())
+    Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="fp16")
@@ -79,9 +87,7 @@ def main(argv=None) -> int:
             results.append(dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, causal=causal,
                                 best=best, tflops=best_tflops,
                                 all=[dict(cfg, tflops=t) for t, cfg in timed]))
-    meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
-                date=datetime.date.today().isoformat())
-    Path(args.out).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+    save(args.out, results)
     return 0
 
 

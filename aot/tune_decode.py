@@ -13,9 +13,7 @@ aot/variants.py (get_fwd_config, kind "decode") by hand and record the run in do
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import math
 import sys
 from pathlib import Path
@@ -27,6 +25,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from flash_decode import flash_decode_combine, flash_decode_split  # noqa: E402
+from tune import save  # noqa: E402
 
 CANDIDATES = [dict(BLOCK_N=n, num_warps=w, num_stages=s)
               for n, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
@@ -73,12 +72,6 @@ def run(q, k, v, y, lse, opart, lpart, splits, cfg):
         flash_decode_combine[(b * hq * sq,)](opart, lpart, y, lse, hq, sq, d, splits, 1,
                                              *y.stride()[:3], BLOCK_DV=d, BLOCK_S=16, num_warps=4)
     return kern
-
-
-def save(path, results) -> None:
-    meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
-                date=datetime.date.today().isoformat())
-    Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
 
 
 def main(argv=None) -> int:
