@@ -29,8 +29,12 @@ from variants import (DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES,  # n
                       TRITON_VERSION, TileConfig, Variant, all_variants, get_fwd_config)
 
 # The kernel each variant kind compiles.
-KERNELS = {"fwd": flash_fwd.flash_fwd, "decode": flash_decode.flash_decode_split,
-           "combine": flash_decode.flash_decode_combine}
+KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
+           "decode": flash_decode.flash_decode_split, "combine": flash_decode.flash_decode_combine}
+# fwd_tma: these arguments are (B, H, S, D) tensor descriptors. Each becomes, in the launch ABI,
+# the CUtensorMap (by value), its 4 dims (i32) and its 4 strides in elements (i64).
+TMA_ARGS = ("Q", "K", "V", "Y")
+TMA_RANK = 4
 
 # Largest dynamic shared memory a block may use, per arch (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -39,27 +43,35 @@ SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 # these (the generated table static_asserts the counts); two null scratch pointers follow.
 STRIDE_ARGS = tuple(f"stride_{t}{d}" for t in "qkvy" for d in ("b", "h", "m" if t in "qy" else "n"))
 # Name of the C++ constant that holds each kind's runtime-argument count (cpp/kernel_table.h).
-ARG_COUNT_NAMES = {"fwd": "kLaunchArgCount", "decode": "kDecodeArgCount", "combine": "kCombineArgCount"}
+ARG_COUNT_NAMES = {"fwd": "kLaunchArgCount", "fwd_tma": "kTmaLaunchArgCount",
+                   "decode": "kDecodeArgCount", "combine": "kCombineArgCount"}
+# Triton's element-type codes in tensordesc metadata -> CUtensorMapDataType (FLOAT16 6, BFLOAT16 9).
+TMA_ELEM_TYPES = {"fp16": (6, 6), "bf16": (10, 9)}
 
 
 def _runtime_arg_count(kind: str) -> int:
+    """Kernel parameters in the launch ABI (scratch pointers not counted)."""
     params = inspect.signature(KERNELS[kind].fn).parameters
-    return sum("constexpr" not in str(p.annotation) for p in params.values())
+    n = sum("constexpr" not in str(p.annotation) for p in params.values())
+    return n + (len(TMA_ARGS) * 2 * TMA_RANK if kind == "fwd_tma" else 0)
 
 
 def _dtype_sig(dtype: str) -> str:
     return {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}[dtype]
 
 
-def signature(v: Variant) -> tuple[dict, dict, dict]:
-    """(signature, constexprs, attrs) for ASTSource."""
+def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
+    """(signature, attrs, argument names) for ASTSource."""
     params = inspect.signature(KERNELS[v.kind].fn).parameters
     arg_names = params.keys()
     t = _dtype_sig(v.dtype)
     mask_t = {"none": "*i8", "bool": "*i8", "add": t}[v.mask]
     sig = {}
     for name in arg_names:
-        if name in ("Q", "K", "V", "Y"):
+        if v.kind == "fwd_tma" and name in TMA_ARGS:
+            rows = cfg.block_n if name in ("K", "V") else cfg.block_m
+            sig[name] = f"tensordesc<{v.dtype}[1,1,{rows},{v.head_dim}]>"
+        elif name in ("Q", "K", "V", "Y"):
             sig[name] = t
         elif name in ("Lse", "OPart", "LsePart"):
             sig[name] = "*fp32"
@@ -78,7 +90,7 @@ def signature(v: Variant) -> tuple[dict, dict, dict]:
     names = list(arg_names)
     attrs = {}
     for name in ("Q", "K", "V", "Y", "Lse", "OPart", "LsePart"):
-        if name in names:
+        if name in names and sig[name].startswith("*"):
             attrs[(names.index(name),)] = [["tt.divisibility", 16]]
     if v.even_d:
         for name in STRIDE_ARGS:
@@ -98,7 +110,7 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         meta = json.loads((cached / "meta.json").read_text())
         meta.update(cached=True, cubin=str(cached / "kernel.cubin"))
         return meta
-    sig, attrs, names = signature(v)
+    sig, attrs, names = signature(v, cfg)
     if v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
     else:
@@ -107,6 +119,8 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
             "BLOCK_DV": v.head_dim, "EVEN_D": v.even_d,
             "MASK_KIND": MASK_KINDS[v.mask], "EXTRAS": v.extras, "DOT_PRECISION": v.precision,
         }
+        if v.kind == "fwd_tma":
+            constexprs["TMA"] = True
     src = ASTSource(fn=KERNELS[v.kind], signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
     try:
@@ -122,10 +136,12 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         raise RuntimeError(f"{v.name} sm_{arch}: {md.shared} B shared memory exceeds {limit} B; "
                            f"shrink its tile in aot/variants.py")
     runtime_args = [n for n in names if sig[n] != "constexpr"]
+    tma = _tma_boxes(v, md) if v.kind == "fwd_tma" else []
     meta = {
         "variant": v.name, "arch": arch, "kernel_name": md.name, "num_warps": md.num_warps,
         "shared": md.shared, "block_m": cfg.block_m, "block_n": cfg.block_n,
         "num_stages": cfg.num_stages, "args": runtime_args, "triton": triton.__version__,
+        "tma": tma,
     }
     cached.mkdir(parents=True, exist_ok=True)
     tmp = cached / "kernel.cubin.tmp"
@@ -134,6 +150,26 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
     (cached / "meta.json").write_text(json.dumps(meta, indent=1))
     meta.update(cached=False, cubin=str(cached / "kernel.cubin"))
     return meta
+
+
+def _tma_boxes(v: Variant, md) -> list[dict]:
+    """What the launcher needs to encode each descriptor as this cubin expects it: the swizzle
+    mode (CUtensorMapSwizzle) and the box (rows x columns; Triton splits a 128-element row of
+    fp16 into two 64-element boxes under the 128-byte swizzle)."""
+    metas = getattr(md, "tensordesc_meta", None) or []
+    if len(metas) != len(TMA_ARGS):
+        raise RuntimeError(f"{v.name}: expected {len(TMA_ARGS)} TMA descriptors, Triton lowered "
+                           f"{len(metas)}; the launcher cannot encode this kernel's arguments")
+    out = []
+    for name, m in zip(TMA_ARGS, metas):
+        block = list(m["block_size"])
+        device_type, _ = TMA_ELEM_TYPES[v.dtype]
+        if (len(block) != TMA_RANK or block[:2] != [1, 1] or m["elem_type"] != device_type
+                or m["elem_size"] != 2 or m.get("fp4_padded")):
+            raise RuntimeError(f"{v.name}: descriptor {name} lowered as {m}; the launcher encodes "
+                               f"(1, 1, rows, cols) boxes of 2-byte elements only")
+        out.append(dict(arg=name, swizzle=int(m["swizzle"]), rows=block[2], cols=block[3]))
+    return out
 
 
 def source_hash() -> str:
@@ -153,6 +189,12 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
 
 def _cxx_bool(b: bool) -> str:
     return "true" if b else "false"
+
+
+def _cxx_tma(boxes: list[dict]) -> str:
+    """KernelEntry::tma: {swizzle, box rows, box cols} per descriptor (Q, K, V, Y), or zeros."""
+    cells = [f"{{{b['swizzle']}, {b['rows']}, {b['cols']}}}" for b in boxes] or ["{0, 0, 0}"] * len(TMA_ARGS)
+    return "{" + ", ".join(cells) + "}"
 
 
 def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
@@ -188,7 +230,7 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
             f"Fp32Precision({PRECISION_CODES[v.precision] if v.dtype == 'fp32' else 0}), "
             f"KernelKind({KIND_CODES[v.kind]})}}, "
             f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
-            f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end}},")
+            f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end, {_cxx_tma(m.get('tma', []))}}},")
     if not rows:  # a CPU-only build (no archs): an empty table
         cc[-1] = "static const KernelEntry* const kEntries = nullptr;"
         cc += ["", "const KernelEntry* kernel_table(size_t* count) {", "  *count = 0;",
@@ -224,7 +266,8 @@ def main(argv=None) -> int:
     if not archs:
         print("aot/build.py: no CUDA archs requested; building a CPU-only kernel table")
     variants = {v.name: v for v in all_variants()}
-    jobs = [(v, arch, get_fwd_config(arch, v), str(args.cache)) for arch in archs for v in variants.values()]
+    jobs = [(v, arch, get_fwd_config(arch, v), str(args.cache)) for arch in archs
+            for v in variants.values() if arch >= v.min_arch]
     args.cache.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         metas = list(pool.map(_compile_one, jobs))

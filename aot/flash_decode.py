@@ -18,7 +18,7 @@ differ. Same op contract: cpp/flash_params.h.
 import triton
 import triton.language as tl
 
-from flash_fwd import MASK_ADD, MASK_NONE, _attend
+from flash_fwd import MASK_ADD, _attend, _visibility
 
 
 @triton.jit
@@ -60,32 +60,11 @@ def flash_decode_split(
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
 
-    key_end = Skv
-    off = offset
-    right = tl.where(causal != 0, 0, 1 << 30)
-    left = 1 << 30
-    cap = 1.0
-    cap_on = False
-    if EXTRAS:
-        if has_seqlens != 0:
-            nonpad = tl.load(SeqlensK + b).to(tl.int32)
-            key_end = tl.minimum(key_end, nonpad)
-            off = nonpad - Sq
-        right = tl.minimum(right, tl.where(window_right >= 0, window_right, 1 << 30))
-        left = tl.where(window_left >= 0, window_left, 1 << 30)
-        cap = tl.where(softcap > 0, softcap, 1.0)
-        cap_on = softcap > 0
-    if MASK_KIND != MASK_NONE:
-        key_end = tl.minimum(key_end, mask_len)
-    # Rows are ordered by query position, so the block's positions span [pos_lo, pos_hi].
-    pos_lo = (pid_m * BLOCK_M) // group + off
-    pos_hi = (tl.minimum((pid_m + 1) * BLOCK_M, n_rows) - 1) // group + off
-    hi = tl.minimum(key_end, pos_hi + right + 1)
-    lo = tl.maximum(0, pos_lo - left)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(hi, lo)
-    lo_full = tl.minimum(tl.maximum(lo, ((pos_hi - left + BLOCK_N - 1) // BLOCK_N) * BLOCK_N), hi)
-    hi_full = lo_full + tl.maximum(tl.minimum(key_end, pos_lo + right + 1) - lo_full, 0) // BLOCK_N * BLOCK_N
+    # Rows are ordered by query position, so the block's query rows span [row_lo, row_hi].
+    off, left, right, cap, cap_on, lo, hi, lo_full, hi_full = _visibility(
+        SeqlensK, b, Sq, Skv, offset, causal, window_left, window_right, mask_len, has_seqlens,
+        softcap, (pid_m * BLOCK_M) // group, (tl.minimum((pid_m + 1) * BLOCK_M, n_rows) - 1) // group,
+        BLOCK_N, MASK_KIND, EXTRAS)
 
     # This split's share of [lo, hi): BLOCK_N-aligned chunks, so interior blocks stay aligned.
     chunk = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
@@ -108,15 +87,15 @@ def flash_decode_split(
 
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, c_lo, f_lo, c_hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right,
+                            scale, cap, cap_on, left, right, 0, 0,
                             BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_lo, f_hi, c_hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right,
+                            scale, cap, cap_on, left, right, 0, 0,
                             BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_hi, c_hi, c_hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right,
+                            scale, cap, cap_on, left, right, 0, 0,
                             BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)

@@ -6,6 +6,13 @@ flag (it moves loop bounds). It follows ort_flash's op contract (cpp/flash_param
 i of batch b sits at absolute position i + offset_b and attends key j when j < key_end_b, causal
 (j <= pos), windows and the mask allow.
 
+With TMA (sm_90, fp16/bf16, exact head dims 64/128), Q, K, V and Y are host-encoded tensor
+descriptors over the logical (B, H, S, D) view instead of pointers: the bulk-copy engine moves
+the tiles (no per-thread address math, 128-byte swizzled shared memory), rows past S read as
+zeros and stores past S are clipped per (b, h), so a tile never touches another head's rows.
+cpp/cuda_launch.cc encodes the maps (cuTensorMapEncodeTiled) from the box and swizzle that
+aot/build.py records, and falls back to the pointer variant when a tensor cannot be described.
+
 Program grid: (cdiv(Sq, BLOCK_M), B * Hq). Online softmax with exp2 (log2(e) folded into the
 scale unless an additive mask is added), fp32 accumulation, int64 offsets. The key loop runs in
 two phases: interior blocks, where every row of the tile sees every key, without per-element
@@ -23,16 +30,28 @@ MASK_ADD = tl.constexpr(2)
 @triton.jit
 def _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_ok,
             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-            scale, cap, cap_on, left, right,
+            scale, cap, cap_on, left, right, kv_b, kv_h,
             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr,
-            EXTRAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BOUNDARY: tl.constexpr):
+            EXTRAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BOUNDARY: tl.constexpr,
+            TMA: tl.constexpr = False):
+    # k_base / v_base: pointers to this (batch, KV head), or with TMA the K / V descriptors,
+    # addressed at [kv_b, kv_h, key, 0].
     # Scores in base-2 units (log2(e) folded into the scale) unless an additive mask is added:
     # then natural units, so a finfo.min mask cannot overflow when rescaled, and log2(e) is
     # applied to differences (s - max) only.
     unit = 1.0 if MASK_KIND == MASK_ADD else 1.4426950408889634
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        if BOUNDARY:
+        if TMA:
+            k = k_base.load([kv_b, kv_h, start_n, 0]).reshape(BLOCK_N, offs_d.shape[0])
+            v = v_base.load([kv_b, kv_h, start_n, 0]).reshape(BLOCK_N, offs_dv.shape[0])
+            if BOUNDARY:
+                # Keys in [hi, Skv) are in the tensor and read as stored (a static cache's unused
+                # tail may hold anything): their scores become -inf below, and V is zeroed so
+                # that p = 0 times a NaN there cannot leak into the sum.
+                col_ok = cols < hi
+                v = tl.where(col_ok[:, None], v, 0.0)
+        elif BOUNDARY:
             col_ok = cols < hi
             if EVEN_D:
                 k = tl.load(k_base + cols[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
@@ -96,39 +115,13 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_o
 
 
 @triton.jit
-def flash_fwd(
-    Q, K, V, Y, Lse, Mask, SeqlensK,
-    scale, softcap,
-    Hq, group, Sq, Skv, D, Dv, offset, causal, window_left, window_right, mask_len, has_seqlens,
-    store_lse,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_yb, stride_yh, stride_ym,
-    stride_mb, stride_mh, stride_mm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // Hq
-    h = pid_bh % Hq
-    hk = h // group
-
-    b64 = b.to(tl.int64)
-    q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
-    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
-    y_base = Y + b64 * stride_yb + h.to(tl.int64) * stride_yh
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-
-    # Key range of this batch and this block of queries, and the visibility limits:
-    # key j is seen by the row at position pos iff lo <= j < hi and pos - left <= j <= pos + right.
+def _visibility(SeqlensK, b, Sq, Skv, offset, causal, window_left, window_right, mask_len,
+                has_seqlens, softcap, row_lo, row_hi,
+                BLOCK_N: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr):
+    """Batch b's visibility limits for a block of query rows [row_lo, row_hi]: key j is seen by
+    the row at position pos (= row + off) iff lo <= j < hi and pos - left <= j <= pos + right.
+    Also the interior [lo_full, hi_full), BLOCK_N-aligned blocks every row of the block sees
+    whole, and the softcap (cap, cap_on)."""
     key_end = Skv
     off = offset
     right = tl.where(causal != 0, 0, 1 << 30)
@@ -146,18 +139,63 @@ def flash_fwd(
         cap_on = softcap > 0
     if MASK_KIND != MASK_NONE:
         key_end = tl.minimum(key_end, mask_len)
-    pos_lo = pid_m * BLOCK_M + off
-    pos_hi = tl.minimum((pid_m + 1) * BLOCK_M, Sq) - 1 + off
+    pos_lo = row_lo + off
+    pos_hi = row_hi + off
     hi = tl.minimum(key_end, pos_hi + right + 1)
     lo = tl.maximum(0, pos_lo - left)
     lo = (lo // BLOCK_N) * BLOCK_N
     hi = tl.maximum(hi, lo)
-    # Interior blocks [lo_full, hi_full): every row of the tile sees every key of them.
     lo_full = tl.minimum(tl.maximum(lo, ((pos_hi - left + BLOCK_N - 1) // BLOCK_N) * BLOCK_N), hi)
     hi_full = lo_full + tl.maximum(tl.minimum(key_end, pos_lo + right + 1) - lo_full, 0) // BLOCK_N * BLOCK_N
+    return off, left, right, cap, cap_on, lo, hi, lo_full, hi_full
+
+
+@triton.jit
+def flash_fwd(
+    Q, K, V, Y, Lse, Mask, SeqlensK,
+    scale, softcap,
+    Hq, group, Sq, Skv, D, Dv, offset, causal, window_left, window_right, mask_len, has_seqlens,
+    store_lse,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_yb, stride_yh, stride_ym,
+    stride_mb, stride_mh, stride_mm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr = False,
+):
+    # Query blocks in reverse: under a causal mask the last blocks see the most keys, so they start
+    # first and the short ones fill the tail of the grid (no effect without causal).
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hq
+    h = pid_bh % Hq
+    hk = h // group
+
+    b64 = b.to(tl.int64)
+    if TMA:  # descriptors, addressed by (b, head, row, 0)
+        k_base = K
+        v_base = V
+    else:
+        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
+        v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+        y_base = Y + b64 * stride_yb + h.to(tl.int64) * stride_yh
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    off, left, right, cap, cap_on, lo, hi, lo_full, hi_full = _visibility(
+        SeqlensK, b, Sq, Skv, offset, causal, window_left, window_right, mask_len, has_seqlens,
+        softcap, pid_m * BLOCK_M, tl.minimum((pid_m + 1) * BLOCK_M, Sq) - 1, BLOCK_N, MASK_KIND, EXTRAS)
 
     row_ok = offs_m < Sq
-    if EVEN_D:
+    if TMA:
+        q = Q.load([b, h, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, BLOCK_D)
+    elif EVEN_D:
         q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
     else:
@@ -174,23 +212,26 @@ def flash_fwd(
     # Left edge, interior, right edge (causal diagonal, window, ragged end).
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo, lo_full, hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True)
+                            scale, cap, cap_on, left, right, b, hk,
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False)
+                            scale, cap, cap_on, left, right, b, hk,
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, hi_full, hi, hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True)
+                            scale, cap, cap_on, left, right, b, hk,
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    y_ptrs = y_base + offs_m[:, None].to(tl.int64) * stride_ym + offs_dv[None, :]
-    if EVEN_D:
+    if TMA:  # rows past Sq are clipped by the copy engine
+        Y.store([b, h, pid_m * BLOCK_M, 0], out.to(Y.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))
+    elif EVEN_D:
+        y_ptrs = y_base + offs_m[:, None].to(tl.int64) * stride_ym + offs_dv[None, :]
         tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None])
     else:
+        y_ptrs = y_base + offs_m[:, None].to(tl.int64) * stride_ym + offs_dv[None, :]
         tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < Dv))
     if store_lse != 0:
         if MASK_KIND == MASK_ADD:

@@ -8,6 +8,11 @@ written as JSON with the GPU, the Triton version and the date. Copy the winners 
 aot/variants.py by hand and record the run in docs/perf-notes.md.
 
     python aot/tune.py [--dtypes fp16,bf16] [--head-dims 64,128] [--seqs 1024,8192] [--out tune.json]
+                       [--tma]
+
+--tma tunes the "fwd_tma" kind instead (Q/K/V/Y as TMA tensor descriptors, sm_90), checks each
+candidate's output against torch SDPA, times the shipped pointer kernel beside it, and times the
+winner again over the (B, S, H, D) storage of the 3-D layout.
 """
 from __future__ import annotations
 
@@ -33,17 +38,29 @@ CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def launch(q, k, v, y, lse, causal, cfg):
+TMA_CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
+                  for m, n, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3, 4))
+                  if not (m == 64 and w == 8)]
+
+
+def launch(q, k, v, y, lse, causal, cfg, tma=False):
+    """flash_fwd on (B, H, S, D) views (any strides, last one 1), no mask, one launch."""
     b, h, s, d = q.shape
     grid = (triton.cdiv(s, cfg["BLOCK_M"]), b * h)
     dummy = torch.empty(1, dtype=torch.int8, device=q.device)
     seqlens = torch.empty(1, dtype=torch.int64, device=q.device)
+    tensors = (q, k, v, y)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        rows = (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_N"], cfg["BLOCK_M"])
+        tensors = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d])
+                   for t, r in zip(tensors, rows)]
     flash_fwd[grid](
-        q, k, v, y, lse, dummy, seqlens, 1.0 / math.sqrt(d), 0.0,
+        *tensors, lse, dummy, seqlens, 1.0 / math.sqrt(d), 0.0,
         h, 1, s, s, d, d, 0, int(causal), -1, -1, s, 0, 1,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
-        MASK_KIND=0, EXTRAS=False, DOT_PRECISION="tf32",
+        MASK_KIND=0, EXTRAS=False, DOT_PRECISION="tf32", TMA=tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -61,7 +78,9 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqs", default="1024,8192")
     ap.add_argument("--out", default="tune.json")
+    ap.add_argument("--tma", action="store_true", help="tune the TMA-descriptor kind (sm_90)")
     args = ap.parse_args(argv)
+    candidates = TMA_CANDIDATES if args.tma else CANDIDATES
     results = []
     for dt, d, s in itertools.product(args.dtypes.split(","), map(int, args.head_dims.split(",")),
                                       map(int, args.seqs.split(","))):
@@ -71,22 +90,49 @@ def main(argv=None) -> int:
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
         for causal in (False, True):
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal) if args.tma else None
             timed = []
-            for cfg in CANDIDATES:
+            for cfg in candidates:
                 try:
-                    ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, causal, cfg),
+                    if args.tma:  # a wrong answer disqualifies before any timing
+                        y.fill_(float("nan"))
+                        launch(q, k, v, y, lse, causal, cfg, tma=True)
+                        err = float((y.float() - ref.float()).abs().max())
+                        if not err < 2e-2:
+                            print(f"  WRONG {cfg}: max error {err}", file=sys.stderr)
+                            continue
+                    ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, causal, cfg, args.tma),
                                                  warmup=25, rep=100, return_mode="median")
                 except Exception as e:  # out of shared memory, etc.
-                    print(f"  skip {cfg}: {type(e).__name__}", file=sys.stderr)
+                    print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
                     continue
                 timed.append((flops / ms / 1e9, cfg))
             timed.sort(key=lambda t: -t[0])
             best_tflops, best = timed[0]
+            row = dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, causal=causal,
+                       best=best, tflops=best_tflops, all=[dict(cfg, tflops=t) for t, cfg in timed])
+            extra = ""
+            if args.tma:  # the pointer kernel at its shipped tile, and the winner over (B, S, H, D)
+                from variants import Variant, get_fwd_config
+                tile = get_fwd_config(90, Variant(dt, d, True, "none", False, "tf32"))
+                shipped = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
+                               num_stages=tile.num_stages)
+                ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, causal, shipped),
+                                             warmup=25, rep=100, return_mode="median")
+                row["pointer_kernel_tflops"] = flops / ms / 1e9
+                qs, ks, vs, ys = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, y))
+                ys.fill_(float("nan"))
+                launch(qs, ks, vs, ys, lse, causal, best, tma=True)
+                row["bshd_max_err"] = float((ys.float() - ref.float()).abs().max())
+                ms = triton.testing.do_bench(lambda: launch(qs, ks, vs, ys, lse, causal, best, True),
+                                             warmup=25, rep=100, return_mode="median")
+                row["bshd_tflops"] = flops / ms / 1e9
+                extra = (f"; pointer kernel {row['pointer_kernel_tflops']:.0f}; (B,S,H,D) "
+                         f"{row['bshd_tflops']:.0f} (err {row['bshd_max_err']:.1e})")
             print(f"{dt} d{d} S{s} B{b} H{h} causal={int(causal)}: best {best_tflops:.0f} TFLOP/s {best}; "
-                  f"runner-up {timed[1][0]:.0f} {timed[1][1]}")
-            results.append(dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, causal=causal,
-                                best=best, tflops=best_tflops,
-                                all=[dict(cfg, tflops=t) for t, cfg in timed]))
+                  f"runner-up {timed[1][0]:.0f} {timed[1][1]}{extra}", flush=True)
+            results.append(row)
+            save(args.out, results)
     save(args.out, results)
     return 0
 

@@ -1,7 +1,9 @@
 """The variant table: which specializations of the kernels get compiled, and their tiles.
 
-Three kernel kinds: "fwd" (aot/flash_fwd.py, every shape), "decode" (aot/flash_decode.py's
-split-KV kernel, few query rows against a long cache) and "combine" (its merge step).
+Four kernel kinds: "fwd" (aot/flash_fwd.py, every shape), "fwd_tma" (the same kernel with Q/K/V/Y
+as TMA tensor descriptors: sm_90+, fp16/bf16, exact head dims 64 and 128, taken when the tensors
+can be described), "decode" (aot/flash_decode.py's split-KV kernel, few query rows against a long
+cache) and "combine" (its merge step).
 
 This file is the single source of the kernel family's shape. aot/build.py compiles the product
 below for each target arch and generates the C++ table (`kernel_table.gen.cc`) that the runtime
@@ -26,7 +28,11 @@ HEAD_DIMS = ((32, False), (64, True), (128, True), (256, True))
 MASK_KINDS = {"none": 0, "bool": 1, "add": 2}
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}    # mirrors ort_flash::DType
 PRECISION_CODES = {"ieee": 0, "tf32x3": 1, "tf32": 2}  # mirrors ort_flash::Fp32Precision
-KIND_CODES = {"fwd": 0, "decode": 1, "combine": 2}    # mirrors ort_flash::KernelKind
+KIND_CODES = {"fwd": 0, "decode": 1, "combine": 2, "fwd_tma": 3}  # mirrors ort_flash::KernelKind
+# TMA descriptors (Hopper's bulk-copy engine): compiled for these archs and shapes only.
+TMA_MIN_ARCH = 90
+TMA_DTYPES = ("fp16", "bf16")
+TMA_HEAD_DIMS = (64, 128)
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
@@ -44,6 +50,10 @@ class Variant:
     extras: bool           # windows, softcap, nonpad_kv_seqlen
     precision: str         # dot precision; "tf32" (ignored by Triton) for fp16/bf16
     kind: str = "fwd"      # key of KIND_CODES
+
+    @property
+    def min_arch(self) -> int:
+        return TMA_MIN_ARCH if self.kind == "fwd_tma" else 0
 
     @property
     def name(self) -> str:
@@ -77,6 +87,10 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(64, 32, 4, 2 if v.head_dim <= 64 else 1)
     if v.head_dim >= 256:
         return TileConfig(64, 32, 4, 1 if arch < 90 else 2)
+    if v.kind == "fwd_tma":  # tuned by aot/tune.py --tma on the H200 (docs/perf-notes.md, v3)
+        if v.head_dim <= 64:
+            return TileConfig(128, 64, 8, 3)
+        return TileConfig(64, 64, 4, 3)
     if arch >= 90:  # tuned by aot/tune.py on the H200 (docs/perf-notes.md, 2026-11-29)
         if v.head_dim <= 64:
             return TileConfig(128, 64, 4, 3)
@@ -97,6 +111,8 @@ def all_variants() -> list[Variant]:
         for even in ((True, False) if has_even else (False,)):
             out.append(Variant(dtype, hd, even, mask, extras, "ieee" if dtype == "fp32" else "tf32",
                                "decode"))
+    for dtype, hd, mask, extras in itertools.product(TMA_DTYPES, TMA_HEAD_DIMS, MASK_KINDS, (False, True)):
+        out.append(Variant(dtype, hd, True, mask, extras, "tf32", "fwd_tma"))
     for dtype, (hd, _) in itertools.product(DECODE_DTYPES, DECODE_HEAD_DIMS):
         out.append(Variant(dtype, hd, False, "none", False, "ieee" if dtype == "fp32" else "tf32",
                            "combine"))

@@ -39,6 +39,17 @@ CASES = [
     dict(kernel="decode", splits=3, b=1, hq=4, hkv=2, sq=5, skv=80, d=64, window=(20, 0), softcap=4.0),
     dict(kernel="decode", splits=9, b=1, hq=20, hkv=1, sq=1, skv=64, d=64),   # 20 rows: 2 row blocks
     dict(kernel="decode", splits=2, b=1, hq=2, hkv=1, sq=1, skv=77, d=64, dtype="float32"),
+    # The TMA variant (sm_90): Q/K/V/Y as (B, H, S, D) tensor descriptors, also over the
+    # (B, S, H, D) storage of the 3-D layout; rows past S read as zeros and stores clip per head.
+    dict(tma=True, b=2, hq=4, hkv=2, sq=37, skv=53, d=64, layout="bshd"),
+    dict(tma=True, b=2, hq=4, hkv=2, sq=33, skv=33, d=64, causal=True),
+    dict(tma=True, b=1, hq=2, hkv=2, sq=20, skv=45, d=64, causal=True, offset=25, layout="bshd"),
+    dict(tma=True, b=1, hq=2, hkv=2, sq=21, skv=40, d=64, mask="bool", causal=True),
+    dict(tma=True, b=1, hq=2, hkv=2, sq=21, skv=19, d=64, mask="add", layout="bshd"),
+    dict(tma=True, b=1, hq=2, hkv=2, sq=50, skv=90, d=64, window=(7, 0), softcap=5.0),
+    # A static cache's tail past nonpad_kv_seqlen holds NaN: it must not reach the output.
+    dict(tma=True, b=2, hq=2, hkv=2, sq=9, skv=64, d=64, causal=True, lens=[30, 0], nan_tail=True),
+    dict(b=2, hq=2, hkv=2, sq=9, skv=64, d=64, causal=True, lens=[30, 5], nan_tail=True, layout="bshd"),
 ]
 
 
@@ -77,7 +88,8 @@ def check_case(case):
 
     from ort_flash.reference import attention_reference
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
-                  lens=None, dtype="float16", kernel="fwd", splits=1), **case)
+                  lens=None, dtype="float16", kernel="fwd", splits=1, tma=False, layout="bhsd",
+                  nan_tail=False), **case)
     rng = np.random.default_rng()
     b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
     dv = c["dv"] or d
@@ -87,8 +99,13 @@ def check_case(case):
     def rand(*shape):
         return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(dt)
 
-    q, k, v = rand(b, hq, sq, d), rand(b, hkv, skv, d), rand(b, hkv, skv, dv)
-    y = torch.full((b, hq, sq, dv), float("nan"), dtype=dt)
+    def qkvy(bb, h, s, dd, fill=None):  # logical (B, H, S, D), stored as the layout says
+        shape = (bb, s, h, dd) if c["layout"] == "bshd" else (bb, h, s, dd)
+        t = rand(*shape) if fill is None else torch.full(shape, fill, dtype=dt)
+        return t.permute(0, 2, 1, 3) if c["layout"] == "bshd" else t
+
+    q, k, v = qkvy(b, hq, sq, d), qkvy(b, hkv, skv, d), qkvy(b, hkv, skv, dv)
+    y = qkvy(b, hq, sq, dv, fill=float("nan"))
     lse = torch.full((b, hq, sq), float("nan"))
     kw = dict(scale=1 / math.sqrt(d), is_causal=c["causal"], softcap=c["softcap"],
               left_window_size=c["window"][0], right_window_size=c["window"][1])
@@ -114,16 +131,29 @@ def check_case(case):
     scalars = (hq, hq // hkv, sq, skv, d, dv, c["offset"], int(c["causal"]), c["window"][0],
                c["window"][1], skv, int(c["lens"] is not None), 1)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], *ms)
-    if c["kernel"] == "fwd":
+    kq, vq = k.clone(), v.clone()  # what the kernels read; the reference gets k, v
+    if c["nan_tail"]:
+        for i, n in enumerate(c["lens"]):
+            kq[i, :, n:], vq[i, :, n:] = float("nan"), float("nan")
+    if c["tma"]:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        def desc(t, rows):
+            return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
+
         kernel[(triton.cdiv(sq, 16), b * hq)](
-            q, k, v, y, lse, mask, lens, 1 / math.sqrt(d), c["softcap"], *scalars, *strides, **common)
+            desc(q, 16), desc(kq, 16), desc(vq, 16), desc(y, 16), lse, mask, lens, 1 / math.sqrt(d),
+            c["softcap"], *scalars, *strides, **common, TMA=True)
+    elif c["kernel"] == "fwd":
+        kernel[(triton.cdiv(sq, 16), b * hq)](
+            q, kq, vq, y, lse, mask, lens, 1 / math.sqrt(d), c["softcap"], *scalars, *strides, **common)
     else:
         splits = c["splits"]
         # Partials poisoned too: the combine must read only what the split kernel wrote.
         opart = torch.full((b * hq * sq * splits * dv,), float("nan"))
         lpart = torch.full((b * hq * sq * splits,), float("nan"))
         flash_decode_split[(splits, b * hkv, triton.cdiv(sq * hq // hkv, 16))](
-            q, k, v, y, lse, mask, lens, opart, lpart, 1 / math.sqrt(d), c["softcap"], *scalars, splits,
+            q, kq, vq, y, lse, mask, lens, opart, lpart, 1 / math.sqrt(d), c["softcap"], *scalars, splits,
             *strides, **common)
         if splits > 1:
             flash_decode_combine[(b * hq * sq,)](opart, lpart, y, lse, hq, sq, dv, splits, 1,
