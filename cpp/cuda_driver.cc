@@ -52,6 +52,8 @@ Status load() {
                            "; update the NVIDIA driver");
     }
   }
+  d.cuTensorMapEncodeTiled = reinterpret_cast<decltype(d.cuTensorMapEncodeTiled)>(
+      dlsym(lib, "cuTensorMapEncodeTiled"));
   return cuda_check(d.cuInit(0), "cuInit");
 }
 

@@ -43,6 +43,16 @@ struct CUDA_MEMCPY2D {
   size_t WidthInBytes, Height;
 };
 
+// A TMA tensor map (CUDA 12+): 128 opaque bytes, 64-byte aligned; passed to kernels by value.
+struct alignas(64) CUtensorMap {
+  uint64_t opaque[16];
+};
+constexpr int CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6;
+constexpr int CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9;
+constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
+constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2;
+constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;  // out-of-bounds elements read as zero
+
 struct CudaDriver {
   CUresult (*cuInit)(unsigned int);
   CUresult (*cuDriverGetVersion)(int*);
@@ -66,6 +76,11 @@ struct CudaDriver {
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream);  // stream-ordered (CUDA 11.2+)
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
+  // Optional (null on drivers before CUDA 12): then the TMA kernels are not used.
+  CUresult (*cuTensorMapEncodeTiled)(CUtensorMap*, int data_type, uint32_t rank, void* address,
+                                     const uint64_t* dims, const uint64_t* strides_bytes,
+                                     const uint32_t* box, const uint32_t* element_strides,
+                                     int interleave, int swizzle, int l2_promotion, int oob_fill);
 };
 
 // Loads libcuda.so.1 and cuInit(0)s once (thread-safe). Fails with a clear message when no

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kernel_registry.h"
 
@@ -24,6 +25,15 @@ int64_t decode_splits_override() {
     char* end = nullptr;
     const long long n = std::strtoll(e, &end, 10);
     return (end && *end == 0 && n >= 0) ? static_cast<int64_t>(n) : static_cast<int64_t>(-1);
+  }();
+  return v;
+}
+
+// ORT_FLASH_TMA=0 keeps the pointer kernels on sm_90 (A/B comparisons, a driver that misbehaves).
+bool tma_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("ORT_FLASH_TMA");
+    return !(e && std::string(e) == "0");
   }();
   return v;
 }
@@ -70,6 +80,134 @@ std::string describe(const VariantKey& k) {
          (k.extras ? ", windows/softcap/nonpad_kv_seqlen" : "");
 }
 
+// The runtime arguments every kernel of the family shares, by value, in kernel order.
+// Launch arrays point into it, so it must outlive the cuLaunchKernel call.
+struct KernelArgs {
+  CUdeviceptr q, k, v, y, lse, mask, seqlens;
+  float scale, softcap;
+  // hq, group, sq, skv, d, dv, offset, causal, window_left, window_right, mask_len, has_seqlens,
+  // store_lse
+  int32_t ints[13];
+  int64_t strides[15];  // q, k, v, y (b, h, s) then the mask's (b, h, q); its key stride is 1
+  CUdeviceptr global_scratch = 0, profile_scratch = 0;
+
+  explicit KernelArgs(const FlashParams& p)
+      : q(reinterpret_cast<CUdeviceptr>(p.q)), k(reinterpret_cast<CUdeviceptr>(p.k)),
+        v(reinterpret_cast<CUdeviceptr>(p.v)), y(reinterpret_cast<CUdeviceptr>(p.y)),
+        lse(reinterpret_cast<CUdeviceptr>(p.lse)), mask(reinterpret_cast<CUdeviceptr>(p.mask)),
+        seqlens(reinterpret_cast<CUdeviceptr>(p.seqlens_k)), scale(p.scale), softcap(p.softcap),
+        ints{static_cast<int32_t>(p.hq), static_cast<int32_t>(p.hq / p.hkv),
+             static_cast<int32_t>(p.sq), static_cast<int32_t>(p.skv), static_cast<int32_t>(p.d),
+             static_cast<int32_t>(p.dv), static_cast<int32_t>(p.offset), p.causal ? 1 : 0,
+             static_cast<int32_t>(p.window_left), static_cast<int32_t>(p.window_right),
+             static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len),
+             p.seqlens_k != nullptr ? 1 : 0, p.lse != nullptr ? 1 : 0} {
+    for (int i = 0; i < 3; ++i) {
+      strides[i] = p.q_stride[i];
+      strides[3 + i] = p.k_stride[i];
+      strides[6 + i] = p.v_stride[i];
+      strides[9 + i] = p.y_stride[i];
+      strides[12 + i] = p.mask_stride[i];
+    }
+  }
+  void push_outputs_and_masks(std::vector<void*>& a) {
+    for (void* x : {static_cast<void*>(&lse), static_cast<void*>(&mask), static_cast<void*>(&seqlens)}) a.push_back(x);
+  }
+  void push_scalars(std::vector<void*>& a) {
+    a.push_back(&scale);
+    a.push_back(&softcap);
+    for (int32_t& i : ints) a.push_back(&i);
+  }
+  void push_strides_and_scratch(std::vector<void*>& a) {
+    for (int64_t& s : strides) a.push_back(&s);
+    a.push_back(&global_scratch);
+    a.push_back(&profile_scratch);
+  }
+};
+
+// One tensor descriptor argument as the kFwdTma kernels take it: the map, then the logical
+// (B, H, S, D) dims and element strides.
+struct TmaArg {
+  CUtensorMap map;
+  int32_t dims[4];
+  int64_t strides[4];
+  void push(std::vector<void*>& a) {
+    a.push_back(&map);
+    for (int32_t& d : dims) a.push_back(&d);
+    for (int64_t& s : strides) a.push_back(&s);
+  }
+};
+
+constexpr int64_t kTmaElem = 2;  // fp16 / bf16
+
+// Whether the copy engine can address the (B, H, S, D) view at `base` with element strides
+// (b, h, s) and a contiguous last dim: a 16-byte aligned base, strides positive multiples of 16
+// bytes below 2^40, no empty dim.
+bool tma_view_ok(const void* base, int64_t b, int64_t h, int64_t s, int64_t d, const int64_t stride[3]) {
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  for (int64_t x : {b, h, s, d}) {
+    if (x <= 0 || x > INT32_MAX) return false;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (stride[i] <= 0 || (stride[i] * kTmaElem) % 16 != 0 || stride[i] * kTmaElem >= (int64_t{1} << 40)) return false;
+  }
+  return true;
+}
+
+bool tma_views_ok(const FlashParams& p) {
+  return tma_view_ok(p.q, p.batch, p.hq, p.sq, p.d, p.q_stride) &&
+         tma_view_ok(p.k, p.batch, p.hkv, p.skv, p.d, p.k_stride) &&
+         tma_view_ok(p.v, p.batch, p.hkv, p.skv, p.dv, p.v_stride) &&
+         tma_view_ok(p.y, p.batch, p.hq, p.sq, p.dv, p.y_stride);
+}
+
+// Encodes a view tma_view_ok accepted for the box the cubin expects; false if the driver
+// refuses it (the caller then runs the pointer kernel).
+bool encode_tma(const CudaDriver& drv, const TmaBox& box, DType dtype, const void* base,
+                int64_t b, int64_t h, int64_t s, int64_t d, const int64_t stride[3], TmaArg* out) {
+  constexpr int64_t kElem = kTmaElem;
+  const int64_t dims[4] = {b, h, s, d};
+  // The driver's order is innermost first: (D, S, H, B), byte strides of S, H, B.
+  const uint64_t gdims[4] = {static_cast<uint64_t>(d), static_cast<uint64_t>(s), static_cast<uint64_t>(h),
+                             static_cast<uint64_t>(b)};
+  const uint64_t gstrides[3] = {static_cast<uint64_t>(stride[2] * kElem), static_cast<uint64_t>(stride[1] * kElem),
+                                static_cast<uint64_t>(stride[0] * kElem)};
+  const uint32_t boxdims[4] = {static_cast<uint32_t>(box.cols), static_cast<uint32_t>(box.rows), 1, 1};
+  const uint32_t elem_strides[4] = {1, 1, 1, 1};
+  const int type = dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  if (drv.cuTensorMapEncodeTiled(&out->map, type, 4, const_cast<void*>(base), gdims, gstrides, boxdims,
+                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, box.swizzle,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    return false;
+  }
+  for (int i = 0; i < 4; ++i) out->dims[i] = static_cast<int32_t>(dims[i]);
+  out->strides[0] = stride[0];
+  out->strides[1] = stride[1];
+  out->strides[2] = stride[2];
+  out->strides[3] = 1;
+  return true;
+}
+
+// The four descriptors of `p` for kernel entry `e`; false if any cannot be encoded.
+bool encode_tma_args(const CudaDriver& drv, const FlashParams& p, const KernelEntry& e, TmaArg out[4]) {
+  return encode_tma(drv, e.tma[0], p.dtype, p.q, p.batch, p.hq, p.sq, p.d, p.q_stride, &out[0]) &&
+         encode_tma(drv, e.tma[1], p.dtype, p.k, p.batch, p.hkv, p.skv, p.d, p.k_stride, &out[1]) &&
+         encode_tma(drv, e.tma[2], p.dtype, p.v, p.batch, p.hkv, p.skv, p.dv, p.v_stride, &out[2]) &&
+         encode_tma(drv, e.tma[3], p.dtype, p.y, p.batch, p.hq, p.sq, p.dv, p.y_stride, &out[3]);
+}
+
+// The TMA twin of a forward variant, when this build has one for the device and TMA is on.
+const LoadedKernel* tma_kernel(const FlashParams& p, const DeviceKernels& dk, VariantKey key) {
+  const CudaDriver* drv = nullptr;
+  if (!tma_enabled() || !key.even_d || p.dtype == DType::kFloat32 || !cuda_driver(&drv).ok() ||
+      !drv->cuTensorMapEncodeTiled) {
+    return nullptr;
+  }
+  key.kind = KernelKind::kFwdTma;
+  return find_kernel(dk, key);
+}
+
 }  // namespace
 
 Status select_variant(const FlashParams& p, VariantKey* key) {
@@ -110,11 +248,24 @@ VariantKey decode_key(const FlashParams& p, KernelKind kind) {
 
 Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const LaunchPlan& plan,
                      CUstream stream, const WorkspaceFn& workspace);
+Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 
 }  // namespace
 
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan) {
   *plan = LaunchPlan{};
+  ORT_FLASH_RETURN_IF_ERROR(plan_decode(p, dk, can_split, plan));
+  if (plan->kind == KernelKind::kFwd) {
+    VariantKey key{};
+    ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
+    if (tma_kernel(p, dk, key) && tma_views_ok(p)) plan->kind = KernelKind::kFwdTma;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan) {
   const int64_t forced = decode_splits_override();
   if (forced == 0 || p.hkv <= 0 || p.sq > kMaxDecodeSq) return Status::Ok();
   const int64_t group = p.hq / p.hkv;
@@ -153,6 +304,8 @@ Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_s
   return Status::Ok();
 }
 
+}  // namespace
+
 Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace) {
   if (p.sq == 0 || p.batch == 0 || p.hq == 0) return Status::Ok();
   const CudaDriver* d = nullptr;
@@ -172,8 +325,6 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
     return Status::Error("no CUDA kernel in this build for " + describe(key) + " on sm_" +
                          std::to_string(dk->arch) + "; see `ort-flash info` for the compiled variants");
   }
-  const KernelEntry& e = *k->entry;
-  const int64_t grid_m = (p.sq + e.block_m - 1) / e.block_m;
   const int64_t grid_bh = p.batch * p.hq;
   if (grid_bh > 65535) {
     return Status::Error("batch x query heads = " + std::to_string(grid_bh) +
@@ -181,37 +332,31 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   }
 
   // The launch ABI (aot/build.py): runtime arguments in kernel order, then two scratch pointers.
-  CUdeviceptr q = reinterpret_cast<CUdeviceptr>(p.q), kk = reinterpret_cast<CUdeviceptr>(p.k),
-              v = reinterpret_cast<CUdeviceptr>(p.v), y = reinterpret_cast<CUdeviceptr>(p.y),
-              lse = reinterpret_cast<CUdeviceptr>(p.lse), mask = reinterpret_cast<CUdeviceptr>(p.mask),
-              seqlens = reinterpret_cast<CUdeviceptr>(p.seqlens_k);
-  float scale = p.scale, softcap = p.softcap;
-  int32_t hq = static_cast<int32_t>(p.hq), group = static_cast<int32_t>(p.hq / p.hkv),
-          sq = static_cast<int32_t>(p.sq), skv = static_cast<int32_t>(p.skv),
-          dd = static_cast<int32_t>(p.d), dv = static_cast<int32_t>(p.dv),
-          offset = static_cast<int32_t>(p.offset), causal = p.causal ? 1 : 0,
-          wl = static_cast<int32_t>(p.window_left), wr = static_cast<int32_t>(p.window_right),
-          mask_len = static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len),
-          has_seqlens = p.seqlens_k != nullptr, store_lse = p.lse != nullptr;
-  int64_t strides[15];
-  for (int i = 0; i < 3; ++i) {
-    strides[i] = p.q_stride[i];
-    strides[3 + i] = p.k_stride[i];
-    strides[6 + i] = p.v_stride[i];
-    strides[9 + i] = p.y_stride[i];
+  KernelArgs a(p);
+  std::vector<void*> args;
+  args.reserve(kTmaLaunchArgCount + 2);
+  const LoadedKernel* launched = k;
+  TmaArg tma[kTmaDescriptors];
+  if (plan.kind == KernelKind::kFwdTma) {
+    const LoadedKernel* t = tma_kernel(p, *dk, key);
+    if (t && encode_tma_args(*d, p, *t->entry, tma)) launched = t;
   }
-  for (int i = 0; i < 3; ++i) strides[12 + i] = p.mask_stride[i];  // the key stride is 1
-  CUdeviceptr global_scratch = 0, profile_scratch = 0;
-  void* args[kLaunchArgCount + 2] = {
-      &q, &kk, &v, &y, &lse, &mask, &seqlens, &scale, &softcap, &hq, &group, &sq, &skv, &dd, &dv,
-      &offset, &causal, &wl, &wr, &mask_len, &has_seqlens, &store_lse,
-      &strides[0], &strides[1], &strides[2], &strides[3], &strides[4], &strides[5], &strides[6],
-      &strides[7], &strides[8], &strides[9], &strides[10], &strides[11], &strides[12],
-      &strides[13], &strides[14], &global_scratch, &profile_scratch};
-  return cuda_check(d->cuLaunchKernel(k->function, static_cast<unsigned>(grid_m),
-                                      static_cast<unsigned>(grid_bh), 1, 32 * e.num_warps, 1, 1,
-                                      static_cast<unsigned>(e.shared), stream, args, nullptr),
-                    (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
+  if (launched != k) {
+    for (TmaArg& t : tma) t.push(args);
+  } else {
+    for (CUdeviceptr* x : {&a.q, &a.k, &a.v, &a.y}) args.push_back(x);
+  }
+  a.push_outputs_and_masks(args);
+  a.push_scalars(args);
+  a.push_strides_and_scratch(args);
+  const KernelEntry& le = *launched->entry;
+  const size_t expected = (launched != k ? kTmaLaunchArgCount : kLaunchArgCount) + 2;
+  if (args.size() != expected) return Status::Error("internal error: launch argument count mismatch");
+  const int64_t grid_m = (p.sq + le.block_m - 1) / le.block_m;
+  return cuda_check(d->cuLaunchKernel(launched->function, static_cast<unsigned>(grid_m),
+                                      static_cast<unsigned>(grid_bh), 1, 32 * le.num_warps, 1, 1,
+                                      static_cast<unsigned>(le.shared), stream, args.data(), nullptr),
+                    (std::string("cuLaunchKernel(") + le.variant_name + ")").c_str());
 }
 
 namespace {
@@ -232,45 +377,31 @@ Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const Launch
     const size_t parts = static_cast<size_t>(p.batch * p.hq * p.sq * plan.num_splits);
     lpart = opart + align_up(parts * static_cast<size_t>(p.dv) * 4);
   }
-  CUdeviceptr q = reinterpret_cast<CUdeviceptr>(p.q), kk = reinterpret_cast<CUdeviceptr>(p.k),
-              v = reinterpret_cast<CUdeviceptr>(p.v), y = reinterpret_cast<CUdeviceptr>(p.y),
-              lse = reinterpret_cast<CUdeviceptr>(p.lse), mask = reinterpret_cast<CUdeviceptr>(p.mask),
-              seqlens = reinterpret_cast<CUdeviceptr>(p.seqlens_k);
-  float scale = p.scale, softcap = p.softcap;
-  int32_t hq = static_cast<int32_t>(p.hq), group = static_cast<int32_t>(p.hq / p.hkv),
-          sq = static_cast<int32_t>(p.sq), skv = static_cast<int32_t>(p.skv),
-          dd = static_cast<int32_t>(p.d), dv = static_cast<int32_t>(p.dv),
-          offset = static_cast<int32_t>(p.offset), causal = p.causal ? 1 : 0,
-          wl = static_cast<int32_t>(p.window_left), wr = static_cast<int32_t>(p.window_right),
-          mask_len = static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len),
-          has_seqlens = p.seqlens_k != nullptr, store_lse = p.lse != nullptr,
-          splits = plan.num_splits;
-  int64_t st[15];
-  for (int i = 0; i < 3; ++i) {
-    st[i] = p.q_stride[i];
-    st[3 + i] = p.k_stride[i];
-    st[6 + i] = p.v_stride[i];
-    st[9 + i] = p.y_stride[i];
-    st[12 + i] = p.mask_stride[i];
-  }
-  CUdeviceptr global_scratch = 0, profile_scratch = 0;
-  void* args[kDecodeArgCount + 2] = {
-      &q, &kk, &v, &y, &lse, &mask, &seqlens, &opart, &lpart, &scale, &softcap, &hq, &group, &sq,
-      &skv, &dd, &dv, &offset, &causal, &wl, &wr, &mask_len, &has_seqlens, &store_lse, &splits,
-      &st[0], &st[1], &st[2], &st[3], &st[4], &st[5], &st[6], &st[7], &st[8], &st[9], &st[10],
-      &st[11], &st[12], &st[13], &st[14], &global_scratch, &profile_scratch};
+  KernelArgs a(p);
+  int32_t splits = plan.num_splits;
+  std::vector<void*> args{&a.q, &a.k, &a.v, &a.y};
+  a.push_outputs_and_masks(args);
+  args.push_back(&opart);
+  args.push_back(&lpart);
+  a.push_scalars(args);
+  args.push_back(&splits);
+  a.push_strides_and_scratch(args);
+  if (args.size() != kDecodeArgCount + 2) return Status::Error("internal error: decode argument count mismatch");
+  const int64_t group = p.hq / p.hkv;
   const int64_t m_blocks = (p.sq * group + e.block_m - 1) / e.block_m;
   ORT_FLASH_RETURN_IF_ERROR(cuda_check(
       d->cuLaunchKernel(k->function, static_cast<unsigned>(splits), static_cast<unsigned>(p.batch * p.hkv),
                         static_cast<unsigned>(m_blocks), 32 * e.num_warps, 1, 1,
-                        static_cast<unsigned>(e.shared), stream, args, nullptr),
+                        static_cast<unsigned>(e.shared), stream, args.data(), nullptr),
       (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str()));
   if (splits == 1) return Status::Ok();
   const KernelEntry& ce = *c->entry;
   const int64_t rows = p.batch * p.hq * p.sq;
   if (rows > INT32_MAX) return Status::Error("batch x heads x queries above 2^31 - 1 are not supported");
-  void* cargs[kCombineArgCount + 2] = {&opart, &lpart, &y, &lse, &hq, &sq, &dv, &splits, &store_lse,
-                                       &st[9], &st[10], &st[11], &global_scratch, &profile_scratch};
+  // hq, sq, dv, store_lse and Y's strides come from the shared arguments.
+  void* cargs[kCombineArgCount + 2] = {&opart, &lpart, &a.y, &a.lse, &a.ints[0], &a.ints[2], &a.ints[5],
+                                       &splits, &a.ints[12], &a.strides[9], &a.strides[10],
+                                       &a.strides[11], &a.global_scratch, &a.profile_scratch};
   return cuda_check(d->cuLaunchKernel(c->function, static_cast<unsigned>(rows), 1, 1, 32 * ce.num_warps,
                                       1, 1, static_cast<unsigned>(ce.shared), stream, cargs, nullptr),
                     (std::string("cuLaunchKernel(") + ce.variant_name + ")").c_str());

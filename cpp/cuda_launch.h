@@ -15,8 +15,9 @@ namespace ort_flash {
 // caller and valid until the work queued on the stream has run (stream-ordered reuse is fine).
 using WorkspaceFn = std::function<Status(size_t bytes, void** ptr)>;
 
-// How a call runs: the forward kernel, or the decode kernel with `num_splits` KV splits (more
-// than one adds the combine kernel and needs `workspace_bytes` of scratch).
+// How a call runs: the forward kernel (kFwdTma: its TMA-descriptor twin), or the decode kernel
+// with `num_splits` KV splits (more than one adds the combine kernel and needs `workspace_bytes`
+// of scratch).
 struct LaunchPlan {
   KernelKind kind = KernelKind::kFwd;
   int num_splits = 1;
@@ -27,6 +28,9 @@ struct LaunchPlan {
 // <= 64) meet a compiled decode variant; splits so that B x Hkv x splits CTAs fill the GPU,
 // each split at least 256 keys. `can_split` false (no workspace) keeps one split.
 // ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits.
+// Otherwise the forward kernel, as kFwdTma when the build has the TMA twin of the variant (sm_90,
+// fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every Q/K/V/Y view is
+// 16-byte aligned with positive strides, and ORT_FLASH_TMA is not "0".
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 
 // The variant `p` needs, or an error naming what this build cannot run.

@@ -9,8 +9,18 @@
 namespace ort_flash {
 
 // Which kernel of the family (aot/variants.py KIND_CODES): the forward kernel (any shape), the
-// split-KV decode kernel (aot/flash_decode.py) and its combine step.
-enum class KernelKind : int { kFwd = 0, kDecode = 1, kCombine = 2 };
+// split-KV decode kernel (aot/flash_decode.py), its combine step, and the forward kernel with
+// Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/cuda_launch.cc encodes them).
+enum class KernelKind : int { kFwd = 0, kDecode = 1, kCombine = 2, kFwdTma = 3 };
+
+// How a kFwdTma cubin expects one descriptor (aot/build.py reads it from Triton's metadata):
+// CUtensorMapSwizzle and the box, `rows` sequence positions x `cols` head-dim elements.
+struct TmaBox {
+  int swizzle;
+  int rows;
+  int cols;
+};
+constexpr int kTmaDescriptors = 4;  // Q, K, V, Y
 
 // The specialization a launch needs; mirrors aot/variants.py's Variant.
 struct VariantKey {
@@ -38,10 +48,13 @@ struct KernelEntry {
                              // is the splits merged per step
   const unsigned char* cubin;
   const unsigned char* cubin_end;
+  TmaBox tma[kTmaDescriptors];  // kFwdTma only (zeros otherwise)
 };
 
 // Runtime arguments of each kernel, in order (the launch ABI; aot/build.py asserts the counts).
 constexpr int kLaunchArgCount = 37;   // flash_fwd
+// flash_fwd with TMA: Q, K, V, Y each become the CUtensorMap, 4 dims (i32) and 4 strides (i64).
+constexpr int kTmaLaunchArgCount = kLaunchArgCount + kTmaDescriptors * 8;
 constexpr int kDecodeArgCount = 40;   // flash_decode_split
 constexpr int kCombineArgCount = 12;  // flash_decode_combine
 

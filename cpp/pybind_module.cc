@@ -19,6 +19,17 @@ using namespace ort_flash;
 
 namespace {
 
+// aot/variants.py KIND_CODES' names.
+const char* kind_name(KernelKind k) {
+  switch (k) {
+    case KernelKind::kFwd: return "fwd";
+    case KernelKind::kDecode: return "decode";
+    case KernelKind::kCombine: return "combine";
+    case KernelKind::kFwdTma: return "fwd_tma";
+  }
+  return "?";
+}
+
 const char* mask_name(MaskKind m) {
   return m == MaskKind::kNone ? "none" : (m == MaskKind::kBool ? "bool" : "add");
 }
@@ -38,12 +49,17 @@ py::list kernels() {
     d["precision"] = e.key.precision == Fp32Precision::kIeee ? "ieee" : (e.key.precision == Fp32Precision::kTf32 ? "tf32" : "tf32x3");
     d["mask"] = mask_name(e.key.mask);
     d["extras"] = e.key.extras;
-    d["kind"] = e.key.kind == KernelKind::kFwd ? "fwd" : (e.key.kind == KernelKind::kDecode ? "decode" : "combine");
+    d["kind"] = kind_name(e.key.kind);
     d["num_warps"] = e.num_warps;
     d["shared"] = e.shared;
     d["block_m"] = e.block_m;
     d["block_n"] = e.block_n;
     d["cubin_bytes"] = static_cast<size_t>(e.cubin_end - e.cubin);
+    if (e.key.kind == KernelKind::kFwdTma) {  // (swizzle, box rows, box cols) of Q, K, V, Y
+      py::list boxes;
+      for (const TmaBox& b : e.tma) boxes.append(py::make_tuple(b.swizzle, b.rows, b.cols));
+      d["tma"] = boxes;
+    }
     out.append(d);
   }
   return out;
@@ -129,10 +145,10 @@ PYBIND11_MODULE(_C, m) {
     check(prepare_device(device, &dk));
     LaunchPlan plan;
     check(plan_flash_cuda(p, *dk, true, &plan));
-    const char* kind = plan.kind == KernelKind::kDecode ? "decode" : "fwd";
-    return py::make_tuple(kind, plan.num_splits, plan.workspace_bytes);
+    return py::make_tuple(kind_name(plan.kind), plan.num_splits, plan.workspace_bytes);
   }, py::arg("p"), py::arg("device") = 0,
-     "How run_cuda / the op would run `p`: (\"fwd\" or \"decode\", KV splits, workspace bytes).");
+     "How run_cuda / the op would run `p`: (\"fwd\", \"fwd_tma\" or \"decode\", KV splits, "
+     "workspace bytes).");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     const CudaDriver* d = nullptr;
     check(cuda_driver(&d));

@@ -42,16 +42,22 @@ def format_info() -> str:
     ]
     groups = collections.defaultdict(set)
     decode = collections.defaultdict(set)
+    tma = collections.defaultdict(set)
     for k in kernels:
         if k.get("kind", "fwd") != "fwd":
             if k["kind"] == "decode":
                 decode[k["dtype"]].add(k["head_dim"])
+            elif k["kind"] == "fwd_tma":
+                tma[(k["dtype"], k["arch"])].add(k["head_dim"])
             continue
         name = k["dtype"] + (f" ({k['precision']} dots)" if k["dtype"] == "float32" else "")
         groups[name].add(k["head_dim"])
     for name, dims in sorted(groups.items()):
         lines.append(f"  {name:22s} head dims up to {', '.join(map(str, sorted(dims)))}; "
                      "causal or not, no/bool/additive mask, windows, softcap, nonpad_kv_seqlen")
+    for (name, arch), dims in sorted(tma.items()):
+        lines.append(f"  {name:22s} TMA tensor descriptors on sm_{arch} for head dims "
+                     f"{', '.join(map(str, sorted(dims)))} (16-byte aligned views; ORT_FLASH_TMA=0 turns them off)")
     for name, dims in sorted(decode.items()):
         lines.append(f"  {name:22s} split-KV decode (Sq <= 16, GQA group x Sq <= 64) for head dims up to "
                      f"{', '.join(map(str, sorted(dims)))}")

@@ -30,6 +30,11 @@ CASES = [
     dict(b=2, hq=4, hkv=2, sq=64, skv=190, d=128, mask="bool", causal=True),
     dict(b=2, hq=4, hkv=4, sq=50, skv=120, d=64, window=(16, 3), softcap=20.0),
     dict(b=3, hq=4, hkv=4, sq=8, skv=256, d=128, nonpad=True, causal=True),
+    # The 3-D layout's (B, S, H, D) storage (on sm_90 the TMA kernel describes it as is), and a
+    # static cache whose tail past nonpad_kv_seqlen holds NaN (never read into the output).
+    dict(b=2, hq=8, hkv=2, sq=300, skv=333, d=128, causal=True, layout="bshd"),
+    dict(b=2, hq=4, hkv=4, sq=129, skv=257, d=64, mask="add", layout="bshd"),
+    dict(b=3, hq=4, hkv=2, sq=40, skv=512, d=128, nonpad=True, nan_tail=True, layout="bshd"),
     # Decode shapes (split-KV kernel + combine; launch_plan below checks the dispatch).
     dict(b=1, hq=32, hkv=8, sq=1, skv=8191, d=128, causal=True),
     dict(b=2, hq=8, hkv=1, sq=4, skv=3000, d=64, causal=True, mask="add"),
@@ -48,7 +53,7 @@ def test_kernel_matches_reference(case, dtype):
     from ort_flash import _C
 
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
-                  nonpad=False), **case)
+                  nonpad=False, nan_tail=False, layout="bhsd"), **case)
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
@@ -56,17 +61,21 @@ def test_kernel_matches_reference(case, dtype):
     tdt = getattr(torch, TORCH[dtype])
     dev = torch.device("cuda")
 
-    def rand(*shape):
-        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(dev, tdt)
+    def rand(bb, h, s, dd, fill=None):  # logical (B, H, S, D), stored as the layout says
+        shape = (bb, s, h, dd) if c["layout"] == "bshd" else (bb, h, s, dd)
+        t = (torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(dev, tdt) if fill is None
+             else torch.full(shape, fill, dtype=tdt, device=dev))
+        return t.permute(0, 2, 1, 3) if c["layout"] == "bshd" else t
 
     q, k, v = rand(b, hq, sq, d), rand(b, hkv, skv, d), rand(b, hkv, skv, dv)
-    y = torch.full((b, hq, sq, dv), float("nan"), dtype=tdt, device=dev)
+    y = rand(b, hq, sq, dv, fill=float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=dev)
     p = _C.FlashParams()
     p.dtype = getattr(_C.DType, dtype)
-    p.q, p.k, p.v, p.y, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), y.data_ptr(), lse.data_ptr()
+    kk, vk = k.clone(), v.clone()  # what the kernel reads (the reference reads k, v)
+    p.q, p.k, p.v, p.y, p.lse = q.data_ptr(), kk.data_ptr(), vk.data_ptr(), y.data_ptr(), lse.data_ptr()
     p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, d, dv
-    p.q_stride, p.k_stride, p.v_stride, p.y_stride = (list(t.stride()[:3]) for t in (q, k, v, y))
+    p.q_stride, p.k_stride, p.v_stride, p.y_stride = (list(t.stride()[:3]) for t in (q, kk, vk, y))
     p.scale = 1.0 / math.sqrt(d)
     p.causal = c["causal"]
     p.offset = c["offset"]
@@ -94,6 +103,9 @@ def test_kernel_matches_reference(case, dtype):
         lens_t = torch.from_numpy(lens.astype(np.int64)).to(dev)
         p.seqlens_k = lens_t.data_ptr()
         ref_kwargs["nonpad_kv_seqlen"] = lens.astype(np.int64)
+        if c["nan_tail"]:
+            for i, n in enumerate(lens):
+                kk[i, :, n:], vk[i, :, n:] = float("nan"), float("nan")
     _C.run_cuda(p, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
 
@@ -156,6 +168,34 @@ def test_decode_dispatch():
     assert _C.launch_plan(_decode_params(1, 32, 1, 4, 4096, 128))[0] == "fwd"  # 128 packed rows
 
 
+def test_tma_dispatch():
+    """On sm_90 fp16/bf16 prefill with exact head dims 64/128 takes the TMA-descriptor kernel, in
+    either layout; fp32, other head dims, decode shapes and ORT_FLASH_TMA=0 do not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ort_flash import _C
+
+    arch = _C.prepare_device(0)[1]
+    bshd = _decode_params(2, 16, 4, 1000, 1000, 128)
+    bshd.q_stride = bshd.y_stride = [1000 * 16 * 128, 128, 16 * 128]
+    bshd.k_stride = bshd.v_stride = [1000 * 4 * 128, 128, 4 * 128]
+    tma_cases = [_decode_params(2, 16, 4, 1000, 1000, 128), _decode_params(1, 32, 32, 513, 700, 64, "bfloat16"), bshd]
+    for p in tma_cases:
+        assert _C.launch_plan(p)[0] == ("fwd_tma" if arch == 90 else "fwd")
+    assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 128, "float32"))[0] == "fwd"
+    assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 80))[0] == "fwd"
+    assert _C.launch_plan(_decode_params(1, 32, 8, 1, 4096, 128))[0] == "decode"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from ort_flash import _C; "
+            "from test_cuda_kernel import _decode_params as d; "
+            "print(_C.launch_plan(d(2, 16, 4, 1000, 1000, 128))[0])")
+    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
+                       text=True, env=dict(os.environ, ORT_FLASH_TMA="0"))
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "fwd", r.stdout + r.stderr
+
+
 def test_kernels_load_on_this_gpu():
     from ort_flash import _C
 
@@ -179,7 +219,7 @@ def test_tensors_past_2_31_elements():
     p.dtype = _C.DType.float16
     p.q, p.k, p.v, p.y = q.data_ptr(), k.data_ptr(), v.data_ptr(), y.data_ptr()
     p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, d, d
-    p.q_stride, p.k_stride, p.v_stride, p.y_stride = (list(t.stride()[:3]) for t in (q, k, v, y))
+    p.q_stride, p.k_stride, p.v_stride, p.y_stride = (list(t.stride()[:3]) for t in (q, kk, vk, y))
     p.scale = 0.125
     _C.run_cuda(p, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()

@@ -137,8 +137,9 @@ class KernelCalls:
             return None
         dtype, head_dim, even_d, mask, extras = self.variant
         arch = self.device_info[1]
+        kind = self._C.launch_plan(self.params[0])[0]  # "fwd", its TMA twin "fwd_tma", or "decode"
         for k in self._C.kernels():
             if (k["dtype"], k["head_dim"], k["even_d"], k["mask"], k["extras"], k["arch"],
-                    k.get("kind", "fwd")) == (dtype, head_dim, even_d, mask, extras, arch, "fwd"):
+                    k.get("kind", "fwd")) == (dtype, head_dim, even_d, mask, extras, arch, kind):
                 return {key: k[key] for key in ("variant", "arch", "block_m", "block_n", "num_warps", "shared")}
         return None
