@@ -4,13 +4,15 @@
 #
 #   bash tools/gpu_release.sh tests   # build, `pytest -m gpu`, demo, decode benchmark (quick)
 #   bash tools/gpu_release.sh bench   # op benchmark (fp16 + bf16, quick), end to end (4 layers)
-#   bash tools/gpu_release.sh extra   # compute-sanitizer memcheck on the direct-kernel tests,
-#                                     # the Hopper levers (aot/levers.py), the decode tile sweep
+#   bash tools/gpu_release.sh op      # the op benchmark's whole grid (N 512 ... 16k, fp16 + bf16)
+#   bash tools/gpu_release.sh extra   # compute-sanitizer: memcheck on the GPU suite, racecheck
+#                                     # on the direct-kernel tests (tools/gpu_sanitize.sh)
+#   bash tools/gpu_release.sh tune    # the tile sweeps: aot/tune.py --tma, aot/tune_decode.py
 #
 # Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache (see tools/gpu_session.sh).
-# Everything lands in $OUT: logs, bench-{decode,op,e2e}.json, levers.json, tune-decode.json.
+# Everything lands in $OUT: logs, bench-{decode,op,e2e}.json, tune-tma.json, tune-decode.json.
 # Set ORT_FLASH_BENCH_COMMIT to the commit under test (the copy on the machine has no history).
-# Budgets (seconds) per part: DECODE_S, OP_S, E2E_S, MEMCHECK_S, LEVERS_S, TUNE_S.
+# Budgets (seconds) per part: DECODE_S, OP_S, E2E_S, MEMCHECK_S, RACECHECK_S, TUNE_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -28,18 +30,21 @@ case "${1:-}" in
     bench --suite op --quick --dtypes float16 bfloat16 --budget-s "${OP_S:-150}" --out "$OUT/bench-op.json" | tail -45
     bench --suite e2e --quick --e2e-layers 4 --budget-s "${E2E_S:-160}" --out "$OUT/bench-e2e.json" | tail -30
     ;;
-  extra)
-    CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-    if [ -n "$CS" ]; then
-      timeout "${MEMCHECK_S:-150}" "$CS" --tool memcheck --error-exitcode 97 --print-limit 50 \
-        --target-processes all --log-file "$OUT/memcheck.%p.log" \
-        python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_kernel.py -k "not past_2_31" \
-        > "$OUT/pytest-memcheck.log" 2>&1
-      echo "== memcheck exit $?"; tail -3 "$OUT/pytest-memcheck.log"
-      grep -h "ERROR SUMMARY" "$OUT"/memcheck.*.log | sort | uniq -c
-    fi
-    timeout "${LEVERS_S:-100}" python3 aot/levers.py --out "$OUT/levers.json" 2>&1 | grep -v "^  skip" | tail -8
-    timeout "${TUNE_S:-60}" python3 aot/tune_decode.py --out "$OUT/tune-decode.json" 2>&1 | grep -v "^  skip" | tail -6
+  op)
+    bench --suite op --dtypes float16 bfloat16 --budget-s "${OP_S:-530}" --out "$OUT/bench-op-full.json" | tail -60
     ;;
-  *) echo "usage: $0 tests|bench|extra"; exit 2 ;;
+  extra)
+    # The build from `tests` is reused (the machine stayed warm); memcheck over the GPU suite but
+    # the 10 000-run and >2^31-element tests, then racecheck over the direct-kernel tests.
+    TOOLS=memcheck timeout "${MEMCHECK_S:-400}" bash tools/gpu_sanitize.sh -m gpu tests \
+      -k "not 10000_runs and not past_2_31" 2>&1 | tail -12
+    TOOLS=racecheck timeout "${RACECHECK_S:-150}" bash tools/gpu_sanitize.sh -m gpu \
+      tests/test_cuda_kernel.py -k "not past_2_31" 2>&1 | tail -8
+    ;;
+  tune)
+    (cd aot && timeout "${TUNE_S:-400}" python3 tune.py --tma --dtypes fp16 --out "$OUT/tune-tma.json" 2>&1 \
+      | grep -v "^  skip" | tail -10)
+    timeout "${TUNE_S:-100}" python3 aot/tune_decode.py --out "$OUT/tune-decode.json" 2>&1 | grep -v "^  skip" | tail -6
+    ;;
+  *) echo "usage: $0 tests|bench|op|extra|tune"; exit 2 ;;
 esac

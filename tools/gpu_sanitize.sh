@@ -8,7 +8,12 @@
 # or by hand after building (onnxruntime-gpu importable, ort_flash installed):
 #   bash tools/gpu_sanitize.sh [pytest args ...]
 # Env: COMPUTE_SANITIZER (default: found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin),
-#      OUT (logs; default /tmp/out), PYTHON (default python3).
+#      OUT (logs; default /tmp/out), PYTHON (default python3),
+#      TOOLS (default "memcheck racecheck"),
+#      SANITIZE_KERNELS (default kns=flash_: only ort_flash's kernels, whose names all start with
+#        flash_, are instrumented; ONNX Runtime's and cuBLAS's run as they are, which makes a
+#        session test seconds instead of minutes. CUDA API errors are checked for every call
+#        either way. Set it empty to instrument every kernel.)
 #
 # Left out by default: the 10 000-run device-memory test (too slow under instrumentation, and
 # the sanitizer's own allocations would blur it) and the >2^31-element test (minutes of
@@ -33,10 +38,11 @@ if [ $# -eq 0 ]; then
 fi
 
 status=0
-for tool in memcheck racecheck; do
-  echo "== compute-sanitizer --tool $tool: pytest $*"
+FILTER=${SANITIZE_KERNELS-kns=flash_}
+for tool in ${TOOLS:-memcheck racecheck}; do
+  echo "== compute-sanitizer --tool $tool ${FILTER:+--kernel-name $FILTER}: pytest $*"
   t0=$(date +%s)
-  "$CS" --tool "$tool" --error-exitcode 97 --print-limit 50 --target-processes all \
+  "$CS" --tool "$tool" ${FILTER:+--kernel-name "$FILTER"} --error-exitcode 97 --print-limit 50 --target-processes all \
         --log-file "$OUT/sanitize-$tool.%p.log" \
         "$PY" -m pytest -q -p no:cacheprovider "$@" > "$OUT/pytest-sanitize-$tool.log" 2>&1
   rc=$?
