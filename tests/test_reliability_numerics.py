@@ -88,9 +88,14 @@ def test_fp16_scores_that_overflow_fp16(provider, masked):
         return (4 * np.round(np.clip(rng.standard_normal(shape) * 150, -300, 300) / 4)).astype(f16)
 
     feeds = {"Q": big((2, 4, 33, 64)), "K": big((2, 4, 71, 64)), "V": randn(rng, (2, 4, 71, 64), f16)}
+    # Query 0 and key 0 all +300: their score, 64 * 300^2 = 5.8e6, overflows fp16 whatever the
+    # random draw, and key 0 stays visible (causal from the bottom right; the mask keeps it).
+    feeds["Q"][:, :, 0, :] = 300
+    feeds["K"][:, :, 0, :] = 300
     attrs = {}
     if masked:
         feeds["attn_mask"] = np.where(rng.random((2, 1, 33, 71)) < 0.2, -np.inf, 0).astype(f16)
+        feeds["attn_mask"][..., 0] = 0
         attrs = {"is_causal": 1}
     ref_attrs = {"is_causal": bool(attrs.get("is_causal"))}
     q, k, v = feeds["Q"], feeds["K"], feeds["V"]
