@@ -3,14 +3,15 @@
 # (the machine stays warm between back-to-back calls, so the build of step 1 is reused):
 #
 #   bash tools/gpu_release.sh tests   # build, `pytest -m gpu`, demo, decode benchmark (quick)
-#   bash tools/gpu_release.sh bench   # op benchmark (fp16 + bf16, quick), end to end (4 layers)
+#   bash tools/gpu_release.sh bench   # op benchmark (fp16 + bf16, quick), end to end and the
+#                                     # LLaMA-style decode step end to end (4 layers)
 #   bash tools/gpu_release.sh extra   # compute-sanitizer memcheck on the direct-kernel tests,
 #                                     # the Hopper levers (aot/levers.py), the decode tile sweep
 #
 # Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache (see tools/gpu_session.sh).
-# Everything lands in $OUT: logs, bench-{decode,op,e2e}.json, levers.json, tune-decode.json.
+# Everything lands in $OUT: logs, bench-{decode,op,e2e,decode_e2e}.json, levers.json, tune-decode.json.
 # Set ORT_FLASH_BENCH_COMMIT to the commit under test (the copy on the machine has no history).
-# Budgets (seconds) per part: DECODE_S, OP_S, E2E_S, MEMCHECK_S, LEVERS_S, TUNE_S.
+# Budgets (seconds) per part: DECODE_S, OP_S, E2E_S, DECODE_E2E_S, MEMCHECK_S, LEVERS_S, TUNE_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -27,6 +28,8 @@ case "${1:-}" in
   bench)
     bench --suite op --quick --dtypes float16 bfloat16 --budget-s "${OP_S:-150}" --out "$OUT/bench-op.json" | tail -45
     bench --suite e2e --quick --e2e-layers 4 --budget-s "${E2E_S:-160}" --out "$OUT/bench-e2e.json" | tail -30
+    bench --suite decode_e2e --quick --e2e-layers 4 --budget-s "${DECODE_E2E_S:-170}" \
+      --out "$OUT/bench-decode_e2e.json" | tail -16
     ;;
   extra)
     CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
