@@ -319,11 +319,13 @@ def _ms_cell(row: dict | None):
 
 
 def model_notes(suite: dict) -> list[str]:
-    """One line per model: its size, what each variant holds, the rewrite and its verification."""
+    """One line per model: its size, the attention nodes of each variant, what the rewrite did,
+    its verification against the original, what the ORT optimizer fused."""
     lines = []
     for name, info in suite.get("models", {}).items():
         spec, rw, v = info.get("spec", {}), info.get("rewrite") or {}, info.get("verify") or {}
-        check = ("not run" if not v else "passed" if v.get("passed") else f"FAILED ({v.get('error') or v.get('failed')})")
+        check = "not run" if not v else "passed" if v.get("passed") else \
+            f"FAILED ({v.get('error') or v.get('failed')})"
         worst = v.get("worst") or {}
         lines.append(
             f"{name}: {spec.get('parameters', 0) / 1e6:.3g} M parameters at {spec.get('layers')} layers; attention "
