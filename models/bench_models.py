@@ -16,11 +16,20 @@ by the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``, opset 17)
 ``last_hidden_state``; IR version 10 (onnxruntime 1.31 loads IR <= 13); weights in external data
 beside the model when the file would pass 2 GB.
 
+``cache=True`` (the decoders: GPT-2, LLaMA) exports one decoding step with a KV cache instead,
+for ``ort-flash bench --suite decode_e2e``: inputs ``input_ids`` (B, S), ``attention_mask``
+(B, "past_sequence + sequence") and per layer ``past_key_i`` / ``past_value_i`` (B, Hkv,
+"past_sequence", D) in the model's dtype; outputs ``last_hidden_state`` (B, S, hidden) and
+``present_key_i`` / ``present_value_i`` (B, Hkv, "past_sequence + sequence", D). The wrapper
+that hands the flat tensors to transformers as a Cache is ``models/families.py``'s
+``cached_step`` (the rewriter's family tests export their tiny cached steps through it too).
+
 ``layers`` can be cut (``--e2e-layers``) to fit a time budget: per-layer cost and the attention
 share of it do not change, so ratios between variants stay meaningful; the result JSON records
 the sizes used. Exports are cached on disk, keyed by everything that shapes the file.
 
     python models/bench_models.py --name bert-base --dtype float16 --out /tmp/bert.onnx
+    python models/bench_models.py --name llama-1b --layers 4 --cache --out /tmp/llama-step.onnx
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ import hashlib
 import json
 import os
 import pathlib
+import sys
 import tempfile
 import warnings
 
@@ -37,6 +47,8 @@ OPSET = 17
 IR_VERSION = 10
 SEED = 0
 TWO_GB = 2 * 1024**3
+# Bump when the cached-step export changes in a way the spec does not show (families.cached_step).
+CACHED_STEP_REVISION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,10 +108,21 @@ def _config(spec: ModelSpec):
     raise ValueError(f"unknown family {spec.family!r}")
 
 
+def _base_model(spec: ModelSpec):
+    """The transformers base model (no head) with random weights (seeded), in float32."""
+    import torch
+    import transformers
+
+    torch.manual_seed(SEED)
+    if spec.family == "bert":
+        return transformers.BertModel(_config(spec), add_pooling_layer=False)
+    cls = {"gpt2": transformers.GPT2Model, "llama": transformers.LlamaModel}[spec.family]
+    return cls(_config(spec))
+
+
 def build_torch_model(spec: ModelSpec, dtype: str = "float16", device: str = "cpu"):
     """The transformers base model with random weights (seeded), eval mode, hidden states out."""
     import torch
-    import transformers
 
     class HiddenStatesOnly(torch.nn.Module):
         def __init__(self, inner, extra):
@@ -110,50 +133,83 @@ def build_torch_model(spec: ModelSpec, dtype: str = "float16", device: str = "cp
             out = self.inner(input_ids=input_ids, attention_mask=attention_mask, **self.extra)
             return out.last_hidden_state
 
-    torch.manual_seed(SEED)
-    if spec.family == "bert":
-        inner, extra = transformers.BertModel(_config(spec), add_pooling_layer=False), {}
-    else:
-        cls = {"gpt2": transformers.GPT2Model, "llama": transformers.LlamaModel}[spec.family]
-        inner, extra = cls(_config(spec)), {"use_cache": False}
-    model = HiddenStatesOnly(inner.eval(), extra)
+    extra = {} if spec.family == "bert" else {"use_cache": False}
+    model = HiddenStatesOnly(_base_model(spec).eval(), extra)
     return model.to(device=device, dtype=getattr(torch, dtype)).eval()
 
 
-def cache_key(spec: ModelSpec, dtype: str) -> str:
+def _families():
+    """models/families.py beside this file (its ``cached_step`` wraps a model for a cached export)."""
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from models import families
+
+    return families
+
+
+def build_cached_step(spec: ModelSpec, dtype: str = "float16", device: str = "cpu"):
+    """(module, example inputs by name, dynamic axes by name, output names) of one decoding step
+    of the base model with a KV cache (module docstring), through families.cached_step."""
+    import torch
+
+    if spec.family not in ("gpt2", "llama"):
+        raise ValueError(f"{spec.name}: no cached decoding step for the {spec.family} family")
+    families = _families()
+    torch_dtype = getattr(torch, dtype)
+    inner = _base_model(spec).eval().to(device=device, dtype=torch_dtype)
+    module, inputs, dynamic = families.cached_step(inner, inner.config, spec.layers, torch_dtype,
+                                                   output="last_hidden_state")
+    outputs = {"last_hidden_state": dynamic["input_ids"], **families.present_axes(dynamic, spec.layers)}
+    return module, {k: v.to(device) for k, v in inputs.items()}, {**dynamic, **outputs}, list(outputs)
+
+
+def cache_key(spec: ModelSpec, dtype: str, cache: bool = False) -> str:
     import torch
     import transformers
 
-    blob = json.dumps([dataclasses.asdict(spec), dtype, OPSET, IR_VERSION, SEED,
-                       torch.__version__, transformers.__version__], sort_keys=True)
-    return f"{spec.name}-L{spec.layers}-{dtype}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    recipe = [dataclasses.asdict(spec), dtype, OPSET, IR_VERSION, SEED, torch.__version__,
+              transformers.__version__]
+    if cache:  # the uncached exports keep the keys they had before cached steps existed
+        recipe.append({"cache": True, "revision": CACHED_STEP_REVISION})
+    blob = json.dumps(recipe, sort_keys=True)
+    kv = "-kv" if cache else ""
+    return f"{spec.name}-L{spec.layers}-{dtype}{kv}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def export(spec: ModelSpec, path: str | os.PathLike, dtype: str = "float16", device: str = "cpu") -> pathlib.Path:
-    """Exports the model to ``path`` (external data ``<name>.data`` beside it when > 2 GB)."""
+def export(spec: ModelSpec, path: str | os.PathLike, dtype: str = "float16", device: str = "cpu",
+           *, cache: bool = False) -> pathlib.Path:
+    """Exports the model (``cache``: one decoding step with a KV cache) to ``path`` (external
+    data ``<name>.data`` beside it when > 2 GB)."""
     import onnx
     import torch
 
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = build_torch_model(spec, dtype, device)
-    ids = torch.randint(1, spec.vocab, (2, 16), dtype=torch.int64, device=device)
-    mask = torch.ones(2, 16, dtype=torch.int64, device=device)
-    mask[1, 12:] = 0
+    if cache:
+        model, inputs, dynamic_axes, output_names = build_cached_step(spec, dtype, device)
+    else:
+        model = build_torch_model(spec, dtype, device)
+        ids = torch.randint(1, spec.vocab, (2, 16), dtype=torch.int64, device=device)
+        mask = torch.ones(2, 16, dtype=torch.int64, device=device)
+        mask[1, 12:] = 0
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        output_names = ["last_hidden_state"]
+        dynamic_axes = {"input_ids": {0: "batch", 1: "sequence"},
+                        "attention_mask": {0: "batch", 1: "sequence"},
+                        "last_hidden_state": {0: "batch", 1: "sequence"}}
     with tempfile.TemporaryDirectory(dir=path.parent) as tmpdir:
         tmp = pathlib.Path(tmpdir) / "export.onnx"  # large exports scatter weights beside it
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer warnings about masks traced as constants
             torch.onnx.export(
-                model, (ids, mask), str(tmp), dynamo=False, opset_version=OPSET,
-                input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
-                dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
-                              "attention_mask": {0: "batch", 1: "sequence"},
-                              "last_hidden_state": {0: "batch", 1: "sequence"}},
+                model, tuple(inputs.values()), str(tmp), dynamo=False, opset_version=OPSET,
+                input_names=list(inputs), output_names=output_names, dynamic_axes=dynamic_axes,
                 do_constant_folding=True)
         proto = onnx.load(str(tmp))  # pulls in any external data the exporter wrote
     proto.ir_version = IR_VERSION  # producer stays "pytorch": ORT's optimizer checks it
-    onnx.helper.set_model_props(proto, {"ort_flash.bench.model": json.dumps(dataclasses.asdict(spec))})
+    props = dict(dataclasses.asdict(spec), **({"cache": True} if cache else {}))
+    onnx.helper.set_model_props(proto, {"ort_flash.bench.model": json.dumps(props)})
     save(proto, path)
     return path
 
@@ -175,12 +231,13 @@ def save(proto, path: str | os.PathLike) -> pathlib.Path:
 
 
 def cached_export(spec: ModelSpec, cache_dir: str | os.PathLike, dtype: str = "float16",
-                  device: str = "cpu") -> tuple[pathlib.Path, bool]:
-    """(path, was_cached): the export of ``spec`` under ``cache_dir``, made if missing."""
-    path = pathlib.Path(cache_dir) / cache_key(spec, dtype) / "model.onnx"
+                  device: str = "cpu", *, cache: bool = False) -> tuple[pathlib.Path, bool]:
+    """(path, was_cached): the export of ``spec`` (``cache``: its decoding step) under
+    ``cache_dir``, made if missing."""
+    path = pathlib.Path(cache_dir) / cache_key(spec, dtype, cache) / "model.onnx"
     if path.is_file():
         return path, True
-    return export(spec, path, dtype, device), False
+    return export(spec, path, dtype, device, cache=cache), False
 
 
 def main(argv=None) -> int:
@@ -189,10 +246,11 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--dtype", choices=("float16", "float32"), default="float16")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--cache", action="store_true", help="one decoding step with a KV cache (gpt2, llama)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     spec = SPECS[args.name].scaled(args.layers)
-    path = export(spec, args.out, args.dtype, args.device)
+    path = export(spec, args.out, args.dtype, args.device, cache=args.cache)
     print(f"wrote {path} ({spec.parameters() / 1e6:.0f} M parameters)")
     return 0
 

@@ -19,7 +19,7 @@ the model allows it), 0/1 ``attention_mask`` inputs where the family takes one, 
 ``ExportSpec(..., cache=True)`` (GPT-2, LLaMA, Qwen2, and the BART and Whisper decoders) is one
 decoding step with a KV cache instead: flat ``past_key_i`` / ``past_value_i`` inputs
 (B, Hkv, past_sequence, D), an ``attention_mask`` of length "past_sequence + sequence", and
-``present_key_i`` / ``present_value_i`` outputs after the first (see ``_build_cached``).
+``present_key_i`` / ``present_value_i`` outputs after the first (see ``cached_step``).
 """
 
 from __future__ import annotations
@@ -186,12 +186,8 @@ def _export_proto(spec: ExportSpec) -> onnx.ModelProto:
 
     model, inputs, dynamic = build(spec)
     names = list(inputs)
-    outputs = ["output"] + [f"present_{kv}_{i}" for i in range(_cache_layers(spec))
-                            for kv in ("key", "value")]
-    output_axes = {"output": {0: "batch"}}
-    output_axes.update({o: {0: "batch", 2: PAST + " + " + dynamic["input_ids" if "input_ids" in
-                                                                   dynamic else "decoder_input_ids"][1]}
-                        for o in outputs[1:]})
+    output_axes = {"output": {0: "batch"}, **present_axes(dynamic, _cache_layers(spec))}
+    outputs = list(output_axes)
     buffer = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -396,7 +392,17 @@ def _cache_layers(spec: ExportSpec) -> int:
 
 
 def _build_cached(spec: ExportSpec):
-    """One decoding step with a KV cache, wrapped so the export has flat tensors:
+    """One decoding step of ``spec``'s tiny model with a KV cache (see ``cached_step``)."""
+    import torch
+
+    config, net = _random_model(spec)
+    return cached_step(net, config, _cache_layers(spec), getattr(torch, spec.dtype))
+
+
+def cached_step(net, config, layers: int, dtype, *, output: str | None = None):
+    """(module, example inputs by name, dynamic axes by name) of one decoding step of ``net``
+    (a transformers model of ``config``, ``layers`` layers, weights in ``dtype``) with a KV
+    cache, wrapped so the export has flat tensors:
 
     - gpt2, llama, qwen2: (input_ids (B, S), attention_mask (B, P + S), past_key_i,
       past_value_i (B, Hkv, P, D) per layer) -> (logits, present_key_i, present_value_i);
@@ -409,12 +415,13 @@ def _build_cached(spec: ExportSpec):
 
     The model gets its cache as a transformers Cache object built from the flat tensors
     (DynamicCache, EncoderDecoderCache for the decoders) and returns the updated one.
+    ``output`` names the model output returned first (default: logits, last_hidden_state for
+    the decoders); ``models/bench_models.py`` exports its base LLaMA model's step through here
+    with "last_hidden_state". Example sizes: B 2, S 4, P ``PAST_LEN``; the dims are dynamic.
     """
     import torch
 
-    config, net = _random_model(spec)
-    dtype = getattr(torch, spec.dtype)
-    layers = _cache_layers(spec)
+    family = config.model_type
     batch, seq, past, enc = 2, 4, PAST_LEN, 6
     heads = getattr(config, "num_key_value_heads", None) or getattr(
         config, "n_head", None) or config.decoder_attention_heads
@@ -430,18 +437,18 @@ def _build_cached(spec: ExportSpec):
     past_axes = {0: "batch", 2: PAST}
     inputs: dict[str, torch.Tensor] = {}
     dynamic: dict[str, dict[int, str]] = {}
-    if spec.family in ("gpt2", "llama", "qwen2"):
+    if family in ("gpt2", "llama", "qwen2"):
         inputs.update(input_ids=ids, attention_mask=mask)
         dynamic.update(input_ids=step, attention_mask=total)
     else:
         inputs["decoder_input_ids"] = ids
         dynamic["decoder_input_ids"] = step
-        if spec.family == "whisper":  # see build(): without it, aten::diff (TorchScript fails)
+        if family == "whisper":  # see build(): without it, aten::diff (TorchScript fails)
             inputs["decoder_attention_mask"] = mask
             dynamic["decoder_attention_mask"] = total
         inputs["encoder_hidden_states"] = torch.randn(batch, enc, hidden, dtype=dtype)
         dynamic["encoder_hidden_states"] = {0: "batch", 1: "encoder_sequence"}
-        if spec.family == "bart":
+        if family == "bart":
             enc_mask = torch.ones(batch, enc, dtype=torch.int64)
             enc_mask[1, -2:] = 0
             inputs["encoder_attention_mask"] = enc_mask
@@ -450,19 +457,27 @@ def _build_cached(spec: ExportSpec):
         for kv in ("key", "value"):
             inputs[f"past_{kv}_{i}"] = cache(past)
             dynamic[f"past_{kv}_{i}"] = past_axes
-    if spec.family in ("bart", "whisper"):
+    if family in ("bart", "whisper"):
         for i in range(layers):
             for kv in ("key", "value"):
                 inputs[f"past_cross_{kv}_{i}"] = cache(enc)
                 dynamic[f"past_cross_{kv}_{i}"] = {0: "batch", 2: "encoder_sequence"}
-    return _CachedStep(net, tuple(inputs), layers), inputs, dynamic
+    return _CachedStep(net, tuple(inputs), layers, output), inputs, dynamic
+
+
+def present_axes(dynamic: dict[str, dict[int, str]], layers: int) -> dict[str, dict[int, str]]:
+    """The cached step's present_key_i / present_value_i outputs, in output order, with their
+    dynamic axes (batch, ·, "past_sequence + sequence", ·); empty for ``layers`` 0."""
+    new = dynamic["input_ids" if "input_ids" in dynamic else "decoder_input_ids"][1]
+    return {f"present_{kv}_{i}": {0: "batch", 2: f"{PAST} + {new}"}
+            for i in range(layers) for kv in ("key", "value")}
 
 
 class _CachedStep:
     """Calls the model (or its decoder) with a Cache built from flat past tensors and returns
     (output, present_key_0, present_value_0, ...)."""
 
-    def __new__(cls, net, names: tuple[str, ...], layers: int):
+    def __new__(cls, net, names: tuple[str, ...], layers: int, output: str | None = None):
         import torch
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -485,7 +500,7 @@ class _CachedStep:
                     named = {k.removeprefix("decoder_"): v for k, v in named.items()}
                 out = self.net(**named, cache=cache, use_cache=True, return_dict=True)
                 cache = out.cache.self_attention_cache if decoder else out.cache
-                first = out.last_hidden_state if decoder else out.logits
+                first = getattr(out, output or ("last_hidden_state" if decoder else "logits"))
                 flat = [t for layer in cache.layers for t in (layer.keys, layer.values)]
                 return (first, *flat)
 

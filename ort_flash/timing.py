@@ -9,13 +9,17 @@ import time
 
 
 class SessionTimer:
-    """Times `session.run` over rotating feed sets; on CUDA binds inputs and outputs on device."""
+    """Times `session.run` over rotating feed sets; on CUDA binds inputs and outputs on device.
 
-    def __init__(self, session, feed_sets: list[dict], device: str = "cpu"):
+    ``bindings``: IOBindings the caller prepared instead (inputs and outputs bound to buffers it
+    owns, on any device, e.g. a KV cache filled on the GPU), run in rotation; ``feed_sets`` is
+    then unused."""
+
+    def __init__(self, session, feed_sets: list[dict], device: str = "cpu", bindings: list | None = None):
         self.session = session
         self.device = device
-        self.bindings = []
-        if device == "cuda":
+        self.bindings = list(bindings or [])
+        if device == "cuda" and not self.bindings:
             import onnxruntime as ort
             for feeds in feed_sets:
                 io = session.io_binding()
@@ -27,7 +31,7 @@ class SessionTimer:
         self.feed_sets = feed_sets
 
     def run_once(self, i: int = 0) -> None:
-        if self.device == "cuda":
+        if self.bindings:
             io = self.bindings[i % len(self.bindings)]
             io.synchronize_inputs()
             self.session.run_with_iobinding(io)

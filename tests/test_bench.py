@@ -8,7 +8,9 @@ import math
 
 import pytest
 
-from ort_flash.bench import cpu_suite, decode_peers, decode_suite, op_peers, op_suite, results, targets
+from ort_flash.bench import (
+    cpu_suite, decode_e2e_suite, decode_peers, decode_suite, op_peers, op_suite, results, targets,
+)
 from ort_flash.bench.measure import Context, add_ratios
 from ort_flash.bench.tensors import rotation_sets
 from ort_flash.bench.workload import attention_flops, floor_ms, kv_read_bytes, tbps, tflops
@@ -152,9 +154,19 @@ def _synthetic_document() -> dict:
                         for v, ms, mb in (("original", 30.0, 4000.0), ("ort_flash", 8.0, 300.0),
                                           ("ort_optimizer", 9.0, 350.0))]
     e2e["models"] = {"bert-base": {"spec": {"parameters": 5e7, "layers": 4}}}
-    for s in (op, dec, e2e):
+    step = results.new_suite("cuda", {"dtype": "float16"}, 170)
+    for past, times in ((1024, (2.0, 1.8, 1.9)), (16384, (4.0, 2.5, 3.9))):
+        cfg = {"model": "llama-1b", "layers": 4, "batch": 8, "past": past, "dtype": "float16"}
+        group = [{"config": cfg, "peer": v, "status": "ok", "ms": ms, "ort_mb": 700.0, "cache_mb": past / 16}
+                 for v, ms in zip(decode_e2e_suite.VARIANTS, times)]
+        decode_e2e_suite._ratios(group)
+        step["rows"] += group
+    step["models"] = {"llama-1b": {"spec": {"parameters": 3.1e8, "layers": 4},
+                                   "rewrite": {"fused": 4, "past_present": 4, "masks": ["additive"]},
+                                   "verify": {"passed": True}}}
+    for s in (op, dec, e2e, step):
         s["status"] = "complete"
-    doc["suites"].update(op=op, decode=dec, e2e=e2e)
+    doc["suites"].update(op=op, decode=dec, e2e=e2e, decode_e2e=step)
     return doc
 
 
@@ -171,7 +183,9 @@ def test_report_from_synthetic_result(tmp_path):
     assert "no CUDA kernel for Attention(23)" in text
     assert "## CPU EP (fp32)\n\nNot yet measured." in text
     assert "| missed |" in text and "| met |" in text
-    for png in ("op_tflops_float16.png", "decode_bandwidth.png", "e2e_latency.png", "e2e_memory.png"):
+    assert "## Decode step, end to end (CUDA, fp16)" in text and "1.60x" in text  # 4.0 / 2.5 ms
+    for png in ("op_tflops_float16.png", "decode_bandwidth.png", "e2e_latency.png", "e2e_memory.png",
+                "decode_e2e_latency.png"):
         p = md.parent / "performance" / png
         assert p.is_file() and p.read_bytes()[:4] == b"\x89PNG", png
         assert f"performance/{png}" in text
@@ -204,3 +218,53 @@ def test_e2e_suite_on_cpu_with_a_tiny_model(tmp_path):
     info = suite["models"]["bert-base"]
     assert info["rewrite"]["fused"] == 1 and info["attention_nodes"]["ort_flash"] == {"FlashAttention": 1}
     assert "speedup_vs_original" in by["ort_flash"] and by["ort_flash"]["peak_mb"] is not None
+
+
+def test_decode_e2e_rows_say_why_there_is_no_time():
+    """A rewrite that fused nothing gives ort_flash rows without a time or a ratio, with the
+    reason; outputs that differ from the original are marked WRONG, with no ratio either."""
+    info = {"rewrite": {"fused": 0, "unfused": ["no attention pattern matched"]}}
+    reason = decode_e2e_suite._blocked("ort_flash", {"ort_flash": "model.flash.onnx"}, info)
+    assert "fused no attention" in reason and "no attention pattern matched" in reason
+    assert decode_e2e_suite._blocked("original", {"original": "model.onnx"}, info) is None
+    assert decode_e2e_suite._blocked("ort_optimizer", {}, {"ort_optimizer_error": "optimizer failed: x"}) \
+        == "optimizer failed: x"
+    cfg = {"model": "llama-1b", "layers": 1, "batch": 1, "past": 64, "dtype": "float32"}
+    for ours in ({"status": "unsupported", "reason": reason},
+                 {"status": "mismatch", "ms": 1.0, "reason": "ort_flash.verify against the original failed"}):
+        group = [{"config": cfg, "peer": "original", "status": "ok", "ms": 2.0},
+                 {"config": cfg, "peer": "ort_flash", **ours}]
+        decode_e2e_suite._ratios(group)
+        assert "speedup_vs_original" not in group[1] and "vs_best_peer" not in group[1]
+        (row,) = decode_e2e_suite.summary({"rows": group})[1]
+        assert row[6] == ("n/a" if ours["status"] == "unsupported" else "1 WRONG") and row[-2] is None
+
+
+@pytest.mark.slow
+def test_decode_e2e_suite_on_cpu_with_a_tiny_model(tmp_path):
+    """The LLaMA-style cached step exported (fp32, tiny width, one layer), rewritten (the cache
+    absorbed as past/present), verified against the original, optimized by ORT; the three
+    variants timed per (batch, past) with device-bound buffers, ratios on ours."""
+    import argparse
+
+    from ort_flash.bench.measure import Budget
+
+    g = decode_e2e_suite.grid("cpu", quick=True, overrides={"layers": 1, "batches": [1, 2], "caches": [16, 48]})
+    suite = results.new_suite("cpu", g, None)
+    decode_e2e_suite.run(_ctx(), suite, CEILINGS, Budget(None), argparse.Namespace(cache_dir=str(tmp_path)),
+                         save=lambda: None, progress=lambda it, **kw: it)
+    assert len(suite["rows"]) == 4 * len(decode_e2e_suite.VARIANTS)
+    assert all(r["status"] == "ok" and r["ms"] > 0 for r in suite["rows"]), suite["rows"]
+    info = suite["models"]["llama-1b"]
+    assert info["rewrite"]["fused"] == 1 and info["rewrite"]["past_present"] == 1, info["rewrite"]
+    assert info["attention_nodes"]["ort_flash"] == {"FlashAttention": 1}
+    assert info["verify"]["passed"] and info["verify"]["outputs"] == 3, info["verify"]
+    ours = [r for r in suite["rows"] if r["peer"] == "ort_flash"]
+    assert {(r["config"]["batch"], r["config"]["past"]) for r in ours} == {(1, 16), (1, 48), (2, 16), (2, 48)}
+    assert all("speedup_vs_original" in r and "speedup_vs_ort_optimizer" in r for r in ours)
+    header, rows = decode_e2e_suite.summary(suite)
+    assert len(rows) == 4 and "ort_flash vs original" in header
+    doc = results.new_document({"date": "d", "device": "cpu", "versions": {}, "git": {}}, {})
+    suite["status"] = "complete"
+    doc["suites"]["decode_e2e"] = suite
+    assert results.validate(doc) == []

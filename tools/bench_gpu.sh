@@ -8,6 +8,7 @@
 # Run from the repository root on the device machine:
 #   bash tools/bench_gpu.sh                          # --suite all --quick
 #   bash tools/bench_gpu.sh --suite op               # the full op grid (~5 min)
+#   bash tools/bench_gpu.sh --suite decode_e2e       # the 16-layer LLaMA-style decode step, past 1k-32k
 #   BENCH_DEADLINE_S=560 bash tools/bench_gpu.sh --suite all --e2e-layers 4
 # BENCH_DEADLINE_S (default 540) is counted from the start of this script, build included.
 # Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers),

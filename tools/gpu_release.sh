@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The release check on the GPU machine, in three steps that each fit one 10-minute `run` call
+# The release check on the GPU machine, in steps that each fit one 10-minute `run` call
 # (the machine stays warm between back-to-back calls, so the build of step 1 is reused):
 #
 #   bash tools/gpu_release.sh tests   # build, `pytest -m gpu`, demo, decode benchmark (quick)
-#   bash tools/gpu_release.sh bench   # op benchmark (fp16 + bf16, quick), end to end (4 layers)
 #   bash tools/gpu_release.sh op      # the op benchmark's whole grid (N 512 ... 16k, fp16 + bf16)
+#   bash tools/gpu_release.sh bench   # end to end and the LLaMA-style decode step end to end
+#                                     # (4 layers)
 #   bash tools/gpu_release.sh extra   # compute-sanitizer: memcheck on the GPU suite, racecheck
 #                                     # on the direct-kernel tests (tools/gpu_sanitize.sh)
 #   bash tools/gpu_release.sh tune    # the tile sweeps: aot/tune.py --tma, aot/tune_decode.py
 #
 # Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache (see tools/gpu_session.sh).
-# Everything lands in $OUT: logs, bench-{decode,op,e2e}.json, tune-tma.json, tune-decode.json.
+# Everything lands in $OUT: logs, bench-{decode,op-full,e2e,decode_e2e}.json, tune-tma.json,
+# tune-decode.json.
 # Set ORT_FLASH_BENCH_COMMIT to the commit under test (the copy on the machine has no history).
-# Budgets (seconds) per part: DECODE_S, OP_S, E2E_S, MEMCHECK_S, RACECHECK_S, TUNE_S.
+# Budgets (seconds) per part: DECODE_S, OP_S, E2E_S, DECODE_E2E_S, MEMCHECK_S, RACECHECK_S, TUNE_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -27,8 +29,9 @@ case "${1:-}" in
       "python3 -m ort_flash.cli bench --device cuda --cache-dir /tmp/ort_flash_bench --suite decode --quick --budget-s ${DECODE_S:-70} --out $OUT/bench-decode.json 2>&1 | grep -v \$'\\r' | tail -25"
     ;;
   bench)
-    bench --suite op --quick --dtypes float16 bfloat16 --budget-s "${OP_S:-150}" --out "$OUT/bench-op.json" | tail -45
     bench --suite e2e --quick --e2e-layers 4 --budget-s "${E2E_S:-160}" --out "$OUT/bench-e2e.json" | tail -30
+    bench --suite decode_e2e --quick --e2e-layers 4 --budget-s "${DECODE_E2E_S:-170}" \
+      --out "$OUT/bench-decode_e2e.json" | tail -16
     ;;
   op)
     bench --suite op --dtypes float16 bfloat16 --budget-s "${OP_S:-530}" --out "$OUT/bench-op-full.json" | tail -60

@@ -121,8 +121,11 @@ def _config(spec, seqlen: int, g: dict) -> dict:
     return {"model": spec.name, "layers": spec.layers, "seqlen": seqlen, "batch": g["batch"], "dtype": g["dtype"]}
 
 
-def prepare(bm, spec, dtype: str, cache_dir: pathlib.Path, device: str) -> tuple[dict, dict]:
-    """The three model files, and what was done to make them (fusion counts, times)."""
+def prepare(bm, spec, dtype: str, cache_dir: pathlib.Path, device: str, *,
+            cache: bool = False) -> tuple[dict, dict]:
+    """The three model files, and what was done to make them (fusion counts, times).
+    ``cache``: of the model's decoding step with a KV cache (the decode_e2e suite); the rewrite
+    report then also counts the attentions whose Concat(past, new) became the op's past/present."""
     import onnx
 
     import ort_flash
@@ -130,7 +133,7 @@ def prepare(bm, spec, dtype: str, cache_dir: pathlib.Path, device: str) -> tuple
     info = {"spec": {**spec.__dict__, "head_dim": spec.head_dim, "parameters": spec.parameters()}}
     paths = {}
     t0 = time.monotonic()
-    original, cached = bm.cached_export(spec, cache_dir, dtype)
+    original, cached = bm.cached_export(spec, cache_dir, dtype, cache=cache)
     info.update(export_s=time.monotonic() - t0, export_cached=cached)
     paths["original"] = original
     try:
@@ -139,14 +142,21 @@ def prepare(bm, spec, dtype: str, cache_dir: pathlib.Path, device: str) -> tuple
         out = original.with_name("model.flash.onnx")
         bm.save(result.model, out)
         paths["ort_flash"] = out
-        info["rewrite"] = {"fused": result.report.total_fused, "seconds": time.monotonic() - t0,
-                           "unfused": sorted({u.reason for u in result.report.unfused})}
-        del result
+        report = result.report
+        info["rewrite"] = {"fused": report.total_fused, "seconds": time.monotonic() - t0,
+                           "unfused": sorted({u.reason for u in report.unfused})}
+        if cache:
+            info["rewrite"].update(
+                past_present=sum(bool(f.cache) for f in report.fused),
+                causal=sum(f.causal for f in report.fused),
+                masks=sorted({f.mask for f in report.fused}),
+                declined=sorted({f"{rule}: {why}" for d in report.declined.values() for rule, why in d.items()}))
+        del result, report
     except Exception as e:  # noqa: BLE001
         info["ort_flash_error"] = f"rewrite failed: {type(e).__name__}: {e}"
     try:
         t0 = time.monotonic()
-        paths["ort_optimizer"], info["optimizer"] = optimize(bm, spec, dtype, cache_dir, device)
+        paths["ort_optimizer"], info["optimizer"] = optimize(bm, spec, dtype, cache_dir, device, cache=cache)
         info["optimizer"]["seconds"] = time.monotonic() - t0
     except Exception as e:  # noqa: BLE001
         info["ort_optimizer_error"] = f"optimizer failed: {type(e).__name__}: {str(e)[:300]}"
@@ -156,17 +166,20 @@ def prepare(bm, spec, dtype: str, cache_dir: pathlib.Path, device: str) -> tuple
     return paths, info
 
 
-def optimize(bm, spec, dtype: str, cache_dir, device: str):
+def optimize(bm, spec, dtype: str, cache_dir, device: str, *, cache: bool = False):
+    """The ORT-optimizer variant. A cached step converts its inputs and outputs to float16 too
+    (``keep_io_types=False``): float32 past/present would cast the whole cache every step and
+    take other buffers than the two other variants'."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    fp32, _ = bm.cached_export(spec, cache_dir, "float32")
+    fp32, _ = bm.cached_export(spec, cache_dir, "float32", cache=cache)
     out = fp32.with_name(f"model.ortopt.{dtype}.onnx")
     model_type = OPTIMIZER_TYPE[spec.family]
     opt = optimize_model(str(fp32), model_type=model_type, num_heads=spec.heads, hidden_size=spec.hidden,
                          opt_level=0, use_gpu=device == "cuda")
     stats = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
     if dtype == "float16":
-        opt.convert_float_to_float16(keep_io_types=True)
+        opt.convert_float_to_float16(keep_io_types=not cache)
     weights = sum(len(t.raw_data) for t in opt.model.graph.initializer)
     opt.save_model_to_file(str(out), use_external_data_format=weights > bm.TWO_GB - 2**26)
     return out, {"model_type": model_type, "opt_level": 0, "fused_ops": stats}
@@ -181,25 +194,34 @@ def _count_ops(model) -> dict:
     return counts
 
 
-def time_variant(ctx: Context, spec, g: dict, variant: str, path, budget: Budget, suite) -> list[dict]:
+def open_session(device: str, variant: str, path):
+    """An ONNX Runtime session of one variant's model file, with ONNX Runtime's default
+    optimizations; the ort_flash library registered for ``ort_flash``. CUDA: the CUDA EP (its
+    arena growing by what is asked, so the memory readings are the session's own), with the CPU
+    EP for the nodes ONNX Runtime places there (shape arithmetic)."""
     import onnxruntime as ort
 
     import ort_flash
+
+    providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda"
+                 else ["CPUExecutionProvider"])
+    if device == "cuda":
+        providers[0] = ("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
+    so = ort_flash.session_options() if variant == "ort_flash" else ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=providers)
+
+
+def time_variant(ctx: Context, spec, g: dict, variant: str, path, budget: Budget, suite) -> list[dict]:
     from ort_flash.timing import SessionTimer
 
-    providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if ctx.device == "cuda"
-                 else ["CPUExecutionProvider"])
-    if ctx.device == "cuda":
-        providers[0] = ("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
     rows = []
     gc.collect()
     torch = ctx.tensors.torch
     mem0 = memory.used_bytes(ctx.device, torch)
     t0 = time.monotonic()
-    so = ort_flash.session_options() if variant == "ort_flash" else ort.SessionOptions()
-    so.log_severity_level = 3
     try:
-        sess = ort.InferenceSession(str(path), so, providers=providers)
+        sess = open_session(ctx.device, variant, path)
     except Exception as e:  # noqa: BLE001
         return [{"config": _config(spec, s, g), "peer": variant, "status": "error",
                  "reason": f"session: {str(e).splitlines()[0][:300]}"} for s in g["seqlens"]]

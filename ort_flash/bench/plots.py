@@ -101,6 +101,20 @@ def e2e(suite: dict, key: str, ylabel: str, path) -> pathlib.Path | None:
     return _save(fig, axes[0], path)
 
 
+def decode_e2e(suite: dict, path) -> pathlib.Path | None:
+    """Decode-step latency against the past length, a panel per (model, batch)."""
+    rows = suite["rows"]
+    panels = list(dict.fromkeys((r["config"]["model"], r["config"]["layers"], r["config"]["batch"]) for r in rows))
+    if not panels:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
+    for ax, (model, layers, b) in zip(axes[0], panels):
+        s = _series(rows, "past", "ms", lambda c: (c["model"], c["batch"]) == (model, b))
+        _panel(ax, s, f"{model} ({layers} layers) B{b}", "past (KV cache) length", "ms per step (median)", logy=True)
+    return _save(fig, axes[0], path)
+
+
 def cpu(suite: dict, path) -> pathlib.Path | None:
     """Latency and extra memory against N (non-causal and causal)."""
     rows = suite["rows"]
@@ -130,6 +144,8 @@ def draw_all(suites: dict[str, dict], out_dir) -> dict[str, pathlib.Path]:
     if suites.get("e2e"):
         made["e2e_latency"] = e2e(suites["e2e"], "ms", "ms (median)", out_dir / "e2e_latency.png")
         made["e2e_memory"] = e2e(suites["e2e"], "peak_mb", "peak MB", out_dir / "e2e_memory.png")
+    if suites.get("decode_e2e"):
+        made["decode_e2e"] = decode_e2e(suites["decode_e2e"], out_dir / "decode_e2e_latency.png")
     if suites.get("cpu"):
         made["cpu"] = cpu(suites["cpu"], out_dir / "cpu.png")
     return {k: v for k, v in made.items() if v is not None}

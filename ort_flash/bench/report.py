@@ -11,17 +11,19 @@ import argparse
 import os
 import pathlib
 
-from ort_flash.bench import cpu_suite, decode_suite, e2e_suite, op_suite, plots, results, targets
+from ort_flash.bench import cpu_suite, decode_e2e_suite, decode_suite, e2e_suite, op_suite, plots, results, targets
 from ort_flash.bench.tables import fmt, markdown_table
 
 GPU_COMMANDS = """\
 # GPU machine, one call of <= 10 min, from the repository root, carrying .ortgpu0-4 and .orth as
 # for tools/gpu_session.sh; results, logs and the report land in $OUT:
-bash tools/gpu_release.sh bench              # this page's op (fp16 + bf16, quick) and e2e (4 layers) runs
+bash tools/gpu_release.sh bench              # this page's op (fp16 + bf16, quick), e2e and decode_e2e (4 layers) runs
 bash tools/gpu_release.sh tests              # build, GPU tests, demo and this page's decode run (quick)
-bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min
+bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min,
+                                             #   decode_e2e (4 layers; mostly its exports and the ORT optimizer)
 bash tools/bench_gpu.sh --suite op           # the full op grid (Hopper issue), ~5 min
 bash tools/bench_gpu.sh --suite decode       # the full decode grid (decode issue), ~2 min
+bash tools/bench_gpu.sh --suite decode_e2e   # the decode step of the 16-layer LLaMA-style model, B 1/8, past 1k-32k
 # by hand: PYTHONPATH=/tmp/ortsite python3 -m ort_flash.cli bench --suite all --device cuda --out bench-gpu.json
 # this page, from the CPU run kept in the repository and a GPU run:
 python -m ort_flash.bench.report docs/performance/bench-cpu.json docs/performance/bench-gpu-*.json -o docs/PERFORMANCE.md"""
@@ -112,7 +114,7 @@ def render(docs: list[dict], out_md: str | os.PathLike) -> str:
     out_md = pathlib.Path(out_md)
     img_dir = out_md.parent / "performance"
     chosen = pick_suites(docs)
-    gpu = {name: chosen.get((name, "cuda")) for name in ("op", "decode", "e2e")}
+    gpu = {name: chosen.get((name, "cuda")) for name in ("op", "decode", "e2e", "decode_e2e")}
     cpu = chosen.get(("cpu", "cpu"))
     suites_for_plots = {k: v[0] for k, v in gpu.items() if v} | ({"cpu": cpu[0]} if cpu else {})
     pngs = plots.draw_all(suites_for_plots, img_dir)
@@ -158,6 +160,18 @@ def render(docs: list[dict], out_md: str | os.PathLike) -> str:
                 markdown_table(*e2e_suite.summary(suite)), "", *notes, "",
                 *img("e2e_latency", "e2e latency"), *img("e2e_memory", "e2e memory"), _reasons(suite["rows"])]
 
+    def decode_e2e_body(suite):
+        return ["One decoding step of the LLaMA-style model (`llama-1b`, GQA 32/8 heads, head dim 64): one new "
+                "token per sequence against a KV cache of `past` tokens in every layer, the ONNX past/present "
+                "interface (each step also writes past ++ new into `present`). Median wall time of a "
+                "`run_with_iobinding` plus the device synchronization (ONNX Runtime's host work included, no "
+                "CUDA graphs), every input, past and present bound to device buffers allocated beforehand. "
+                "*vs* columns: the other variant's time over the rewritten model's (> 1: rewritten faster). MB: "
+                "what ONNX Runtime holds (weights, arena) beyond the bound buffers (see `decode_e2e_suite.py`).", "",
+                markdown_table(*decode_e2e_suite.summary(suite)), "",
+                *[f"- **{line.split(':', 1)[0]}**:{line.split(':', 1)[1]}" for line in decode_e2e_suite.model_notes(suite)],
+                "", *img("decode_e2e", "decode step latency"), _reasons(suite["rows"])]
+
     def cpu_body(suite):
         host = cpu[1]["environment"]["host"]
         load = host.get("loadavg_at_start") or [0]
@@ -176,6 +190,7 @@ def render(docs: list[dict], out_md: str | os.PathLike) -> str:
     lines += _section("Op level (CUDA)", gpu["op"], op_body)
     lines += _section("Decode (CUDA)", gpu["decode"], decode_body)
     lines += _section("End to end (CUDA, fp16)", gpu["e2e"], e2e_body)
+    lines += _section("Decode step, end to end (CUDA, fp16)", gpu["decode_e2e"], decode_e2e_body)
     lines += _section("CPU EP (fp32)", cpu, cpu_body)
     lines += ["## How it is measured", "", METHOD, "", "## How to reproduce", "", "```sh", GPU_COMMANDS,
               CPU_COMMANDS, "```", ""]

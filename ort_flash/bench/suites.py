@@ -10,7 +10,8 @@ from ort_flash.bench import environment, results
 from ort_flash.bench.measure import Budget, Context
 
 MODULES = {"op": "ort_flash.bench.op_suite", "decode": "ort_flash.bench.decode_suite",
-           "e2e": "ort_flash.bench.e2e_suite", "cpu": "ort_flash.bench.cpu_suite"}
+           "e2e": "ort_flash.bench.e2e_suite", "decode_e2e": "ort_flash.bench.decode_e2e_suite",
+           "cpu": "ort_flash.bench.cpu_suite"}
 TARGET_S = {False: 0.2, True: 0.1}  # timed seconds per measurement (full, quick)
 
 
@@ -48,7 +49,7 @@ def run_suite(args, name: str, device: str, budget_s: float | None) -> int:
     budget = Budget(budget_s)  # counts the setup and the ceilings too
     if name == "cpu":
         device = "cpu"
-    if name in ("decode", "e2e") and device != "cuda":
+    if name in ("decode", "e2e", "decode_e2e") and device != "cuda":
         print(f"note: the {name} suite is meant for CUDA; running it on the CPU at its CPU grid")
     setup_device(device)
     module = importlib.import_module(MODULES[name])
