@@ -8,7 +8,7 @@ written as JSON with the GPU, the Triton version and the date. Copy the winners 
 aot/variants.py by hand and record the run in docs/perf-notes.md.
 
     python aot/tune.py [--dtypes fp16,bf16] [--head-dims 64,128] [--seqs 1024,8192] [--out tune.json]
-                       [--tma]
+                       [--tma] [--masked]
 
 --tma tunes the "fwd_tma" kind instead (Q/K/V/Y as TMA tensor descriptors, sm_90), checks each
 candidate's output against torch SDPA, times the shipped pointer kernel beside it, and times the
@@ -43,11 +43,18 @@ TMA_CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
                   if not (m == 64 and w == 8)]
 
 
-def launch(q, k, v, y, lse, causal, cfg, tma=False):
-    """flash_fwd on (B, H, S, D) views (any strides, last one 1), no mask, one launch."""
+MASKED_CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
+                     for m, n, w, s in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
+                                        (128, 32, 8, 3), (128, 64, 4, 3))]
+
+
+def launch(q, k, v, y, lse, causal, cfg, tma=False, mask=None):
+    """flash_fwd on (B, H, S, D) views (any strides, last one 1), one launch; `mask` an additive
+    (B, 1, S, S) tensor or None."""
     b, h, s, d = q.shape
     grid = (triton.cdiv(s, cfg["BLOCK_M"]), b * h)
-    dummy = torch.empty(1, dtype=torch.int8, device=q.device)
+    dummy = torch.empty(1, dtype=torch.int8, device=q.device) if mask is None else mask
+    ms = (0, 0, 0) if mask is None else (mask.stride(0), 0, mask.stride(2))
     seqlens = torch.empty(1, dtype=torch.int64, device=q.device)
     tensors = (q, k, v, y)
     if tma:
@@ -58,9 +65,9 @@ def launch(q, k, v, y, lse, causal, cfg, tma=False):
     flash_fwd[grid](
         *tensors, lse, dummy, seqlens, 1.0 / math.sqrt(d), 0.0,
         h, 1, s, s, d, d, 0, int(causal), -1, -1, s, 0, 1,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], *ms,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
-        MASK_KIND=0, EXTRAS=False, DOT_PRECISION="tf32", TMA=tma,
+        MASK_KIND=0 if mask is None else 2, EXTRAS=False, DOT_PRECISION="tf32", TMA=tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -72,6 +79,38 @@ def save(path, results: list) -> None:
     Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
 
 
+def masked(args) -> int:
+    """Both kinds with an additive (B, 1, S, S) mask (what the rewriter keeps for padded causal
+    models): candidates for the masked variants' tiles, checked against torch SDPA first."""
+    results = []
+    for dt, d, s in itertools.product(args.dtypes.split(","), map(int, args.head_dims.split(",")),
+                                      map(int, args.seqs.split(","))):
+        h, b = 2048 // d, max(1, 16384 // s)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=TORCH_DTYPES[dt]) for _ in range(3))
+        mask = torch.randn(b, 1, s, s, device="cuda", dtype=TORCH_DTYPES[dt])
+        y = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        flops = 4 * b * h * s * s * d
+        for tma, cfg in itertools.product((False, True), MASKED_CANDIDATES):
+            try:
+                y.fill_(float("nan"))
+                launch(q, k, v, y, lse, False, cfg, tma=tma, mask=mask)
+                err = float((y.float() - ref.float()).abs().max())
+                ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, False, cfg, tma, mask),
+                                             warmup=25, rep=100, return_mode="median")
+            except Exception as e:  # noqa: BLE001 - out of resources
+                print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+                continue
+            row = dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, tma=tma, mask="add (B,1,S,S)",
+                       cfg=cfg, tflops=flops / ms / 1e9, max_err=err)
+            print(f"{dt} d{d} S{s} B{b} H{h} add-mask {'tma    ' if tma else 'pointer'} {cfg}: "
+                  f"{row['tflops']:.0f} TFLOP/s (err {err:.1e})", flush=True)
+            results.append(row)
+            save(args.out, results)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="fp16")
@@ -79,7 +118,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", default="1024,8192")
     ap.add_argument("--out", default="tune.json")
     ap.add_argument("--tma", action="store_true", help="tune the TMA-descriptor kind (sm_90)")
+    ap.add_argument("--masked", action="store_true",
+                    help="time the masked variants' tile candidates (additive mask), both kinds")
     args = ap.parse_args(argv)
+    if args.masked:
+        return masked(args)
     candidates = TMA_CANDIDATES if args.tma else CANDIDATES
     results = []
     for dt, d, s in itertools.product(args.dtypes.split(","), map(int, args.head_dims.split(",")),
