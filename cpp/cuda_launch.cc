@@ -198,9 +198,12 @@ bool encode_tma_args(const CudaDriver& drv, const FlashParams& p, const KernelEn
 }
 
 // The TMA twin of a forward variant, when this build has one for the device and TMA is on.
+// Unmasked calls only: with a mask the TMA cubins measured 0.38-0.84x the pointer kernels on the
+// H200 (tools/ab_tma.py; both spill registers with the mask tile, see docs/perf-notes.md).
 const LoadedKernel* tma_kernel(const FlashParams& p, const DeviceKernels& dk, VariantKey key) {
   const CudaDriver* drv = nullptr;
-  if (!tma_enabled() || !key.even_d || p.dtype == DType::kFloat32 || !cuda_driver(&drv).ok() ||
+  if (!tma_enabled() || !key.even_d || key.mask != MaskKind::kNone || p.dtype == DType::kFloat32 ||
+      !cuda_driver(&drv).ok() ||
       !drv->cuTensorMapEncodeTiled) {
     return nullptr;
   }

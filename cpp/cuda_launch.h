@@ -28,9 +28,9 @@ struct LaunchPlan {
 // <= 64) meet a compiled decode variant; splits so that B x Hkv x splits CTAs fill the GPU,
 // each split at least 256 keys. `can_split` false (no workspace) keeps one split.
 // ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits.
-// Otherwise the forward kernel, as kFwdTma when the build has the TMA twin of the variant (sm_90,
-// fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every Q/K/V/Y view is
-// 16-byte aligned with positive strides, and ORT_FLASH_TMA is not "0".
+// Otherwise the forward kernel, as kFwdTma when the call has no mask, the build has the TMA twin of
+// the variant (sm_90, fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every
+// Q/K/V/Y view is 16-byte aligned with positive strides, and ORT_FLASH_TMA is not "0".
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 
 // The variant `p` needs, or an error naming what this build cannot run.

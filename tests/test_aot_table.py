@@ -43,7 +43,8 @@ def test_tma_variants_and_signatures(build):
     from variants import TMA_MIN_ARCH, all_variants, get_fwd_config
 
     tma = [v for v in all_variants() if v.kind == "fwd_tma"]
-    assert tma and all(v.dtype in ("fp16", "bf16") and v.head_dim in (64, 128) and v.even_d for v in tma)
+    assert tma and all(v.dtype in ("fp16", "bf16") and v.head_dim in (64, 128) and v.even_d
+                       and v.mask == "none" for v in tma)
     assert all(v.min_arch == TMA_MIN_ARCH for v in tma)
     for v in tma:
         cfg = get_fwd_config(90, v)
@@ -78,6 +79,7 @@ def test_library_table_has_tma_kernels_for_sm90_only():
     assert {k["arch"] for k in tma} == ({a for a in archs if a >= 90})
     for k in tma:
         assert k["dtype"] in ("float16", "bfloat16") and k["head_dim"] in (64, 128) and k["even_d"]
+        assert k["mask"] == "none"
         rows = [k["block_m"], k["block_n"], k["block_n"], k["block_m"]]
         for (swizzle, box_rows, box_cols), r in zip(k["tma"], rows):
             # 128-byte swizzle: a box row is at most 128 bytes, and the boxes tile the head dim.

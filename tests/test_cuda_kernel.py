@@ -170,8 +170,9 @@ def test_decode_dispatch():
 
 
 def test_tma_dispatch():
-    """On sm_90 fp16/bf16 prefill with exact head dims 64/128 takes the TMA-descriptor kernel, in
-    either layout; fp32, other head dims, decode shapes and ORT_FLASH_TMA=0 do not."""
+    """On sm_90 unmasked fp16/bf16 prefill with exact head dims 64/128 takes the TMA-descriptor
+    kernel, in either layout; masks, fp32, other head dims, decode shapes and ORT_FLASH_TMA=0 do
+    not."""
     import os
     import subprocess
     import sys
@@ -187,6 +188,9 @@ def test_tma_dispatch():
     for p in tma_cases:
         assert _C.launch_plan(p)[0] == ("fwd_tma" if arch == 90 else "fwd")
     assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 128, "float32"))[0] == "fwd"
+    masked = _decode_params(2, 16, 4, 1000, 1000, 128)
+    masked.mask_kind = _C.MaskKind.add  # masked calls keep the pointer kernels (tools/ab_tma.py)
+    assert _C.launch_plan(masked)[0] == "fwd"
     assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 80))[0] == "fwd"
     assert _C.launch_plan(_decode_params(1, 32, 8, 1, 4096, 128))[0] == "decode"
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from ort_flash import _C; "
