@@ -202,7 +202,8 @@ def test_targets_on_synthetic_result():
 
 @pytest.mark.slow
 def test_e2e_suite_on_cpu_with_a_tiny_model(tmp_path):
-    """Export (fp32 on the CPU), rewrite, ORT optimizer, three sessions, latency and memory."""
+    """Export (fp32 on the CPU), rewrite, ORT optimizer, ORT optimizer without attention fusion +
+    rewrite (verified against the original), four sessions, latency and memory."""
     import argparse
 
     from ort_flash.bench import e2e_suite
@@ -213,11 +214,28 @@ def test_e2e_suite_on_cpu_with_a_tiny_model(tmp_path):
     e2e_suite.run(_ctx(), suite, CEILINGS, Budget(None), argparse.Namespace(cache_dir=str(tmp_path)),
                   save=lambda: None, progress=lambda it, **kw: it)
     by = {r["peer"]: r for r in suite["rows"]}
-    assert set(by) == set(e2e_suite.VARIANTS)
+    assert set(by) == set(e2e_suite.VARIANTS) == {"original", "ort_flash", "ort_optimizer", "ort_flash_opt"}
     assert all(r["status"] == "ok" for r in by.values()), by
     info = suite["models"]["bert-base"]
     assert info["rewrite"]["fused"] == 1 and info["attention_nodes"]["ort_flash"] == {"FlashAttention": 1}
     assert "speedup_vs_original" in by["ort_flash"] and by["ort_flash"]["peak_mb"] is not None
+    # ort_flash_opt: ORT's LayerNorm / Gelu fusions, no ORT attention, every attention ort_flash's
+    opt = info["ort_flash_opt"]
+    assert opt["rewrite"] == {"fused": 1, "unfused": []}, opt
+    assert info["attention_nodes"]["ort_flash_opt"] == {"FlashAttention": 1}
+    assert {"SkipLayerNormalization", "BiasGelu"} <= set(opt["fused_ops"]) and "Attention" not in opt["fused_ops"]
+    assert opt["verify"]["passed"] and opt["verify"]["failed"] == [], opt["verify"]
+    for peer in ("ort_flash", "ort_flash_opt"):
+        assert {"speedup_vs_original", "speedup_vs_ort_optimizer"} <= set(by[peer]), by[peer]
+    assert "best_peer" in by["ort_flash"] and by["ort_flash"]["best_peer"] != "ort_flash_opt"
+    assert by["ort_flash_opt"]["peak_mb"] is not None and by["ort_flash_opt"]["ms"] > 0
+    header, rows = e2e_suite.summary(suite)
+    assert "ort_flash_opt ms" in header and "ort_flash_opt vs ORT optimizer" in header
+    assert len(rows) == 1 and len(rows[0]) == len(header)
+    doc = results.new_document({"date": "d", "device": "cpu", "versions": {}, "git": {}}, {})
+    suite["status"] = "complete"
+    doc["suites"]["e2e"] = suite
+    assert results.validate(doc) == []
 
 
 def test_decode_e2e_rows_say_why_there_is_no_time():
