@@ -184,11 +184,38 @@ def test_report_from_synthetic_result(tmp_path):
     assert "## CPU EP (fp32)\n\nNot yet measured." in text
     assert "| missed |" in text and "| met |" in text
     assert "## Decode step, end to end (CUDA, fp16)" in text and "1.60x" in text  # 4.0 / 2.5 ms
+    e2e = text.split("## End to end (CUDA, fp16)")[1].split("\n## ")[0]
+    assert "| ort_flash vs ORT optimizer |" in e2e and "ort_flash_opt" not in e2e  # a result without it
     for png in ("op_tflops_float16.png", "decode_bandwidth.png", "e2e_latency.png", "e2e_memory.png",
                 "decode_e2e_latency.png"):
         p = md.parent / "performance" / png
         assert p.is_file() and p.read_bytes()[:4] == b"\x89PNG", png
         assert f"performance/{png}" in text
+
+
+def test_report_renders_ort_flash_opt(tmp_path):
+    """A result with the fourth e2e variant: its columns, ratios, model note and goal row; the
+    synthetic result above (three variants, as results before it) renders without them."""
+    from ort_flash.bench.report import write_report
+
+    doc = _synthetic_document()
+    e2e = doc["suites"]["e2e"]
+    for cfg, ms in ((e2e["rows"][0]["config"], 6.0), (e2e["rows"][3]["config"], 10.0)):
+        e2e["rows"].append({"config": cfg, "peer": "ort_flash_opt", "status": "ok", "ms": ms, "peak_mb": 290.0,
+                            "act_mb": 290.0})
+    e2e["models"]["bert-base"]["ort_flash_opt"] = {
+        "fused_ops": {"SkipLayerNormalization": 8, "BiasGelu": 4}, "rewrite": {"fused": 4, "unfused": []},
+        "verify": {"passed": True, "worst": {"output": "last_hidden_state", "max_abs": 0.004}}}
+    path = tmp_path / "gpu.json"
+    results.save(doc, path)
+    text = write_report([path], tmp_path / "docs" / "PERFORMANCE.md")
+    assert "| ort_flash_opt ms |" in text and "| ort_flash_opt vs ORT optimizer |" in text
+    assert "| 6 |" in text and "1.50x |" in text  # N 2048: 9.0 / 6.0 ms over the ORT optimizer
+    assert "0.90x (peer wins)" in text  # N 8192: 9.0 / 10.0
+    assert "ort_flash_opt: ORT fused {'SkipLayerNormalization': 8, 'BiasGelu': 4}" in text
+    assert "verify passed" in text
+    goals = {g[0]: g[1] for g in targets.all_goals(doc["suites"])}
+    assert goals["e2e: rewritten + ORT's other fusions (ort_flash_opt) ≥ 1.0× the ORT-optimizer model at 2k"] == "met"
 
 
 def test_targets_on_synthetic_result():
