@@ -31,10 +31,11 @@ The order is not free (found on the e2e benchmark's BERT, GPT-2 and LLaMA export
   export reads the embeddings' shape for its mask): the embeddings then keep a plain
   LayerNormalization.
 
-Whatever ONNX Runtime's fusions do to the function is theirs (the e2e benchmark verifies the
-result against the original export). One seen: its RotaryEmbedding fusion of some LLaMA exports
-takes position ids of batch 1, and the fused model then refuses batch > 1 (with or without
-ort_flash).
+Whatever ONNX Runtime's fusions do to the model is theirs (the e2e benchmark verifies the result
+against the original export). Two seen on LLaMA-style models: its RotaryEmbedding fusion of some
+exports (transformers 5.17's, not 5.24's) takes position ids of batch 1, and the fused model then
+refuses batch > 1, with or without ort_flash; and its SimplifiedLayerNormalization is written
+into the ONNX domain, which ONNX Runtime runs but ``onnx.checker`` rejects ("No Op registered").
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ GPU_COMMANDS = """\
 # for tools/gpu_session.sh; results, logs and the report land in $OUT:
 bash tools/gpu_release.sh bench              # this page's op (fp16 + bf16, quick), e2e and decode_e2e (4 layers) runs
 bash tools/gpu_release.sh tests              # build, GPU tests, demo and this page's decode run (quick)
-bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min,
+bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min
+                                             #   + ort_flash_opt's own ORT optimizer run and rewrite per model,
                                              #   decode_e2e (4 layers; mostly its exports and the ORT optimizer)
 bash tools/bench_gpu.sh --suite op           # the full op grid (Hopper issue), ~5 min
 bash tools/bench_gpu.sh --suite decode       # the full decode grid (decode issue), ~2 min
