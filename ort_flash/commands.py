@@ -9,12 +9,14 @@ return 2, with no traceback; ``verify`` returns 1 when outputs differ beyond tol
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 
 import onnx
 
+from ort_flash.ort_fusions import MODEL_TYPES as ORT_MODEL_TYPES
 from ort_flash.rewriter.model_io import ModelLoadError, load_model
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
@@ -32,6 +34,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def tolerance(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    value = float(text)
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text}")
+    return value
+
+
 def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="ONNX model to rewrite (never modified)")
     parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
@@ -43,6 +53,16 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fp32-precision", choices=("ieee", "tf32"), default="ieee",
         help="float32 models on the GPU: exact IEEE dots (default) or faster TF32 dots (opt-in)")
+    parser.add_argument(
+        "--ort-fusions", metavar="MODEL_TYPE", choices=ORT_MODEL_TYPES,
+        help="first run ONNX Runtime's transformer optimizer (onnxruntime.transformers, opt_level 0) "
+             "with its attention fusion off, for its other fusions (LayerNorm, SkipLayerNorm, Gelu, "
+             f"...), then fuse attention; MODEL_TYPE: {' or '.join(ORT_MODEL_TYPES)} (gpt2 also for "
+             "LLaMA-style decoders). Best on a float32 model (ORT's fusions match float32 graphs)")
+    parser.add_argument(
+        "--float16", action="store_true",
+        help="with --ort-fusions: convert to float16 between ORT's optimizer and the attention "
+             "rewrite (ORT's convert_float_to_float16; inputs and outputs stay float32)")
     parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
 
 
@@ -55,12 +75,22 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size of dynamic dims named like a KV cache's ('past...'; default 12)")
     parser.add_argument("--batch", type=positive_int, default=2, help="size of dynamic batch dims")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
+    parser.add_argument("--atol", type=tolerance, default=None,
+                        help="absolute tolerance (default by output dtype: 1e-4 float32, 2e-2 float16); "
+                             "e.g. 2e-2 for a model rewritten with --float16, whose float32 outputs are "
+                             "computed in float16")
+    parser.add_argument("--rtol", type=tolerance, default=None, help="relative tolerance (default by output dtype, as --atol)")
     parser.add_argument("--json", metavar="FILE.json", help="also write the result as JSON")
 
 
 def cmd_rewrite(args: argparse.Namespace) -> int:
+    from ort_flash import ort_fusions
     from ort_flash.rewriter import rewrite
 
+    model_type = getattr(args, "ort_fusions", None)
+    if getattr(args, "float16", False) and not model_type:
+        return _user_error("--float16 converts between ONNX Runtime's optimizer and the rewrite: "
+                           "it needs --ort-fusions")
     try:
         if _same_file(args.input, args.output):
             raise ModelLoadError(f"{args.output}: is the input model; choose another output path")
@@ -68,13 +98,20 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         _check_writable(args.output)
         if args.report:
             _check_writable(args.report)
-        result = rewrite(model, exact_masked_rows=not getattr(args, "fast_padded_rows", False),
-                         fp32_precision=getattr(args, "fp32_precision", "ieee"))
+        options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
+                       fp32_precision=getattr(args, "fp32_precision", "ieee"))
+        if model_type:
+            result = ort_fusions.rewrite(model, model_type, float16=getattr(args, "float16", False), **options)
+            print(result.summary())
+            report = json.dumps({**result.report.to_dict(), "ort_fusions": result.to_dict()}, indent=2)
+        else:
+            result = rewrite(model, **options)
+            report = result.report.to_json()
         print(result.report.format_table())
         _write_atomic(args.output, lambda path: onnx.save_model(result.model, path))
         if args.report:
-            _write_atomic(args.report, lambda path: _write_text(path, result.report.to_json()))
-    except (ModelLoadError, OSError) as e:
+            _write_atomic(args.report, lambda path: _write_text(path, report))
+    except (ModelLoadError, ort_fusions.OrtFusionError, OSError) as e:
         return _user_error(e)
     print(f"wrote {args.output}")
     return EXIT_OK
@@ -84,14 +121,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ort_flash.verify import ModelMismatchError, verify
 
     try:
-        for path in (args.original, args.rewritten):
-            load_model(path)  # a clear message for a bad file before ONNX Runtime sees it
+        load_model(args.original)  # a clear message for a bad file before ONNX Runtime sees it
+        _load_rewritten(args.rewritten)
         if args.seq_len is not None and args.seq_len < 1:
             raise ModelLoadError(f"--seq-len must be at least 1, not {args.seq_len}")
         result = verify(
             args.original, args.rewritten, providers=PROVIDERS[args.provider],
             batch=getattr(args, "batch", 2), seq_len=args.seq_len,
             past_len=getattr(args, "past_len", None), seed=getattr(args, "seed", None),
+            atol=getattr(args, "atol", None), rtol=getattr(args, "rtol", None),
         )
     except (ModelLoadError, ModelMismatchError, OSError) as e:
         return _user_error(e)
@@ -104,6 +142,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
         except OSError as e:
             return _user_error(e)
     return EXIT_OK if result.passed else EXIT_MISMATCH
+
+
+# Ops ONNX Runtime's transformer optimizer writes into the ONNX domain (``rewrite --ort-fusions``
+# on LLaMA-style models): ONNX Runtime runs them, onnx.checker does not know them.
+ORT_OPS_IN_ONNX_DOMAIN = ("SimplifiedLayerNormalization",)
+
+
+def _load_rewritten(path: str) -> None:
+    """``load_model``'s checks, except that an op of ORT_OPS_IN_ONNX_DOMAIN is left to ONNX
+    Runtime, which runs the comparison (and reports a model it cannot load in one line)."""
+    try:
+        load_model(path)
+    except ModelLoadError as e:
+        known = [f"No Op registered for {op} with domain_version" for op in ORT_OPS_IN_ONNX_DOMAIN]
+        if not (isinstance(e.__cause__, onnx.checker.ValidationError) and any(k in str(e) for k in known)):
+            raise
 
 
 def _onnxruntime_errors() -> tuple[type[BaseException], ...]:

@@ -184,11 +184,38 @@ def test_report_from_synthetic_result(tmp_path):
     assert "## CPU EP (fp32)\n\nNot yet measured." in text
     assert "| missed |" in text and "| met |" in text
     assert "## Decode step, end to end (CUDA, fp16)" in text and "1.60x" in text  # 4.0 / 2.5 ms
+    e2e = text.split("## End to end (CUDA, fp16)")[1].split("\n## ")[0]
+    assert "| ort_flash vs ORT optimizer |" in e2e and "ort_flash_opt" not in e2e  # a result without it
     for png in ("op_tflops_float16.png", "decode_bandwidth.png", "e2e_latency.png", "e2e_memory.png",
                 "decode_e2e_latency.png"):
         p = md.parent / "performance" / png
         assert p.is_file() and p.read_bytes()[:4] == b"\x89PNG", png
         assert f"performance/{png}" in text
+
+
+def test_report_renders_ort_flash_opt(tmp_path):
+    """A result with the fourth e2e variant: its columns, ratios, model note and goal row; the
+    synthetic result above (three variants, as results before it) renders without them."""
+    from ort_flash.bench.report import write_report
+
+    doc = _synthetic_document()
+    e2e = doc["suites"]["e2e"]
+    for cfg, ms in ((e2e["rows"][0]["config"], 6.0), (e2e["rows"][3]["config"], 10.0)):
+        e2e["rows"].append({"config": cfg, "peer": "ort_flash_opt", "status": "ok", "ms": ms, "peak_mb": 290.0,
+                            "act_mb": 290.0})
+    e2e["models"]["bert-base"]["ort_flash_opt"] = {
+        "fused_ops": {"SkipLayerNormalization": 8, "BiasGelu": 4}, "rewrite": {"fused": 4, "unfused": []},
+        "verify": {"passed": True, "worst": {"output": "last_hidden_state", "max_abs": 0.004}}}
+    path = tmp_path / "gpu.json"
+    results.save(doc, path)
+    text = write_report([path], tmp_path / "docs" / "PERFORMANCE.md")
+    assert "| ort_flash_opt ms |" in text and "| ort_flash_opt vs ORT optimizer |" in text
+    assert "| 6 |" in text and "1.50x |" in text  # N 2048: 9.0 / 6.0 ms over the ORT optimizer
+    assert "0.90x (peer wins)" in text  # N 8192: 9.0 / 10.0
+    assert "ort_flash_opt: ORT fused {'SkipLayerNormalization': 8, 'BiasGelu': 4}" in text
+    assert "verify passed" in text
+    goals = {g[0]: g[1] for g in targets.all_goals(doc["suites"])}
+    assert goals["e2e: rewritten + ORT's other fusions (ort_flash_opt) ≥ 1.0× the ORT-optimizer model at 2k"] == "met"
 
 
 def test_targets_on_synthetic_result():
@@ -202,7 +229,8 @@ def test_targets_on_synthetic_result():
 
 @pytest.mark.slow
 def test_e2e_suite_on_cpu_with_a_tiny_model(tmp_path):
-    """Export (fp32 on the CPU), rewrite, ORT optimizer, three sessions, latency and memory."""
+    """Export (fp32 on the CPU), rewrite, ORT optimizer, ORT optimizer without attention fusion +
+    rewrite (verified against the original), four sessions, latency and memory."""
     import argparse
 
     from ort_flash.bench import e2e_suite
@@ -213,11 +241,28 @@ def test_e2e_suite_on_cpu_with_a_tiny_model(tmp_path):
     e2e_suite.run(_ctx(), suite, CEILINGS, Budget(None), argparse.Namespace(cache_dir=str(tmp_path)),
                   save=lambda: None, progress=lambda it, **kw: it)
     by = {r["peer"]: r for r in suite["rows"]}
-    assert set(by) == set(e2e_suite.VARIANTS)
+    assert set(by) == set(e2e_suite.VARIANTS) == {"original", "ort_flash", "ort_optimizer", "ort_flash_opt"}
     assert all(r["status"] == "ok" for r in by.values()), by
     info = suite["models"]["bert-base"]
     assert info["rewrite"]["fused"] == 1 and info["attention_nodes"]["ort_flash"] == {"FlashAttention": 1}
     assert "speedup_vs_original" in by["ort_flash"] and by["ort_flash"]["peak_mb"] is not None
+    # ort_flash_opt: ORT's LayerNorm / Gelu fusions, no ORT attention, every attention ort_flash's
+    opt = info["ort_flash_opt"]
+    assert opt["rewrite"] == {"fused": 1, "unfused": []}, opt
+    assert info["attention_nodes"]["ort_flash_opt"] == {"FlashAttention": 1}
+    assert {"SkipLayerNormalization", "BiasGelu"} <= set(opt["fused_ops"]) and "Attention" not in opt["fused_ops"]
+    assert opt["verify"]["passed"] and opt["verify"]["failed"] == [], opt["verify"]
+    for peer in ("ort_flash", "ort_flash_opt"):
+        assert {"speedup_vs_original", "speedup_vs_ort_optimizer"} <= set(by[peer]), by[peer]
+    assert "best_peer" in by["ort_flash"] and by["ort_flash"]["best_peer"] != "ort_flash_opt"
+    assert by["ort_flash_opt"]["peak_mb"] is not None and by["ort_flash_opt"]["ms"] > 0
+    header, rows = e2e_suite.summary(suite)
+    assert "ort_flash_opt ms" in header and "ort_flash_opt vs ORT optimizer" in header
+    assert len(rows) == 1 and len(rows[0]) == len(header)
+    doc = results.new_document({"date": "d", "device": "cpu", "versions": {}, "git": {}}, {})
+    suite["status"] = "complete"
+    doc["suites"]["e2e"] = suite
+    assert results.validate(doc) == []
 
 
 def test_decode_e2e_rows_say_why_there_is_no_time():

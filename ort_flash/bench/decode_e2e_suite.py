@@ -53,7 +53,7 @@ from ort_flash.bench.op_suite import verdict
 from ort_flash.bench.tables import fmt, text_table
 from ort_flash.bench.tensors import Tensors, rotation_sets
 
-VARIANTS = e2e_suite.VARIANTS
+VARIANTS = e2e_suite.VARIANTS[:3]  # original, ort_flash, ort_optimizer (no ort_flash_opt for the step)
 # The context the cache lengths assume (LLaMA 3.2 1B's); LLaMA's rotary embedding computes its
 # angles from the position ids, so the export does not depend on it.
 MAX_POSITIONS = 131072

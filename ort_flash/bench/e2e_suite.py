@@ -1,12 +1,19 @@
-"""End to end: whole models in ONNX Runtime, three variants of each, fp16 on CUDA.
+"""End to end: whole models in ONNX Runtime, four variants of each, fp16 on CUDA.
 
 * ``original``: the TorchScript export (``models/bench_models.py``, eager attention, fp16);
 * ``ort_flash``: ``ort_flash.rewrite`` of that export;
 * ``ort_optimizer``: ``onnxruntime.transformers.optimizer.optimize_model`` (model_type bert /
   gpt2, ``opt_level=0``, ``use_gpu=True``) of the fp32 export, then ``convert_float_to_float16
-  (keep_io_types=True)``: the optimizer's documented recipe (its fusions match fp32 graphs).
+  (keep_io_types=True)``: the optimizer's documented recipe (its fusions match fp32 graphs);
+* ``ort_flash_opt``: ort_flash + the ORT optimizer's non-attention fusions, as a user deploying
+  with ONNX Runtime would combine them (``ort_flash.ort_fusions``): the same optimizer recipe with
+  its attention fusion off (LayerNorm, SkipLayerNorm, BiasGelu / FastGelu, RotaryEmbedding, ...
+  stay), converted to fp16 the same way, then ``ort_flash.rewrite`` (that order: see
+  ``ort_fusions``). Before timing, ``ort_flash.verify`` compares it with the original on the
+  suite's device (VERIFY's feeds); outputs that differ mark its rows ``mismatch`` (timed, no
+  ratio), a rewrite that fused nothing leaves them without a time (``unsupported``).
 
-All three run with ONNX Runtime's default session optimizations, batch 1, sequence ascending,
+All four run with ONNX Runtime's default session optimizations, batch 1, sequence ascending,
 one session per variant. Latency: ``ort_flash.timing.SessionTimer`` (IOBinding, inputs on the
 device, the median). Peak memory: device memory in use (``torch.cuda.mem_get_info``) after the
 runs at each length minus the reading before the session was created. ONNX Runtime's arena only
@@ -29,10 +36,14 @@ import numpy as np
 from ort_flash.bench import memory, results
 from ort_flash.bench.measure import Budget, Context, add_ratios
 from ort_flash.bench.op_suite import verdict
-from ort_flash.bench.tables import text_table
+from ort_flash.bench.tables import fmt, text_table
 
-VARIANTS = ("original", "ort_flash", "ort_optimizer")
+VARIANTS = ("original", "ort_flash", "ort_optimizer", "ort_flash_opt")
+OURS = ("ort_flash", "ort_flash_opt")  # the variants whose attention is ort_flash's op
 OPTIMIZER_TYPE = {"bert": "bert", "gpt2": "gpt2", "llama": "gpt2"}
+# ort_flash.verify's feeds for ort_flash_opt: batch 1 as timed (ONNX Runtime's RotaryEmbedding
+# fusion of some LLaMA exports takes position ids of batch 1; its fused models refuse batch 2).
+VERIFY = dict(batch=1, seq_len=37, seed=0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,6 +104,8 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
             reason = f"export failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             paths, info = {}, {"spec": {**spec.__dict__, "parameters": spec.parameters()},
                                **{f"{v}_error": reason for v in VARIANTS}}
+        if "ort_flash_opt" in paths:
+            info["ort_flash_opt"]["verify"] = check(ctx.device, paths["original"], paths["ort_flash_opt"])
         info["prepare_s"] = time.monotonic() - t0
         suite["models"][spec.name] = info
         save()
@@ -102,18 +115,26 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
                                       "reason": info.get(f"{variant}_error", "model not prepared")}
                                      for s in g["seqlens"])
                 continue
+            blocked = _blocked(variant, info)
+            if blocked:
+                suite["rows"].extend({"config": _config(spec, s, g), "peer": variant, "status": "unsupported",
+                                      "reason": blocked} for s in g["seqlens"])
+                continue
             suite["rows"].extend(time_variant(ctx, spec, g, variant, paths[variant], budget, suite))
             save()
         for s in g["seqlens"]:
             group = [r for r in suite["rows"] if r["config"] == _config(spec, s, g)]
-            add_ratios(group, "ms", higher_is_better=False)
+            # best_peer / vs_best_peer of ort_flash: the best of original and ort_optimizer, as
+            # before ort_flash_opt existed (that one is ort_flash too, not a competitor).
+            add_ratios([r for r in group if r["peer"] != "ort_flash_opt"], "ms", higher_is_better=False)
             _vs_original(group)
         save()
 
 
 def prepare_estimate_s(spec) -> float:
-    """A rough lower bound on export (fp16 and fp32) + rewrite + optimizer + three sessions; a
-    model that cannot finish inside the budget is not started."""
+    """A rough lower bound on export (fp16 and fp32) + rewrite + optimizer + the first sessions
+    (ort_flash_opt's optimizer run, rewrite and verification come on top); a model that cannot
+    finish inside the budget is not started."""
     return 20.0 + 120.0 * spec.parameters() / 1e9
 
 
@@ -123,9 +144,10 @@ def _config(spec, seqlen: int, g: dict) -> dict:
 
 def prepare(bm, spec, dtype: str, cache_dir: pathlib.Path, device: str, *,
             cache: bool = False) -> tuple[dict, dict]:
-    """The three model files, and what was done to make them (fusion counts, times).
-    ``cache``: of the model's decoding step with a KV cache (the decode_e2e suite); the rewrite
-    report then also counts the attentions whose Concat(past, new) became the op's past/present."""
+    """The model file of each variant, and what was done to make them (fusion counts, times).
+    ``cache``: of the model's decoding step with a KV cache (the decode_e2e suite, which has the
+    first three variants: no ort_flash_opt); the rewrite report then also counts the attentions
+    whose Concat(past, new) became the op's past/present."""
     import onnx
 
     import ort_flash
@@ -160,6 +182,13 @@ def prepare(bm, spec, dtype: str, cache_dir: pathlib.Path, device: str, *,
         info["optimizer"]["seconds"] = time.monotonic() - t0
     except Exception as e:  # noqa: BLE001
         info["ort_optimizer_error"] = f"optimizer failed: {type(e).__name__}: {str(e)[:300]}"
+    if not cache:
+        try:
+            t0 = time.monotonic()
+            paths["ort_flash_opt"], info["ort_flash_opt"] = flash_with_ort_fusions(bm, spec, dtype, cache_dir, device)
+            info["ort_flash_opt"]["seconds"] = time.monotonic() - t0
+        except Exception as e:  # noqa: BLE001
+            info["ort_flash_opt_error"] = f"ort_fusions failed: {type(e).__name__}: {str(e)[:300]}"
     info["attention_nodes"] = {k: _count_ops(onnx.load(str(p), load_external_data=False))
                                for k, p in paths.items()}
     gc.collect()
@@ -185,6 +214,50 @@ def optimize(bm, spec, dtype: str, cache_dir, device: str, *, cache: bool = Fals
     return out, {"model_type": model_type, "opt_level": 0, "fused_ops": stats}
 
 
+def flash_with_ort_fusions(bm, spec, dtype: str, cache_dir, device: str):
+    """The ort_flash_opt variant: ``ort_flash.ort_fusions.rewrite`` of the fp32 export, i.e. the
+    ort_optimizer recipe above with the optimizer's attention fusion off, the same fp16
+    conversion, then ``ort_flash.rewrite`` of the result. Returns its path and what each step did."""
+    from ort_flash import ort_fusions
+
+    fp32, _ = bm.cached_export(spec, cache_dir, "float32")
+    out = fp32.with_name(f"model.flashopt.{dtype}.onnx")
+    result = ort_fusions.rewrite(str(fp32), OPTIMIZER_TYPE[spec.family], float16=dtype == "float16",
+                                 num_heads=spec.heads, hidden_size=spec.hidden, use_gpu=device == "cuda")
+    bm.save(result.model, out)
+    report = result.report
+    info = {"model_type": result.model_type, "opt_level": 0, "attention_fusion": False, "float16": result.float16,
+            "fused_ops": result.ort_fused,
+            "rewrite": {"fused": report.total_fused, "unfused": sorted({u.reason for u in report.unfused})}}
+    return out, info
+
+
+def check(device: str, original, candidate) -> dict:
+    """ort_flash.verify of a variant against the original on ``device`` (VERIFY's feeds): passed,
+    and the worst output's error."""
+    from ort_flash.verify import verify
+
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    try:
+        v = verify(str(original), str(candidate), providers=providers, **VERIFY)
+    except Exception as e:  # noqa: BLE001 - cannot compare: say so on the rows
+        return {"passed": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    worst = max(v.outputs, key=lambda o: o.max_abs / (o.atol + o.rtol))
+    return {"passed": v.passed, **VERIFY, "providers": v.rewritten_providers,
+            "failed": [o.name for o in v.outputs if not o.passed],
+            "worst": {"output": worst.name, "max_abs": worst.max_abs, "atol": worst.atol, "rtol": worst.rtol}}
+
+
+def _blocked(variant: str, info: dict) -> str | None:
+    """Why a prepared variant is not timed: ort_flash_opt whose rewrite fused no attention (it
+    would be the ORT optimizer's model without attention fusion, not ort_flash)."""
+    rewrite = (info.get(variant) or {}).get("rewrite") or {}
+    if variant == "ort_flash_opt" and not rewrite.get("fused"):
+        why = "; ".join(rewrite.get("unfused") or []) or "no attention found"
+        return f"the rewrite after ORT's fusions fused no attention ({why}): not timed as ort_flash_opt"
+    return None
+
+
 def _count_ops(model) -> dict:
     names = ("Softmax", "FlashAttention", "Attention", "MultiHeadAttention", "GroupQueryAttention")
     counts = {}
@@ -207,7 +280,7 @@ def open_session(device: str, variant: str, path):
                  else ["CPUExecutionProvider"])
     if device == "cuda":
         providers[0] = ("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
-    so = ort_flash.session_options() if variant == "ort_flash" else ort.SessionOptions()
+    so = ort_flash.session_options() if variant in OURS else ort.SessionOptions()
     so.log_severity_level = 3
     return ort.InferenceSession(str(path), so, providers=providers)
 
@@ -250,6 +323,11 @@ def time_variant(ctx: Context, spec, g: dict, variant: str, path, budget: Budget
             row.update(status="ok", ms=ms, repeats=repeat, tokens_per_s=g["batch"] * s / (ms * 1e-3),
                        peak_mb=(mem - mem0) / 2**20, act_mb=(mem - mem_loaded) / 2**20,
                        memory_method=memory.method(ctx.device, torch))
+            verified = (suite["models"][spec.name].get(variant) or {}).get("verify")
+            if verified is not None and not verified.get("passed"):
+                why = verified.get("error") or \
+                    f"outputs {verified.get('failed')} beyond tolerance ({verified.get('worst')})"
+                row.update(status="mismatch", reason=f"ort_flash.verify against the original failed: {why}")
         except Exception as e:  # noqa: BLE001 - out of memory at long sequences is a result
             failed = f"failed at sequence {s}: {str(e).splitlines()[0][:300]}"
             row.update(status="error", reason=failed)
@@ -261,41 +339,92 @@ def time_variant(ctx: Context, spec, g: dict, variant: str, path, budget: Budget
 
 
 def _vs_original(group: list[dict]) -> None:
+    """Per successful row: its speed-up over the original and its activation memory relative to
+    the original's; on ort_flash and ort_flash_opt also their speed-up over the ORT-optimizer
+    model (peer ms / ours: > 1, ours is faster)."""
     by = {r["peer"]: r for r in group if r.get("status") == "ok"}
     base = by.get("original")
-    if base is None:
-        return
+    opt = by.get("ort_optimizer")
     for r in by.values():
-        r["speedup_vs_original"] = base["ms"] / r["ms"]
-        if base.get("act_mb") and r.get("act_mb") is not None:
-            r["act_mem_vs_original"] = r["act_mb"] / base["act_mb"] if base["act_mb"] > 0 else None
+        if base is not None:
+            r["speedup_vs_original"] = base["ms"] / r["ms"]
+            if base.get("act_mb") and r.get("act_mb") is not None:
+                r["act_mem_vs_original"] = r["act_mb"] / base["act_mb"] if base["act_mb"] > 0 else None
+        if opt is not None and r["peer"] in OURS:
+            r["speedup_vs_ort_optimizer"] = opt["ms"] / r["ms"]
 
 
 def summary(suite: dict) -> tuple[list[str], list[list]]:
-    header = ["model", "layers", "N"] + [f"{v} ms" for v in VARIANTS] + \
-             [f"{v} MB" for v in VARIANTS] + ["ort_flash vs original", "vs ORT optimizer", "act mem vs orig"]
+    """One row per (model, N): each variant's median ms and peak MB, then per ort_flash variant
+    its speed-up over the original and over the ORT-optimizer model and its activation memory
+    relative to the original's. Variants with no row in the suite (ort_flash_opt in results from
+    before it existed) get no columns."""
+    present = {r["peer"] for r in suite["rows"]}
+    variants = [v for v in VARIANTS if v in present]
+    ours = [v for v in OURS if v in present]
+    header = ["model", "layers", "N"] + [f"{v} ms" for v in variants] + [f"{v} MB" for v in variants]
+    for v in ours:
+        header += [f"{v} vs original", f"{v} vs ORT optimizer", f"{v} act mem vs orig"]
     rows = []
     for cfg, group in results.group_by_config(suite["rows"]):
         by = {r["peer"]: r for r in group}
-        ms = [by[v]["ms"] if by.get(v, {}).get("status") == "ok" else "error" if v in by else None
-              for v in VARIANTS]
-        mb = [by[v].get("peak_mb") if by.get(v, {}).get("status") == "ok" else None for v in VARIANTS]
-        ours = by.get("ort_flash", {})
-        opt = by.get("ort_optimizer", {})
-        vs_opt = opt["ms"] / ours["ms"] if ours.get("status") == "ok" and opt.get("status") == "ok" else None
-        mem = ours.get("act_mem_vs_original")
-        rows.append([cfg["model"], cfg["layers"], cfg["seqlen"], *ms, *mb,
-                     verdict(ours.get("speedup_vs_original")), verdict(vs_opt),
-                     None if mem is None else f"{mem:.2f}"])
+        ok = {v: r for v, r in by.items() if r.get("status") == "ok"}
+        row = [cfg["model"], cfg["layers"], cfg["seqlen"], *(_ms_cell(by.get(v)) for v in variants),
+               *(ok[v].get("peak_mb") if v in ok else None for v in variants)]
+        for v in ours:
+            mine = ok.get(v, {})
+            mem = mine.get("act_mem_vs_original")
+            row += [verdict(_speedup(ok, "original", v)), verdict(_speedup(ok, "ort_optimizer", v)),
+                    None if mem is None else f"{mem:.2f}"]
+        rows.append(row)
     return header, rows
+
+
+def _speedup(ok: dict, peer: str, ours: str) -> float | None:
+    """peer ms / ours ms where both ran (computed from the times, so older results read the same)."""
+    return ok[peer]["ms"] / ok[ours]["ms"] if peer in ok and ours in ok else None
+
+
+def _ms_cell(row: dict | None):
+    """A variant's time, or why there is none (n/a: not timed, WRONG: outputs differ; reasons
+    below the table)."""
+    if row is None:
+        return None
+    if row["status"] == "ok":
+        return row["ms"]
+    if row["status"] == "mismatch":
+        return f"{fmt(row.get('ms'))} WRONG"
+    return "n/a" if row["status"] == "unsupported" else "error"
+
+
+def model_notes(suite: dict) -> list[str]:
+    """One line per model: attention nodes per variant, what the ORT optimizer fused, what the
+    rewrite fused and, for ort_flash_opt, what ORT fused around it and its verification."""
+    lines = []
+    for name, info in suite.get("models", {}).items():
+        rw = info.get("rewrite") or {}
+        line = (f"{name}: attention nodes {info.get('attention_nodes')}; ORT optimizer fused "
+                f"{(info.get('optimizer') or {}).get('fused_ops')}; rewrite fused {rw.get('fused')}"
+                f"{' ' + str(rw['unfused']) if rw.get('unfused') else ''}")
+        fo = info.get("ort_flash_opt")
+        if fo:
+            v = fo.get("verify") or {}
+            check = "not run" if not v else "passed" if v.get("passed") else \
+                f"FAILED ({v.get('error') or v.get('failed')})"
+            worst = v.get("worst") or {}
+            line += (f"; ort_flash_opt: ORT fused {fo.get('fused_ops')} (attention fusion off), then the rewrite "
+                     f"fused {(fo.get('rewrite') or {}).get('fused')}, verify {check}"
+                     + (f" (max abs {worst['max_abs']:.3g})" if worst else ""))
+        elif info.get("ort_flash_opt_error"):
+            line += f"; ort_flash_opt: {info['ort_flash_opt_error']}"
+        lines.append(line)
+    return lines
 
 
 def print_summary(suite: dict) -> None:
     header, rows = summary(suite)
     print(text_table(header, rows, title=f"\nend to end on {suite['device']} ({suite['grid']['dtype']}, "
                      "batch 1): median latency, peak memory (see the method in the JSON)"))
-    for name, info in suite.get("models", {}).items():
-        print(f"  {name}: attention nodes {info.get('attention_nodes')}; ORT optimizer fused "
-              f"{(info.get('optimizer') or {}).get('fused_ops')}; rewrite fused "
-              f"{(info.get('rewrite') or {}).get('fused')} {(info.get('rewrite') or {}).get('unfused') or ''}")
+    for line in model_notes(suite):
+        print(f"  {line}")
     print(results.format_reasons(suite["rows"]))

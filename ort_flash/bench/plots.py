@@ -8,7 +8,7 @@ import pathlib
 
 STYLE = {"ort_flash": dict(color="C3", lw=2.5, marker="o"), "ort_flash_kernel": dict(color="C3", ls="--", marker="."),
          "ort_flash_past": dict(color="C1", ls="--", marker="."), "original": dict(color="C7", marker="s"),
-         "ort_optimizer": dict(color="C0", marker="^")}
+         "ort_optimizer": dict(color="C0", marker="^"), "ort_flash_opt": dict(color="C3", ls=":", lw=2, marker="D")}
 
 
 def _plt():

@@ -19,7 +19,8 @@ GPU_COMMANDS = """\
 # for tools/gpu_session.sh; results, logs and the report land in $OUT:
 bash tools/gpu_release.sh bench              # this page's op (fp16 + bf16, quick), e2e and decode_e2e (4 layers) runs
 bash tools/gpu_release.sh tests              # build, GPU tests, demo and this page's decode run (quick)
-bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min,
+bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min
+                                             #   + ort_flash_opt's own ORT optimizer run and rewrite per model,
                                              #   decode_e2e (4 layers; mostly its exports and the ORT optimizer)
 bash tools/bench_gpu.sh --suite op           # the full op grid (Hopper issue), ~5 min
 bash tools/bench_gpu.sh --suite decode       # the full decode grid (decode issue), ~2 min
@@ -152,11 +153,15 @@ def render(docs: list[dict], out_md: str | os.PathLike) -> str:
     def e2e_body(suite):
         models = suite.get("models", {})
         notes = [f"- **{k}**: {v['spec']['parameters'] / 1e6:.0f} M parameters at {v['spec']['layers']} layers; "
-                 f"attention nodes {v.get('attention_nodes')}; ORT optimizer fused "
-                 f"{(v.get('optimizer') or {}).get('fused_ops')}" for k, v in models.items()]
+                 f"{line.split(': ', 1)[1]}" for (k, v), line in zip(models.items(), e2e_suite.model_notes(suite))]
         method = suite["rows"][0].get("memory_method") if suite["rows"] else None
+        combined = any(r["peer"] == "ort_flash_opt" for r in suite["rows"])
+        what = (" *ort_flash_opt* is ort_flash with the ORT optimizer's other fusions: the optimizer with its "
+                "attention fusion off (LayerNorm, SkipLayerNorm, Gelu, ... stay), the same fp16 conversion, then "
+                "`ort_flash.rewrite` (`ort_flash.ort_fusions`), verified against the original before timing."
+                if combined else "")
         return ["Median latency and peak memory per variant (batch 1). Memory: " + (method or "–") +
-                ", minus the reading before the session existed (see `e2e_suite.py`).", "",
+                ", minus the reading before the session existed (see `e2e_suite.py`)." + what, "",
                 markdown_table(*e2e_suite.summary(suite)), "", *notes, "",
                 *img("e2e_latency", "e2e latency"), *img("e2e_memory", "e2e memory"), _reasons(suite["rows"])]
 

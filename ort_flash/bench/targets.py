@@ -76,9 +76,18 @@ def decode_goals(suite: dict | None) -> list[tuple[str, str, str]]:
 
 
 def e2e_goals(suite: dict | None) -> list[tuple[str, str, str]]:
-    vs_opt, vs_orig, mem = [], [], []
-    n = [0, 0, 0]
+    """The e2e issue's goals for the rewritten model (ort_flash); the first one also for
+    ort_flash_opt (ort_flash + the ORT optimizer's non-attention fusions), in a row of its own."""
+    vs_opt, vs_orig, mem, combined = [], [], [], []
+    n = [0, 0, 0, 0]
     if suite and suite.get("device") == "cuda":
+        for cfg, group in results.group_by_config(suite["rows"]):
+            by = {r["peer"]: r for r in group if _ok(r)}
+            if cfg["seqlen"] == 2048 and "ort_flash_opt" in by and "ort_optimizer" in by:
+                n[3] += 1
+                if by["ort_optimizer"]["ms"] < by["ort_flash_opt"]["ms"]:
+                    combined.append(f"{cfg['model']} N{cfg['seqlen']} "
+                                    f"{by['ort_optimizer']['ms'] / by['ort_flash_opt']['ms']:.2f}×")
         for cfg, by, ours in _measured(suite):
             name = f"{cfg['model']} N{cfg['seqlen']}"
             if cfg["seqlen"] == 2048:
@@ -95,6 +104,8 @@ def e2e_goals(suite: dict | None) -> list[tuple[str, str, str]]:
                 if ours["peak_mb"] > by["original"]["peak_mb"] / 10:
                     mem.append(f"{name} {ours['peak_mb'] / by['original']['peak_mb']:.2f} of original")
     return [("e2e: rewritten ≥ 1.0× the ORT-optimizer model at 2k", *_status(vs_opt, n[0])),
+            ("e2e: rewritten + ORT's other fusions (ort_flash_opt) ≥ 1.0× the ORT-optimizer model at 2k",
+             *_status(combined, n[3])),
             ("e2e: rewritten ≥ 3× the original at 2k", *_status(vs_orig, n[1])),
             ("e2e: peak memory at 8k ≤ 1/10 of the original's", *_status(mem, n[2]))]
 

@@ -1,0 +1,139 @@
+"""ONNX Runtime's transformer fusions for everything but attention, then ort_flash for attention.
+
+    result = ort_flash.ort_fusions.rewrite("model.onnx", "bert", float16=True)
+    onnx.save(result.model, "model.flash.onnx")
+
+ONNX Runtime's transformers optimizer (``onnxruntime.transformers.optimizer.optimize_model``)
+fuses more than attention: LayerNormalization, SkipLayerNormalization (residual Add +
+LayerNorm), BiasGelu / FastGelu, RotaryEmbedding, EmbedLayerNormalization. ``rewrite`` runs it
+(``opt_level=0``: its Python fusions only) with its attention fusion off
+(``FusionOptions.enable_attention = False``), optionally converts the model to float16 as ONNX
+Runtime documents it (``convert_float_to_float16(keep_io_types=True)``), and then
+``ort_flash.rewrite`` fuses the attention the optimizer left as MatMul-Softmax-MatMul.
+
+The order is not free (found on the e2e benchmark's BERT, GPT-2 and LLaMA exports):
+
+* The optimizer before the rewrite. Its fusions are proven by ONNX Runtime's symbolic shape
+  inference, which stops at an op it does not know: on a rewritten model it stops at the first
+  FlashAttention, and then SkipLayerNormalization is not fused (BERT and GPT-2 keep LayerNorm
+  after a separate residual Add) and LLaMA gets nothing fused at all. The rewriter's own shape
+  inference knows ONNX Runtime's contrib ops, so it proves the attention of the optimized graph
+  as it proves the export's.
+* float16 before the rewrite. The converter types the graph by the same shape inference; after
+  the rewrite it fails at FlashAttention, converts without types and leaves
+  ``sym_shape_infer_temp.onnx`` in the working directory. Converted first, the rewriter sees a
+  float16 graph as it sees a float16 export and emits FlashAttention with float16 inputs and
+  outputs (no Cast around it); only the graph inputs and outputs stay float32 (keep_io_types).
+* EmbedLayerNormalization (BERT) is left on: with no fused Attention node it can only take its
+  "no mask" form (the mask index it computes is handed to fused Attention nodes only), so the
+  mask the rewriter reads stays as exported. With attention fusion off, ONNX Runtime's check for
+  an attention-like subgraph after the embeddings may also decline it (the TorchScript BERT
+  export reads the embeddings' shape for its mask): the embeddings then keep a plain
+  LayerNormalization.
+
+Whatever ONNX Runtime's fusions do to the model is theirs (the e2e benchmark verifies the result
+against the original export). Two seen on LLaMA-style models: its RotaryEmbedding fusion of some
+exports (transformers 5.17's, not 5.24's) takes position ids of batch 1, and the fused model then
+refuses batch > 1, with or without ort_flash; and its SimplifiedLayerNormalization is written
+into the ONNX domain, which ONNX Runtime runs but ``onnx.checker`` rejects ("No Op registered").
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+
+import onnx
+
+from ort_flash.rewriter import RewriteReport, load_model
+from ort_flash.rewriter import rewrite as flash_rewrite
+
+# ONNX Runtime's optimizer model types this was checked with (``gpt2`` also serves LLaMA-style
+# decoders, as in the e2e benchmark).
+MODEL_TYPES = ("bert", "gpt2")
+
+
+class OrtFusionError(RuntimeError):
+    """ONNX Runtime's optimizer or float16 conversion failed on the model."""
+
+
+@dataclasses.dataclass
+class OrtFusionsResult:
+    model: onnx.ModelProto
+    report: RewriteReport  # the attention rewrite's
+    model_type: str
+    ort_fused: dict[str, int]  # what ONNX Runtime's optimizer fused (its operator statistics, non-zero)
+    float16: bool
+
+    def summary(self) -> str:
+        fused = ", ".join(f"{k} {v}" for k, v in self.ort_fused.items()) or "nothing"
+        return (f"ONNX Runtime optimizer (model_type {self.model_type}, attention fusion off) fused: {fused}"
+                + ("; then converted to float16 (inputs and outputs stay float32)" if self.float16 else ""))
+
+    def to_dict(self) -> dict:
+        return {"model_type": self.model_type, "attention_fusion": False, "opt_level": 0,
+                "fused": dict(self.ort_fused), "float16": self.float16}
+
+
+def optimize(model_or_path: onnx.ModelProto | str | os.PathLike, model_type: str, *,
+             float16: bool = False, num_heads: int = 0, hidden_size: int = 0, use_gpu: bool = False):
+    """ONNX Runtime's optimizer with its attention fusion off (then float16 where asked): the
+    ``onnxruntime.transformers.onnx_model.OnnxModel`` and its fused-operator counts. The input is
+    not changed. ``num_heads`` / ``hidden_size`` serve only ONNX Runtime's attention fusions."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}, not {model_type!r}")
+    model = load_model(model_or_path)  # a copy: the optimizer changes the proto it is given
+    options = FusionOptions(model_type)
+    options.enable_attention = False
+    try:
+        with _quiet_about_heads():
+            opt = optimize_model(model, model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
+                                 optimization_options=options, opt_level=0, use_gpu=use_gpu)
+        fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+        if float16:
+            opt.convert_float_to_float16(keep_io_types=True)
+        _import_contrib_domain(opt.model)
+    except Exception as e:  # noqa: BLE001 - the optimizer raises whatever its fusions hit
+        first = str(e).strip().splitlines()
+        raise OrtFusionError(f"ONNX Runtime's optimizer (model_type {model_type}) failed: "
+                             f"{type(e).__name__}: {first[0] if first else ''}") from e
+    return opt, fused
+
+
+def rewrite(model_or_path: onnx.ModelProto | str | os.PathLike, model_type: str, *, float16: bool = False,
+            num_heads: int = 0, hidden_size: int = 0, use_gpu: bool = False, **rewrite_options) -> OrtFusionsResult:
+    """``optimize`` and then ``ort_flash.rewrite`` (``rewrite_options``: its keyword arguments)."""
+    opt, fused = optimize(model_or_path, model_type, float16=float16, num_heads=num_heads,
+                          hidden_size=hidden_size, use_gpu=use_gpu)
+    result = flash_rewrite(opt.model, **rewrite_options)
+    return OrtFusionsResult(model=result.model, report=result.report, model_type=model_type,
+                            ort_fused=fused, float16=float16)
+
+
+def _import_contrib_domain(model: onnx.ModelProto) -> None:
+    """Declares ("com.microsoft", 1), the domain of the optimizer's fused nodes, where they are
+    used: the optimizer's in-memory model lacks it (its ``save_model_to_file`` adds it on the way
+    to a file; ONNX Runtime loads the model without it, ``onnx.checker`` does not)."""
+    domains = {o.domain for o in model.opset_import}
+    if "com.microsoft" not in domains and any(n.domain == "com.microsoft" for n in model.graph.node):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+
+
+@contextlib.contextmanager
+def _quiet_about_heads():
+    """Drops the optimizer's "Please specify parameters of num_heads and hidden_size" warning:
+    only its attention fusions use them, and those are off."""
+    log = logging.getLogger("onnxruntime.transformers.optimizer")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Please specify parameters of num_heads")
+
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
