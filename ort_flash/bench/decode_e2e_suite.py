@@ -50,7 +50,7 @@ import numpy as np
 from ort_flash.bench import e2e_suite, memory, results
 from ort_flash.bench.measure import Budget, Context, add_ratios
 from ort_flash.bench.op_suite import verdict
-from ort_flash.bench.tables import fmt, text_table
+from ort_flash.bench.tables import text_table
 from ort_flash.bench.tensors import Tensors, rotation_sets
 
 VARIANTS = e2e_suite.VARIANTS[:3]  # original, ort_flash, ort_optimizer (no ort_flash_opt for the step)
@@ -302,20 +302,9 @@ def summary(suite: dict) -> tuple[list[str], list[list]]:
         cache = next((r["cache_mb"] for r in group if "cache_mb" in r), None)
         ours = by.get("ort_flash", {})
         rows.append([cfg["model"], cfg["layers"], cfg["batch"], cfg["past"], cache,
-                     *(_ms_cell(by.get(v)) for v in VARIANTS), *(mb if memory_read else []),
+                     *(e2e_suite.ms_cell(by.get(v)) for v in VARIANTS), *(mb if memory_read else []),
                      verdict(ours.get("speedup_vs_original")), verdict(ours.get("speedup_vs_ort_optimizer"))])
     return header, rows
-
-
-def _ms_cell(row: dict | None):
-    """A variant's step time, or why there is none (n/a: not timed, with the reason below)."""
-    if row is None:
-        return None
-    if row["status"] == "ok":
-        return row["ms"]
-    if row["status"] == "mismatch":
-        return f"{fmt(row.get('ms'))} WRONG"
-    return "n/a" if row["status"] == "unsupported" else "error"
 
 
 def model_notes(suite: dict) -> list[str]:

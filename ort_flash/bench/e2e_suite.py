@@ -369,7 +369,7 @@ def summary(suite: dict) -> tuple[list[str], list[list]]:
     for cfg, group in results.group_by_config(suite["rows"]):
         by = {r["peer"]: r for r in group}
         ok = {v: r for v, r in by.items() if r.get("status") == "ok"}
-        row = [cfg["model"], cfg["layers"], cfg["seqlen"], *(_ms_cell(by.get(v)) for v in variants),
+        row = [cfg["model"], cfg["layers"], cfg["seqlen"], *(ms_cell(by.get(v)) for v in variants),
                *(ok[v].get("peak_mb") if v in ok else None for v in variants)]
         for v in ours:
             mine = ok.get(v, {})
@@ -385,8 +385,8 @@ def _speedup(ok: dict, peer: str, ours: str) -> float | None:
     return ok[peer]["ms"] / ok[ours]["ms"] if peer in ok and ours in ok else None
 
 
-def _ms_cell(row: dict | None):
-    """A variant's time, or why there is none (n/a: not timed, WRONG: outputs differ; reasons
+def ms_cell(row: dict | None):
+    """A variant's time (also a decode step's, decode_e2e_suite), or why there is none (n/a: not timed, WRONG: outputs differ; reasons
     below the table)."""
     if row is None:
         return None
