@@ -473,6 +473,24 @@ def present_axes(dynamic: dict[str, dict[int, str]], layers: int) -> dict[str, d
             for i in range(layers) for kv in ("key", "value")}
 
 
+def cache_argument(module) -> str:
+    """The name of ``module``'s (a transformers model's) Cache: its forward argument and the
+    field of its output that returns the updated one.
+
+    transformers renamed both from ``past_key_values`` to ``cache``: 5.17 and 5.18 know only
+    ``past_key_values`` (and put an unknown ``cache=`` in ``**kwargs`` without a word, so the
+    step would run without its past), 5.24 has ``cache`` and keeps ``past_key_values`` as a
+    deprecated alias (a warning; removal planned for 5.40). Hence the name from the signature.
+    """
+    import inspect
+
+    params = inspect.signature(module.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{type(module).__name__}.forward takes neither cache nor past_key_values")
+
+
 class _CachedStep:
     """Calls the model (or its decoder) with a Cache built from flat past tensors and returns
     (output, present_key_0, present_value_0, ...)."""
@@ -482,11 +500,13 @@ class _CachedStep:
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
         decoder = net.config.model_type in ("bart", "whisper")
+        module = net.get_decoder() if decoder else net
+        key = cache_argument(module)
 
         class Wrapped(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
-                self.net = net.get_decoder() if decoder else net
+                self.net = module
 
             def forward(self, *args):
                 named = dict(zip(names, args))
@@ -498,8 +518,9 @@ class _CachedStep:
                                            named.pop(f"past_cross_value_{i}")) for i in range(layers)])
                     cache = EncoderDecoderCache(cache, cross)
                     named = {k.removeprefix("decoder_"): v for k, v in named.items()}
-                out = self.net(**named, cache=cache, use_cache=True, return_dict=True)
-                cache = out.cache.self_attention_cache if decoder else out.cache
+                out = self.net(**named, **{key: cache}, use_cache=True, return_dict=True)
+                cache = getattr(out, key)
+                cache = cache.self_attention_cache if decoder else cache
                 first = getattr(out, output or ("last_hidden_state" if decoder else "logits"))
                 flat = [t for layer in cache.layers for t in (layer.keys, layer.values)]
                 return (first, *flat)

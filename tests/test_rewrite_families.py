@@ -166,3 +166,24 @@ def _check_on_cuda(spec: ExportSpec) -> None:
         check = verify(model, result.model, providers=providers, seed=2)
         assert check.passed, check.format_table()
         assert check.rewritten_providers[0] == "CUDAExecutionProvider"
+
+
+@pytest.mark.parametrize("family", ["llama", "bart"])
+def test_cached_step_passes_its_past_to_the_model_kv(family):
+    """The cached step hands its past to the model under the name this transformers uses
+    (``past_key_values`` up to 5.18, ``cache`` later: families.cache_argument), so the presents
+    hold past + new positions. Regression: 5.17 put ``cache=`` in **kwargs unread."""
+    import torch
+
+    from models.families import PAST_LEN, _build_cached
+
+    module, inputs, _ = _build_cached(ExportSpec(family, "torchscript", "eager", "float32", cache=True))
+    with torch.no_grad():
+        out = module(*inputs.values())
+    seq = inputs["input_ids" if "input_ids" in inputs else "decoder_input_ids"].shape[1]
+    assert len(out) == 1 + 2 * module_layers(inputs)
+    assert all(t.shape[2] == PAST_LEN + seq for t in out[1:]), [tuple(t.shape) for t in out[1:]]
+
+
+def module_layers(inputs) -> int:
+    return sum(name.startswith("past_key_") for name in inputs)
