@@ -121,7 +121,7 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
         if "ort_optimizer_error" in info:
             suite["notes"].append(f"{spec.name}: no ort_optimizer variant: {info['ort_optimizer_error']}")
         if "ort_flash" in paths:
-            info["verify"] = check_rewrite(ctx.device, paths)
+            info["verify"] = e2e_suite.check(ctx.device, paths["original"], paths["ort_flash"], VERIFY)
         info["prepare_s"] = time.monotonic() - t0
         suite["models"][spec.name] = info
         save()
@@ -148,22 +148,6 @@ def _blocked(variant: str, paths: dict, info: dict) -> str | None:
         why = "; ".join(rewrite.get("unfused") or []) or "no attention found"
         return f"the rewrite fused no attention ({why}): the model is the original, not timed as ort_flash"
     return None
-
-
-def check_rewrite(device: str, paths: dict) -> dict:
-    """ort_flash.verify of the rewritten step against the original on ``device`` (VERIFY's
-    feeds): passed, and the largest error over the outputs."""
-    from ort_flash.verify import verify
-
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-    try:
-        v = verify(str(paths["original"]), str(paths["ort_flash"]), providers=providers, **VERIFY)
-    except Exception as e:  # noqa: BLE001 - cannot compare: say so on the rows
-        return {"passed": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
-    worst = max(v.outputs, key=lambda o: o.max_abs / (o.atol + o.rtol))
-    return {"passed": v.passed, **VERIFY, "providers": v.rewritten_providers, "outputs": len(v.outputs),
-            "failed": [o.name for o in v.outputs if not o.passed],
-            "worst": {"output": worst.name, "max_abs": worst.max_abs, "atol": worst.atol, "rtol": worst.rtol}}
 
 
 def _fusion_note(spec, info: dict) -> str | None:

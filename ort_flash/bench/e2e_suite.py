@@ -232,18 +232,20 @@ def flash_with_ort_fusions(bm, spec, dtype: str, cache_dir, device: str):
     return out, info
 
 
-def check(device: str, original, candidate) -> dict:
-    """ort_flash.verify of a variant against the original on ``device`` (VERIFY's feeds): passed,
-    and the worst output's error."""
+def check(device: str, original, candidate, feeds: dict | None = None) -> dict:
+    """ort_flash.verify of a variant against the original on ``device`` (``feeds``: verify's
+    input arguments, VERIFY by default; decode_e2e_suite passes its step's): passed, how many
+    outputs were compared, and the worst output's error."""
     from ort_flash.verify import verify
 
+    feeds = VERIFY if feeds is None else feeds
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     try:
-        v = verify(str(original), str(candidate), providers=providers, **VERIFY)
+        v = verify(str(original), str(candidate), providers=providers, **feeds)
     except Exception as e:  # noqa: BLE001 - cannot compare: say so on the rows
         return {"passed": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
     worst = max(v.outputs, key=lambda o: o.max_abs / (o.atol + o.rtol))
-    return {"passed": v.passed, **VERIFY, "providers": v.rewritten_providers,
+    return {"passed": v.passed, **feeds, "providers": v.rewritten_providers, "outputs": len(v.outputs),
             "failed": [o.name for o in v.outputs if not o.passed],
             "worst": {"output": worst.name, "max_abs": worst.max_abs, "atol": worst.atol, "rtol": worst.rtol}}
 
