@@ -121,6 +121,8 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         }
         if v.kind == "fwd_tma":
             constexprs["TMA"] = True
+        if v.mask_keys:
+            constexprs["MASK_KEYS"] = True
     src = ASTSource(fn=KERNELS[v.kind], signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
     try:
@@ -172,17 +174,19 @@ def _tma_boxes(v: Variant, md) -> list[dict]:
     return out
 
 
-def source_hash() -> str:
-    """The kernel sources and this script (it decides signatures and hints)."""
-    h = hashlib.sha256(Path(flash_fwd.__file__).read_bytes())
-    h.update(Path(flash_decode.__file__).read_bytes())
-    h.update(Path(__file__).read_bytes())
+def source_hash(kind: str | None = None) -> str:
+    """The kernel sources a kind compiles from (all of them for None) and this script (it decides
+    signatures and hints): an edit to the decode kernel leaves the forward cubins cached."""
+    sources = [flash_fwd.__file__] if kind in ("fwd", "fwd_tma") else [flash_fwd.__file__, flash_decode.__file__]
+    h = hashlib.sha256()
+    for f in sources + [__file__]:
+        h.update(Path(f).read_bytes())
     return h.hexdigest()
 
 
 def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
     h = hashlib.sha256()
-    for part in (source_hash(), TRITON_VERSION, repr(v), repr(cfg), str(arch)):
+    for part in (source_hash(v.kind), TRITON_VERSION, repr(v), repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"
 
@@ -228,7 +232,7 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
             f"  {{{{DType({DTYPE_CODES[v.dtype]}), {v.head_dim}, {_cxx_bool(v.even_d)}, "
             f"MaskKind({MASK_KINDS[v.mask]}), {_cxx_bool(v.extras)}, "
             f"Fp32Precision({PRECISION_CODES[v.precision] if v.dtype == 'fp32' else 0}), "
-            f"KernelKind({KIND_CODES[v.kind]})}}, "
+            f"KernelKind({KIND_CODES[v.kind]}), {_cxx_bool(v.mask_keys)}}}, "
             f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
             f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end, {_cxx_tma(m.get('tma', []))}}},")
     if not rows:  # a CPU-only build (no archs): an empty table

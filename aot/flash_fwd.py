@@ -1,10 +1,11 @@
 """The FlashAttention forward kernel family, the source of truth for every cubin.
 
 One Triton kernel, specialized through constexpr flags (dtype by pointer type, head-dim bucket,
-mask kind, the "extras" group: windows, softcap and per-batch key lengths); causal is a run-time
-flag (it moves loop bounds). It follows ort_flash's op contract (cpp/flash_params.h): query row
-i of batch b sits at absolute position i + offset_b and attends key j when j < key_end_b, causal
-(j <= pos), windows and the mask allow.
+mask kind, whether the mask is one key vector per (batch, head) (MASK_KEYS: its query stride is
+0, as a (B, 1, 1, S) padding mask), the "extras" group: windows, softcap and per-batch key
+lengths); causal is a run-time flag (it moves loop bounds). It follows ort_flash's op contract
+(cpp/flash_params.h): query row i of batch b sits at absolute position i + offset_b and attends
+key j when j < key_end_b, causal (j <= pos), windows and the mask allow.
 
 With TMA (sm_90, fp16/bf16, exact head dims 64/128), Q, K, V and Y are host-encoded tensor
 descriptors over the logical (B, H, S, D) view instead of pointers: the bulk-copy engine moves
@@ -33,9 +34,11 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_o
             scale, cap, cap_on, left, right, kv_b, kv_h,
             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr,
             EXTRAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BOUNDARY: tl.constexpr,
-            TMA: tl.constexpr = False):
+            TMA: tl.constexpr = False, MASK_KEYS: tl.constexpr = False):
     # k_base / v_base: pointers to this (batch, KV head), or with TMA the K / V descriptors,
-    # addressed at [kv_b, kv_h, key, 0].
+    # addressed at [kv_b, kv_h, key, 0]. m_base: the mask rows of this tile's queries
+    # ([BLOCK_M, 1] pointers), or with MASK_KEYS the one key vector all of them share (a scalar
+    # pointer; the mask's query stride is 0, e.g. a (B, 1, 1, S) padding mask).
     # Scores in base-2 units (log2(e) folded into the scale) unless an additive mask is added:
     # then natural units, so a finfo.min mask cannot overflow when rescaled, and log2(e) is
     # applied to differences (s - max) only.
@@ -80,7 +83,12 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_o
         else:
             s = s * (scale * unit)
         if MASK_KIND != MASK_NONE:
-            if BOUNDARY:
+            if MASK_KEYS:  # one row of BLOCK_N values instead of a BLOCK_M x BLOCK_N tile
+                if BOUNDARY:
+                    mv = tl.load(m_base + cols, mask=col_ok, other=0)[None, :]
+                else:
+                    mv = tl.load(m_base + cols)[None, :]
+            elif BOUNDARY:
                 mv = tl.load(m_base + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0)
             else:
                 mv = tl.load(m_base + cols[None, :], mask=row_ok[:, None], other=0)
@@ -163,7 +171,7 @@ def flash_fwd(
     stride_mb, stride_mh, stride_mm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr = False, MASK_KEYS: tl.constexpr = False,
 ):
     # Query blocks in reverse: under a causal mask the last blocks see the most keys, so they start
     # first and the short ones fill the tail of the grid (no effect without causal).
@@ -206,22 +214,23 @@ def flash_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     pos = offs_m + off
-    m_base = Mask + b64 * stride_mb + h.to(tl.int64) * stride_mh \
-        + offs_m[:, None].to(tl.int64) * stride_mm
+    m_base = Mask + b64 * stride_mb + h.to(tl.int64) * stride_mh
+    if not MASK_KEYS:
+        m_base = m_base + offs_m[:, None].to(tl.int64) * stride_mm
 
     # Left edge, interior, right edge (causal diagonal, window, ragged end).
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo, lo_full, hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                             scale, cap, cap_on, left, right, b, hk,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA)
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                             scale, cap, cap_on, left, right, b, hk,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA)
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, hi_full, hi, hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                             scale, cap, cap_on, left, right, b, hk,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA)
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]

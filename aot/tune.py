@@ -12,7 +12,9 @@ aot/variants.py by hand and record the run in docs/perf-notes.md.
 
 --tma tunes the "fwd_tma" kind instead (Q/K/V/Y as TMA tensor descriptors, sm_90), checks each
 candidate's output against torch SDPA, times the shipped pointer kernel beside it, and times the
-winner again over the (B, S, H, D) storage of the 3-D layout.
+winner again over the (B, S, H, D) storage of the 3-D layout. --masked times masked calls at the
+shipped tiles (full (B, 1, S, S) and key-padding (B, 1, 1, S) masks, with and without the
+MASK_KEYS variants) beside torch SDPA with the same masks.
 """
 from __future__ import annotations
 
@@ -43,18 +45,14 @@ TMA_CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
                   if not (m == 64 and w == 8)]
 
 
-MASKED_CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
-                     for m, n, w, s in ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
-                                        (128, 32, 8, 3), (128, 64, 4, 3))]
-
-
-def launch(q, k, v, y, lse, causal, cfg, tma=False, mask=None):
+def launch(q, k, v, y, lse, causal, cfg, tma=False, mask=None, mask_keys=False):
     """flash_fwd on (B, H, S, D) views (any strides, last one 1), one launch; `mask` an additive
-    (B, 1, S, S) tensor or None."""
+    (B, 1, S, S) or (B, 1, 1, S) tensor or None; `mask_keys`: the MASK_KEYS variant (a (B, 1, 1, S)
+    mask read as one key vector per CTA)."""
     b, h, s, d = q.shape
     grid = (triton.cdiv(s, cfg["BLOCK_M"]), b * h)
     dummy = torch.empty(1, dtype=torch.int8, device=q.device) if mask is None else mask
-    ms = (0, 0, 0) if mask is None else (mask.stride(0), 0, mask.stride(2))
+    ms = (0, 0, 0) if mask is None else (mask.stride(0), 0, mask.stride(2) if mask.shape[2] > 1 else 0)
     seqlens = torch.empty(1, dtype=torch.int64, device=q.device)
     tensors = (q, k, v, y)
     if tma:
@@ -68,7 +66,7 @@ def launch(q, k, v, y, lse, causal, cfg, tma=False, mask=None):
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], *ms,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
         MASK_KIND=0 if mask is None else 2, EXTRAS=False, DOT_PRECISION="tf32", TMA=tma,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        MASK_KEYS=mask_keys, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def save(path, results: list) -> None:
@@ -79,35 +77,72 @@ def save(path, results: list) -> None:
     Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
 
 
+def _shipped(dt: str, d: int, kind: str, mask: str = "none", mask_keys: bool = False) -> dict:
+    from variants import Variant, get_fwd_config
+    t = get_fwd_config(90, Variant(dt, d, True, mask, False, "tf32", kind, mask_keys))
+    return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+# Spill-free on sm_90 by the compiler's resource report (cuobjdump -res-usage) for both mask
+# forms; the shipped tile of each kind is timed too.
+MASKED_CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
+                     for m, n, w, s in ((64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3))]
+
+
 def masked(args) -> int:
-    """Both kinds with an additive (B, 1, S, S) mask (what the rewriter keeps for padded causal
-    models): candidates for the masked variants' tiles, checked against torch SDPA first."""
+    """Masked calls, each output checked against torch SDPA first: no mask (the reference
+    point), an additive (B, 1, S, S) mask (what the rewriter keeps for padded causal models) and a
+    (B, 1, 1, S) key-padding mask (what it emits for BERT-style padding), the latter through the
+    full-mask kernel (query stride 0) and through the MASK_KEYS variants (pointer and TMA), at the
+    shipped tile and the spill-free candidates, beside torch SDPA with the same masks."""
     results = []
     for dt, d, s in itertools.product(args.dtypes.split(","), map(int, args.head_dims.split(",")),
                                       map(int, args.seqs.split(","))):
         h, b = 2048 // d, max(1, 16384 // s)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=TORCH_DTYPES[dt]) for _ in range(3))
-        mask = torch.randn(b, 1, s, s, device="cuda", dtype=TORCH_DTYPES[dt])
+        tdt = TORCH_DTYPES[dt]
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=tdt) for _ in range(3))
+        full = torch.randn(b, 1, s, s, device="cuda", dtype=tdt)
+        keys = torch.zeros(b, 1, 1, s, device="cuda", dtype=tdt)
+        for i in range(b):  # right padding: the last 0-25 % of the keys of each row
+            keys[i, ..., s - (i * s) // (4 * b):] = float("-inf")
         y = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         flops = 4 * b * h * s * s * d
-        for tma, cfg in itertools.product((False, True), MASKED_CANDIDATES):
-            try:
-                y.fill_(float("nan"))
-                launch(q, k, v, y, lse, False, cfg, tma=tma, mask=mask)
-                err = float((y.float() - ref.float()).abs().max())
-                ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, False, cfg, tma, mask),
-                                             warmup=25, rep=100, return_mode="median")
-            except Exception as e:  # noqa: BLE001 - out of resources
-                print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
-                continue
-            row = dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, tma=tma, mask="add (B,1,S,S)",
-                       cfg=cfg, tflops=flops / ms / 1e9, max_err=err)
-            print(f"{dt} d{d} S{s} B{b} H{h} add-mask {'tma    ' if tma else 'pointer'} {cfg}: "
-                  f"{row['tflops']:.0f} TFLOP/s (err {err:.1e})", flush=True)
-            results.append(row)
-            save(args.out, results)
+        sdpa = {}
+        for label, mask in (("none", None), ("add (B,1,S,S)", full), ("add (B,1,1,S)", keys)):
+            sdpa[label] = flops / triton.testing.do_bench(
+                lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                warmup=25, rep=100, return_mode="median") / 1e9
+        runs = [("none", None, False, False, "none"), ("none", None, True, False, "none"),
+                ("add (B,1,S,S)", full, False, False, "add"), ("add (B,1,1,S)", keys, False, False, "add"),
+                ("add (B,1,1,S)", keys, False, True, "add"), ("add (B,1,1,S)", keys, True, True, "add")]
+        for label, mask, tma, mk, mkind in runs:
+            ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            shipped = _shipped(dt, d, "fwd_tma" if tma else "fwd", mkind, mk)
+            sweep = mk or label == "add (B,1,S,S)"  # the keys mask via the full-mask kernel: as shipped
+            cands = [shipped] + ([c for c in MASKED_CANDIDATES if c != shipped] if sweep else [])
+            for cfg in cands:
+                try:
+                    y.fill_(float("nan"))
+                    launch(q, k, v, y, lse, False, cfg, tma=tma, mask=mask, mask_keys=mk)
+                    err = float((y.float() - ref.float()).abs().max())
+                    if not err < 2e-2:
+                        print(f"  WRONG {label} {cfg}: max error {err}", file=sys.stderr)
+                        continue
+                    ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, False, cfg, tma, mask, mk),
+                                                 warmup=25, rep=100, return_mode="median")
+                except Exception as e:  # noqa: BLE001 - out of resources
+                    print(f"  skip {label} {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+                    continue
+                kind = ("tma" if tma else "pointer") + (" keys" if mk else "")
+                row = dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, kind=kind, mask=label, cfg=cfg,
+                           shipped=cfg == shipped, tflops=flops / ms / 1e9, sdpa_tflops=sdpa[label],
+                           max_err=err)
+                print(f"{dt} d{d} S{s} B{b} {label:<14} {kind:<12} {tuple(cfg.values())}"
+                      f"{'*' if cfg == shipped else ' '} {row['tflops']:4.0f} TFLOP/s; torch SDPA "
+                      f"{sdpa[label]:4.0f} (err {err:.1e})", flush=True)
+                results.append(row)
+        save(args.out, results)
     return 0
 
 
@@ -119,7 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="tune.json")
     ap.add_argument("--tma", action="store_true", help="tune the TMA-descriptor kind (sm_90)")
     ap.add_argument("--masked", action="store_true",
-                    help="time the masked variants' tile candidates (additive mask), both kinds")
+                    help="masked calls at the shipped tiles: full and key-padding masks, both kinds")
     args = ap.parse_args(argv)
     if args.masked:
         return masked(args)

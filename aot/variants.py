@@ -1,9 +1,11 @@
 """The variant table: which specializations of the kernels get compiled, and their tiles.
 
 Four kernel kinds: "fwd" (aot/flash_fwd.py, every shape), "fwd_tma" (the same kernel with Q/K/V/Y
-as TMA tensor descriptors: sm_90+, fp16/bf16, exact head dims 64 and 128, no mask, taken when the
-tensors can be described), "decode" (aot/flash_decode.py's split-KV kernel, few query rows against a long
-cache) and "combine" (its merge step).
+as TMA tensor descriptors: sm_90+, fp16/bf16, exact head dims 64 and 128, no mask or a key-vector
+mask, taken when the tensors can be described), "decode" (aot/flash_decode.py's split-KV kernel,
+few query rows against a long cache) and "combine" (its merge step). Forward variants with
+`mask_keys` read a mask whose query stride is 0 (a (B, 1, 1, S) padding mask) as one key vector per
+(batch, head) instead of a BLOCK_M x BLOCK_N tile (the full-mask kernels spill registers).
 
 This file is the single source of the kernel family's shape. aot/build.py compiles the product
 below for each target arch and generates the C++ table (`kernel_table.gen.cc`) that the runtime
@@ -39,6 +41,9 @@ DECODE_DTYPES = ("fp16", "bf16", "fp32")
 DECODE_HEAD_DIMS = ((64, True), (128, True), (256, False))
 DECODE_BLOCK_M = 16         # packed rows (query heads of a GQA group x query positions) per CTA
 MAX_DECODE_ROWS = 64        # group * Sq up to this takes the decode kernel (cpp/cuda_launch.cc)
+# Key-vector mask variants (MASK_KEYS) of the forward kinds.
+MASK_KEYS_DTYPES = ("fp16", "bf16")
+MASK_KEYS_HEAD_DIMS = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class Variant:
     extras: bool           # windows, softcap, nonpad_kv_seqlen
     precision: str         # dot precision; "tf32" (ignored by Triton) for fp16/bf16
     kind: str = "fwd"      # key of KIND_CODES
+    mask_keys: bool = False  # the mask is one key vector per (batch, head): query stride 0
 
     @property
     def min_arch(self) -> int:
@@ -61,7 +67,7 @@ class Variant:
             return f"flash_combine_{self.dtype}_d{self.head_dim}"
         prec = f"_{self.precision}" if self.dtype == "fp32" and self.kind == "fwd" else ""
         return (f"flash_{self.kind}_{self.dtype}{prec}_d{self.head_dim}{'' if self.even_d else 'm'}"
-                f"_{self.mask}{'_x' if self.extras else ''}")
+                f"_{self.mask}{'k' if self.mask_keys else ''}{'_x' if self.extras else ''}")
 
 
 @dataclass(frozen=True)
@@ -87,9 +93,9 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(64, 32, 4, 2 if v.head_dim <= 64 else 1)
     if v.head_dim >= 256:
         return TileConfig(64, 32, 4, 1 if arch < 90 else 2)
-    if v.kind == "fwd_tma":  # tuned by aot/tune.py --tma on the H200 (docs/perf-notes.md, v3)
+    if v.kind == "fwd_tma":  # tuned by aot/tune.py --tma / --masked on the H200 (docs/perf-notes.md)
         if v.head_dim <= 64:
-            return TileConfig(128, 64, 8, 3)
+            return TileConfig(64, 64, 4, 2) if v.mask_keys else TileConfig(128, 64, 8, 3)
         return TileConfig(64, 64, 4, 3)
     if arch >= 90:  # tuned by aot/tune.py on the H200 (docs/perf-notes.md, 2026-11-29)
         if v.head_dim <= 64:
@@ -111,10 +117,18 @@ def all_variants() -> list[Variant]:
         for even in ((True, False) if has_even else (False,)):
             out.append(Variant(dtype, hd, even, mask, extras, "ieee" if dtype == "fp32" else "tf32",
                                "decode"))
-    # Unmasked only: with a mask tile both kinds spill registers, and the TMA cubins measured
-    # 0.38-0.84x the pointer ones on the H200 (tools/ab_tma.py, docs/perf-notes.md v3).
+    # Key-vector masks (a (B, 1, 1, S) padding mask, what the rewriter emits for BERT-style
+    # models): one row of BLOCK_N mask values per key block instead of a BLOCK_M x BLOCK_N tile,
+    # so they stay off the register-spilling full-mask path. fp16/bf16, head-dim buckets 64, 128.
+    for dtype, hd, even, mask, extras in itertools.product(
+            MASK_KEYS_DTYPES, MASK_KEYS_HEAD_DIMS, (True, False), ("bool", "add"), (False, True)):
+        out.append(Variant(dtype, hd, even, mask, extras, "tf32", "fwd", True))
+    # Full masks stay on the pointer kernels: with a mask tile both kinds spill registers, and the
+    # TMA cubins measured 0.38-0.84x the pointer ones on the H200 (tools/ab_tma.py, perf-notes v3).
     for dtype, hd, extras in itertools.product(TMA_DTYPES, TMA_HEAD_DIMS, (False, True)):
         out.append(Variant(dtype, hd, True, "none", extras, "tf32", "fwd_tma"))
+        for mask in ("bool", "add"):
+            out.append(Variant(dtype, hd, True, mask, extras, "tf32", "fwd_tma", True))
     for dtype, (hd, _) in itertools.product(DECODE_DTYPES, DECODE_HEAD_DIMS):
         out.append(Variant(dtype, hd, False, "none", False, "ieee" if dtype == "fp32" else "tf32",
                            "combine"))

@@ -52,6 +52,15 @@ const LoadedKernel* find_kernel(const DeviceKernels& dk, const VariantKey& key) 
   return nullptr;
 }
 
+// A forward kernel for `key`; a key-vector mask falls back to the full-mask variant (same result:
+// it reads the mask through its strides) where this build has no key-vector one.
+const LoadedKernel* find_fwd_kernel(const DeviceKernels& dk, VariantKey key) {
+  if (const LoadedKernel* k = find_kernel(dk, key)) return k;
+  if (!key.mask_keys) return nullptr;
+  key.mask_keys = false;
+  return find_kernel(dk, key);
+}
+
 size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 
 int head_dim_bucket(int64_t d) {
@@ -198,13 +207,13 @@ bool encode_tma_args(const CudaDriver& drv, const FlashParams& p, const KernelEn
 }
 
 // The TMA twin of a forward variant, when this build has one for the device and TMA is on.
-// Unmasked calls only: with a mask the TMA cubins measured 0.38-0.84x the pointer kernels on the
-// H200 (tools/ab_tma.py; both spill registers with the mask tile, see docs/perf-notes.md).
+// Unmasked and key-vector-masked calls only: with a full mask tile the TMA cubins spilled
+// registers and measured 0.38-0.84x the pointer kernels on the H200 (tools/ab_tma.py,
+// docs/perf-notes.md), so full masks stay on the pointer kernels.
 const LoadedKernel* tma_kernel(const FlashParams& p, const DeviceKernels& dk, VariantKey key) {
   const CudaDriver* drv = nullptr;
-  if (!tma_enabled() || !key.even_d || key.mask != MaskKind::kNone || p.dtype == DType::kFloat32 ||
-      !cuda_driver(&drv).ok() ||
-      !drv->cuTensorMapEncodeTiled) {
+  if (!tma_enabled() || !key.even_d || (key.mask != MaskKind::kNone && !key.mask_keys) ||
+      p.dtype == DType::kFloat32 || !cuda_driver(&drv).ok() || !drv->cuTensorMapEncodeTiled) {
     return nullptr;
   }
   key.kind = KernelKind::kFwdTma;
@@ -226,6 +235,9 @@ Status select_variant(const FlashParams& p, VariantKey* key) {
   key->extras = p.window_left >= 0 || p.window_right >= 0 || p.softcap > 0.0f || p.seqlens_k != nullptr;
   key->precision = p.dtype == DType::kFloat32 ? p.fp32_precision : Fp32Precision::kIeee;
   if (key->even_d && !has_even_variant(key->head_dim)) key->even_d = false;
+  // One mask row serves every query row (a (B, 1, 1, S) padding mask, or a single query):
+  // the kernels that read it as one key vector per (batch, head), where the build has them.
+  key->mask_keys = p.mask_kind != MaskKind::kNone && (p.mask_stride[2] == 0 || p.sq == 1);
   return Status::Ok();
 }
 
@@ -261,7 +273,13 @@ Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_s
   if (plan->kind == KernelKind::kFwd) {
     VariantKey key{};
     ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
-    if (tma_kernel(p, dk, key) && tma_views_ok(p)) plan->kind = KernelKind::kFwdTma;
+    const LoadedKernel* t = tma_kernel(p, dk, key);
+    if (t && tma_views_ok(p)) {
+      plan->kind = KernelKind::kFwdTma;
+      plan->kernel = t->entry;
+    } else if (const LoadedKernel* k = find_fwd_kernel(dk, key)) {
+      plan->kernel = k->entry;
+    }
   }
   return Status::Ok();
 }
@@ -323,7 +341,7 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   LaunchPlan plan;
   ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(p, *dk, static_cast<bool>(workspace), &plan));
   if (plan.kind == KernelKind::kDecode) return launch_decode(p, *dk, plan, stream, workspace);
-  const LoadedKernel* k = find_kernel(*dk, key);
+  const LoadedKernel* k = find_fwd_kernel(*dk, key);
   if (!k) {
     return Status::Error("no CUDA kernel in this build for " + describe(key) + " on sm_" +
                          std::to_string(dk->arch) + "; see `ort-flash info` for the compiled variants");

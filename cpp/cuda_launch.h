@@ -22,14 +22,16 @@ struct LaunchPlan {
   KernelKind kind = KernelKind::kFwd;
   int num_splits = 1;
   size_t workspace_bytes = 0;
+  const KernelEntry* kernel = nullptr;  // the (first) kernel it launches; null if none is compiled
 };
 
 // The dispatcher: the decode kernel when few query rows per KV head (Sq <= 16, GQA group x Sq
-// <= 64) meet a compiled decode variant; splits so that B x Hkv x splits CTAs fill the GPU,
-// each split at least 256 keys. `can_split` false (no workspace) keeps one split.
-// ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits.
-// Otherwise the forward kernel, as kFwdTma when the call has no mask, the build has the TMA twin of
-// the variant (sm_90, fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every
+// <= 64) meet a compiled decode variant; split so that waves of one CTA per SM times the key tiles
+// per CTA are fewest, each split at least 128 keys. `can_split` false (no workspace) keeps one
+// split. ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits.
+// Otherwise the forward kernel (its key-vector-mask variant when the mask's query stride is 0),
+// as kFwdTma when the call has no mask or a key-vector one, the build has the TMA twin of the
+// variant (sm_90, fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every
 // Q/K/V/Y view is 16-byte aligned with positive strides, and ORT_FLASH_TMA is not "0".
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 

@@ -31,9 +31,10 @@ struct VariantKey {
   bool extras;         // windows, softcap or nonpad_kv_seqlen in use
   Fp32Precision precision;  // fp32 only; kIeee for fp16/bf16
   KernelKind kind = KernelKind::kFwd;
+  bool mask_keys = false;   // the mask is one key vector per (batch, head): query stride 0
   bool operator==(const VariantKey& o) const {
     return dtype == o.dtype && head_dim == o.head_dim && even_d == o.even_d && mask == o.mask &&
-           extras == o.extras && precision == o.precision && kind == o.kind;
+           extras == o.extras && precision == o.precision && kind == o.kind && mask_keys == o.mask_keys;
   }
 };
 

@@ -50,6 +50,7 @@ py::list kernels() {
     d["mask"] = mask_name(e.key.mask);
     d["extras"] = e.key.extras;
     d["kind"] = kind_name(e.key.kind);
+    d["mask_keys"] = e.key.mask_keys;
     d["num_warps"] = e.num_warps;
     d["shared"] = e.shared;
     d["block_m"] = e.block_m;
@@ -138,7 +139,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("variant_for", [](const FlashParams& p) {
     VariantKey k{};
     check(select_variant(p, &k));
-    return py::make_tuple(dtype_name(k.dtype), k.head_dim, k.even_d, mask_name(k.mask), k.extras);
+    return py::make_tuple(dtype_name(k.dtype), k.head_dim, k.even_d, mask_name(k.mask), k.extras,
+                          k.mask_keys);
   });
   m.def("launch_plan", [](const FlashParams& p, int device) {
     const DeviceKernels* dk = nullptr;
@@ -149,6 +151,14 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("p"), py::arg("device") = 0,
      "How run_cuda / the op would run `p`: (\"fwd\", \"fwd_tma\" or \"decode\", KV splits, "
      "workspace bytes).");
+  m.def("launch_variant", [](const FlashParams& p, int device) {
+    const DeviceKernels* dk = nullptr;
+    check(prepare_device(device, &dk));
+    LaunchPlan plan;
+    check(plan_flash_cuda(p, *dk, true, &plan));
+    return plan.kernel ? std::string(plan.kernel->variant_name) : std::string();
+  }, py::arg("p"), py::arg("device") = 0,
+     "The compiled variant run_cuda / the op would launch first for `p` (\"\" if none is built).");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     const CudaDriver* d = nullptr;
     check(cuda_driver(&d));

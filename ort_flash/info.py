@@ -43,11 +43,14 @@ def format_info() -> str:
     groups = collections.defaultdict(set)
     decode = collections.defaultdict(set)
     tma = collections.defaultdict(set)
+    keys = collections.defaultdict(set)
     for k in kernels:
+        if k.get("mask_keys"):
+            keys[k["dtype"]].add(k["head_dim"])
         if k.get("kind", "fwd") != "fwd":
             if k["kind"] == "decode":
                 decode[k["dtype"]].add(k["head_dim"])
-            elif k["kind"] == "fwd_tma":
+            elif k["kind"] == "fwd_tma" and not k.get("mask_keys"):
                 tma[(k["dtype"], k["arch"])].add(k["head_dim"])
             continue
         name = k["dtype"] + (f" ({k['precision']} dots)" if k["dtype"] == "float32" else "")
@@ -58,6 +61,9 @@ def format_info() -> str:
     for (name, arch), dims in sorted(tma.items()):
         lines.append(f"  {name:22s} TMA tensor descriptors on sm_{arch} for head dims "
                      f"{', '.join(map(str, sorted(dims)))} (16-byte aligned views; ORT_FLASH_TMA=0 turns them off)")
+    for name, dims in sorted(keys.items()):
+        lines.append(f"  {name:22s} key-vector masks ((B, 1, 1, S) padding: query stride 0) read once per key "
+                     f"block for head dims {', '.join(map(str, sorted(dims)))} (TMA too on sm_90)")
     for name, dims in sorted(decode.items()):
         lines.append(f"  {name:22s} split-KV decode (Sq <= 16, GQA group x Sq <= 64) for head dims up to "
                      f"{', '.join(map(str, sorted(dims)))}")

@@ -57,6 +57,10 @@ _BASE = [
     dict(name="add_mask_1hqk_gqa", mask=("additive", "1hqk"), hq=8, hkv=2, causal=True),
     dict(name="add_mask_b11k", mask=("additive", "b11k")),
     dict(name="hf_mask_b11k_causal", mask=("finfo", "b11k"), causal=True),
+    # Key-vector masks (query stride 0) on the head dims with their own CUDA variants (TMA on sm_90).
+    dict(name="hf_mask_b11k_3d_d128", layout="bsd", hq=8, hkv=2, d=128, mask=("finfo", "b11k")),
+    dict(name="short_add_mask_b11k_causal", d=128, mask=("additive", "b11k"), mask_len=150, causal=True),
+    dict(name="bool_mask_1h1k_window", hq=8, hkv=2, mask=("bool", "1h1k"), window=(40, 8)),
     dict(name="short_bool_mask_nonpad", mask=("bool", "b1qk"), mask_len=150, nonpad=True),
     dict(name="short_add_mask", mask=("additive", "1qk"), mask_len=120),
     dict(name="short_mask_past", mask=("bool", "qk"), mask_len=100, past=60, sq=20, skv=60),

@@ -44,7 +44,7 @@ def test_tma_variants_and_signatures(build):
 
     tma = [v for v in all_variants() if v.kind == "fwd_tma"]
     assert tma and all(v.dtype in ("fp16", "bf16") and v.head_dim in (64, 128) and v.even_d
-                       and v.mask == "none" for v in tma)
+                       and (v.mask == "none") != v.mask_keys for v in tma)  # no full-mask TMA cubins
     assert all(v.min_arch == TMA_MIN_ARCH for v in tma)
     for v in tma:
         cfg = get_fwd_config(90, v)
@@ -79,8 +79,25 @@ def test_library_table_has_tma_kernels_for_sm90_only():
     assert {k["arch"] for k in tma} == ({a for a in archs if a >= 90})
     for k in tma:
         assert k["dtype"] in ("float16", "bfloat16") and k["head_dim"] in (64, 128) and k["even_d"]
-        assert k["mask"] == "none"
+        assert (k["mask"] == "none") != k["mask_keys"]
         rows = [k["block_m"], k["block_n"], k["block_n"], k["block_m"]]
         for (swizzle, box_rows, box_cols), r in zip(k["tma"], rows):
             # 128-byte swizzle: a box row is at most 128 bytes, and the boxes tile the head dim.
             assert swizzle == 3 and box_rows == r and box_cols * 2 <= 128 and k["head_dim"] % box_cols == 0
+
+
+def test_key_vector_mask_variants(build):
+    """Every key-vector-mask variant is a masked forward variant with a full-mask twin (the
+    launcher's fallback), compiles MASK_KEYS in, and is named apart from its twin."""
+    from variants import all_variants
+
+    vs = all_variants()
+    names = {v.name for v in vs}
+    keys = [v for v in vs if v.mask_keys]
+    assert {(v.kind, v.mask) for v in keys} == {(k, m) for k in ("fwd", "fwd_tma") for m in ("bool", "add")}
+    assert len(names) == len(vs)
+    import dataclasses
+    for v in keys:
+        if v.kind == "fwd":
+            assert dataclasses.replace(v, mask_keys=False) in vs
+        assert v.name.endswith(("_addk", "_boolk", "_addk_x", "_boolk_x"))

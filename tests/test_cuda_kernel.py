@@ -11,7 +11,7 @@ import pytest
 
 from ort_flash.reference import attention_lowp, attention_reference, error_bound
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.direct]  # no onnxruntime-gpu needed
 
 torch = pytest.importorskip("torch", reason="direct kernel tests drive the GPU through torch")
 
@@ -35,6 +35,13 @@ CASES = [
     dict(b=2, hq=8, hkv=2, sq=300, skv=333, d=128, causal=True, layout="bshd"),
     dict(b=2, hq=4, hkv=4, sq=129, skv=257, d=64, mask="add", layout="bshd"),
     dict(b=3, hq=4, hkv=2, sq=40, skv=512, d=128, nonpad=True, nan_tail=True, layout="bshd"),
+    # Key-vector masks (query stride 0: the MASK_KEYS variants, TMA on sm_90 for d 64/128; d 256
+    # falls back to the full-mask kernel), a (B, 1, 1, S) padding mask and a (1, H, 1, S) bool one.
+    dict(b=3, hq=4, hkv=2, sq=211, skv=203, d=64, mask="add_keys"),
+    dict(b=2, hq=8, hkv=2, sq=300, skv=333, d=128, mask="add_keys", causal=True, layout="bshd"),
+    dict(b=2, hq=4, hkv=4, sq=97, skv=150, d=128, mask="bool_keys", window=(40, 8), softcap=15.0),
+    dict(b=2, hq=4, hkv=2, sq=65, skv=129, d=96, mask="add_keys"),
+    dict(b=1, hq=2, hkv=2, sq=70, skv=130, d=256, mask="bool_keys", causal=True),
     # Decode shapes (split-KV kernel + combine; launch_plan below checks the dispatch).
     dict(b=1, hq=32, hkv=8, sq=1, skv=8191, d=128, causal=True),
     dict(b=2, hq=8, hkv=1, sq=4, skv=3000, d=64, causal=True, mask="add"),
@@ -91,6 +98,17 @@ def test_kernel_matches_reference(case, dtype):
         p.mask_kind = _C.MaskKind.add
     elif c["mask"] == "bool":
         mask_np = rng.random((1, hq, sq, skv)) > 0.3
+        m = torch.from_numpy(mask_np).to(dev)
+        p.mask_kind = _C.MaskKind.bool
+    elif c["mask"] == "add_keys":  # right padding per batch row; row 0 pads every key
+        mask_np = np.zeros((b, 1, 1, skv), dtype=np.float32)
+        for i in range(b):
+            mask_np[i, ..., skv - (i * skv) // (2 * b) if i else 0:] = -np.inf
+        m = torch.from_numpy(mask_np).to(dev, tdt)
+        p.mask_kind = _C.MaskKind.add
+    elif c["mask"] == "bool_keys":
+        mask_np = rng.random((1, hq, 1, skv)) > 0.4
+        mask_np[0, 1] = False  # head 1 sees no key
         m = torch.from_numpy(mask_np).to(dev)
         p.mask_kind = _C.MaskKind.bool
     if mask_np is not None:
@@ -189,8 +207,13 @@ def test_tma_dispatch():
         assert _C.launch_plan(p)[0] == ("fwd_tma" if arch == 90 else "fwd")
     assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 128, "float32"))[0] == "fwd"
     masked = _decode_params(2, 16, 4, 1000, 1000, 128)
-    masked.mask_kind = _C.MaskKind.add  # masked calls keep the pointer kernels (tools/ab_tma.py)
-    assert _C.launch_plan(masked)[0] == "fwd"
+    masked.mask_kind = _C.MaskKind.add
+    masked.mask_len = 1000
+    masked.mask_stride = [1000, 0, 0, 1]  # (B, 1, 1, S): one key vector per batch, TMA with it
+    assert _C.launch_plan(masked)[0] == ("fwd_tma" if arch == 90 else "fwd")
+    assert _C.launch_variant(masked) == ("flash_fwd_tma_fp16_d128_addk" if arch == 90 else "flash_fwd_fp16_d128_addk")
+    masked.mask_stride = [1000 * 1000, 0, 1000, 1]  # (B, 1, S, S): full masks keep the pointer kernels
+    assert _C.launch_plan(masked)[0] == "fwd" and _C.launch_variant(masked) == "flash_fwd_fp16_d128_add"
     assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 80))[0] == "fwd"
     assert _C.launch_plan(_decode_params(1, 32, 8, 1, 4096, 128))[0] == "decode"
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from ort_flash import _C; "

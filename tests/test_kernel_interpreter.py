@@ -29,6 +29,10 @@ CASES = [
     dict(b=1, hq=2, hkv=2, sq=50, skv=90, d=64, window=(7, 0), softcap=5.0),
     dict(b=2, hq=2, hkv=2, sq=9, skv=64, d=64, causal=True, lens=[30, 0]),
     dict(b=1, hq=2, hkv=1, sq=17, skv=29, d=64, dtype="float32"),
+    # Key-vector masks (MASK_KEYS: one (B, H, 1, S) row per CTA, query stride 0).
+    dict(b=2, hq=2, hkv=1, sq=37, skv=53, d=64, mask="add_keys"),
+    dict(b=2, hq=4, hkv=2, sq=33, skv=40, d=64, mask="bool_keys", causal=True),
+    dict(b=2, hq=2, hkv=2, sq=20, skv=45, d=40, mask="add_keys", window=(9, 3)),
     # Split-KV decode (the launcher's choices: grid (splits, B * Hkv, row blocks), then combine).
     dict(kernel="decode", splits=1, b=2, hq=4, hkv=1, sq=1, skv=70, d=64),
     dict(kernel="decode", splits=5, b=2, hq=8, hkv=2, sq=1, skv=150, d=64, causal=True),
@@ -47,6 +51,8 @@ CASES = [
     dict(tma=True, b=1, hq=2, hkv=2, sq=21, skv=40, d=64, mask="bool", causal=True),
     dict(tma=True, b=1, hq=2, hkv=2, sq=21, skv=19, d=64, mask="add", layout="bshd"),
     dict(tma=True, b=1, hq=2, hkv=2, sq=50, skv=90, d=64, window=(7, 0), softcap=5.0),
+    dict(tma=True, b=2, hq=2, hkv=2, sq=29, skv=70, d=64, mask="add_keys", causal=True, layout="bshd"),
+    dict(tma=True, b=2, hq=4, hkv=1, sq=21, skv=37, d=64, mask="bool_keys"),
     # A static cache's tail past nonpad_kv_seqlen holds NaN: it must not reach the output.
     dict(tma=True, b=2, hq=2, hkv=2, sq=9, skv=64, d=64, causal=True, lens=[30, 0], nan_tail=True),
     dict(b=2, hq=2, hkv=2, sq=9, skv=64, d=64, causal=True, lens=[30, 5], nan_tail=True, layout="bshd"),
@@ -119,8 +125,20 @@ def check_case(case):
         mask[0, 0, min(2, sq - 1), :] = float("-inf")
         mask_kind = 2
         kw["attn_mask"] = mask.numpy()
+    elif c["mask"] == "bool_keys":  # per batch and head; batch 1's keys all masked
+        mask = torch.from_numpy((rng.random((b, hq, 1, skv)) > 0.3).astype(np.int8))
+        mask[1:2] = 0
+        mask_kind = 1
+        kw["attn_mask"] = mask.numpy().astype(bool)
+    elif c["mask"] == "add_keys":  # a padding mask: batch 0 right-padded, batch 1 all -inf
+        mask = rand(b, 1, 1, skv)
+        mask[0, ..., skv - 7:] = float("-inf")
+        mask[1:2] = float("-inf")
+        mask_kind = 2
+        kw["attn_mask"] = mask.numpy()
     if mask_kind:
         ms = [0 if mask.shape[i] == 1 else mask.stride(i) for i in range(3)]
+    mask_keys = c["mask"] in ("bool_keys", "add_keys")
     lens = torch.tensor(c["lens"] or [0], dtype=torch.int64)
     if c["lens"]:
         kw["nonpad_kv_seqlen"] = np.array(c["lens"], dtype=np.int64)
@@ -128,6 +146,7 @@ def check_case(case):
     common = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=bd, BLOCK_DV=bd, EVEN_D=(d == bd and dv == bd),
                   MASK_KIND=mask_kind, EXTRAS=extras,
                   DOT_PRECISION="ieee" if c["dtype"] == "float32" else "tf32")
+    fwd_only = dict(MASK_KEYS=True) if mask_keys else {}
     scalars = (hq, hq // hkv, sq, skv, d, dv, c["offset"], int(c["causal"]), c["window"][0],
                c["window"][1], skv, int(c["lens"] is not None), 1)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], *ms)
@@ -143,10 +162,11 @@ def check_case(case):
 
         kernel[(triton.cdiv(sq, 16), b * hq)](
             desc(q, 16), desc(kq, 16), desc(vq, 16), desc(y, 16), lse, mask, lens, 1 / math.sqrt(d),
-            c["softcap"], *scalars, *strides, **common, TMA=True)
+            c["softcap"], *scalars, *strides, **common, **fwd_only, TMA=True)
     elif c["kernel"] == "fwd":
         kernel[(triton.cdiv(sq, 16), b * hq)](
-            q, kq, vq, y, lse, mask, lens, 1 / math.sqrt(d), c["softcap"], *scalars, *strides, **common)
+            q, kq, vq, y, lse, mask, lens, 1 / math.sqrt(d), c["softcap"], *scalars, *strides, **common,
+            **fwd_only)
     else:
         splits = c["splits"]
         # Partials poisoned too: the combine must read only what the split kernel wrote.

@@ -135,11 +135,9 @@ class KernelCalls:
         """The compiled kernel's tile (block_m, block_n, warps, shared) for the variant used."""
         if self.device != "cuda":
             return None
-        dtype, head_dim, even_d, mask, extras = self.variant
+        name = self._C.launch_variant(self.params[0])
         arch = self.device_info[1]
-        kind = self._C.launch_plan(self.params[0])[0]  # "fwd", its TMA twin "fwd_tma", or "decode"
         for k in self._C.kernels():
-            if (k["dtype"], k["head_dim"], k["even_d"], k["mask"], k["extras"], k["arch"],
-                    k.get("kind", "fwd")) == (dtype, head_dim, even_d, mask, extras, arch, kind):
+            if (k["variant"], k["arch"]) == (name, arch):
                 return {key: k[key] for key in ("variant", "arch", "block_m", "block_n", "num_warps", "shared")}
         return None
