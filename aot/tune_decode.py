@@ -1,14 +1,16 @@
 """Tile tuning for the split-KV decode kernel (aot/flash_decode.py), run on a GPU machine.
 
 Each candidate (BLOCK_N, num_warps, num_stages) of `flash_decode_split` (BLOCK_M is the packed
-row tile, 16) is JIT-compiled, its occupancy taken from the compiled kernel (shared memory and
-registers per CTA), the number of KV splits chosen as cpp/cuda_launch.cc does (the fewest splits
-within 85% of the best wave efficiency), and split + combine timed with triton.testing.do_bench
-(median, warm-up) on decode shapes (fp16, Hq 32, Hkv 8, d 128, Sq 1). Reports the effective KV
-read bandwidth and writes JSON with the GPU, the Triton version and the date; copy winners into
+row tile, 16) is JIT-compiled and timed, split + combine, at the number of KV splits
+cpp/cuda_launch.cc would choose for it (`choose_splits`) and at one and two CTAs per SM, on decode
+shapes (fp16, Hq 32, Hkv 8, d 128, Sq 1). Every point is timed from CUDA-graph replays over
+rotating input sets (as the decode benchmark times them), its output checked against torch SDPA,
+beside torch SDPA (cuDNN) in the same process; the best point's split kernel is timed alone too
+(what the combine step costs). --sweep keeps the shipped tile and sweeps the number of splits
+instead. Writes JSON with the GPU, the Triton version and the date; copy winners into
 aot/variants.py (get_fwd_config, kind "decode") by hand and record the run in docs/perf-notes.md.
 
-    python aot/tune_decode.py [--shapes 1x4096,1x32768,8x131072,32x32768] [--out tune-decode.json]
+    python aot/tune_decode.py [--shapes 1x4096,1x32768,1x131072,4x32768,8x32768] [--sweep] [--out F]
 """
 from __future__ import annotations
 
@@ -29,34 +31,28 @@ from tune import save  # noqa: E402
 
 CANDIDATES = [dict(BLOCK_N=n, num_warps=w, num_stages=s)
               for n, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3, 4))]
+TILE_CANDIDATES = CANDIDATES + [dict(BLOCK_N=32, num_warps=4, num_stages=6),
+                                dict(BLOCK_N=64, num_warps=4, num_stages=5)]
 BLOCK_M = 16
-MAX_SPLITS, MIN_SPLIT_KEYS = 128, 128  # cpp/cuda_launch.cc
+MAX_SPLITS, MIN_SPLIT_KEYS, CTA_OVERHEAD_TILES = 128, 128, 4  # cpp/cuda_launch.cc
+COMBINE_BLOCK_S = 16  # aot/variants.py, the combine kind's block_n
 
 
-def blocks_per_sm(kernel, num_warps: int) -> int:
-    props = torch.cuda.get_device_properties(0)
-    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-    regs = getattr(props, "regs_per_multiprocessor", 65536)
-    by_smem = smem // (kernel.metadata.shared + 1024) if kernel.metadata.shared else 32
-    by_regs = regs // max(1, kernel.n_regs * 32 * num_warps)
-    return max(1, min(by_smem, by_regs, 32))
+def choose_splits(groups: int, skv: int, block_n: int, sms: int) -> int:
+    """cpp/cuda_launch.cc's split count: the fewest splits that minimize waves of one CTA per SM
+    times (key tiles per CTA + CTA_OVERHEAD_TILES), at most one split per 128 keys."""
+    blocks = -(-skv // block_n)
+    most = max(1, min(MAX_SPLITS, blocks, skv // MIN_SPLIT_KEYS))
+    best, best_cost = 1, None
+    for s in range(1, most + 1):
+        tiles = -(-blocks // s)
+        cost = -(-groups * -(-blocks // tiles) // sms) * (tiles + CTA_OVERHEAD_TILES)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
 
 
-def choose_splits(ctas: int, skv: int, block_n: int, slots: int) -> int:
-    most = max(1, min(MAX_SPLITS, -(-skv // block_n), skv // MIN_SPLIT_KEYS))
-
-    def eff(s):
-        waves = ctas * s / slots
-        return waves / math.ceil(waves)
-
-    best = max(eff(s) for s in range(1, most + 1))
-    s = 1
-    while s < most and eff(s) < 0.85 * best:
-        s += 1
-    return s
-
-
-def run(q, k, v, y, lse, opart, lpart, splits, cfg):
+def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True):
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     dummy = torch.empty(1, dtype=torch.int8, device=q.device)
@@ -68,48 +64,107 @@ def run(q, k, v, y, lse, opart, lpart, splits, cfg):
         BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
         MASK_KIND=0, EXTRAS=False, DOT_PRECISION="tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if splits > 1:
+    if splits > 1 and combine:
         flash_decode_combine[(b * hq * sq,)](opart, lpart, y, lse, hq, sq, d, splits, 1,
-                                             *y.stride()[:3], BLOCK_DV=d, BLOCK_S=16, num_warps=4)
+                                             *y.stride()[:3], BLOCK_DV=d, BLOCK_S=COMBINE_BLOCK_S,
+                                             num_warps=4)
     return kern
+
+
+
+def sweep(args) -> int:
+    """The tile candidates at the launcher's split count and at one and two CTAs per SM, or with
+    --sweep the splits at the shipped tile (see the module docstring)."""
+    from variants import Variant, get_fwd_config
+
+    from ort_flash.bench.tensors import rotation_sets
+    from ort_flash.bench.timers import cuda_graph_calls, time_calls
+    t = get_fwd_config(90, Variant("fp16", 128, True, "none", False, "tf32", "decode"))
+    shipped = dict(BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+    hq, hkv, d, sq = 32, 8, 128, 1
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    stream = torch.cuda.Stream()
+    results = []
+
+    def timed(fns):
+        calls, per = cuda_graph_calls(fns, stream)
+        return time_calls(calls, "cuda", stream=stream, target_s=0.05).ms / per * 1e3  # us
+
+    for shape in args.shapes.split(","):
+        b, skv = map(int, shape.split("x"))
+        nbytes = 2 * b * hkv * skv * d * 2
+        tb = lambda us: nbytes / us / 1e6  # noqa: E731
+        sets = []
+        for _ in range(rotation_sets(nbytes)):
+            q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.float16)
+            k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=torch.float16) for _ in range(2))
+            sets.append((q, k, v, torch.empty_like(q), torch.empty(b, hq, sq, device="cuda")))
+        opart = torch.empty(b * hq * sq * MAX_SPLITS * d, device="cuda", dtype=torch.float32)
+        lpart = torch.empty(b * hq * sq * MAX_SPLITS, device="cuda", dtype=torch.float32)
+        q, k, v, y, lse = sets[0]
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True).float()
+        groups = b * hkv * triton.cdiv(sq * hq // hkv, BLOCK_M)
+
+        def point(splits, cfg):
+            y.fill_(float("nan"))
+            run(q, k, v, y, lse, opart, lpart, splits, cfg)
+            err = float((y.float() - ref).abs().max())
+            blocks = -(-skv // cfg["BLOCK_N"])
+            tiles = -(-blocks // splits)
+            us = timed([lambda s=s_: run(*s, opart, lpart, splits, cfg) for s_ in sets])
+            return dict(cfg, splits=splits, tiles=tiles, ctas=groups * -(-blocks // tiles), us=us, max_err=err)
+
+        def rule(cfg):
+            return choose_splits(groups, skv, cfg["BLOCK_N"], sms)
+
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            cudnn_us = timed([lambda s=s_: torch.nn.functional.scaled_dot_product_attention(
+                s[0], s[1], s[2], enable_gqa=True) for s_ in sets])
+        row = dict(batch=b, cache=skv, hq=hq, hkv=hkv, d=d, sms=sms, cudnn_us=cudnn_us, points=[])
+        if args.tiles:
+            for cfg in TILE_CANDIDATES:
+                try:
+                    for splits in sorted({rule(cfg), max(1, sms // groups), max(1, 2 * sms // groups)}):
+                        row["points"].append(dict(point(splits, cfg), rule=splits == rule(cfg)))
+                except Exception as e:  # noqa: BLE001 - out of shared memory, etc.
+                    print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+        else:
+            blocks = -(-skv // shipped["BLOCK_N"])
+            most = max(1, min(MAX_SPLITS, blocks, skv // MIN_SPLIT_KEYS))
+            at_rule, seen = rule(shipped), set()
+            for splits in range(1, most + 1):
+                tiles = -(-blocks // splits)  # key tiles per CTA; splits past cdiv(blocks, tiles) idle
+                if tiles not in seen or splits == at_rule:
+                    seen.add(tiles)
+                    row["points"].append(dict(point(splits, shipped), rule=splits == at_rule))
+        best = min(row["points"], key=lambda r: r["us"])
+        shipped_at_rule = next((r for r in row["points"] if r["rule"] and all(r[k] == shipped[k] for k in shipped)),
+                               None)
+        row.update(best=best, shipped_at_rule=shipped_at_rule,
+                   split_only_us=timed([lambda s=s_: run(*s, opart, lpart, best["splits"], best, combine=False)
+                                        for s_ in sets]))
+        pick = {k: best[k] for k in ("BLOCK_N", "num_warps", "num_stages", "splits", "ctas")}
+        ship = (f"shipped tile at the launcher's {shipped_at_rule['splits']} splits {shipped_at_rule['us']:.1f} us "
+                f"({cudnn_us / shipped_at_rule['us']:.2f}x); " if shipped_at_rule else "")
+        print(f"B{b} L{skv}: cuDNN {cudnn_us:.1f} us ({tb(cudnn_us):.2f} TB/s); {ship}best {best['us']:.1f} us "
+              f"({tb(best['us']):.2f} TB/s, {cudnn_us / best['us']:.2f}x cuDNN) {pick}; its split kernel alone "
+              f"{row['split_only_us']:.1f} (err {best['max_err']:.1e})", flush=True)
+        results.append(row)
+        save(args.out, results)
+        sets.clear()
+        torch.cuda.empty_cache()
+    return 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="1x4096,1x32768,8x131072,32x32768", help="BxCACHE list")
+    ap.add_argument("--shapes", default="1x4096,1x32768,1x131072,4x32768,8x32768", help="BxCACHE list")
     ap.add_argument("--out", default="tune-decode.json")
+    ap.add_argument("--sweep", action="store_true", help="sweep the splits at the shipped tile instead")
     args = ap.parse_args(argv)
-    hq, hkv, d, sq = 32, 8, 128, 1
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    results = []
-    for shape in args.shapes.split(","):
-        b, skv = map(int, shape.split("x"))
-        q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=torch.float16) for _ in range(2))
-        y = torch.empty_like(q)
-        lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32)
-        opart = torch.empty(b * hq * sq * MAX_SPLITS * d, device="cuda", dtype=torch.float32)
-        lpart = torch.empty(b * hq * sq * MAX_SPLITS, device="cuda", dtype=torch.float32)
-        nbytes = 2 * b * hkv * skv * d * 2
-        timed = []
-        for cfg in CANDIDATES:
-            try:
-                kern = run(q, k, v, y, lse, opart, lpart, 1, cfg)
-                slots = blocks_per_sm(kern, cfg["num_warps"]) * sms
-                ctas = b * hkv * triton.cdiv(sq * hq // hkv, BLOCK_M)
-                splits = choose_splits(ctas, skv, cfg["BLOCK_N"], slots)
-                ms = triton.testing.do_bench(lambda: run(q, k, v, y, lse, opart, lpart, splits, cfg),
-                                             warmup=25, rep=100, return_mode="median")
-            except Exception as e:  # out of shared memory, etc.
-                print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
-                continue
-            timed.append(dict(cfg, splits=splits, slots=slots, tbps=nbytes / ms / 1e9))
-        timed.sort(key=lambda t: -t["tbps"])
-        print(f"B{b} cache {skv}: best {timed[0]['tbps']:.2f} TB/s {timed[0]}; "
-              f"runner-up {timed[1]['tbps']:.2f} {timed[1]}", flush=True)
-        results.append(dict(batch=b, cache=skv, hq=hq, hkv=hkv, d=d, all=timed))
-        save(args.out, results)  # after each shape: a timeout keeps what was measured
-    return 0
+    args.tiles = not args.sweep
+    return sweep(args)
 
 
 if __name__ == "__main__":

@@ -42,8 +42,6 @@ Status load() {
       {"cuMemsetD8Async", reinterpret_cast<void**>(&d.cuMemsetD8Async)},
       {"cuMemAllocAsync", reinterpret_cast<void**>(&d.cuMemAllocAsync)},
       {"cuMemFreeAsync", reinterpret_cast<void**>(&d.cuMemFreeAsync)},
-      {"cuOccupancyMaxActiveBlocksPerMultiprocessor",
-       reinterpret_cast<void**>(&d.cuOccupancyMaxActiveBlocksPerMultiprocessor)},
   };
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.name);

@@ -75,7 +75,6 @@ struct CudaDriver {
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream);  // stream-ordered (CUDA 11.2+)
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
-  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
   // Optional (null on drivers before CUDA 12): then the TMA kernels are not used.
   CUresult (*cuTensorMapEncodeTiled)(CUtensorMap*, int data_type, uint32_t rank, void* address,
                                      const uint64_t* dims, const uint64_t* strides_bytes,

@@ -1,7 +1,6 @@
 #include "cuda_launch.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@ constexpr int64_t kMaxDecodeSq = 16;
 constexpr int64_t kMaxDecodeRows = 64;     // GQA group x Sq packed into one CTA's rows
 constexpr int64_t kMaxSplits = 128;
 constexpr int64_t kMinSplitKeys = 128;     // a split shorter than this costs more than it gains
+constexpr int64_t kCtaOverheadTiles = 4;   // a CTA's pipeline fill and epilogue, in key tiles
 
 // ORT_FLASH_DECODE_SPLITS: unset/empty = heuristic (-1), 0 = forward kernel, N = N splits.
 int64_t decode_splits_override() {
@@ -298,23 +298,29 @@ Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split
   if (!k || !find_kernel(dk, decode_key(p, KernelKind::kCombine))) return Status::Ok();
   const KernelEntry& e = *k->entry;
   plan->kind = KernelKind::kDecode;
+  plan->kernel = &e;
   if (!can_split) return Status::Ok();
   const int64_t ctas = p.batch * p.hkv * ((rows + e.block_m - 1) / e.block_m);
   const int64_t key_blocks = (p.skv + e.block_n - 1) / e.block_n;
   int64_t splits = forced;
   if (forced < 0) {
-    // All CTAs do equal work, so time goes by waves of `slots` resident CTAs: pick the fewest
-    // splits whose wave efficiency (waves / ceil(waves)) is within 85% of the best reachable.
-    const double slots = static_cast<double>(k->blocks_per_sm) * dk.sm_count;
+    // Decode streams K/V, and on the H200 one SM's read rate, not its resident CTAs, bounds it:
+    // a second CTA on an SM that already has one adds little (aot/tune_decode.py, perf-notes).
+    // So time goes by waves of one CTA per SM, each as long as the key tiles a CTA reads plus its
+    // fill and epilogue; take the fewest splits that minimize it (a split past
+    // cdiv(key_blocks, tiles) would get no keys). aot/tune_decode.py's choose_splits mirrors this.
     const int64_t most = std::max<int64_t>(1, std::min({kMaxSplits, key_blocks, p.skv / kMinSplitKeys}));
-    auto efficiency = [&](int64_t s) {
-      const double waves = static_cast<double>(ctas * s) / slots;
-      return waves / std::ceil(waves);
-    };
-    double best = 0.0;
-    for (int64_t s = 1; s <= most; ++s) best = std::max(best, efficiency(s));
-    splits = 1;
-    while (splits < most && efficiency(splits) < 0.85 * best) ++splits;
+    const int64_t sms = std::max(1, dk.sm_count);
+    int64_t best_cost = -1;
+    for (int64_t s = 1; s <= most; ++s) {
+      const int64_t tiles = (key_blocks + s - 1) / s;
+      const int64_t active = (key_blocks + tiles - 1) / tiles;
+      const int64_t cost = (ctas * active + sms - 1) / sms * (tiles + kCtaOverheadTiles);
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        splits = s;
+      }
+    }
   }
   splits = std::max<int64_t>(1, std::min({splits, kMaxSplits, key_blocks}));
   plan->num_splits = static_cast<int>(splits);

@@ -82,13 +82,7 @@ Status load_into_context(const CudaDriver* d, CUcontext ctx, CUdevice dev, int d
           d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, e.shared),
           (what + ": cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)").c_str()));
     }
-    int blocks_per_sm = 0;
-    if (d->cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fn, 32 * e.num_warps,
-                                                       static_cast<size_t>(e.shared)) != CUDA_SUCCESS ||
-        blocks_per_sm < 1) {
-      blocks_per_sm = 1;
-    }
-    dk->kernels.push_back({&e, fn, blocks_per_sm});
+    dk->kernels.push_back({&e, fn});
   }
   *out = dk.get();
   by_context()[ctx] = std::move(dk);

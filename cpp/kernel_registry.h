@@ -15,7 +15,6 @@ namespace ort_flash {
 struct LoadedKernel {
   const KernelEntry* entry;
   CUfunction function;
-  int blocks_per_sm;  // CTAs of it one SM holds at once (the driver's occupancy calculator)
 };
 
 struct DeviceKernels {
