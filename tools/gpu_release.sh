@@ -2,12 +2,17 @@
 # The release check on the GPU machine, in steps that each fit one 10-minute `run` call
 # (the machine stays warm between back-to-back calls, so the build of step 1 is reused):
 #
-#   bash tools/gpu_release.sh tests   # build, `pytest -m gpu`, demo, decode benchmark (quick)
+#   bash tools/gpu_release.sh kernels # build, the direct-kernel tests (no onnxruntime-gpu needed:
+#                                     # the first call, carrying .gpucache and .orth, while the
+#                                     # five onnxruntime-gpu parts follow in the next calls)
+#   bash tools/gpu_release.sh tests   # build, `pytest -m gpu` (8 workers; the memory-growth test
+#                                     # alone after), demo, decode benchmark (quick)
 #   bash tools/gpu_release.sh op      # the op benchmark's whole grid (N 512 ... 16k, fp16 + bf16)
 #   bash tools/gpu_release.sh bench   # end to end and the LLaMA-style decode step end to end
 #                                     # (4 layers)
-#   bash tools/gpu_release.sh extra   # compute-sanitizer: memcheck on the GPU suite, racecheck
-#                                     # on the direct-kernel tests (tools/gpu_sanitize.sh)
+#   bash tools/gpu_release.sh extra   # compute-sanitizer: memcheck on the GPU suite (8 pytest
+#                                     # workers), racecheck on the direct-kernel tests
+#                                     # (tools/gpu_sanitize.sh)
 #   bash tools/gpu_release.sh tune    # the tile sweeps: aot/tune.py --tma, aot/tune_decode.py
 #
 # Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache (see tools/gpu_session.sh).
@@ -24,8 +29,15 @@ bench() {  # ort-flash bench with its progress bars left out of the log
   python3 -m ort_flash.cli bench --device cuda --cache-dir /tmp/ort_flash_bench "$@" 2>&1 | grep -v $'\r'
 }
 case "${1:-}" in
+  kernels)
+    . tools/gpu_env.sh
+    python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+    python3 -m ort_flash.cli info 2>&1 | tail -4
+    python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=300 tests/test_cuda_kernel.py 2>&1 \
+      | tee "$OUT/pytest-kernels.log" | grep -v "^\." | tail -15
+    ;;
   tests)
-    GPU_TEST_TIMEOUT=300 bash tools/gpu_session.sh \
+    PYTEST_WORKERS=${PYTEST_WORKERS:-8} GPU_TEST_TIMEOUT=300 bash tools/gpu_session.sh \
       "python3 -m ort_flash.cli bench --device cuda --cache-dir /tmp/ort_flash_bench --suite decode --quick --budget-s ${DECODE_S:-70} --out $OUT/bench-decode.json 2>&1 | grep -v \$'\\r' | tail -25"
     ;;
   bench)
@@ -43,7 +55,7 @@ case "${1:-}" in
     # The build from `tests` is reused (the machine stayed warm); memcheck over the GPU suite but
     # the 10 000-run and >2^31-element tests, then racecheck over the direct-kernel tests.
     TOOLS=memcheck timeout "${MEMCHECK_S:-400}" bash tools/gpu_sanitize.sh -m gpu tests \
-      -k "not 10000_runs and not past_2_31" 2>&1 | tail -12
+      -k "not 10000_runs and not past_2_31" -n "${SANITIZE_WORKERS:-8}" --dist load 2>&1 | tail -12
     TOOLS=racecheck timeout "${RACECHECK_S:-150}" bash tools/gpu_sanitize.sh -m gpu \
       tests/test_cuda_kernel.py -k "not past_2_31" 2>&1 | tail -8
     ;;
@@ -52,5 +64,5 @@ case "${1:-}" in
       | grep -v "^  skip" | tail -10)
     timeout "${TUNE_S:-100}" python3 aot/tune_decode.py --out "$OUT/tune-decode.json" 2>&1 | grep -v "^  skip" | tail -6
     ;;
-  *) echo "usage: $0 tests|bench|op|extra|tune"; exit 2 ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune"; exit 2 ;;
 esac

@@ -19,8 +19,18 @@ python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>
 log "built in $(( $(date +%s) - t0 )) s"
 python3 -m ort_flash.cli info 2>&1 | tee -a "$OUT/session.log"
 log "GPU tests"
-python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=${GPU_TEST_TIMEOUT:-120} tests 2>&1 \
-  | tee "$OUT/pytest-gpu.log" | grep -v "^\." | tail -40
+# PYTEST_WORKERS > 1: pytest-xdist workers (tests spread over them; the model exports are
+# written atomically, so workers may share the cache); the device-memory growth test,
+# which reads the GPU's memory in use, runs alone afterwards.
+if [ "${PYTEST_WORKERS:-1}" -gt 1 ]; then
+  python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=${GPU_TEST_TIMEOUT:-120} tests \
+    -n "$PYTEST_WORKERS" --dist load -k "not 10000_runs" 2>&1 | tee "$OUT/pytest-gpu.log" | grep -v "^\." | tail -40
+  python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=${GPU_TEST_TIMEOUT:-120} \
+    tests/test_reliability_cuda.py -k 10000_runs 2>&1 | tee -a "$OUT/pytest-gpu.log" | tail -3
+else
+  python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=${GPU_TEST_TIMEOUT:-120} tests 2>&1 \
+    | tee "$OUT/pytest-gpu.log" | grep -v "^\." | tail -40
+fi
 log "demo"
 python3 -m ort_flash.cli demo --provider cuda 2>&1 | grep -v Memcpy | tee "$OUT/demo.log"
 for cmd in "$@"; do
