@@ -52,17 +52,19 @@ def choose_splits(groups: int, skv: int, block_n: int, sms: int) -> int:
     return best
 
 
-def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True):
+def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None):
+    """Split + combine; `seqlens` (int64 (B,) on the device) takes the EXTRAS variant with
+    nonpad_kv_seqlen, as the op runs a static cache."""
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     dummy = torch.empty(1, dtype=torch.int8, device=q.device)
-    seqlens = torch.empty(1, dtype=torch.int64, device=q.device)
+    lens = seqlens if seqlens is not None else torch.empty(1, dtype=torch.int64, device=q.device)
     kern = flash_decode_split[(splits, b * hkv, triton.cdiv(sq * hq // hkv, BLOCK_M))](
-        q, k, v, y, lse, dummy, seqlens, opart, lpart, 1.0 / math.sqrt(d), 0.0,
-        hq, hq // hkv, sq, skv, d, d, skv - sq, 1, -1, -1, skv, 0, 1, splits,
+        q, k, v, y, lse, dummy, lens, opart, lpart, 1.0 / math.sqrt(d), 0.0,
+        hq, hq // hkv, sq, skv, d, d, skv - sq, 1, -1, -1, skv, int(seqlens is not None), 1, splits,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
-        MASK_KIND=0, EXTRAS=False, DOT_PRECISION="tf32",
+        MASK_KIND=0, EXTRAS=seqlens is not None, DOT_PRECISION="tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if splits > 1 and combine:
         flash_decode_combine[(b * hq * sq,)](opart, lpart, y, lse, hq, sq, d, splits, 1,
@@ -122,7 +124,40 @@ def sweep(args) -> int:
             cudnn_us = timed([lambda s=s_: torch.nn.functional.scaled_dot_product_attention(
                 s[0], s[1], s[2], enable_gqa=True) for s_ in sets])
         row = dict(batch=b, cache=skv, hq=hq, hkv=hkv, d=d, sms=sms, cudnn_us=cudnn_us, points=[])
-        if args.tiles:
+        if args.compare:  # the shipped AOT kernel through the launcher beside its JIT twin
+            lens = [torch.full((b,), skv, dtype=torch.int64, device="cuda") for _ in sets]
+            splits = rule(shipped)
+            out = {}
+            three = dict(shipped, num_stages=3)
+            for name, cfg, n, nonpad in (("jit", shipped, splits, False), ("jit_nonpad", shipped, splits, True),
+                                         ("jit3_nonpad", three, splits, True),
+                                         ("jit3_nonpad_2x", three, min(2 * splits, MAX_SPLITS), True)):
+                out[name] = timed([lambda s_=s_, l_=l_, cfg=cfg, n=n, nonpad=nonpad: run(
+                    *s_, opart, lpart, n, cfg, seqlens=l_ if nonpad else None) for s_, l_ in zip(sets, lens)])
+            from ort_flash import _C
+
+            def params(s_, lens_):
+                p = _C.FlashParams()
+                p.dtype = _C.DType.float16
+                p.q, p.k, p.v, p.y = (t.data_ptr() for t in s_[:4])
+                p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, d, d
+                p.q_stride, p.y_stride = [hq * sq * d, sq * d, d], [hq * sq * d, sq * d, d]
+                p.k_stride = p.v_stride = [hkv * skv * d, skv * d, d]
+                p.causal, p.scale = True, d ** -0.5
+                if lens_ is None:
+                    p.offset = skv - sq
+                else:
+                    p.seqlens_k = lens_.data_ptr()
+                return p
+            for name, use in (("aot", False), ("aot_nonpad", True)):
+                ps = [params(s_, l_ if use else None) for s_, l_ in zip(sets, lens)]
+                row[f"{name}_plan"] = list(_C.launch_plan(ps[0])) + [_C.launch_variant(ps[0])]
+                out[name] = timed([lambda p=p: _C.run_cuda(p, torch.cuda.current_stream().cuda_stream) for p in ps])
+            row.update(splits=splits, compare=out)
+            print(f"B{b} L{skv}: cuDNN {cudnn_us:.1f} us; {splits} splits: "
+                  + ", ".join(f"{k} {v:.1f} ({tb(v):.2f} TB/s)" for k, v in out.items())
+                  + f"; plans {row['aot_plan']} {row['aot_nonpad_plan']}", flush=True)
+        elif args.tiles:
             for cfg in TILE_CANDIDATES:
                 try:
                     for splits in sorted({rule(cfg), max(1, sms // groups), max(1, 2 * sms // groups)}):
@@ -138,6 +173,11 @@ def sweep(args) -> int:
                 if tiles not in seen or splits == at_rule:
                     seen.add(tiles)
                     row["points"].append(dict(point(splits, shipped), rule=splits == at_rule))
+        if args.compare:
+            results.append(row)
+            save(args.out, results)
+            sets.clear()
+            continue
         best = min(row["points"], key=lambda r: r["us"])
         shipped_at_rule = next((r for r in row["points"] if r["rule"] and all(r[k] == shipped[k] for k in shipped)),
                                None)
@@ -162,8 +202,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="1x4096,1x32768,1x131072,4x32768,8x32768", help="BxCACHE list")
     ap.add_argument("--out", default="tune-decode.json")
     ap.add_argument("--sweep", action="store_true", help="sweep the splits at the shipped tile instead")
+    ap.add_argument("--compare", action="store_true",
+                    help="the shipped AOT kernel through the launcher (ort_flash._C) beside its JIT twin")
     args = ap.parse_args(argv)
-    args.tiles = not args.sweep
+    args.tiles = not (args.sweep or args.compare)
     return sweep(args)
 
 
