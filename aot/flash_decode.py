@@ -88,15 +88,15 @@ def flash_decode_split(
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, c_lo, f_lo, c_hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                             scale, cap, cap_on, left, right, 0, 0,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True)
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_lo, f_hi, c_hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                             scale, cap, cap_on, left, right, 0, 0,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False)
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, CAP_BRANCH=True)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_hi, c_hi, c_hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                             scale, cap, cap_on, left, right, 0, 0,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True)
+                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]

@@ -34,7 +34,7 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_o
             scale, cap, cap_on, left, right, kv_b, kv_h,
             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr,
             EXTRAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BOUNDARY: tl.constexpr,
-            TMA: tl.constexpr = False, MASK_KEYS: tl.constexpr = False):
+            TMA: tl.constexpr = False, MASK_KEYS: tl.constexpr = False, CAP_BRANCH: tl.constexpr = False):
     # k_base / v_base: pointers to this (batch, KV head), or with TMA the K / V descriptors,
     # addressed at [kv_b, kv_h, key, 0]. m_base: the mask rows of this tile's queries
     # ([BLOCK_M, 1] pointers), or with MASK_KEYS the one key vector all of them share (a scalar
@@ -76,13 +76,18 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_o
                 v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
                             mask=offs_dv[None, :] < Dv, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        if EXTRAS:
-            # A branch, not a select: without a softcap, its exp and divide would sit on every
-            # iteration's critical path (decode at one CTA per SM ran 20 % slower).
+        if EXTRAS and CAP_BRANCH:
+            # A branch, not a select: without a softcap its exp and divide would sit on every
+            # iteration's critical path (decode at one CTA per SM ran 20-25 % slower). The prefill
+            # kernel keeps the select (Triton 3.6's software pipeliner rejects its loop with a
+            # branch inside, and at several CTAs per SM the cost hides).
             if cap_on:  # c * tanh(x / c) = c * (1 - 2 / (exp(2x / c) + 1)), stable at both ends
                 s = cap * (1.0 - 2.0 / (tl.exp(2.0 * s * (scale / cap)) + 1.0)) * unit
             else:
                 s = s * (scale * unit)
+        elif EXTRAS:
+            capped = cap * (1.0 - 2.0 / (tl.exp(2.0 * s * (scale / cap)) + 1.0))
+            s = tl.where(cap_on, capped * unit, s * (scale * unit))
         else:
             s = s * (scale * unit)
         if MASK_KIND != MASK_NONE:
