@@ -57,7 +57,7 @@ case "${1:-}" in
     TOOLS=memcheck timeout "${MEMCHECK_S:-400}" bash tools/gpu_sanitize.sh -m gpu tests \
       -k "not 10000_runs and not past_2_31" -n "${SANITIZE_WORKERS:-8}" --dist load 2>&1 | tail -12
     TOOLS=racecheck timeout "${RACECHECK_S:-150}" bash tools/gpu_sanitize.sh -m gpu \
-      tests/test_cuda_kernel.py -k "not past_2_31" 2>&1 | tail -8
+      tests/test_cuda_kernel.py -k "not past_2_31" -n "${SANITIZE_WORKERS:-8}" --dist load 2>&1 | tail -8
     ;;
   tune)
     (cd aot && timeout "${TUNE_S:-400}" python3 tune.py --tma --dtypes fp16 --out "$OUT/tune-tma.json" 2>&1 \
