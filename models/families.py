@@ -467,7 +467,10 @@ def cached_step(net, config, layers: int, dtype, *, output: str | None = None):
 
 def present_axes(dynamic: dict[str, dict[int, str]], layers: int) -> dict[str, dict[int, str]]:
     """The cached step's present_key_i / present_value_i outputs, in output order, with their
-    dynamic axes (batch, ·, "past_sequence + sequence", ·); empty for ``layers`` 0."""
+    dynamic axes (batch, ·, "past_sequence + sequence", ·); empty for ``layers`` 0 (an uncached
+    export, which may have no token input at all: ViT's pixel_values)."""
+    if layers == 0:
+        return {}
     new = dynamic["input_ids" if "input_ids" in dynamic else "decoder_input_ids"][1]
     return {f"present_{kv}_{i}": {0: "batch", 2: f"{PAST} + {new}"}
             for i in range(layers) for kv in ("key", "value")}
