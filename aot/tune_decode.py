@@ -73,7 +73,6 @@ def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None):
     return kern
 
 
-
 def sweep(args) -> int:
     """The tile candidates at the launcher's split count and at one and two CTAs per SM, or with
     --sweep the splits at the shipped tile (see the module docstring)."""
