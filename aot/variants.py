@@ -84,8 +84,8 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(1, 16, 4 if v.head_dim >= 128 else 2, 1)  # block_n: splits per step
     if v.kind == "decode":
         # Streams K/V: a small row tile, deep enough pipelining to keep loads in flight. On sm_90
-        # 4 stages (one CTA per SM, which the launcher's split count assumes): aot/tune_decode.py
-        # on the H200, docs/perf-notes.md (decode v3).
+        # 4 stages (102 KB of shared memory), best at the one CTA per SM per wave the launcher's
+        # split count plans for: aot/tune_decode.py on the H200, docs/perf-notes.md (decode v3).
         if v.dtype == "fp32" or v.head_dim >= 256:
             return TileConfig(DECODE_BLOCK_M, 32, 4, 2)
         return TileConfig(DECODE_BLOCK_M, 64, 4, 4 if arch >= 90 else 3)
