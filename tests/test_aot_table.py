@@ -87,8 +87,10 @@ def test_library_table_has_tma_kernels_for_sm90_only():
 
 
 def test_key_vector_mask_variants(build):
-    """Every key-vector-mask variant is a masked forward variant with a full-mask twin (the
-    launcher's fallback), compiles MASK_KEYS in, and is named apart from its twin."""
+    """Every key-vector-mask variant is a masked forward variant, a pointer one with a full-mask
+    twin (the launcher's fallback), and is named apart from its twin."""
+    import dataclasses
+
     from variants import all_variants
 
     vs = all_variants()
@@ -96,7 +98,6 @@ def test_key_vector_mask_variants(build):
     keys = [v for v in vs if v.mask_keys]
     assert {(v.kind, v.mask) for v in keys} == {(k, m) for k in ("fwd", "fwd_tma") for m in ("bool", "add")}
     assert len(names) == len(vs)
-    import dataclasses
     for v in keys:
         if v.kind == "fwd":
             assert dataclasses.replace(v, mask_keys=False) in vs

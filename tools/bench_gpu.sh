@@ -21,7 +21,7 @@ start=$(date +%s)
 . tools/gpu_env.sh
 export ORT_FLASH_BENCH_COMMIT=${ORT_FLASH_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+build_ort_flash || exit 1
 echo "== ready in $(( $(date +%s) - start )) s"
 left=$(( ${BENCH_DEADLINE_S:-540} - ($(date +%s) - start) - 20 ))  # 20 s for the report
 [ $# -eq 0 ] && set -- --suite all --quick

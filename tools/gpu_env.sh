@@ -20,3 +20,7 @@ if [ -f .gpucache/models-fp16.tgz ]; then
   mkdir -p /tmp/ort_flash_prebuilt && tar xzf .gpucache/models-fp16.tgz -C /tmp/ort_flash_prebuilt
 fi
 [ -d /tmp/ort_flash_prebuilt ] && export ORT_FLASH_MODEL_PREBUILT=/tmp/ort_flash_prebuilt
+# The editable install of ort_flash with this machine's Python (the AOT build; log in $OUT/build.log).
+build_ort_flash() {
+  python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; return 1; }
+}

@@ -31,7 +31,7 @@ bench() {  # ort-flash bench with its progress bars left out of the log
 case "${1:-}" in
   kernels)
     . tools/gpu_env.sh
-    python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+    build_ort_flash || exit 1
     python3 -m ort_flash.cli info 2>&1 | tail -4
     python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=300 tests/test_cuda_kernel.py 2>&1 \
       | tee "$OUT/pytest-kernels.log" | grep -v "^\." | tail -15

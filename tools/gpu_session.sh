@@ -15,7 +15,7 @@ log() { echo "== $*" | tee -a "$OUT/session.log"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 log "build"
 t0=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+build_ort_flash || exit 1
 log "built in $(( $(date +%s) - t0 )) s"
 python3 -m ort_flash.cli info 2>&1 | tee -a "$OUT/session.log"
 log "GPU tests"
