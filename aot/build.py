@@ -186,7 +186,9 @@ def source_hash(kind: str | None = None) -> str:
 
 def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
     h = hashlib.sha256()
-    for part in (source_hash(v.kind), TRITON_VERSION, repr(v), repr(cfg), str(arch)):
+    # repr(v) leaves out the tile range (a TMA_TILES entry), so it joins the key only when set.
+    tile = f"tile({v.tile_causal},{v.tile_min_len})" if (v.tile_causal, v.tile_min_len) != (-1, 0) else ""
+    for part in (source_hash(v.kind), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"
 
@@ -234,7 +236,8 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
             f"Fp32Precision({PRECISION_CODES[v.precision] if v.dtype == 'fp32' else 0}), "
             f"KernelKind({KIND_CODES[v.kind]}), {_cxx_bool(v.mask_keys)}}}, "
             f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
-            f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end, {_cxx_tma(m.get('tma', []))}}},")
+            f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end, {_cxx_tma(m.get('tma', []))}, "
+            f"{v.tile_causal}, {v.tile_min_len}}},")
     if not rows:  # a CPU-only build (no archs): an empty table
         cc[-1] = "static const KernelEntry* const kEntries = nullptr;"
         cc += ["", "const KernelEntry* kernel_table(size_t* count) {", "  *count = 0;",

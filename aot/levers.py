@@ -36,7 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from tune import launch as launch_shipped  # noqa: E402
 from tune import save  # noqa: E402
-from variants import Variant, get_fwd_config  # noqa: E402
+from variants import Variant, get_fwd_config, tma_tile  # noqa: E402
 
 
 @triton.jit
@@ -164,7 +164,7 @@ def persistent(args) -> int:
         for causal in (False, True):
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
             ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            tile = get_fwd_config(90, Variant("fp16", d, True, "none", False, "tf32", "fwd_tma"))
+            tile = tma_tile(d, causal, s)
             shipped = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
                            num_stages=tile.num_stages)
             ms = _bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped, tma=True))

@@ -77,9 +77,13 @@ def save(path, results: list) -> None:
     Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
 
 
-def _shipped(dt: str, d: int, kind: str, mask: str = "none", mask_keys: bool = False) -> dict:
-    from variants import Variant, get_fwd_config
-    t = get_fwd_config(90, Variant(dt, d, True, mask, False, "tf32", kind, mask_keys))
+def _shipped(dt: str, d: int, kind: str, mask: str = "none", mask_keys: bool = False, causal: bool = False,
+             skv: int = 0) -> dict:
+    from variants import Variant, get_fwd_config, tma_tile
+    if kind == "fwd_tma" and mask == "none":
+        t = tma_tile(d, causal, skv)
+    else:
+        t = get_fwd_config(90, Variant(dt, d, True, mask, False, "tf32", kind, mask_keys))
     return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
@@ -118,7 +122,7 @@ def masked(args) -> int:
                 ("add (B,1,1,S)", keys, False, True, "add"), ("add (B,1,1,S)", keys, True, True, "add")]
         for label, mask, tma, mk, mkind in runs:
             ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            shipped = _shipped(dt, d, "fwd_tma" if tma else "fwd", mkind, mk)
+            shipped = _shipped(dt, d, "fwd_tma" if tma else "fwd", mkind, mk, False, s)
             sweep = mk or label == "add (B,1,S,S)"  # the keys mask via the full-mask kernel: as shipped
             cands = [shipped] + ([c for c in MASKED_CANDIDATES if c != shipped] if sweep else [])
             for cfg in cands:

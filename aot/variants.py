@@ -13,13 +13,14 @@ dispatcher (cpp/cuda_launch.cc, select_variant) searches by `VariantKey`; tile s
 through that table, so the launcher never restates them.
 
 Tiles are for Triton 3.6 (the pinned version). The sm_90 fp16/bf16 tiles for head dims 64 and
-128 come from aot/tune.py on the H200 (docs/perf-notes.md); the rest are chosen by hand to fit
-shared memory and have not been tuned.
+128 come from aot/tune.py on the H200 (docs/perf-notes.md), and the unmasked TMA kernels have
+one per (causal, key-length bucket) (TMA_TILES); the rest are chosen by hand to fit shared
+memory and have not been tuned.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TRITON_VERSION = "3.6.0"
 
@@ -44,6 +45,20 @@ MAX_DECODE_ROWS = 64        # group * Sq up to this takes the decode kernel (cpp
 # Key-vector mask variants (MASK_KEYS) of the forward kinds.
 MASK_KEYS_DTYPES = ("fp16", "bf16")
 MASK_KEYS_HEAD_DIMS = (64, 128)
+# The unmasked TMA kernels' tiles per (head dim, causal, sequence length): (causal, min length,
+# tile); an entry serves calls with that causal flag (-1: either) and min(Sq, Skv) from its min
+# length up to the next matching entry's (the length is the shorter side, so a short chunk
+# against a long cache keeps the small-BLOCK_M tile and its larger grid).
+# aot/tune.py --tma over the op grid on the H200 (fp16, Triton 3.6, 2026-12-01,
+# docs/tune-tma-grid.json; docs/perf-notes.md, v5). Each is one more cubin per dtype; the C++
+# dispatcher reads the ranges from the generated table (KernelEntry::tile_causal, tile_min_len),
+# so they are stated here only. The extras variants (windows, softcap, nonpad_kv_seqlen) keep one
+# tile, the short non-causal one: d128's (128, 128) tile spills with them (255 registers, 24 B of
+# stack).
+TMA_TILES = {
+    64: ((0, 0, (128, 64, 8, 3)), (1, 0, (64, 64, 4, 2)), (-1, 8192, (64, 128, 4, 2))),
+    128: ((-1, 0, (64, 64, 4, 3)), (0, 2048, (128, 128, 8, 3)), (1, 8192, (128, 128, 8, 3))),
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,10 @@ class Variant:
     precision: str         # dot precision; "tf32" (ignored by Triton) for fp16/bf16
     kind: str = "fwd"      # key of KIND_CODES
     mask_keys: bool = False  # the mask is one key vector per (batch, head): query stride 0
+    # Which calls this cubin's tile is for (TMA_TILES): causal flag (-1: any), least min(Sq, Skv).
+    # Left out of repr (the build cache key adds them when set), so other cubins stay cached.
+    tile_causal: int = field(default=-1, repr=False)
+    tile_min_len: int = field(default=0, repr=False)
 
     @property
     def min_arch(self) -> int:
@@ -66,8 +85,10 @@ class Variant:
         if self.kind == "combine":
             return f"flash_combine_{self.dtype}_d{self.head_dim}"
         prec = f"_{self.precision}" if self.dtype == "fp32" and self.kind == "fwd" else ""
+        tile = ("" if self.tile_causal < 0 else ("_c" if self.tile_causal else "_nc")) + (
+            f"_k{self.tile_min_len}" if self.tile_min_len else "")
         return (f"flash_{self.kind}_{self.dtype}{prec}_d{self.head_dim}{'' if self.even_d else 'm'}"
-                f"_{self.mask}{'k' if self.mask_keys else ''}{'_x' if self.extras else ''}")
+                f"_{self.mask}{'k' if self.mask_keys else ''}{tile}{'_x' if self.extras else ''}")
 
 
 @dataclass(frozen=True)
@@ -79,7 +100,8 @@ class TileConfig:
 
 
 def get_fwd_config(arch: int, v: Variant) -> TileConfig:
-    """Tile table per (arch, kind, dtype, head dim)."""
+    """Tile table per (arch, kind, dtype, head dim), and for the unmasked TMA kernels per causal
+    flag and key length (TMA_TILES)."""
     if v.kind == "combine":
         return TileConfig(1, 16, 4 if v.head_dim >= 128 else 2, 1)  # block_n: splits per step
     if v.kind == "decode":
@@ -96,9 +118,15 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
     if v.head_dim >= 256:
         return TileConfig(64, 32, 4, 1 if arch < 90 else 2)
     if v.kind == "fwd_tma":  # tuned by aot/tune.py --tma / --masked on the H200 (docs/perf-notes.md)
-        if v.head_dim <= 64:
-            return TileConfig(64, 64, 4, 2) if v.mask_keys else TileConfig(128, 64, 8, 3)
-        return TileConfig(64, 64, 4, 3)
+        if v.mask == "none":
+            if v.extras:
+                return tma_tile(v.head_dim, False, 0)
+            for causal, min_len, tile in TMA_TILES[v.head_dim]:
+                if (causal, min_len) == (v.tile_causal, v.tile_min_len):
+                    return TileConfig(*tile)
+            raise ValueError(f"{v.name}: no TMA_TILES entry for causal={v.tile_causal}, "
+                             f"min length {v.tile_min_len}")
+        return TileConfig(64, 64, 4, 2) if v.head_dim <= 64 else TileConfig(64, 64, 4, 3)
     if arch >= 90:  # tuned by aot/tune.py on the H200 (docs/perf-notes.md, 2026-11-29)
         if v.head_dim <= 64:
             return TileConfig(128, 64, 4, 3)
@@ -106,6 +134,16 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
     if v.head_dim <= 64:
         return TileConfig(128, 64, 4, 3)
     return TileConfig(128, 32, 8, 2)
+
+
+def tma_tile(head_dim: int, causal: bool, length: int, extras: bool = False) -> TileConfig:
+    """The tile an unmasked TMA call runs at: the TMA_TILES entry for its causal flag with the
+    largest min length <= `length` = min(Sq, Skv) (what cpp/cuda_launch.cc's pick_tile does over
+    the generated table); with extras the one tile those variants have."""
+    if extras:
+        causal, length = False, 0
+    entries = [(k, t) for c, k, t in TMA_TILES[head_dim] if c in (-1, int(causal)) and k <= length]
+    return TileConfig(*max(entries)[1])
 
 
 def all_variants() -> list[Variant]:
@@ -128,7 +166,9 @@ def all_variants() -> list[Variant]:
     # Full masks stay on the pointer kernels: with a mask tile both kinds spill registers, and the
     # TMA cubins measured 0.38-0.84x the pointer ones on the H200 (tools/ab_tma.py, perf-notes v3).
     for dtype, hd, extras in itertools.product(TMA_DTYPES, TMA_HEAD_DIMS, (False, True)):
-        out.append(Variant(dtype, hd, True, "none", extras, "tf32", "fwd_tma"))
+        for causal, min_len, _ in (((-1, 0, None),) if extras else TMA_TILES[hd]):
+            out.append(Variant(dtype, hd, True, "none", extras, "tf32", "fwd_tma",
+                               tile_causal=causal, tile_min_len=min_len))
         for mask in ("bool", "add"):
             out.append(Variant(dtype, hd, True, mask, extras, "tf32", "fwd_tma", True))
     for dtype, (hd, _) in itertools.product(DECODE_DTYPES, DECODE_HEAD_DIMS):

@@ -52,6 +52,23 @@ const LoadedKernel* find_kernel(const DeviceKernels& dk, const VariantKey& key) 
   return nullptr;
 }
 
+// Among the entries of `key` whose tile is for this call (its causal flag, or any), the one for
+// the longest length up to min(Sq, Skv): the table's per-(causal, sequence length) tiles
+// (aot/variants.py TMA_TILES); a key with one entry returns it whenever its range covers the call.
+const LoadedKernel* pick_tile(const DeviceKernels& dk, const VariantKey& key, const FlashParams& p) {
+  const int64_t length = std::min(p.sq, p.skv);
+  const LoadedKernel* best = nullptr;
+  for (const LoadedKernel& lk : dk.kernels) {
+    const KernelEntry& e = *lk.entry;
+    if (!(e.key == key) || (e.tile_causal >= 0 && e.tile_causal != (p.causal ? 1 : 0)) ||
+        e.tile_min_len > length) {
+      continue;
+    }
+    if (!best || e.tile_min_len > best->entry->tile_min_len) best = &lk;
+  }
+  return best;
+}
+
 // A forward kernel for `key`; a key-vector mask falls back to the full-mask variant (same result:
 // it reads the mask through its strides) where this build has no key-vector one.
 const LoadedKernel* find_fwd_kernel(const DeviceKernels& dk, VariantKey key) {
@@ -217,7 +234,7 @@ const LoadedKernel* tma_kernel(const FlashParams& p, const DeviceKernels& dk, Va
     return nullptr;
   }
   key.kind = KernelKind::kFwdTma;
-  return find_kernel(dk, key);
+  return pick_tile(dk, key, p);
 }
 
 }  // namespace

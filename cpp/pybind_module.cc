@@ -55,6 +55,8 @@ py::list kernels() {
     d["shared"] = e.shared;
     d["block_m"] = e.block_m;
     d["block_n"] = e.block_n;
+    d["tile_causal"] = e.tile_causal;
+    d["tile_min_len"] = e.tile_min_len;
     d["cubin_bytes"] = static_cast<size_t>(e.cubin_end - e.cubin);
     if (e.key.kind == KernelKind::kFwdTma) {  // (swizzle, box rows, box cols) of Q, K, V, Y
       py::list boxes;

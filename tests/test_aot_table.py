@@ -3,6 +3,7 @@
 what cpp/cuda_launch.cc encodes and passes."""
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -102,3 +103,55 @@ def test_key_vector_mask_variants(build):
         if v.kind == "fwd":
             assert dataclasses.replace(v, mask_keys=False) in vs
         assert v.name.endswith(("_addk", "_boolk", "_addk_x", "_boolk_x"))
+
+
+def _variants():
+    sys.path.insert(0, str(ROOT / "aot"))
+    import variants
+    return variants
+
+
+def test_tma_tile_table_is_a_partition():
+    """For each head dim and causal flag the unmasked TMA tiles' ranges start at length 0 and
+    never tie, each has one cubin per dtype (the extras variants one tile), and tma_tile (what the
+    C++ pick_tile does) takes the long-sequence tiles only when both Sq and Skv are long."""
+    v = _variants()
+    for hd, entries in v.TMA_TILES.items():
+        for causal in (0, 1):
+            starts = [k for c, k, _ in entries if c in (-1, causal)]
+            assert 0 in starts and len(starts) == len(set(starts)), (hd, causal, starts)
+    tma = [x for x in v.all_variants() if x.kind == "fwd_tma" and x.mask == "none"]
+    for dtype, hd in itertools.product(v.TMA_DTYPES, v.TMA_HEAD_DIMS):
+        plain = [x for x in tma if (x.dtype, x.head_dim, x.extras) == (dtype, hd, False)]
+        assert sorted((x.tile_causal, x.tile_min_len) for x in plain) == sorted(
+            (c, k) for c, k, _ in v.TMA_TILES[hd])
+        for x in plain:
+            assert v.get_fwd_config(90, x) == v.TileConfig(*next(
+                t for c, k, t in v.TMA_TILES[hd] if (c, k) == (x.tile_causal, x.tile_min_len)))
+        extras = [x for x in tma if (x.dtype, x.head_dim, x.extras) == (dtype, hd, True)]
+        assert len(extras) == 1 and v.get_fwd_config(90, extras[0]) == v.tma_tile(hd, False, 0)
+    assert len({x.name for x in v.all_variants()}) == len(v.all_variants())
+    T = v.TileConfig
+    assert v.tma_tile(64, True, 512) == T(64, 64, 4, 2) and v.tma_tile(64, False, 512) == T(128, 64, 8, 3)
+    assert v.tma_tile(64, True, 16384) == v.tma_tile(64, False, 8192) == T(64, 128, 4, 2)
+    assert v.tma_tile(128, False, 1024) == v.tma_tile(128, True, 4096) == T(64, 64, 4, 3)
+    assert v.tma_tile(128, False, 2048) == v.tma_tile(128, True, 8192) == T(128, 128, 8, 3)
+    assert v.tma_tile(128, True, 8192, extras=True) == T(64, 64, 4, 3)
+
+
+def test_library_table_mirrors_the_tile_table():
+    """The compiled table (what the C++ dispatcher searches) carries each TMA cubin's tile and
+    its range as aot/variants.py states them."""
+    from ort_flash import _C
+
+    kernels = [k for k in _C.kernels() if k["kind"] == "fwd_tma"]
+    if not kernels:
+        pytest.skip("this build has no sm_90 kernels (ORT_FLASH_CUDA_ARCHS without 90)")
+    v = _variants()
+    by_name = {x.name: x for x in v.all_variants()}
+    for k in kernels:
+        x = by_name[k["variant"]]
+        cfg = v.get_fwd_config(k["arch"], x)
+        assert (k["block_m"], k["block_n"], k["num_warps"]) == (cfg.block_m, cfg.block_n, cfg.num_warps)
+        assert (k["tile_causal"], k["tile_min_len"]) == (x.tile_causal, x.tile_min_len), k["variant"]
+    assert {k["tile_min_len"] for k in kernels if k["mask"] == "none" and not k["extras"]} > {0}

@@ -42,6 +42,13 @@ CASES = [
     dict(b=2, hq=4, hkv=4, sq=97, skv=150, d=128, mask="bool_keys", window=(40, 8), softcap=15.0),
     dict(b=2, hq=4, hkv=2, sq=65, skv=129, d=96, mask="add_keys"),
     dict(b=1, hq=2, hkv=2, sq=70, skv=130, d=256, mask="bool_keys", causal=True),
+    # Unmasked shapes long enough for the long-sequence TMA tiles on sm_90 (aot/variants.py
+    # TMA_TILES; test_tma_tiles checks which cubin each takes): causal at a key offset of 100
+    # with GQA, non-causal d64, d128 from 2048 in the 3-D layout, causal d128.
+    dict(b=1, hq=2, hkv=1, sq=8200, skv=8300, d=64, causal=True, offset=100),
+    dict(b=1, hq=1, hkv=1, sq=8211, skv=8250, d=64),
+    dict(b=2, hq=4, hkv=2, sq=2100, skv=2101, d=128, layout="bshd"),
+    dict(b=1, hq=1, hkv=1, sq=8193, skv=8193, d=128, causal=True),
     # Decode shapes (split-KV kernel + combine; launch_plan below checks the dispatch).
     dict(b=1, hq=32, hkv=8, sq=1, skv=8191, d=128, causal=True),
     dict(b=2, hq=8, hkv=1, sq=4, skv=3000, d=64, causal=True, mask="add"),
@@ -222,6 +229,35 @@ def test_tma_dispatch():
     r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
                        text=True, env=dict(os.environ, ORT_FLASH_TMA="0"))
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "fwd", r.stdout + r.stderr
+
+
+def test_tma_tiles():
+    """On sm_90 an unmasked TMA call launches the cubin whose tile aot/variants.py's TMA_TILES
+    gives for its causal flag and min(Sq, Skv); with extras the one tile those variants have."""
+    import sys
+    from pathlib import Path
+
+    from ort_flash import _C
+
+    if _C.prepare_device(0)[1] != 90:
+        pytest.skip("the TMA kernels are sm_90 only")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aot"))
+    import variants
+
+    tiles = {k["variant"]: (k["block_m"], k["block_n"], k["num_warps"]) for k in _C.kernels()}
+    for d, causal, sq, skv, extras in [(64, True, 512, 512, False), (64, False, 1024, 1024, False),
+                                       (64, True, 8192, 8192, False), (64, False, 16384, 16384, False),
+                                       (64, True, 300, 16384, False), (128, False, 1000, 1000, False),
+                                       (128, False, 2048, 4096, False), (128, True, 4096, 4096, False),
+                                       (128, True, 8192, 9000, False), (128, True, 8192, 8192, True)]:
+        p = _decode_params(1, 16, 16, sq, skv, d)
+        p.causal = causal
+        if extras:
+            p.softcap = 30.0
+        t = variants.tma_tile(d, causal, min(sq, skv), extras)
+        name = _C.launch_variant(p)
+        assert name.startswith("flash_fwd_tma_") and tiles[name] == (t.block_m, t.block_n, t.num_warps), (
+            d, causal, sq, skv, extras, name)
 
 
 def test_kernels_load_on_this_gpu():

@@ -53,11 +53,15 @@ case "${1:-}" in
     ;;
   extra)
     # The build from `tests` is reused (the machine stayed warm); memcheck over the GPU suite but
-    # the 10 000-run and >2^31-element tests, then racecheck over the direct-kernel tests.
-    TOOLS=memcheck timeout "${MEMCHECK_S:-400}" bash tools/gpu_sanitize.sh -m gpu tests \
-      -k "not 10000_runs and not past_2_31" -n "${SANITIZE_WORKERS:-8}" --dist load 2>&1 | tail -12
-    TOOLS=racecheck timeout "${RACECHECK_S:-150}" bash tools/gpu_sanitize.sh -m gpu \
-      tests/test_cuda_kernel.py -k "not past_2_31" -n "${SANITIZE_WORKERS:-8}" --dist load 2>&1 | tail -8
+    # the 10 000-run and >2^31-element tests, and at the same time racecheck over the
+    # direct-kernel tests (the sanitizers are mostly host-bound: together they fit one call).
+    . tools/gpu_env.sh
+    TOOLS=memcheck timeout "${MEMCHECK_S:-540}" bash tools/gpu_sanitize.sh -m gpu tests \
+      -k "not 10000_runs and not past_2_31" -n "${SANITIZE_WORKERS:-7}" --dist load > "$OUT/memcheck.txt" 2>&1 &
+    TOOLS=racecheck timeout "${RACECHECK_S:-540}" bash tools/gpu_sanitize.sh -m gpu \
+      tests/test_cuda_kernel.py -k "not past_2_31" -n "${SANITIZE_WORKERS:-7}" --dist load > "$OUT/racecheck.txt" 2>&1 &
+    wait
+    tail -12 "$OUT/memcheck.txt"; tail -8 "$OUT/racecheck.txt"
     ;;
   tune)
     (cd aot && timeout "${TUNE_S:-400}" python3 tune.py --tma --dtypes fp16 --out "$OUT/tune-tma.json" 2>&1 \
