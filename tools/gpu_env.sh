@@ -2,7 +2,7 @@
 # from the repository root: installs the carried onnxruntime-gpu (.ortgpu0-4) into /tmp/ortsite
 # once (all five parts must be there; before they are, only the direct-kernel tests can run),
 # points the build at the carried ORT headers (.orth) and sm_90, and unpacks the optional
-# .gpucache (tools/stage_gpu_cache.sh): compiled cubins and the model exports CI made.
+# .gpucache and .gpumodels (tools/stage_gpu_cache.sh): compiled cubins, the model exports CI made.
 if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null; then
   if [ "$(ls .ortgpu?/part 2>/dev/null | wc -l)" -eq 5 ]; then
     w=/tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl; cat .ortgpu?/part > $w && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite $w || exit 1
@@ -16,8 +16,8 @@ if [ -f .gpucache/aot90.tgz ]; then
   mkdir -p /tmp/ort_flash_cache/aot && tar xzf .gpucache/aot90.tgz -C /tmp/ort_flash_cache/aot
 fi
 [ -d /tmp/ort_flash_cache/aot ] && export ORT_FLASH_CACHE_DIR=/tmp/ort_flash_cache
-if [ -f .gpucache/models-fp16.tgz ]; then
-  mkdir -p /tmp/ort_flash_prebuilt && tar xzf .gpucache/models-fp16.tgz -C /tmp/ort_flash_prebuilt
+if [ -f .gpumodels/models-fp16.tgz ]; then
+  mkdir -p /tmp/ort_flash_prebuilt && tar xzf .gpumodels/models-fp16.tgz -C /tmp/ort_flash_prebuilt
 fi
 [ -d /tmp/ort_flash_prebuilt ] && export ORT_FLASH_MODEL_PREBUILT=/tmp/ort_flash_prebuilt
 # The editable install of ort_flash with this machine's Python (the AOT build; log in $OUT/build.log).

@@ -15,7 +15,7 @@
 #                                     # (tools/gpu_sanitize.sh)
 #   bash tools/gpu_release.sh tune    # the tile sweeps: aot/tune.py --tma, aot/tune_decode.py
 #
-# Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache (see tools/gpu_session.sh).
+# Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache and .gpumodels (with .ortgpu4).
 # Everything lands in $OUT: logs, bench-{decode,op-full,e2e,decode_e2e}.json, tune-tma.json,
 # tune-decode.json.
 # Set ORT_FLASH_BENCH_COMMIT to the commit under test (the copy on the machine has no history).

@@ -4,7 +4,7 @@
 # Logs land in $OUT. Run from the repository root on the device machine:
 #   bash tools/gpu_session.sh [extra command ...]
 # Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers),
-# optionally .gpucache (tools/stage_gpu_cache.sh: compiled cubins and model exports).
+# optionally .gpucache and .gpumodels (tools/stage_gpu_cache.sh: compiled cubins, model exports).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

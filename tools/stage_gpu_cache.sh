@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Packs, into the git-ignored .gpucache/ (carry it in a `run` call of its own, ~55 MB):
-# - aot90.tgz: this machine's compiled sm_90 cubins for the current kernel sources (from the AOT
+# Packs, into git-ignored folders to carry in `run` calls (64 MiB a call, the tree included):
+# - .gpucache/aot90.tgz (~40 MB; a call of its own with .orth): this machine's compiled sm_90 cubins for the current kernel sources (from the AOT
 #   cache, filled by a local `ORT_FLASH_CUDA_ARCHS=90` build), so the GPU machine's build
 #   (tools/gpu_session.sh, tools/bench_gpu.sh) skips the Triton compile;
-# - models-fp16.tgz: the fp16 model-family exports of the model cache (python models/coverage.py
+# - .gpumodels/models-fp16.tgz (~18 MB; fits beside the last, smallest onnxruntime-gpu part,
+#   .ortgpu4): the fp16 model-family exports of the model cache (python models/coverage.py
 #   or the CPU tests fill it), so the CUDA family tests verify exactly the files CI exported
 #   (ORT_FLASH_MODEL_PREBUILT) instead of re-exporting with the GPU machine's torch.
 set -euo pipefail
@@ -22,12 +23,12 @@ missing=0
 for k in $keys; do [ -f "$cache/$k/kernel.cubin" ] || missing=$((missing + 1)); done
 [ "$missing" -eq 0 ] || { echo "$missing sm_90 kernels are not in $cache: build with ORT_FLASH_CUDA_ARCHS=90 first"; exit 1; }
 exclude=$(git rev-parse --git-path info/exclude)
-grep -qx '/.gpucache/' "$exclude" 2>/dev/null || echo '/.gpucache/' >>"$exclude"
-mkdir -p .gpucache
+for d in /.gpucache/ /.gpumodels/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"; done
+mkdir -p .gpucache .gpumodels
 (cd "$cache" && tar czf - $keys) > .gpucache/aot90.tgz
 echo "packed $(echo $keys | wc -w) sm_90 kernels: .gpucache/aot90.tgz ($(du -h .gpucache/aot90.tgz | cut -f1))"
 models=${ORT_FLASH_MODEL_CACHE:-$HOME/.cache/ort_flash/models}
 if ls "$models"/*-fp16-*.* >/dev/null 2>&1; then
-  (cd "$models" && tar czf - *-fp16-*.onnx *-fp16-*.failed 2>/dev/null) > .gpucache/models-fp16.tgz
-  echo "packed $(cd "$models" && ls *-fp16-* | wc -l) fp16 model exports: .gpucache/models-fp16.tgz ($(du -h .gpucache/models-fp16.tgz | cut -f1))"
+  (cd "$models" && tar czf - *-fp16-*.onnx *-fp16-*.failed 2>/dev/null) > .gpumodels/models-fp16.tgz
+  echo "packed $(cd "$models" && ls *-fp16-* | wc -l) fp16 model exports: .gpumodels/models-fp16.tgz ($(du -h .gpumodels/models-fp16.tgz | cut -f1))"
 fi
