@@ -50,14 +50,16 @@ MASK_KEYS_HEAD_DIMS = (64, 128)
 # length up to the next matching entry's (the length is the shorter side, so a short chunk
 # against a long cache keeps the small-BLOCK_M tile and its larger grid).
 # aot/tune.py --tma over the op grid on the H200 (fp16, Triton 3.6, 2026-12-01,
-# docs/tune-tma-grid.json; docs/perf-notes.md, v5). Each is one more cubin per dtype; the C++
+# docs/tune-tma-grid.json; docs/perf-notes.md, v5); d128's large tile starts at 8192 for both
+# flags (the sweep favoured it from 2048 non-causal, by 0-4 % in ONNX Runtime for fp16 and
+# -4 to -7 % for bf16 at 2048-4096, so there it stays on the small tile). Each is one more cubin per dtype; the C++
 # dispatcher reads the ranges from the generated table (KernelEntry::tile_causal, tile_min_len),
 # so they are stated here only. The extras variants (windows, softcap, nonpad_kv_seqlen) keep one
 # tile, the short non-causal one: d128's (128, 128) tile spills with them (255 registers, 24 B of
 # stack).
 TMA_TILES = {
     64: ((0, 0, (128, 64, 8, 3)), (1, 0, (64, 64, 4, 2)), (-1, 8192, (64, 128, 4, 2))),
-    128: ((-1, 0, (64, 64, 4, 3)), (0, 2048, (128, 128, 8, 3)), (1, 8192, (128, 128, 8, 3))),
+    128: ((-1, 0, (64, 64, 4, 3)), (-1, 8192, (128, 128, 8, 3))),
 }
 
 
