@@ -49,11 +49,27 @@ def test_fused_op_runs_on_cuda_provider():
     assert fa == {"CUDAExecutionProvider": 2}, placed
 
 
+def _tf32_attention(q, k, v):
+    """Attention (B, H, S, D) as TF32 dots compute it, in float64 otherwise: the dot operands
+    (Q, K; the unnormalized probabilities and V) keep 10 mantissa bits, the low 13 bits dropped
+    (the tensor cores read fp32 operands that way, truncating rather than rounding)."""
+    import numpy as np
+
+    def tf32(x):
+        return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+    s = tf32(q) @ tf32(k).swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (tf32(p) @ tf32(v)) / p.sum(-1, keepdims=True)
+
+
 @pytest.mark.parametrize("shape", [dict(sq=113, skv=203, d=64), dict(sq=1, skv=1500, d=128)],
                          ids=["prefill", "decode"])
 def test_fp32_tf32_opt_in_on_cuda(shape):
     """fp32 stays IEEE-accurate by default; fp32_precision="tf32" (the rewriter's opt-in) runs the
-    TF32 cubins: a different result, within the error of 10-bit-mantissa inputs (fp16's)."""
+    TF32 cubins: a different result, within the error of 10-bit-mantissa inputs: the larger of
+    fp16's and that of truncated TF32 operands (_tf32_attention; fp16's alone was a bound the
+    truncation exceeded once: seed 2311126310, 0.00254 against 0.00211)."""
     import secrets
 
     import numpy as np
@@ -77,7 +93,8 @@ def test_fp32_tf32_opt_in_on_cuda(shape):
     err_tf32 = float(np.abs(tf32 - ref).max())
     ctx = f"seed={seed} {shape}"
     assert err_ieee <= 1e-5, f"{ctx}: IEEE fp32 error {err_ieee:.3g}"
-    assert err_tf32 <= error_bound(ref, half, 1e-3), f"{ctx}: TF32 error {err_tf32:.3g}"
+    bound = max(error_bound(ref, half, 1e-3), error_bound(ref, _tf32_attention(*(feeds[n] for n in "QKV")), 1e-3))
+    assert err_tf32 <= bound, f"{ctx}: TF32 error {err_tf32:.3g} > {bound:.3g}"
     if shape["sq"] > 16:  # the decode kernel uses IEEE dots for fp32 always (memory-bound anyway)
         assert not np.array_equal(ieee, tf32), f"{ctx}: the TF32 opt-in gave IEEE results"
     else:
