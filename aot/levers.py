@@ -147,6 +147,25 @@ PERSISTENT_TILES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st, WS=Fa
                     for m, n, w, st in ((128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 4, 2))]
 
 
+def _cases(args):
+    """The shapes of a run (B·N = 16k tokens, hidden 2048, fp16), causal and not, with fresh
+    inputs, an output buffer, the LSE buffer and torch SDPA's answer."""
+    for d, s in itertools.product(map(int, args.head_dims.split(",")), map(int, args.seqs.split(","))):
+        h, b = 2048 // d, max(1, 16384 // s)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        y = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        for causal in (False, True):
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            yield d, s, b, h, causal, flops, q, k, v, y, lse, ref
+
+
+def _as_cfg(tile) -> dict:
+    return dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
+                num_stages=tile.num_stages)
+
+
 def _bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -156,42 +175,33 @@ def persistent(args) -> int:
     kernel at the same tiles (so only the schedule differs), beside the shipped TMA kernel at its
     tile: 1 or 2 CTAs per SM, head-major (longest first) or head-by-head order."""
     results = []
-    for d, s in itertools.product(map(int, args.head_dims.split(",")), map(int, args.seqs.split(","))):
-        h, b = 2048 // d, max(1, 16384 // s)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
-        y = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        for causal in (False, True):
-            flops = 4 * b * h * s * s * d / (2 if causal else 1)
-            ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            tile = tma_tile(d, causal, s)
-            shipped = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
-                           num_stages=tile.num_stages)
-            ms = _bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped, tma=True))
-            rows = [dict(kernel="flash_fwd TMA (shipped)", tile=str(shipped), tflops=flops / ms / 1e9)]
-            runs = [("grid", cfg, None, None) for cfg in PERSISTENT_TILES]
-            runs += [("persistent", cfg, n, hm) for cfg in PERSISTENT_TILES for n in (1, 2) for hm in (True, False)]
-            for kind, cfg, n, hm in runs:
-                fn = ((lambda: run_desc(q, k, v, y, causal, cfg)) if kind == "grid" else
-                      (lambda: run_persistent(q, k, v, y, causal, cfg, n, hm)))
-                try:
-                    y.fill_(float("nan"))
-                    fn()
-                    err = float((y - ref).abs().max())
-                    if not err < 2e-2:
-                        print(f"  WRONG {kind} {cfg} {n} {hm}: max error {err}", file=sys.stderr)
-                        continue
-                    ms = _bench(fn)
-                except Exception as e:  # noqa: BLE001 - unsupported config / out of resources
-                    print(f"  skip {kind} {cfg}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+    for d, s, b, h, causal, flops, q, k, v, y, lse, ref in _cases(args):
+        shipped = _as_cfg(tma_tile(d, causal, s))
+        ms = _bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped, tma=True))
+        rows = [dict(kernel="flash_fwd TMA (shipped)", tile=str(shipped), tflops=flops / ms / 1e9)]
+        runs = [("grid", cfg, None, None) for cfg in PERSISTENT_TILES]
+        runs += [("persistent", cfg, n, hm) for cfg in PERSISTENT_TILES for n in (1, 2) for hm in (True, False)]
+        for kind, cfg, n, hm in runs:
+            fn = ((lambda: run_desc(q, k, v, y, causal, cfg)) if kind == "grid" else
+                  (lambda: run_persistent(q, k, v, y, causal, cfg, n, hm)))
+            try:
+                y.fill_(float("nan"))
+                fn()
+                err = float((y - ref).abs().max())
+                if not err < 2e-2:
+                    print(f"  WRONG {kind} {cfg} {n} {hm}: max error {err}", file=sys.stderr)
                     continue
-                label = kind if kind == "grid" else f"persistent x{n} {'head-major' if hm else 'by head'}"
-                rows.append(dict(kernel=label, tile=str(cfg), tflops=flops / ms / 1e9, max_err=err))
-            print(f"d{d} S{s} B{b} H{h} causal={int(causal)}:", flush=True)
-            for r in rows:
-                print(f"   {r['kernel']:<28} {r['tile']:<70} {r['tflops']:4.0f}", flush=True)
-            results.append(dict(head_dim=d, seq=s, batch=b, heads=h, causal=causal, rows=rows))
-            save(args.out, results)
+                ms = _bench(fn)
+            except Exception as e:  # noqa: BLE001 - unsupported config / out of resources
+                print(f"  skip {kind} {cfg}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+                continue
+            label = kind if kind == "grid" else f"persistent x{n} {'head-major' if hm else 'by head'}"
+            rows.append(dict(kernel=label, tile=str(cfg), tflops=flops / ms / 1e9, max_err=err))
+        print(f"d{d} S{s} B{b} H{h} causal={int(causal)}:", flush=True)
+        for r in rows:
+            print(f"   {r['kernel']:<28} {r['tile']:<70} {r['tflops']:4.0f}", flush=True)
+        results.append(dict(head_dim=d, seq=s, batch=b, heads=h, causal=causal, rows=rows))
+        save(args.out, results)
     return 0
 
 
@@ -207,40 +217,30 @@ def main(argv=None) -> int:
     if args.persistent:
         return persistent(args)
     results = []
-    for d, s in itertools.product(map(int, args.head_dims.split(",")), map(int, args.seqs.split(","))):
-        h, b = 2048 // d, max(1, 16384 // s)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
-        y = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        for causal in (False, True):
-            flops = 4 * b * h * s * s * d / (2 if causal else 1)
-            ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            tile = get_fwd_config(90, Variant("fp16", d, True, "none", False, "tf32"))
-            shipped = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
-                           num_stages=tile.num_stages)
-            ms = triton.testing.do_bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped),
-                                         warmup=25, rep=100, return_mode="median")
-            rows = [dict(kernel="flash_fwd (shipped)", tile=str(tile), tflops=flops / ms / 1e9,
-                         max_err=float((y - ref).abs().max()))]
-            for cfg in CANDIDATES:
-                try:
-                    y.fill_(float("nan"))
-                    run_desc(q, k, v, y, causal, cfg)
-                    err = float((y - ref).abs().max())
-                    ms = triton.testing.do_bench(lambda: run_desc(q, k, v, y, causal, cfg),
-                                                 warmup=25, rep=100, return_mode="median")
-                except Exception as e:  # noqa: BLE001 - unsupported config / out of resources
-                    print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
-                    continue
-                rows.append(dict(kernel="desc+ws" if cfg["WS"] else "desc", tile=str(cfg),
-                                 tflops=flops / ms / 1e9, max_err=err))
-            rows.sort(key=lambda r: -r["tflops"])
-            ship = next(r for r in rows if r["kernel"].startswith("flash_fwd"))
-            print(f"d{d} S{s} B{b} H{h} causal={int(causal)}: shipped {ship['tflops']:.0f} TFLOP/s; "
-                  + "; ".join(f"{r['kernel']} {r['tflops']:.0f} (err {r['max_err']:.1e}) {r['tile']}"
-                              for r in rows[:3]), flush=True)
-            results.append(dict(head_dim=d, seq=s, batch=b, heads=h, causal=causal, rows=rows))
-            save(args.out, results)  # after each shape: a timeout keeps what was measured
+    for d, s, b, h, causal, flops, q, k, v, y, lse, ref in _cases(args):
+        tile = get_fwd_config(90, Variant("fp16", d, True, "none", False, "tf32"))
+        shipped = _as_cfg(tile)
+        ms = _bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped))
+        rows = [dict(kernel="flash_fwd (shipped)", tile=str(tile), tflops=flops / ms / 1e9,
+                     max_err=float((y - ref).abs().max()))]
+        for cfg in CANDIDATES:
+            try:
+                y.fill_(float("nan"))
+                run_desc(q, k, v, y, causal, cfg)
+                err = float((y - ref).abs().max())
+                ms = _bench(lambda: run_desc(q, k, v, y, causal, cfg))
+            except Exception as e:  # noqa: BLE001 - unsupported config / out of resources
+                print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+                continue
+            rows.append(dict(kernel="desc+ws" if cfg["WS"] else "desc", tile=str(cfg),
+                             tflops=flops / ms / 1e9, max_err=err))
+        rows.sort(key=lambda r: -r["tflops"])
+        ship = next(r for r in rows if r["kernel"].startswith("flash_fwd"))
+        print(f"d{d} S{s} B{b} H{h} causal={int(causal)}: shipped {ship['tflops']:.0f} TFLOP/s; "
+              + "; ".join(f"{r['kernel']} {r['tflops']:.0f} (err {r['max_err']:.1e}) {r['tile']}"
+                          for r in rows[:3]), flush=True)
+        results.append(dict(head_dim=d, seq=s, batch=b, heads=h, causal=causal, rows=rows))
+        save(args.out, results)  # after each shape: a timeout keeps what was measured
     return 0
 
 
