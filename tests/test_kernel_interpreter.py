@@ -56,6 +56,12 @@ CASES = [
     # A static cache's tail past nonpad_kv_seqlen holds NaN: it must not reach the output.
     dict(tma=True, b=2, hq=2, hkv=2, sq=9, skv=64, d=64, causal=True, lens=[30, 0], nan_tail=True),
     dict(b=2, hq=2, hkv=2, sq=9, skv=64, d=64, causal=True, lens=[30, 5], nan_tail=True, layout="bshd"),
+    # Tiles of other aspect ratios (bm x bn), as the per-length TMA tiles have (aot/variants.py
+    # TMA_TILES: (64, 128) and (128, 64) beside square ones): the causal diagonal then crosses a
+    # key block part way, or spans several.
+    dict(tma=True, bm=16, bn=32, b=1, hq=2, hkv=1, sq=70, skv=75, d=64, causal=True, offset=5),
+    dict(tma=True, bm=32, bn=16, b=1, hq=2, hkv=2, sq=45, skv=70, d=64, causal=True, offset=25, layout="bshd"),
+    dict(bm=32, bn=32, b=1, hq=2, hkv=2, sq=70, skv=90, d=64),
 ]
 
 
@@ -95,7 +101,7 @@ def check_case(case):
     from ort_flash.reference import attention_reference
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
                   lens=None, dtype="float16", kernel="fwd", splits=1, tma=False, layout="bhsd",
-                  nan_tail=False), **case)
+                  nan_tail=False, bm=16, bn=16), **case)
     rng = np.random.default_rng()
     b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
     dv = c["dv"] or d
@@ -143,7 +149,8 @@ def check_case(case):
     if c["lens"]:
         kw["nonpad_kv_seqlen"] = np.array(c["lens"], dtype=np.int64)
     extras = c["window"] != (-1, -1) or c["softcap"] > 0 or c["lens"] is not None
-    common = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=bd, BLOCK_DV=bd, EVEN_D=(d == bd and dv == bd),
+    bm, bn = c["bm"], c["bn"]
+    common = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd, EVEN_D=(d == bd and dv == bd),
                   MASK_KIND=mask_kind, EXTRAS=extras,
                   DOT_PRECISION="ieee" if c["dtype"] == "float32" else "tf32")
     fwd_only = dict(MASK_KEYS=True) if mask_keys else {}
@@ -160,11 +167,11 @@ def check_case(case):
         def desc(t, rows):
             return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
 
-        kernel[(triton.cdiv(sq, 16), b * hq)](
-            desc(q, 16), desc(kq, 16), desc(vq, 16), desc(y, 16), lse, mask, lens, 1 / math.sqrt(d),
+        kernel[(triton.cdiv(sq, bm), b * hq)](
+            desc(q, bm), desc(kq, bn), desc(vq, bn), desc(y, bm), lse, mask, lens, 1 / math.sqrt(d),
             c["softcap"], *scalars, *strides, **common, **fwd_only, TMA=True)
     elif c["kernel"] == "fwd":
-        kernel[(triton.cdiv(sq, 16), b * hq)](
+        kernel[(triton.cdiv(sq, bm), b * hq)](
             q, kq, vq, y, lse, mask, lens, 1 / math.sqrt(d), c["softcap"], *scalars, *strides, **common,
             **fwd_only)
     else:
