@@ -34,8 +34,8 @@ import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from tune import bench, save, tile_dict  # noqa: E402
 from tune import launch as launch_shipped  # noqa: E402
-from tune import save  # noqa: E402
 from variants import Variant, get_fwd_config, tma_tile  # noqa: E402
 
 
@@ -161,23 +161,14 @@ def _cases(args):
             yield d, s, b, h, causal, flops, q, k, v, y, lse, ref
 
 
-def _as_cfg(tile) -> dict:
-    return dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
-                num_stages=tile.num_stages)
-
-
-def _bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
 def persistent(args) -> int:
     """The persistent grid against the one-CTA-per-block grid, both on the minimal descriptor
     kernel at the same tiles (so only the schedule differs), beside the shipped TMA kernel at its
     tile: 1 or 2 CTAs per SM, head-major (longest first) or head-by-head order."""
     results = []
     for d, s, b, h, causal, flops, q, k, v, y, lse, ref in _cases(args):
-        shipped = _as_cfg(tma_tile(d, causal, s))
-        ms = _bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped, tma=True))
+        shipped = tile_dict(tma_tile(d, causal, s))
+        ms = bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped, tma=True))
         rows = [dict(kernel="flash_fwd TMA (shipped)", tile=str(shipped), tflops=flops / ms / 1e9)]
         runs = [("grid", cfg, None, None) for cfg in PERSISTENT_TILES]
         runs += [("persistent", cfg, n, hm) for cfg in PERSISTENT_TILES for n in (1, 2) for hm in (True, False)]
@@ -191,7 +182,7 @@ def persistent(args) -> int:
                 if not err < 2e-2:
                     print(f"  WRONG {kind} {cfg} {n} {hm}: max error {err}", file=sys.stderr)
                     continue
-                ms = _bench(fn)
+                ms = bench(fn)
             except Exception as e:  # noqa: BLE001 - unsupported config / out of resources
                 print(f"  skip {kind} {cfg}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
                 continue
@@ -219,8 +210,8 @@ def main(argv=None) -> int:
     results = []
     for d, s, b, h, causal, flops, q, k, v, y, lse, ref in _cases(args):
         tile = get_fwd_config(90, Variant("fp16", d, True, "none", False, "tf32"))
-        shipped = _as_cfg(tile)
-        ms = _bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped))
+        shipped = tile_dict(tile)
+        ms = bench(lambda: launch_shipped(q, k, v, y, lse, causal, shipped))
         rows = [dict(kernel="flash_fwd (shipped)", tile=str(tile), tflops=flops / ms / 1e9,
                      max_err=float((y - ref).abs().max()))]
         for cfg in CANDIDATES:
@@ -228,7 +219,7 @@ def main(argv=None) -> int:
                 y.fill_(float("nan"))
                 run_desc(q, k, v, y, causal, cfg)
                 err = float((y - ref).abs().max())
-                ms = _bench(lambda: run_desc(q, k, v, y, causal, cfg))
+                ms = bench(lambda: run_desc(q, k, v, y, causal, cfg))
             except Exception as e:  # noqa: BLE001 - unsupported config / out of resources
                 print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
                 continue

@@ -77,14 +77,23 @@ def save(path, results: list) -> None:
     Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
 
 
+def bench(fn) -> float:
+    """Median milliseconds of fn: triton.testing.do_bench, 25 ms of warm-up, 100 ms of runs
+    (also used by aot/levers.py)."""
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def tile_dict(t) -> dict:
+    """A variants.TileConfig as the launch keywords `launch` takes (also used by aot/levers.py)."""
+    return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+
+
 def _shipped(dt: str, d: int, kind: str, mask: str = "none", mask_keys: bool = False, causal: bool = False,
              skv: int = 0) -> dict:
     from variants import Variant, get_fwd_config, tma_tile
     if kind == "fwd_tma" and mask == "none":
-        t = tma_tile(d, causal, skv)
-    else:
-        t = get_fwd_config(90, Variant(dt, d, True, mask, False, "tf32", kind, mask_keys))
-    return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+        return tile_dict(tma_tile(d, causal, skv))
+    return tile_dict(get_fwd_config(90, Variant(dt, d, True, mask, False, "tf32", kind, mask_keys)))
 
 
 # Spill-free on sm_90 by the compiler's resource report (cuobjdump -res-usage) for both mask
@@ -114,9 +123,8 @@ def masked(args) -> int:
         flops = 4 * b * h * s * s * d
         sdpa = {}
         for label, mask in (("none", None), ("add (B,1,S,S)", full), ("add (B,1,1,S)", keys)):
-            sdpa[label] = flops / triton.testing.do_bench(
-                lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
-                warmup=25, rep=100, return_mode="median") / 1e9
+            sdpa[label] = flops / bench(
+                lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)) / 1e9
         runs = [("none", None, False, False, "none"), ("none", None, True, False, "none"),
                 ("add (B,1,S,S)", full, False, False, "add"), ("add (B,1,1,S)", keys, False, False, "add"),
                 ("add (B,1,1,S)", keys, False, True, "add"), ("add (B,1,1,S)", keys, True, True, "add")]
@@ -133,8 +141,7 @@ def masked(args) -> int:
                     if not err < 2e-2:
                         print(f"  WRONG {label} {cfg}: max error {err}", file=sys.stderr)
                         continue
-                    ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, False, cfg, tma, mask, mk),
-                                                 warmup=25, rep=100, return_mode="median")
+                    ms = bench(lambda: launch(q, k, v, y, lse, False, cfg, tma, mask, mk))
                 except Exception as e:  # noqa: BLE001 - out of resources
                     print(f"  skip {label} {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
                     continue
@@ -183,8 +190,7 @@ def main(argv=None) -> int:
                         if not err < 2e-2:
                             print(f"  WRONG {cfg}: max error {err}", file=sys.stderr)
                             continue
-                    ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, causal, cfg, args.tma),
-                                                 warmup=25, rep=100, return_mode="median")
+                    ms = bench(lambda: launch(q, k, v, y, lse, causal, cfg, args.tma))
                 except Exception as e:  # out of shared memory, etc.
                     print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
                     continue
@@ -195,19 +201,14 @@ def main(argv=None) -> int:
                        best=best, tflops=best_tflops, all=[dict(cfg, tflops=t) for t, cfg in timed])
             extra = ""
             if args.tma:  # the pointer kernel at its shipped tile, and the winner over (B, S, H, D)
-                from variants import Variant, get_fwd_config
-                tile = get_fwd_config(90, Variant(dt, d, True, "none", False, "tf32"))
-                shipped = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
-                               num_stages=tile.num_stages)
-                ms = triton.testing.do_bench(lambda: launch(q, k, v, y, lse, causal, shipped),
-                                             warmup=25, rep=100, return_mode="median")
+                shipped = _shipped(dt, d, "fwd")
+                ms = bench(lambda: launch(q, k, v, y, lse, causal, shipped))
                 row["pointer_kernel_tflops"] = flops / ms / 1e9
                 qs, ks, vs, ys = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, y))
                 ys.fill_(float("nan"))
                 launch(qs, ks, vs, ys, lse, causal, best, tma=True)
                 row["bshd_max_err"] = float((ys.float() - ref.float()).abs().max())
-                ms = triton.testing.do_bench(lambda: launch(qs, ks, vs, ys, lse, causal, best, True),
-                                             warmup=25, rep=100, return_mode="median")
+                ms = bench(lambda: launch(qs, ks, vs, ys, lse, causal, best, True))
                 row["bshd_tflops"] = flops / ms / 1e9
                 extra = (f"; pointer kernel {row['pointer_kernel_tflops']:.0f}; (B,S,H,D) "
                          f"{row['bshd_tflops']:.0f} (err {row['bshd_max_err']:.1e})")
