@@ -14,7 +14,7 @@ through that table, so the launcher never restates them.
 
 Tiles are for Triton 3.6 (the pinned version). The sm_90 fp16/bf16 tiles for head dims 64 and
 128 come from aot/tune.py on the H200 (docs/perf-notes.md), and the unmasked TMA kernels have
-one per (causal, key-length bucket) (TMA_TILES); the rest are chosen by hand to fit shared
+one per (causal, sequence-length bucket) (TMA_TILES); the rest are chosen by hand to fit shared
 memory and have not been tuned.
 """
 from __future__ import annotations
@@ -50,11 +50,11 @@ MASK_KEYS_HEAD_DIMS = (64, 128)
 # length up to the next matching entry's (the length is the shorter side, so a short chunk
 # against a long cache keeps the small-BLOCK_M tile and its larger grid).
 # aot/tune.py --tma over the op grid on the H200 (fp16, Triton 3.6, 2026-12-01,
-# docs/tune-tma-grid.json; docs/perf-notes.md, v5); d128's large tile starts at 8192 for both
-# flags (the sweep favoured it from 2048 non-causal, by 0-4 % in ONNX Runtime for fp16 and
-# -4 to -7 % for bf16 at 2048-4096, so there it stays on the small tile). Each is one more cubin per dtype; the C++
-# dispatcher reads the ranges from the generated table (KernelEntry::tile_causal, tile_min_len),
-# so they are stated here only. The extras variants (windows, softcap, nonpad_kv_seqlen) keep one
+# docs/tune-tma-grid.json; docs/perf-notes.md, v5). d128's large tile starts at 8192 for both
+# flags: the sweep favoured it from 2048 non-causal, but at 2048-4096 it measured +0-1 % for
+# fp16 and -4 to -7 % for bf16 in ONNX Runtime, so there the small tile stays. Each entry is one
+# more cubin per dtype; the C++ dispatcher reads the ranges from the generated table
+# (KernelEntry::tile_causal, tile_min_len), so they are stated here only. The extras variants (windows, softcap, nonpad_kv_seqlen) keep one
 # tile, the short non-causal one: d128's (128, 128) tile spills with them (255 registers, 24 B of
 # stack).
 TMA_TILES = {
@@ -103,7 +103,7 @@ class TileConfig:
 
 def get_fwd_config(arch: int, v: Variant) -> TileConfig:
     """Tile table per (arch, kind, dtype, head dim), and for the unmasked TMA kernels per causal
-    flag and key length (TMA_TILES)."""
+    flag and sequence length (TMA_TILES)."""
     if v.kind == "combine":
         return TileConfig(1, 16, 4 if v.head_dim >= 128 else 2, 1)  # block_n: splits per step
     if v.kind == "decode":

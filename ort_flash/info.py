@@ -60,7 +60,7 @@ def format_info() -> str:
                      "causal or not, no/bool/additive mask, windows, softcap, nonpad_kv_seqlen")
     for (name, arch), dims in sorted(tma.items()):
         lines.append(f"  {name:22s} TMA tensor descriptors on sm_{arch} for head dims "
-                     f"{', '.join(map(str, sorted(dims)))}, a tile per causal flag and key length "
+                     f"{', '.join(map(str, sorted(dims)))}, a tile per causal flag and sequence length "
                      "(16-byte aligned views; ORT_FLASH_TMA=0 turns them off)")
     for name, dims in sorted(keys.items()):
         lines.append(f"  {name:22s} key-vector masks ((B, 1, 1, S) padding: query stride 0) read once per key "

@@ -10,9 +10,9 @@
 #   bash tools/gpu_release.sh op      # the op benchmark's whole grid (N 512 ... 16k, fp16 + bf16)
 #   bash tools/gpu_release.sh bench   # end to end and the LLaMA-style decode step end to end
 #                                     # (4 layers)
-#   bash tools/gpu_release.sh extra   # compute-sanitizer: memcheck on the GPU suite (8 pytest
-#                                     # workers), racecheck on the direct-kernel tests
-#                                     # (tools/gpu_sanitize.sh)
+#   bash tools/gpu_release.sh extra   # compute-sanitizer side by side (tools/gpu_sanitize.sh,
+#                                     # 7 pytest workers each): memcheck on the GPU suite,
+#                                     # racecheck on the direct-kernel tests
 #   bash tools/gpu_release.sh tune    # the tile sweeps: aot/tune.py --tma, aot/tune_decode.py
 #
 # Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache and .gpumodels (with .ortgpu4).

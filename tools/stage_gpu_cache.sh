@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs, into git-ignored folders to carry in `run` calls (64 MiB a call, the tree included):
-# - .gpucache/aot90.tgz (~40 MB; a call of its own with .orth): this machine's compiled sm_90 cubins for the current kernel sources (from the AOT
-#   cache, filled by a local `ORT_FLASH_CUDA_ARCHS=90` build), so the GPU machine's build
+# - .gpucache/aot90.tgz (~40 MB; a call of its own with .orth): this machine's compiled sm_90
+#   cubins for the current kernel sources (from the AOT cache, filled by a local
+#   `ORT_FLASH_CUDA_ARCHS=90` build), so the GPU machine's build
 #   (tools/gpu_session.sh, tools/bench_gpu.sh) skips the Triton compile;
 # - .gpumodels/models-fp16.tgz (~18 MB; fits beside the last, smallest onnxruntime-gpu part,
 #   .ortgpu4): the fp16 model-family exports of the model cache (python models/coverage.py
