@@ -50,16 +50,17 @@ MASK_KEYS_HEAD_DIMS = (64, 128)
 # length up to the next matching entry's (the length is the shorter side, so a short chunk
 # against a long cache keeps the small-BLOCK_M tile and its larger grid).
 # aot/tune.py --tma over the op grid on the H200 (fp16, Triton 3.6, 2026-12-01,
-# docs/tune-tma-grid.json; docs/perf-notes.md, v5). d128's large tile starts at 8192 for both
-# flags: the sweep favoured it from 2048 non-causal, but at 2048-4096 it measured +0-1 % for
-# fp16 and -4 to -7 % for bf16 in ONNX Runtime, so there the small tile stays. Each entry is one
-# more cubin per dtype; the C++ dispatcher reads the ranges from the generated table
-# (KernelEntry::tile_causal, tile_min_len), so they are stated here only. The extras variants (windows, softcap, nonpad_kv_seqlen) keep one
+# docs/tune-tma-grid.json; docs/perf-notes.md, v5). d128 non-causal at 2048-4096, where the sweep
+# favoured the (128, 128) tile by 2-4 %, measured +0-1 % for fp16 and -4 to -7 % for bf16 in
+# ONNX Runtime against the one-tile build's run two days before: to re-check in one A/B run.
+# Each entry is one more cubin per dtype; the C++ dispatcher reads the ranges from the generated
+# table (KernelEntry::tile_causal, tile_min_len), so they are stated here only. The extras
+# variants (windows, softcap, nonpad_kv_seqlen) keep one
 # tile, the short non-causal one: d128's (128, 128) tile spills with them (255 registers, 24 B of
 # stack).
 TMA_TILES = {
     64: ((0, 0, (128, 64, 8, 3)), (1, 0, (64, 64, 4, 2)), (-1, 8192, (64, 128, 4, 2))),
-    128: ((-1, 0, (64, 64, 4, 3)), (-1, 8192, (128, 128, 8, 3))),
+    128: ((-1, 0, (64, 64, 4, 3)), (0, 2048, (128, 128, 8, 3)), (1, 8192, (128, 128, 8, 3))),
 }
 
 

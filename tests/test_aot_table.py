@@ -134,8 +134,8 @@ def test_tma_tile_table_is_a_partition():
     T = v.TileConfig
     assert v.tma_tile(64, True, 512) == T(64, 64, 4, 2) and v.tma_tile(64, False, 512) == T(128, 64, 8, 3)
     assert v.tma_tile(64, True, 16384) == v.tma_tile(64, False, 8192) == T(64, 128, 4, 2)
-    assert v.tma_tile(128, False, 4096) == v.tma_tile(128, True, 4096) == T(64, 64, 4, 3)
-    assert v.tma_tile(128, False, 8192) == v.tma_tile(128, True, 8192) == T(128, 128, 8, 3)
+    assert v.tma_tile(128, False, 1024) == v.tma_tile(128, True, 4096) == T(64, 64, 4, 3)
+    assert v.tma_tile(128, False, 2048) == v.tma_tile(128, True, 8192) == T(128, 128, 8, 3)
     assert v.tma_tile(128, True, 8192, extras=True) == T(64, 64, 4, 3)
 
 

@@ -44,10 +44,10 @@ CASES = [
     dict(b=1, hq=2, hkv=2, sq=70, skv=130, d=256, mask="bool_keys", causal=True),
     # Unmasked shapes long enough for the long-sequence TMA tiles on sm_90 (aot/variants.py
     # TMA_TILES; test_tma_tiles checks which cubin each takes): causal at a key offset of 100
-    # with GQA, non-causal d64, non-causal d128 in the 3-D layout, causal d128.
+    # with GQA, non-causal d64, d128 from 2048 in the 3-D layout, causal d128.
     dict(b=1, hq=2, hkv=1, sq=8200, skv=8300, d=64, causal=True, offset=100),
     dict(b=1, hq=1, hkv=1, sq=8211, skv=8250, d=64),
-    dict(b=1, hq=2, hkv=1, sq=8200, skv=8229, d=128, layout="bshd"),
+    dict(b=2, hq=4, hkv=2, sq=2100, skv=2101, d=128, layout="bshd"),
     dict(b=1, hq=1, hkv=1, sq=8193, skv=8193, d=128, causal=True),
     # Decode shapes (split-KV kernel + combine; launch_plan below checks the dispatch).
     dict(b=1, hq=32, hkv=8, sq=1, skv=8191, d=128, causal=True),
