@@ -79,6 +79,8 @@ def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
             sig[name] = mask_t
         elif name == "SeqlensK":
             sig[name] = "*i64"
+        elif name == "Counter":
+            sig[name] = "*i32"
         elif name in ("scale", "softcap"):
             sig[name] = "fp32"
         elif name.startswith("stride_"):

@@ -8,8 +8,15 @@ its KV head alone (a GQA group reads the same K/V Hq / Hkv times). Here:
   (row r is query head hk * group + r % group, query r // group), so K/V are read once per group.
 - **Split KV**: the key range a row block sees is cut into `num_splits` BLOCK_N-aligned chunks,
   one CTA each (grid: (num_splits, B * Hkv, cdiv(group * Sq, BLOCK_M))). Each writes its partial
-  softmax-normalized output and natural-log LSE in fp32; `flash_decode_combine` merges them with
-  the online-softmax rescaling. With one split the partial is final and is written directly.
+  softmax-normalized output and natural-log LSE in fp32, merged with the online-softmax
+  rescaling. With one split the partial is final and is written directly.
+- **The merge**: with `fused` set, in the split kernel itself: each CTA counts its arrival on
+  its row block's counter (`Counter`, one int32 per (b, KV head, row block)), and the CTA that
+  arrives last merges every split's partial, in split order (so the result does not depend on
+  which CTA is last), writes Y and Lse and resets the counter to zero for the next launch. The
+  counters must be zero at launch and no two launches may use them at once: the launcher keeps
+  one set per CUDA stream (cpp/cuda_launch.cc). Without `fused`, `flash_decode_combine` merges
+  them in a second launch.
 
 The scoring, masks, windows, softcap, per-batch key lengths and fully masked rows follow
 flash_fwd.py exactly (it is the same `_attend` loop); only the row mapping and the key range
@@ -23,10 +30,10 @@ from flash_fwd import MASK_ADD, _attend, _visibility
 
 @triton.jit
 def flash_decode_split(
-    Q, K, V, Y, Lse, Mask, SeqlensK, OPart, LsePart,
+    Q, K, V, Y, Lse, Mask, SeqlensK, OPart, LsePart, Counter,
     scale, softcap,
     Hq, group, Sq, Skv, D, Dv, offset, causal, window_left, window_right, mask_len, has_seqlens,
-    store_lse, num_splits,
+    store_lse, num_splits, fused,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -118,8 +125,55 @@ def flash_decode_split(
             tl.store(Lse + flat, lse, mask=row_ok)
     else:
         part = flat * num_splits + split
-        tl.store(OPart + part[:, None] * Dv + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok)
+        # Row stride Dv (== BLOCK_DV when EVEN_D: a constant, so the accesses vectorize).
+        part_dv = BLOCK_DV if EVEN_D else Dv
+        o_ok = row_ok[:, None] if EVEN_D else row_ok[:, None] & dv_ok
+        tl.store(OPart + part[:, None] * part_dv + offs_dv[None, :], out, mask=o_ok)
         tl.store(LsePart + part, lse, mask=row_ok)
+        if fused != 0:
+            # Every thread's partial stores are issued before the arrival (the barrier), and the
+            # arrival releases them at GPU scope; the last CTA's arrival acquires everyone's.
+            tl.debug_barrier()
+            counter = Counter + pid_bk * tl.num_programs(2) + pid_m
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                _merge_splits(OPart, LsePart, Y, Lse, flat, b64, h64, s64, row_ok, offs_dv, dv_ok,
+                              part_dv, num_splits, store_lse, stride_yb, stride_yh, stride_ym, EVEN_D)
+
+
+@triton.jit
+def _merge_splits(OPart, LsePart, Y, Lse, flat, b64, h64, s64, row_ok, offs_dv, dv_ok,
+                  Dv, num_splits, store_lse, stride_yb, stride_yh, stride_ym, EVEN_D: tl.constexpr):
+    """Y = sum_i w_i O_i / sum_i w_i, w_i = exp(lse_i - max), over the splits in order, for the
+    rows of one block (the fused merge; flash_decode_combine computes the same per row). The
+    partials come from other SMs, so they are read from L2 (.cg), never a stale L1 line; four
+    splits per step keep four loads in flight."""
+    m = tl.full(flat.shape, float("-inf"), dtype=tl.float32)
+    wsum = tl.zeros(flat.shape, dtype=tl.float32)
+    acc = tl.zeros([flat.shape[0], offs_dv.shape[0]], dtype=tl.float32)
+    for start in range(0, num_splits, 4):
+        for j in tl.static_range(4):
+            ok = row_ok & (start + j < num_splits)
+            part = flat * num_splits + start + j
+            ls = tl.load(LsePart + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            o_ok = ok[:, None] if EVEN_D else ok[:, None] & dv_ok
+            o = tl.load(OPart + part[:, None] * Dv + offs_dv[None, :], mask=o_ok, other=0.0,
+                        cache_modifier=".cg")
+            m_new = tl.maximum(m, ls)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_safe)
+            w = tl.exp(ls - m_safe)
+            acc = acc * alpha[:, None] + o * w[:, None]
+            wsum = wsum * alpha + w
+            m = m_new
+    out = acc / tl.where(wsum == 0.0, 1.0, wsum)[:, None]
+    y_ptrs = Y + b64 * stride_yb + h64[:, None] * stride_yh + s64[:, None] * stride_ym + offs_dv[None, :]
+    tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None] if EVEN_D else row_ok[:, None] & dv_ok)
+    if store_lse != 0:
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        lse_all = tl.where(wsum == 0.0, float("-inf"), m_safe + tl.log(wsum))
+        tl.store(Lse + flat, lse_all, mask=row_ok)
 
 
 @triton.jit

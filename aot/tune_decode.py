@@ -52,21 +52,26 @@ def choose_splits(groups: int, skv: int, block_n: int, sms: int) -> int:
     return best
 
 
-def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None):
+def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None, counter=None):
     """Split + combine; `seqlens` (int64 (B,) on the device) takes the EXTRAS variant with
-    nonpad_kv_seqlen, as the op runs a static cache."""
+    nonpad_kv_seqlen, as the op runs a static cache; `counter` (int32, zeros, one per row block)
+    merges in the split kernel (the fused merge) instead of the combine kernel."""
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     dummy = torch.empty(1, dtype=torch.int8, device=q.device)
     lens = seqlens if seqlens is not None else torch.empty(1, dtype=torch.int64, device=q.device)
+    fused = counter is not None and splits > 1
+    if counter is None:
+        counter = torch.empty(1, dtype=torch.int32, device=q.device)
     kern = flash_decode_split[(splits, b * hkv, triton.cdiv(sq * hq // hkv, BLOCK_M))](
-        q, k, v, y, lse, dummy, lens, opart, lpart, 1.0 / math.sqrt(d), 0.0,
+        q, k, v, y, lse, dummy, lens, opart, lpart, counter, 1.0 / math.sqrt(d), 0.0,
         hq, hq // hkv, sq, skv, d, d, skv - sq, 1, -1, -1, skv, int(seqlens is not None), 1, splits,
+        int(fused),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
         MASK_KIND=0, EXTRAS=seqlens is not None, DOT_PRECISION="tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if splits > 1 and combine:
+    if splits > 1 and combine and not fused:
         flash_decode_combine[(b * hq * sq,)](opart, lpart, y, lse, hq, sq, d, splits, 1,
                                              *y.stride()[:3], BLOCK_DV=d, BLOCK_S=COMBINE_BLOCK_S,
                                              num_warps=4)
@@ -128,11 +133,22 @@ def sweep(args) -> int:
             splits = rule(shipped)
             out = {}
             three = dict(shipped, num_stages=3)
-            for name, cfg, n, nonpad in (("jit", shipped, splits, False), ("jit_nonpad", shipped, splits, True),
-                                         ("jit3_nonpad", three, splits, True),
-                                         ("jit3_nonpad_2x", three, min(2 * splits, MAX_SPLITS), True)):
-                out[name] = timed([lambda s_=s_, l_=l_, cfg=cfg, n=n, nonpad=nonpad: run(
-                    *s_, opart, lpart, n, cfg, seqlens=l_ if nonpad else None) for s_, l_ in zip(sets, lens)])
+            counter = torch.zeros(groups, dtype=torch.int32, device="cuda")
+            for name, cfg, n, nonpad, fuse in (
+                    ("jit", shipped, splits, False, False), ("jit_nonpad", shipped, splits, True, False),
+                    ("jit_fused", shipped, splits, False, True), ("jit_fused_nonpad", shipped, splits, True, True),
+                    ("jit_fused_nonpad_2x", shipped, min(2 * splits, MAX_SPLITS), True, True),
+                    ("jit3_fused_nonpad", three, splits, True, True),
+                    ("jit_split_only", shipped, splits, True, False)):
+                y.fill_(float("nan"))
+                run(*sets[0], opart, lpart, n, cfg, seqlens=lens[0] if nonpad else None,
+                    counter=counter if fuse else None)
+                out[name + "_err"] = float((y.float() - ref).abs().max())
+                alone = name == "jit_split_only"
+                out[name] = timed([lambda s_=s_, l_=l_, cfg=cfg, n=n, nonpad=nonpad, fuse=fuse, alone=alone: run(
+                    *s_, opart, lpart, n, cfg, seqlens=l_ if nonpad else None, counter=counter if fuse else None,
+                    combine=not alone) for s_, l_ in zip(sets, lens)])
+            assert not counter.any(), "fused merge left a counter non-zero"
             from ort_flash import _C
 
             def params(s_, lens_):
@@ -154,7 +170,8 @@ def sweep(args) -> int:
                 out[name] = timed([lambda p=p: _C.run_cuda(p, torch.cuda.current_stream().cuda_stream) for p in ps])
             row.update(splits=splits, compare=out)
             print(f"B{b} L{skv}: cuDNN {cudnn_us:.1f} us; {splits} splits: "
-                  + ", ".join(f"{k} {v:.1f} ({tb(v):.2f} TB/s)" for k, v in out.items())
+                  + ", ".join(f"{k} {v:.1f} ({tb(v):.2f} TB/s)" for k, v in out.items() if not k.endswith("_err"))
+                  + f"; max err {max(v for k, v in out.items() if k.endswith('_err')):.1e}"
                   + f"; plans {row['aot_plan']} {row['aot_nonpad_plan']}", flush=True)
         elif args.tiles:
             for cfg in TILE_CANDIDATES:

@@ -41,6 +41,7 @@ Status load() {
       {"cuMemcpy2DAsync_v2", reinterpret_cast<void**>(&d.cuMemcpy2DAsync)},
       {"cuMemsetD8Async", reinterpret_cast<void**>(&d.cuMemsetD8Async)},
       {"cuMemAllocAsync", reinterpret_cast<void**>(&d.cuMemAllocAsync)},
+      {"cuMemAlloc_v2", reinterpret_cast<void**>(&d.cuMemAlloc)},
       {"cuMemFreeAsync", reinterpret_cast<void**>(&d.cuMemFreeAsync)},
   };
   for (const Entry& e : entries) {

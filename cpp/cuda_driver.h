@@ -74,6 +74,7 @@ struct CudaDriver {
   CUresult (*cuMemcpy2DAsync)(const CUDA_MEMCPY2D*, CUstream);
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, size_t, CUstream);  // stream-ordered (CUDA 11.2+)
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
   // Optional (null on drivers before CUDA 12): then the TMA kernels are not used.
   CUresult (*cuTensorMapEncodeTiled)(CUtensorMap*, int data_type, uint32_t rank, void* address,

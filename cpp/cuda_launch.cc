@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernel_registry.h"
@@ -27,6 +30,48 @@ int64_t decode_splits_override() {
     return (end && *end == 0 && n >= 0) ? static_cast<int64_t>(n) : static_cast<int64_t>(-1);
   }();
   return v;
+}
+
+// ORT_FLASH_FUSED_COMBINE=0 merges the split-KV partials in their own kernel (A/B comparisons).
+bool fused_combine_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("ORT_FLASH_FUSED_COMBINE");
+    return !(e && std::string(e) == "0");
+  }();
+  return v;
+}
+
+// The arrival counters the split kernel's fused merge uses on `stream`, or 0 (the merge then
+// runs as its own kernel). The counters must be zero at launch, and no two launches may use one
+// set at once. One set per (context, stream): launches on one stream run one after another, the
+// last CTA of each row block resets its counter, and a set is zeroed on the stream before its
+// first use. Concurrent runs of ONNX Runtime use different streams, so different sets; a CUDA
+// graph replays its launches on the stream it was captured on or on one serialized with it (ORT
+// replays its graphs on the capturing stream). A stream first seen while it is capturing gets
+// none (zeroing it then would land in the graph only), nor do streams past the 64th or calls with
+// more than 4096 row blocks (those fill the GPU unsplit anyway).
+Status stream_counters(const CudaDriver& d, const DeviceKernels& dk, CUstream stream, int64_t needed,
+                       CUdeviceptr* out) {
+  *out = 0;
+  if (!fused_combine_enabled() || !dk.decode_counters || needed > kDecodeCountersPerSlot) return Status::Ok();
+  static std::mutex mutex;
+  static auto* slots = new std::map<std::pair<CUcontext, CUstream>, int>();
+  static auto* used = new std::map<CUcontext, int>();
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(dk.context, stream);
+  auto it = slots->find(key);
+  constexpr size_t kSlotBytes = sizeof(int32_t) * static_cast<size_t>(kDecodeCountersPerSlot);
+  if (it == slots->end()) {
+    int capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+    ORT_FLASH_RETURN_IF_ERROR(cuda_check(d.cuStreamIsCapturing(stream, &capturing), "cuStreamIsCapturing"));
+    int& n = (*used)[dk.context];
+    if (capturing != CU_STREAM_CAPTURE_STATUS_NONE || n >= kDecodeCounterSlots) return Status::Ok();
+    ORT_FLASH_RETURN_IF_ERROR(cuda_check(d.cuMemsetD8Async(dk.decode_counters + n * kSlotBytes, 0, kSlotBytes, stream),
+                                         "cuMemsetD8Async (split-KV counters)"));
+    it = slots->emplace(key, n++).first;
+  }
+  *out = dk.decode_counters + static_cast<size_t>(it->second) * kSlotBytes;
+  return Status::Ok();
 }
 
 // ORT_FLASH_TMA=0 keeps the pointer kernels on sm_90 (A/B comparisons, a driver that misbehaves).
@@ -421,24 +466,31 @@ Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const Launch
     const size_t parts = static_cast<size_t>(p.batch * p.hq * p.sq * plan.num_splits);
     lpart = opart + align_up(parts * static_cast<size_t>(p.dv) * 4);
   }
+  const int64_t group = p.hq / p.hkv;
+  const int64_t m_blocks = (p.sq * group + e.block_m - 1) / e.block_m;
+  CUdeviceptr counters = 0;
+  if (plan.num_splits > 1) {
+    ORT_FLASH_RETURN_IF_ERROR(stream_counters(*d, dk, stream, p.batch * p.hkv * m_blocks, &counters));
+  }
   KernelArgs a(p);
   int32_t splits = plan.num_splits;
+  int32_t fused = counters != 0 ? 1 : 0;
   std::vector<void*> args{&a.q, &a.k, &a.v, &a.y};
   a.push_outputs_and_masks(args);
   args.push_back(&opart);
   args.push_back(&lpart);
+  args.push_back(&counters);
   a.push_scalars(args);
   args.push_back(&splits);
+  args.push_back(&fused);
   a.push_strides_and_scratch(args);
   if (args.size() != kDecodeArgCount + 2) return Status::Error("internal error: decode argument count mismatch");
-  const int64_t group = p.hq / p.hkv;
-  const int64_t m_blocks = (p.sq * group + e.block_m - 1) / e.block_m;
   ORT_FLASH_RETURN_IF_ERROR(cuda_check(
       d->cuLaunchKernel(k->function, static_cast<unsigned>(splits), static_cast<unsigned>(p.batch * p.hkv),
                         static_cast<unsigned>(m_blocks), 32 * e.num_warps, 1, 1,
                         static_cast<unsigned>(e.shared), stream, args.data(), nullptr),
       (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str()));
-  if (splits == 1) return Status::Ok();
+  if (splits == 1 || fused) return Status::Ok();
   const KernelEntry& ce = *c->entry;
   const int64_t rows = p.batch * p.hq * p.sq;
   if (rows > INT32_MAX) return Status::Error("batch x heads x queries above 2^31 - 1 are not supported");

@@ -16,8 +16,9 @@ namespace ort_flash {
 using WorkspaceFn = std::function<Status(size_t bytes, void** ptr)>;
 
 // How a call runs: the forward kernel (kFwdTma: its TMA-descriptor twin), or the decode kernel
-// with `num_splits` KV splits (more than one adds the combine kernel and needs `workspace_bytes`
-// of scratch).
+// with `num_splits` KV splits (more than one needs `workspace_bytes` of scratch for the partials;
+// the split kernel merges them itself where the stream has arrival counters, see
+// stream_counters in cuda_launch.cc, else the combine kernel does).
 struct LaunchPlan {
   KernelKind kind = KernelKind::kFwd;
   int num_splits = 1;
@@ -28,7 +29,8 @@ struct LaunchPlan {
 // The dispatcher: the decode kernel when few query rows per KV head (Sq <= 16, GQA group x Sq
 // <= 64) meet a compiled decode variant; split so that waves of one CTA per SM times the key tiles
 // per CTA are fewest, each split at least 128 keys. `can_split` false (no workspace) keeps one
-// split. ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits.
+// split. ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits;
+// ORT_FLASH_FUSED_COMBINE=0 always merges in the combine kernel.
 // Otherwise the forward kernel (its key-vector-mask variant when the mask's query stride is 0),
 // as kFwdTma when the call has no mask or a key-vector one, the build has the TMA twin of the
 // variant (sm_90, fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every

@@ -84,6 +84,11 @@ Status load_into_context(const CudaDriver* d, CUcontext ctx, CUdevice dev, int d
     }
     dk->kernels.push_back({&e, fn});
   }
+  // Never freed, like the modules (1 MiB). A failure here only costs the fused merge.
+  if (d->cuMemAlloc(&dk->decode_counters, sizeof(int32_t) * kDecodeCounterSlots * kDecodeCountersPerSlot) !=
+      CUDA_SUCCESS) {
+    dk->decode_counters = 0;
+  }
   *out = dk.get();
   by_context()[ctx] = std::move(dk);
   return Status::Ok();

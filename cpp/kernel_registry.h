@@ -24,7 +24,14 @@ struct DeviceKernels {
   int table_arch;  // the compiled arch chosen for it
   int sm_count;
   std::vector<LoadedKernel> kernels;
+  // Arrival counters for the split-KV kernel's fused merge (aot/flash_decode.py):
+  // kDecodeCounterSlots sets of kDecodeCountersPerSlot int32, handed out one set per CUDA stream
+  // by cpp/cuda_launch.cc. 0 if the allocation failed: the merge then runs as its own kernel.
+  CUdeviceptr decode_counters = 0;
 };
+
+constexpr int kDecodeCounterSlots = 64;
+constexpr long long kDecodeCountersPerSlot = 4096;
 
 // Loads every kernel compiled for `device`'s arch into its primary context (the one ONNX
 // Runtime's CUDA EP uses). Safe to call from many threads; loads happen once.

@@ -61,7 +61,7 @@ struct KernelEntry {
 constexpr int kLaunchArgCount = 37;   // flash_fwd
 // flash_fwd with TMA: Q, K, V, Y each become the CUtensorMap, 4 dims (i32) and 4 strides (i64).
 constexpr int kTmaLaunchArgCount = kLaunchArgCount + kTmaDescriptors * 8;
-constexpr int kDecodeArgCount = 40;   // flash_decode_split
+constexpr int kDecodeArgCount = 42;   // flash_decode_split
 constexpr int kCombineArgCount = 12;  // flash_decode_combine
 
 const KernelEntry* kernel_table(size_t* count);

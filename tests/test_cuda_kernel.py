@@ -231,6 +231,24 @@ def test_tma_dispatch():
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "fwd", r.stdout + r.stderr
 
 
+def test_decode_combine_kernel_path_matches_reference():
+    """ORT_FLASH_FUSED_COMBINE=0 (read once per process, so in a subprocess): the decode cases
+    above with the split-KV partials merged by the combine kernel instead of the split kernel's
+    last CTA, against the same reference and bounds."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_cuda_kernel as t; "
+            "cases = [c for c in t.CASES if c['sq'] <= 4]; assert len(cases) == 4; "
+            "[t.test_kernel_matches_reference(c, dt) for c in cases for dt in ('float16', 'bfloat16', 'float32')]; "
+            "print('ok', len(cases))")
+    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
+                       text=True, env=dict(os.environ, ORT_FLASH_FUSED_COMBINE="0"), timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok 4", r.stdout[-2000:] + r.stderr[-4000:]
+
+
 def test_tma_tiles():
     """On sm_90 an unmasked TMA call launches the cubin whose tile aot/variants.py's TMA_TILES
     gives for its causal flag and min(Sq, Skv); with extras the one tile those variants have."""

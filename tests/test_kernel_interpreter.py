@@ -1,6 +1,7 @@
 """The Triton kernel sources (aot/flash_fwd.py, aot/flash_decode.py) run by Triton's CPU
 interpreter against the float64 reference: the GPU kernels' logic (phases, bounds, masks, windows,
-softcap, GQA, LSE; for decode the GQA row packing, KV splits and their combine) checked in CI,
+softcap, GQA, LSE; for decode the GQA row packing, KV splits and their merge, in the combine
+kernel and fused into the split kernel) checked in CI,
 where there is no GPU. Small tiles so every phase (left edge, interior, right
 edge) is exercised at small sizes. Each case runs in a subprocess started with
 TRITON_INTERPRET=1 (Triton reads it when it is imported)."""
@@ -43,6 +44,16 @@ CASES = [
     dict(kernel="decode", splits=3, b=1, hq=4, hkv=2, sq=5, skv=80, d=64, window=(20, 0), softcap=4.0),
     dict(kernel="decode", splits=9, b=1, hq=20, hkv=1, sq=1, skv=64, d=64),   # 20 rows: 2 row blocks
     dict(kernel="decode", splits=2, b=1, hq=2, hkv=1, sq=1, skv=77, d=64, dtype="float32"),
+    # The fused merge (the last CTA of each row block merges; as the launcher runs it where the
+    # stream has counters): several row blocks, splits past the merge's 4-split step, a batch
+    # with no keys, masks, softcap, fp32.
+    dict(kernel="decode", fused=True, splits=5, b=2, hq=8, hkv=2, sq=1, skv=150, d=64, causal=True),
+    dict(kernel="decode", fused=True, splits=9, b=1, hq=20, hkv=1, sq=1, skv=64, d=64),
+    dict(kernel="decode", fused=True, splits=4, b=3, hq=4, hkv=1, sq=1, skv=96, d=64, lens=[96, 17, 0]),
+    dict(kernel="decode", fused=True, splits=3, b=1, hq=6, hkv=2, sq=3, skv=101, d=40, dv=24, causal=True),
+    dict(kernel="decode", fused=True, splits=6, b=2, hq=4, hkv=2, sq=2, skv=90, d=64, mask="add", causal=True),
+    dict(kernel="decode", fused=True, splits=3, b=1, hq=4, hkv=2, sq=5, skv=80, d=64, window=(20, 0), softcap=4.0),
+    dict(kernel="decode", fused=True, splits=2, b=1, hq=2, hkv=1, sq=1, skv=77, d=64, dtype="float32"),
     # The TMA variant (sm_90): Q/K/V/Y as (B, H, S, D) tensor descriptors, also over the
     # (B, S, H, D) storage of the 3-D layout; rows past S read as zeros and stores clip per head.
     dict(tma=True, b=2, hq=4, hkv=2, sq=37, skv=53, d=64, layout="bshd"),
@@ -101,7 +112,7 @@ def check_case(case):
     from ort_flash.reference import attention_reference
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
                   lens=None, dtype="float16", kernel="fwd", splits=1, tma=False, layout="bhsd",
-                  nan_tail=False, bm=16, bn=16), **case)
+                  nan_tail=False, bm=16, bn=16, fused=False), **case)
     rng = np.random.default_rng()
     b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
     dv = c["dv"] or d
@@ -179,10 +190,14 @@ def check_case(case):
         # Partials poisoned too: the combine must read only what the split kernel wrote.
         opart = torch.full((b * hq * sq * splits * dv,), float("nan"))
         lpart = torch.full((b * hq * sq * splits,), float("nan"))
-        flash_decode_split[(splits, b * hkv, triton.cdiv(sq * hq // hkv, 16))](
-            q, kq, vq, y, lse, mask, lens, opart, lpart, 1 / math.sqrt(d), c["softcap"], *scalars, splits,
-            *strides, **common)
-        if splits > 1:
+        m_blocks = triton.cdiv(sq * hq // hkv, 16)
+        # Fused: the last CTA of each row block merges; the counters start and must end at zero.
+        counter = torch.zeros(b * hkv * m_blocks, dtype=torch.int32)
+        flash_decode_split[(splits, b * hkv, m_blocks)](
+            q, kq, vq, y, lse, mask, lens, opart, lpart, counter, 1 / math.sqrt(d), c["softcap"], *scalars,
+            splits, int(c["fused"]), *strides, **common)
+        assert not counter.any(), counter
+        if splits > 1 and not c["fused"]:
             flash_decode_combine[(b * hq * sq,)](opart, lpart, y, lse, hq, sq, dv, splits, 1,
                                                  *y.stride()[:3], BLOCK_DV=bd, BLOCK_S=4)
     qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
