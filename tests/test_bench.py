@@ -9,7 +9,7 @@ import math
 import pytest
 
 from ort_flash.bench import (
-    cpu_suite, decode_e2e_suite, decode_peers, decode_suite, op_peers, op_suite, results, targets,
+    cpu_suite, decode_e2e_suite, decode_peers, decode_suite, onnx_graphs, op_peers, op_suite, results, targets,
 )
 from ort_flash.bench.measure import Context, add_ratios
 from ort_flash.bench.tensors import rotation_sets
@@ -76,6 +76,32 @@ def test_decode_peers_compute_attention_on_cpu():
         assert by[name]["ref_err"] < 1e-4, by[name]
         assert by[name]["kv_tbps"] > 0
     assert "ref_err" not in by["ort_mha"]  # MHA is not causal here: timed, not compared
+
+
+def test_decode_layered_peers_time_one_node_of_a_multi_node_run(monkeypatch):
+    """With CUDA graphs the decode suite runs ort_flash, ort_gqa and ort_mha as a model of many
+    copies of their node (a model's layers), node j of run i on input set (i + j) mod sets, and
+    reports a node's share; forced here on the CPU at 3 copies: every copy must compute the
+    function on its own set, and the time is divided by the copies."""
+    import onnx
+
+    one = onnx_graphs.flash_attention("float32", {"Q": 4, "K": 4, "V": 4}, {"Y": 4}, is_causal=1)
+    three = onnx.load_from_string(onnx_graphs.replicate(one, 3))
+    onnx.checker.check_model(three)
+    assert [n.op_type for n in three.graph.node] == ["FlashAttention"] * 3
+    assert [i.name for i in three.graph.input][:4] == ["Q__0", "K__0", "V__0", "Q__1"]
+    assert len({n.name for n in three.graph.node}) == 3
+
+    monkeypatch.setattr(decode_peers, "_layers", lambda ctx: 3)
+    cfg = dict(dtype="float32", hq=4, hkv=2, d=32, batch=2, sq=1, cache=80)
+    peers = {k: v for k, v in decode_peers.peers_for("cpu").items() if k in ("ort_flash", "ort_gqa", "ort_mha")}
+    rows = decode_suite.run_config(_ctx(), cfg, peers, CEILINGS)
+    by = {r["peer"]: r for r in rows}
+    for name in peers:
+        assert by[name]["status"] == "ok", by[name]
+        assert by[name]["layers"] == 3 and by[name]["sets"] >= 2, by[name]
+        assert by[name]["ref_err"] < 1e-4, by[name]
+        assert by[name]["calls"] % 3 == 0, by[name]
 
 
 def test_cli_writes_a_valid_result(tmp_path):

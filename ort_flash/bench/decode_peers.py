@@ -7,11 +7,19 @@ function (bottom-right causal, so for Sq = 1 every key is seen), except MHA wher
 | peer             | what runs                                                                   |
 |------------------|-----------------------------------------------------------------------------|
 | ort_flash        | FlashAttention(Q, K=cache, V=cache, nonpad_kv_seqlen=L), is_causal: reads the cache in place |
+| ort_flash_run    | the same, one node per session run (ONNX Runtime's per-run cost included)    |
 | ort_flash_past   | FlashAttention(Q, K_new, V_new, past_key, past_value) → present_*: the ONNX-standard cache path, which copies the cache into present every step |
 | ort_flash_kernel | the kernel alone through _C (seqlens_k = L)                                 |
 | ort_gqa          | com.microsoft.GroupQueryAttention, past/present sharing one buffer (the cache) |
 | ort_mha          | com.microsoft.MultiHeadAttention with the cache as 4-D BNSH key/value, heads repeated to Hq (MHA has no GQA); not causal |
 | sdpa*            | torch SDPA, enable_gqa, causal_lower_right for Sq > 1                        |
+
+**Layers.** With CUDA graphs, ort_flash, ort_gqa and ort_mha run a model of ``LAYERS`` copies
+of their node (``onnx_graphs.replicate``), node j of graph i reading input set (i + j) mod sets,
+as a model's layers run in one decode step; a row's time is a run's over ``LAYERS``. That is the
+timing class of the torch peers and of ort_flash_kernel (a torch CUDA graph of >= 32 calls):
+device time, no per-run cost spread over one call. ort_flash_run and ort_flash_past keep one node
+per run (ort_flash_past's present copies would not fit ``LAYERS`` times at the large caches).
 """
 from __future__ import annotations
 
@@ -23,6 +31,35 @@ from ort_flash.bench.op_peers import _bnsh_from_bsh, _bsh_from_bnsh
 from ort_flash.bench.ort_session import BoundSession, Unsupported
 from ort_flash.bench.tensors import Buffer
 from ort_flash.bench.torch_calls import SdpaCalls
+
+
+LAYERS = 32  # nodes per session run for the layered peers (the torch graphs' >= 32 calls)
+
+
+def _layers(ctx: Context) -> int:
+    return LAYERS if ctx.cuda_graph and ctx.device == "cuda" else 1
+
+
+def _layered(ctx: Context, model: bytes, feeds: list[dict], outs: list[dict]):
+    """(model, per-run feeds, per-run outputs) with ``_layers(ctx)`` copies of the node: run i's
+    copy j binds set (i + j) mod len(feeds); a set's outputs are shared by the copies reading it
+    (they write the same values, one after another)."""
+    n = _layers(ctx)
+    if n == 1:
+        return model, feeds, outs
+    sets = len(feeds)
+    def bind(per_set: list[dict], i: int) -> dict:
+        return {f"{k}__{j}": v for j in range(n) for k, v in per_set[(i + j) % sets].items()}
+    return (onnx_graphs.replicate(model, n), [bind(feeds, i) for i in range(sets)],
+            [bind(outs, i) for i in range(sets)])
+
+
+def _per_node(run, n: int):
+    """A row for one node of an n-node run: ``measure`` divides by the runner's ``per_run``."""
+    run.per_run = n
+    if n > 1:
+        run.info = dict(getattr(run, "info", None) or {}, layers=n)
+    return run
 
 
 def _session(ctx: Context, model, inputs, outputs, **kw):
@@ -46,15 +83,28 @@ def _slice_seq(t, buf: Buffer, start: int, stop: int) -> Buffer:
     return t.like(buf, lambda x: x[:, :, start:stop])
 
 
-def ort_flash(ctx: Context, cfg: dict, sets: list[dict]):
+def _ort_flash(ctx: Context, cfg: dict, sets: list[dict], layers: int):
     t = ctx.tensors
     ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
     model = onnx_graphs.flash_attention(cfg["dtype"], {"Q": 4, "K": 4, "V": 4, "nonpad_kv_seqlen": 1},
                                         {"Y": 4}, is_causal=1)
-    run = _session(ctx, model, [{"Q": s["q"], "K": s["k"], "V": s["v"], "nonpad_kv_seqlen": s["lens"]}
-                                for s in sets], [{"Y": y} for y in ys], custom_ops=True)
+    feeds = [{"Q": s["q"], "K": s["k"], "V": s["v"], "nonpad_kv_seqlen": s["lens"]} for s in sets]
+    outs = [{"Y": y} for y in ys]
+    if layers > 1:
+        model, feeds, outs = _layered(ctx, model, feeds, outs)
+    run = _per_node(_session(ctx, model, feeds, outs, custom_ops=True), layers)
     run.output = lambda: ys[0].data
     return run
+
+
+def ort_flash(ctx: Context, cfg: dict, sets: list[dict]):
+    return _ort_flash(ctx, cfg, sets, _layers(ctx))
+
+
+def ort_flash_run(ctx: Context, cfg: dict, sets: list[dict]):
+    if _layers(ctx) == 1:
+        raise Unsupported("the same as ort_flash without CUDA graphs (one node per run)")
+    return _ort_flash(ctx, cfg, sets, 1)
 
 
 def ort_flash_past(ctx: Context, cfg: dict, sets: list[dict]):
@@ -102,7 +152,8 @@ def ort_gqa(ctx: Context, cfg: dict, sets: list[dict]):
         outs.append({"output": y, "present_key": s["k"], "present_value": s["v"]})  # shared buffer
         ys.append(y)
     model = onnx_graphs.group_query_attention(cfg["dtype"], cfg["hq"], cfg["hkv"], causal=True)
-    run = _session(ctx, model, feeds, outs)
+    model, feeds, outs = _layered(ctx, model, feeds, outs)
+    run = _per_node(_session(ctx, model, feeds, outs), _layers(ctx))
     run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run
 
@@ -121,7 +172,8 @@ def ort_mha(ctx: Context, cfg: dict, sets: list[dict]):
         outs.append({"output": y})
         ys.append(y)
     model = onnx_graphs.multi_head_attention(cfg["dtype"], cfg["hq"], causal=False, kv_rank=4)
-    run = _session(ctx, model, feeds, outs)
+    model, feeds, outs = _layered(ctx, model, feeds, outs)
+    run = _per_node(_session(ctx, model, feeds, outs), _layers(ctx))
     if cfg["sq"] == 1:  # with more query rows it is not causal, so it computes another function
         run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run
@@ -137,7 +189,7 @@ def sdpa(backend: str):
 
 
 def peers_for(device: str) -> dict:
-    peers = {"ort_flash": ort_flash, "ort_flash_past": ort_flash_past, "ort_flash_kernel": kernel,
+    peers = {"ort_flash": ort_flash, "ort_flash_run": ort_flash_run, "ort_flash_past": ort_flash_past, "ort_flash_kernel": kernel,
              "ort_gqa": ort_gqa, "ort_mha": ort_mha, "sdpa": sdpa("default")}
     if device == "cuda":
         peers.update(sdpa_flash=sdpa("flash"), sdpa_cudnn=sdpa("cudnn"))

@@ -21,7 +21,7 @@ from ort_flash.bench.tensors import rotation_sets
 from ort_flash.bench.workload import kv_read_bytes, tbps
 
 TARGET_S = {False: 0.1, True: 0.05}  # graph replays are steady; many shapes to cover
-PEER_ORDER = ("ort_flash", "ort_flash_past", "ort_flash_kernel", "ort_gqa", "ort_mha", "sdpa",
+PEER_ORDER = ("ort_flash", "ort_flash_run", "ort_flash_past", "ort_flash_kernel", "ort_gqa", "ort_mha", "sdpa",
               "sdpa_flash", "sdpa_cudnn")
 
 

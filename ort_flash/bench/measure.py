@@ -20,7 +20,7 @@ from ort_flash.bench.ort_session import Unsupported
 from ort_flash.bench.tensors import Tensors
 from ort_flash.bench.timers import cuda_graph_calls, time_calls
 
-OURS = ("ort_flash", "ort_flash_kernel", "ort_flash_past")  # every other peer is a competitor
+OURS = ("ort_flash", "ort_flash_run", "ort_flash_kernel", "ort_flash_past")  # every other peer is a competitor
 
 
 @dataclasses.dataclass
@@ -82,7 +82,7 @@ def measure(ctx: Context, name: str, build: Callable[[], object], *, graph_torch
         runner = build()
         ctx.synchronize()  # inputs and poisoned outputs were written on torch's default stream
         runner.check_runs(ctx.synchronize)
-        calls, per_call = runner.calls, 1
+        calls, per_call = runner.calls, getattr(runner, "per_run", 1)  # nodes per run (decode layers)
         mode = ""
         if graph_torch and ctx.stream is not None and getattr(runner, "graphable", True):
             try:
@@ -92,7 +92,7 @@ def measure(ctx: Context, name: str, build: Callable[[], object], *, graph_torch
                 row["note"] = f"CUDA graph capture failed ({str(e).splitlines()[0][:120]}); timed without"
                 ctx.synchronize()
         if getattr(runner, "cuda_graph", False):
-            mode = "+cuda_graph"
+            mode = "+cuda_graph" + (f"({per_call} nodes per run)" if per_call > 1 else "")
         timing = time_calls(calls, ctx.device, stream=ctx.stream, target_s=ctx.target_s,
                             synchronize=ctx.synchronize)
         row.update(status="ok", ms=timing.ms / per_call, spread=timing.spread,

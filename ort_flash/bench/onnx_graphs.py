@@ -7,6 +7,7 @@
 | ``onnx_attention``       | ONNX Attention-23(Q, K, V) on 4-D BNSH                                   |
 | ``unfused_attention``    | MatMul(Q, Transpose(K)) → Mul(scale) [→ Add(mask)] → Softmax → MatMul(V): the exporter's graph |
 | ``group_query_attention``| com.microsoft.GroupQueryAttention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length) |
+| ``replicate``            | N independent copies of any of these in one graph (the decode suite's layers) |
 
 Every dimension is symbolic so one model serves every shape; IR version 10 (onnxruntime 1.31
 loads IR <= 13).
@@ -95,3 +96,40 @@ def group_query_attention(dtype: str, num_heads: int, kv_num_heads: int, causal:
               _vi("seqlens_k", "int32", 1), _vi("total_sequence_length", "int32", shape=[])]
     outputs = [_vi("output", dtype, 3), _vi("present_key", dtype, 4), _vi("present_value", dtype, 4)]
     return _model([node], inputs, outputs, [("com.microsoft", 1), ("", 21)])
+
+
+def replicate(model: bytes, copies: int) -> bytes:
+    """``copies`` independent copies of a model's graph in one model, every input, output and
+    intermediate of copy j renamed ``{name}__{j}``: a one-node model becomes ``copies`` nodes that
+    run one after another in one session run, as a model's layers do (the decode suite times a
+    node's share of such a run, in the same timing class as a torch CUDA graph of many calls)."""
+    import onnx
+
+    src = onnx.load_from_string(model)
+    g = src.graph
+    nodes, inputs, outputs, inits = [], [], [], []
+    for j in range(copies):
+        def rn(name: str, j=j) -> str:
+            return f"{name}__{j}" if name else name
+        for n in g.node:
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.name = rn(n.name or f"{n.op_type}")
+            c.input[:] = [rn(x) for x in n.input]
+            c.output[:] = [rn(x) for x in n.output]
+            nodes.append(c)
+        for vi, dst in ((g.input, inputs), (g.output, outputs)):
+            for v in vi:
+                c = onnx.ValueInfoProto()
+                c.CopyFrom(v)
+                c.name = rn(v.name)
+                dst.append(c)
+        for t in g.initializer:
+            c = onnx.TensorProto()
+            c.CopyFrom(t)
+            c.name = rn(t.name)
+            inits.append(c)
+    graph = helper.make_graph(nodes, g.name, inputs, outputs, initializer=inits)
+    out = helper.make_model(graph, opset_imports=list(src.opset_import))
+    out.ir_version = src.ir_version
+    return out.SerializeToString()
