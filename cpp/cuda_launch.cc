@@ -32,13 +32,29 @@ int64_t decode_splits_override() {
   return v;
 }
 
-// ORT_FLASH_FUSED_COMBINE=0 merges the split-KV partials in their own kernel (A/B comparisons).
-bool fused_combine_enabled() {
-  static const bool v = [] {
+// Where the split kernel merges its own partials (the last CTA of a row block), rather than the
+// combine kernel: that CTA's merge reads the partials four splits per dependent L2 round trip
+// after an arrival atomic, the combine kernel all splits at once after a launch. Measured on the
+// H200 (aot/tune_decode.py --compare, docs/perf-notes.md, decode v4): fused wins at 2 splits (B8
+// 4k 38.1 against 39.2 us, B8 32k 238.3 against 239.6), loses at 16 (B1 4k 15.2 against 13.0,
+// B1 32k 40.4 against 38.6).
+constexpr int kMaxFusedSplits = 4;
+
+// ORT_FLASH_FUSED_COMBINE: unset = fused up to kMaxFusedSplits splits, 0 = never, 1 = always
+// (where the stream has counters); A/B comparisons and the tests of both paths.
+int fused_combine_mode() {
+  static const int v = [] {
     const char* e = std::getenv("ORT_FLASH_FUSED_COMBINE");
-    return !(e && std::string(e) == "0");
+    if (e && std::string(e) == "0") return 0;
+    if (e && std::string(e) == "1") return 1;
+    return -1;
   }();
   return v;
+}
+
+bool fuse_combine(int splits) {
+  const int mode = fused_combine_mode();
+  return splits > 1 && (mode == 1 || (mode < 0 && splits <= kMaxFusedSplits));
 }
 
 // The arrival counters the split kernel's fused merge uses on `stream`, or 0 (the merge then
@@ -53,7 +69,7 @@ bool fused_combine_enabled() {
 Status stream_counters(const CudaDriver& d, const DeviceKernels& dk, CUstream stream, int64_t needed,
                        CUdeviceptr* out) {
   *out = 0;
-  if (!fused_combine_enabled() || !dk.decode_counters || needed > kDecodeCountersPerSlot) return Status::Ok();
+  if (!dk.decode_counters || needed > kDecodeCountersPerSlot) return Status::Ok();
   static std::mutex mutex;
   static auto* slots = new std::map<std::pair<CUcontext, CUstream>, int>();
   static auto* used = new std::map<CUcontext, int>();
@@ -469,7 +485,7 @@ Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const Launch
   const int64_t group = p.hq / p.hkv;
   const int64_t m_blocks = (p.sq * group + e.block_m - 1) / e.block_m;
   CUdeviceptr counters = 0;
-  if (plan.num_splits > 1) {
+  if (fuse_combine(plan.num_splits)) {
     ORT_FLASH_RETURN_IF_ERROR(stream_counters(*d, dk, stream, p.batch * p.hkv * m_blocks, &counters));
   }
   KernelArgs a(p);

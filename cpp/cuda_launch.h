@@ -17,7 +17,7 @@ using WorkspaceFn = std::function<Status(size_t bytes, void** ptr)>;
 
 // How a call runs: the forward kernel (kFwdTma: its TMA-descriptor twin), or the decode kernel
 // with `num_splits` KV splits (more than one needs `workspace_bytes` of scratch for the partials;
-// the split kernel merges them itself where the stream has arrival counters, see
+// up to 4 splits the split kernel merges them itself where the stream has arrival counters, see
 // stream_counters in cuda_launch.cc, else the combine kernel does).
 struct LaunchPlan {
   KernelKind kind = KernelKind::kFwd;
@@ -30,7 +30,7 @@ struct LaunchPlan {
 // <= 64) meet a compiled decode variant; split so that waves of one CTA per SM times the key tiles
 // per CTA are fewest, each split at least 128 keys. `can_split` false (no workspace) keeps one
 // split. ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits;
-// ORT_FLASH_FUSED_COMBINE=0 always merges in the combine kernel.
+// ORT_FLASH_FUSED_COMBINE=0 always merges in the combine kernel, =1 always in the split kernel.
 // Otherwise the forward kernel (its key-vector-mask variant when the mask's query stride is 0),
 // as kFwdTma when the call has no mask or a key-vector one, the build has the TMA twin of the
 // variant (sm_90, fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every

@@ -54,6 +54,8 @@ CASES = [
     dict(b=2, hq=8, hkv=1, sq=4, skv=3000, d=64, causal=True, mask="add"),
     dict(b=3, hq=4, hkv=2, sq=1, skv=2500, d=128, nonpad=True, causal=True, window=(900, 0), softcap=8.0),
     dict(b=1, hq=4, hkv=4, sq=2, skv=1200, d=200, dv=72, mask="bool"),
+    # B x Hkv = 64: two splits, merged in the split kernel by default.
+    dict(b=16, hq=16, hkv=4, sq=1, skv=3001, d=128, nonpad=True, causal=True),
 ]
 
 
@@ -185,6 +187,7 @@ def test_decode_dispatch():
 
     kind, splits, ws = _C.launch_plan(_decode_params(1, 32, 8, 1, 32768, 128))
     assert kind == "decode" and splits > 1 and ws >= 32 * splits * 128 * 4, (kind, splits, ws)
+    assert _C.launch_plan(_decode_params(16, 16, 4, 1, 3001, 128))[:2] == ("decode", 2)  # the fused-merge case
     kind, splits, ws = _C.launch_plan(_decode_params(1, 32, 8, 1, 200, 128))
     assert (kind, splits, ws) == ("decode", 1, 0)  # too short to split
     kind, splits, _ = _C.launch_plan(_decode_params(64, 32, 8, 1, 4096, 128))
@@ -231,22 +234,23 @@ def test_tma_dispatch():
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "fwd", r.stdout + r.stderr
 
 
-def test_decode_combine_kernel_path_matches_reference():
-    """ORT_FLASH_FUSED_COMBINE=0 (read once per process, so in a subprocess): the decode cases
-    above with the split-KV partials merged by the combine kernel instead of the split kernel's
-    last CTA, against the same reference and bounds."""
+@pytest.mark.parametrize("fused", ["0", "1"])
+def test_decode_merge_paths_match_reference(fused):
+    """ORT_FLASH_FUSED_COMBINE (read once per process, so in a subprocess) forcing each merge of
+    the split-KV partials on the decode cases above, whatever their split count: 0 the combine
+    kernel, 1 the split kernel's last CTA; against the same reference and bounds."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_cuda_kernel as t; "
-            "cases = [c for c in t.CASES if c['sq'] <= 4]; assert len(cases) == 4; "
+            "cases = [c for c in t.CASES if c['sq'] <= 4]; assert len(cases) == 5; "
             "[t.test_kernel_matches_reference(c, dt) for c in cases for dt in ('float16', 'bfloat16', 'float32')]; "
             "print('ok', len(cases))")
     r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
-                       text=True, env=dict(os.environ, ORT_FLASH_FUSED_COMBINE="0"), timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok 4", r.stdout[-2000:] + r.stderr[-4000:]
+                       text=True, env=dict(os.environ, ORT_FLASH_FUSED_COMBINE=fused), timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok 5", r.stdout[-2000:] + r.stderr[-4000:]
 
 
 def test_tma_tiles():

@@ -28,9 +28,9 @@ CASES = {
     "past_scratch": (dict(b=2, hq=4, hkv=2, sq=5, skv=5, past=60, d=64, causal=True), ("Y",)),
     "nonpad_window": (dict(b=3, hq=4, hkv=4, sq=33, skv=90, d=96, nonpad=True, window=(20, 0)),
                       ("Y", "softmax_lse")),
-    # Decode against a static cache: split-KV with the merge fused into the split kernel, whose
-    # arrival counters are per stream and must be zero again after every launch.
-    "decode_split": (dict(b=2, hq=16, hkv=4, sq=1, skv=6000, d=128, causal=True, nonpad=True),
+    # Decode against a static cache: B x Hkv 64, so two KV splits merged in the split kernel,
+    # whose arrival counters are per stream and must be zero again after every launch.
+    "decode_split": (dict(b=16, hq=16, hkv=4, sq=1, skv=6000, d=128, causal=True, nonpad=True),
                      ("Y", "softmax_lse")),
 }
 
