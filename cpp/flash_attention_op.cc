@@ -70,6 +70,50 @@ Status FlashAttentionKernel::init(const OrtKernelInfo* info) {
   return Status::Ok();
 }
 
+namespace {
+
+// Device scratch for one run (the KV cache without present outputs, the split-KV partials),
+// allocated on the run's stream through KernelContext_GetScratchBuffer and freed when the run's
+// kernels are queued. Stream-aware: the arena hands a freed chunk to another stream only once
+// this stream's work is done. A plain Alloc is not: with concurrent runs (each on its own
+// stream) one run could be given the chunk while the other's kernels still read it.
+class RunScratch {
+ public:
+  RunScratch(const OrtApi& api, OrtKernelContext* ctx, const OrtMemoryInfo* info)
+      : api_(api), ctx_(ctx), info_(info) {}
+  ~RunScratch() {
+    for (void* p : ptrs_) allocator_->Free(allocator_, p);
+    if (allocator_) api_.ReleaseAllocator(allocator_);
+  }
+  RunScratch(const RunScratch&) = delete;
+  RunScratch& operator=(const RunScratch&) = delete;
+
+  Status alloc(size_t bytes, const char* what, void** out) {
+    *out = nullptr;
+    if (!allocator_) {
+      if (OrtStatus* st = api_.KernelContext_GetAllocator(ctx_, info_, &allocator_)) return error(st, what);
+    }
+    if (OrtStatus* st = api_.KernelContext_GetScratchBuffer(ctx_, info_, bytes, out)) return error(st, what);
+    if (!*out) return Status::Error("cannot allocate " + std::to_string(bytes) + " bytes for " + what);
+    ptrs_.push_back(*out);
+    return Status::Ok();
+  }
+
+ private:
+  Status error(OrtStatus* st, const char* what) {
+    std::string msg = api_.GetErrorMessage(st);
+    api_.ReleaseStatus(st);
+    return Status::Error(std::string("cannot allocate device memory for ") + what + ": " + msg);
+  }
+  const OrtApi& api_;
+  OrtKernelContext* ctx_;
+  const OrtMemoryInfo* info_;
+  OrtAllocator* allocator_ = nullptr;
+  std::vector<void*> ptrs_;
+};
+
+}  // namespace
+
 Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
   InputDesc in[kNumInputs];
   const void* data[kNumInputs] = {};
@@ -110,9 +154,11 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
   int64_t k_in_stride[3], v_in_stride[3];
   seq_strides(dims.rank, dims.hkv, dims.skv_new, dims.d, k_in_stride);
   seq_strides(dims.rank, dims.hkv, dims.skv_new, dims.dv, v_in_stride);
+  std::unique_ptr<RunScratch> device_scratch;  // CUDA runs
   std::unique_ptr<void, std::function<void(void*)>> scratch(nullptr, [this](void* ptr) {
     if (ptr) allocator_->Free(allocator_, ptr);
   });
+  if (cuda_) device_scratch = std::make_unique<RunScratch>(api_, ctx, allocator_->Info(allocator_));
   void* present[2] = {out[kPresentKey], out[kPresentValue]};
   const bool need_present = dims.has_past || present[0] || present[1];
   if (need_present) {
@@ -120,9 +166,15 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
     const size_t vbytes = static_cast<size_t>(dims.batch * dims.hkv * total * dims.dv) * es;
     const size_t want = (dims.has_past && !present[0] ? kbytes : 0) + (dims.has_past && !present[1] ? vbytes : 0);
     if (want) {
-      scratch.reset(allocator_->Alloc(allocator_, want));
-      if (!scratch) return prefix(Status::Error("cannot allocate " + std::to_string(want) + " bytes for the KV cache"));
-      char* s = static_cast<char*>(scratch.get());
+      void* buf = nullptr;
+      if (device_scratch) {
+        ORT_FLASH_RETURN_IF_ERROR(prefix(device_scratch->alloc(want, "the KV cache", &buf)));
+      } else {
+        scratch.reset(allocator_->Alloc(allocator_, want));
+        buf = scratch.get();
+        if (!buf) return prefix(Status::Error("cannot allocate " + std::to_string(want) + " bytes for the KV cache"));
+      }
+      char* s = static_cast<char*>(buf);
       if (!present[0]) { present[0] = s; s += kbytes; }
       if (!present[1]) present[1] = s;
     }
@@ -164,16 +216,9 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
       api_.ReleaseStatus(st);
       return prefix(Status::Error("no CUDA stream from ONNX Runtime: " + msg));
     }
-    // Split-KV partials (decode shapes): from the EP's allocator, like ORT's own scratch; freed
-    // (returned to the arena) after the launch, which is stream-ordered.
-    std::unique_ptr<void, std::function<void(void*)>> workspace(nullptr, [this](void* ptr) {
-      if (ptr) allocator_->Free(allocator_, ptr);
-    });
+    // Split-KV partials (decode shapes): run scratch on this run's stream (see RunScratch).
     auto get_workspace = [&](size_t bytes, void** ptr) -> Status {
-      workspace.reset(allocator_->Alloc(allocator_, bytes));
-      if (!workspace) return Status::Error("cannot allocate " + std::to_string(bytes) + " bytes for split-KV partials");
-      *ptr = workspace.get();
-      return Status::Ok();
+      return device_scratch->alloc(bytes, "split-KV partials", ptr);
     };
     return prefix(launch_flash_cuda(p, static_cast<CUstream>(stream), get_workspace));
   }
