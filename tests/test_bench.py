@@ -92,7 +92,7 @@ def test_decode_layered_peers_time_one_node_of_a_multi_node_run(monkeypatch):
     assert [i.name for i in three.graph.input][:4] == ["Q__0", "K__0", "V__0", "Q__1"]
     assert len({n.name for n in three.graph.node}) == 3
 
-    monkeypatch.setattr(decode_peers, "_layers", lambda ctx: 3)
+    monkeypatch.setattr(decode_peers, "_layers", lambda ctx, cfg: 3)
     cfg = dict(dtype="float32", hq=4, hkv=2, d=32, batch=2, sq=1, cache=80)
     peers = {k: v for k, v in decode_peers.peers_for("cpu").items() if k in ("ort_flash", "ort_gqa", "ort_mha")}
     rows = decode_suite.run_config(_ctx(), cfg, peers, CEILINGS)
@@ -102,6 +102,10 @@ def test_decode_layered_peers_time_one_node_of_a_multi_node_run(monkeypatch):
         assert by[name]["layers"] == 3 and by[name]["sets"] >= 2, by[name]
         assert by[name]["ref_err"] < 1e-4, by[name]
         assert by[name]["calls"] % 3 == 0, by[name]
+    monkeypatch.undo()
+    gpu = Context("cuda", None, None, 0.1, cuda_graph=True)  # _layers reads only these fields
+    for (b, cache), want in (((1, 4096), 32), ((8, 32768), 4), ((16, 131072), 1)):
+        assert decode_peers._layers(gpu, dict(cfg, hkv=8, d=128, dtype="float16", batch=b, cache=cache)) == want
 
 
 def test_cli_writes_a_valid_result(tmp_path):

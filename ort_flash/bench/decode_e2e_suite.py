@@ -207,10 +207,10 @@ def time_variant(ctx: Context, spec, g: dict, variant: str, path, budget: Budget
     info = suite["models"][spec.name]
     note = _fusion_note(spec, info) if variant == "ort_flash" else None
     check = info.get("verify") or {}
-    failed = None
+    failed, failed_at = None, None
     for k, (b, p) in enumerate(configs(g)):
         row = {"config": _config(spec, b, p, g), "peer": variant, "session_s": load_s}
-        if failed:  # a larger cache cannot fare better
+        if failed and b >= failed_at[0] and p >= failed_at[1]:  # as large in batch and cache: fails too
             rows.append(row | {"status": "error", "reason": failed})
             continue
         if not budget.allows(5):
@@ -242,6 +242,7 @@ def time_variant(ctx: Context, spec, g: dict, variant: str, path, budget: Budget
                 row.update(status="mismatch", reason=f"ort_flash.verify against the original failed: {why}")
         except Exception as e:  # noqa: BLE001 - out of memory at long caches is a result
             failed = f"failed at batch {b}, past {p}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}"
+            failed_at = (b, p)
             row.update(status="error", reason=failed)
         rows.append(row)
         timer = sets = None

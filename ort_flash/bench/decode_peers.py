@@ -14,14 +14,17 @@ function (bottom-right causal, so for Sq = 1 every key is seen), except MHA wher
 | ort_mha          | com.microsoft.MultiHeadAttention with the cache as 4-D BNSH key/value, heads repeated to Hq (MHA has no GQA); not causal |
 | sdpa*            | torch SDPA, enable_gqa, causal_lower_right for Sq > 1                        |
 
-**Layers.** With CUDA graphs, ort_flash, ort_gqa and ort_mha run a model of ``LAYERS`` copies
-of their node (``onnx_graphs.replicate``), node j of graph i reading input set (i + j) mod sets,
-as a model's layers run in one decode step; a row's time is a run's over ``LAYERS``. That is the
+**Layers.** With CUDA graphs, ort_flash, ort_gqa and ort_mha run a model of up to ``LAYERS``
+copies of their node (``onnx_graphs.replicate``; fewer at the largest caches, see ``_layers``),
+node j of graph i reading input set (i + j) mod sets, as a model's layers run in one decode
+step; a row's time is a run's over the copies. That is the
 timing class of the torch peers and of ort_flash_kernel (a torch CUDA graph of >= 32 calls):
 device time, no per-run cost spread over one call. ort_flash_run and ort_flash_past keep one node
 per run (ort_flash_past's present copies would not fit ``LAYERS`` times at the large caches).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -31,20 +34,27 @@ from ort_flash.bench.op_peers import _bnsh_from_bsh, _bsh_from_bnsh
 from ort_flash.bench.ort_session import BoundSession, Unsupported
 from ort_flash.bench.tensors import Buffer
 from ort_flash.bench.torch_calls import SdpaCalls
+from ort_flash.bench.workload import kv_read_bytes
 
 
 LAYERS = 32  # nodes per session run for the layered peers (the torch graphs' >= 32 calls)
+RUN_S = 1e-3  # fewer copies where a run of LAYERS would last longer than this at 4 TB/s
 
 
-def _layers(ctx: Context) -> int:
-    return LAYERS if ctx.cuda_graph and ctx.device == "cuda" else 1
+def _layers(ctx: Context, cfg: dict) -> int:
+    """Copies of the node per run: LAYERS, fewer where the calls are long enough that a run of
+    about RUN_S spreads ONNX Runtime's per-run cost (~2 us) as thin (down to 1 from a few GB of
+    cache: 32-copy runs of 60 ms there measured a 21 % spread, ort_flash_run 1 %)."""
+    if not (ctx.cuda_graph and ctx.device == "cuda"):
+        return 1
+    call_s = kv_read_bytes(cfg["batch"], cfg["hkv"], cfg["cache"], cfg["d"], cfg["dtype"]) / 4e12
+    return max(1, min(LAYERS, math.ceil(RUN_S / call_s)))
 
 
-def _layered(ctx: Context, model: bytes, feeds: list[dict], outs: list[dict]):
-    """(model, per-run feeds, per-run outputs) with ``_layers(ctx)`` copies of the node: run i's
-    copy j binds set (i + j) mod len(feeds); a set's outputs are shared by the copies reading it
-    (they write the same values, one after another)."""
-    n = _layers(ctx)
+def _layered(n: int, model: bytes, feeds: list[dict], outs: list[dict]):
+    """(model, per-run feeds, per-run outputs) with ``n`` copies of the node: run i's copy j
+    binds set (i + j) mod len(feeds); a set's outputs are shared by the copies reading it (they
+    write the same values, one after another)."""
     if n == 1:
         return model, feeds, outs
     sets = len(feeds)
@@ -91,19 +101,19 @@ def _ort_flash(ctx: Context, cfg: dict, sets: list[dict], layers: int):
     feeds = [{"Q": s["q"], "K": s["k"], "V": s["v"], "nonpad_kv_seqlen": s["lens"]} for s in sets]
     outs = [{"Y": y} for y in ys]
     if layers > 1:
-        model, feeds, outs = _layered(ctx, model, feeds, outs)
+        model, feeds, outs = _layered(layers, model, feeds, outs)
     run = _per_node(_session(ctx, model, feeds, outs, custom_ops=True), layers)
     run.output = lambda: ys[0].data
     return run
 
 
 def ort_flash(ctx: Context, cfg: dict, sets: list[dict]):
-    return _ort_flash(ctx, cfg, sets, _layers(ctx))
+    return _ort_flash(ctx, cfg, sets, _layers(ctx, cfg))
 
 
 def ort_flash_run(ctx: Context, cfg: dict, sets: list[dict]):
-    if _layers(ctx) == 1:
-        raise Unsupported("the same as ort_flash without CUDA graphs (one node per run)")
+    if _layers(ctx, cfg) == 1:
+        raise Unsupported("the same as ort_flash here (one node per run)")
     return _ort_flash(ctx, cfg, sets, 1)
 
 
@@ -152,8 +162,8 @@ def ort_gqa(ctx: Context, cfg: dict, sets: list[dict]):
         outs.append({"output": y, "present_key": s["k"], "present_value": s["v"]})  # shared buffer
         ys.append(y)
     model = onnx_graphs.group_query_attention(cfg["dtype"], cfg["hq"], cfg["hkv"], causal=True)
-    model, feeds, outs = _layered(ctx, model, feeds, outs)
-    run = _per_node(_session(ctx, model, feeds, outs), _layers(ctx))
+    model, feeds, outs = _layered(_layers(ctx, cfg), model, feeds, outs)
+    run = _per_node(_session(ctx, model, feeds, outs), _layers(ctx, cfg))
     run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run
 
@@ -172,8 +182,8 @@ def ort_mha(ctx: Context, cfg: dict, sets: list[dict]):
         outs.append({"output": y})
         ys.append(y)
     model = onnx_graphs.multi_head_attention(cfg["dtype"], cfg["hq"], causal=False, kv_rank=4)
-    model, feeds, outs = _layered(ctx, model, feeds, outs)
-    run = _per_node(_session(ctx, model, feeds, outs), _layers(ctx))
+    model, feeds, outs = _layered(_layers(ctx, cfg), model, feeds, outs)
+    run = _per_node(_session(ctx, model, feeds, outs), _layers(ctx, cfg))
     if cfg["sq"] == 1:  # with more query rows it is not causal, so it computes another function
         run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run

@@ -47,11 +47,13 @@ METHOD = """\
 - **Rates**: TFLOP/s = 4·B·H·Sq·Skv·D / t, halved when causal; KV bandwidth = bytes of K and V /
   t; *of ceiling* divides by the 8192³ matmul rate in the row's dtype or the device-to-device
   copy bandwidth (bytes read + written), both measured at the start of the same run.
-- **Decode timing classes**: ORT-session peers replay ORT's CUDA graph once per `Run` (ORT's
-  host overhead included where it exceeds the kernel, as a user pays it); torch SDPA and the
-  kernel alone replay one torch CUDA graph holding ≥ 32 calls (device time only). Compare
-  *ours/best* (the op in ORT) with that in mind at the smallest caches; *kernel/best* is device
-  time against the best competitor.
+- **Decode timing classes**: every peer is timed as device time in a CUDA graph of ≥ 32 calls:
+  torch SDPA and the kernel alone replay one torch CUDA graph holding ≥ 32 calls; `ort_flash`,
+  `ort_gqa` and `ort_mha` run a model of 32 copies of their node (as a model's layers run in
+  one step; ORT's CUDA graph replayed once per `Run`, node j of run i reading input set
+  (i + j) mod sets) and a row is a run's time over 32. `ort_flash_run` is the op one node per
+  `Run`: ONNX Runtime's per-run cost (~1-2.5 µs at B1) included, as a one-node model pays it;
+  `ort_flash_past` too (its present copies would not fit 32 times).
 - **"peer wins"** marks every shape where a competitor is faster than ours."""
 
 
