@@ -49,9 +49,10 @@ METHOD = """\
   copy bandwidth (bytes read + written), both measured at the start of the same run.
 - **Decode timing classes**: every peer is timed as device time in a CUDA graph of ≥ 32 calls:
   torch SDPA and the kernel alone replay one torch CUDA graph holding ≥ 32 calls; `ort_flash`,
-  `ort_gqa` and `ort_mha` run a model of 32 copies of their node (as a model's layers run in
-  one step; ORT's CUDA graph replayed once per `Run`, node j of run i reading input set
-  (i + j) mod sets) and a row is a run's time over 32. `ort_flash_run` is the op one node per
+  `ort_gqa` and `ort_mha` run a model of up to 32 copies of their node (as a model's layers run
+  in one step; ORT's CUDA graph replayed once per `Run`, node j of run i reading input set
+  (i + j) mod sets; each row's JSON records its `layers`) and a row is a run's time over the
+  copies. `ort_flash_run` is the op one node per
   `Run`: ONNX Runtime's per-run cost (~1-2.5 µs at B1) included, as a one-node model pays it;
   `ort_flash_past` too (its present copies would not fit 32 times).
 - **"peer wins"** marks every shape where a competitor is faster than ours."""
