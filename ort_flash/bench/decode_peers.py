@@ -64,8 +64,10 @@ def _layered(n: int, model: bytes, feeds: list[dict], outs: list[dict]):
             [bind(outs, i) for i in range(sets)])
 
 
-def _per_node(run, n: int):
-    """A row for one node of an n-node run: ``measure`` divides by the runner's ``per_run``."""
+def _layered_session(ctx: Context, n: int, model: bytes, feeds: list[dict], outs: list[dict], **kw):
+    """``_session`` over ``n`` copies of the model's node (``_layered``), timed per node:
+    ``measure`` divides a run's time by the runner's ``per_run``."""
+    run = _session(ctx, *_layered(n, model, feeds, outs), **kw)
     run.per_run = n
     if n > 1:
         run.info = dict(getattr(run, "info", None) or {}, layers=n)
@@ -100,9 +102,7 @@ def _ort_flash(ctx: Context, cfg: dict, sets: list[dict], layers: int):
                                         {"Y": 4}, is_causal=1)
     feeds = [{"Q": s["q"], "K": s["k"], "V": s["v"], "nonpad_kv_seqlen": s["lens"]} for s in sets]
     outs = [{"Y": y} for y in ys]
-    if layers > 1:
-        model, feeds, outs = _layered(layers, model, feeds, outs)
-    run = _per_node(_session(ctx, model, feeds, outs, custom_ops=True), layers)
+    run = _layered_session(ctx, layers, model, feeds, outs, custom_ops=True)
     run.output = lambda: ys[0].data
     return run
 
@@ -162,8 +162,7 @@ def ort_gqa(ctx: Context, cfg: dict, sets: list[dict]):
         outs.append({"output": y, "present_key": s["k"], "present_value": s["v"]})  # shared buffer
         ys.append(y)
     model = onnx_graphs.group_query_attention(cfg["dtype"], cfg["hq"], cfg["hkv"], causal=True)
-    model, feeds, outs = _layered(_layers(ctx, cfg), model, feeds, outs)
-    run = _per_node(_session(ctx, model, feeds, outs), _layers(ctx, cfg))
+    run = _layered_session(ctx, _layers(ctx, cfg), model, feeds, outs)
     run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run
 
@@ -182,8 +181,7 @@ def ort_mha(ctx: Context, cfg: dict, sets: list[dict]):
         outs.append({"output": y})
         ys.append(y)
     model = onnx_graphs.multi_head_attention(cfg["dtype"], cfg["hq"], causal=False, kv_rank=4)
-    model, feeds, outs = _layered(_layers(ctx, cfg), model, feeds, outs)
-    run = _per_node(_session(ctx, model, feeds, outs), _layers(ctx, cfg))
+    run = _layered_session(ctx, _layers(ctx, cfg), model, feeds, outs)
     if cfg["sq"] == 1:  # with more query rows it is not causal, so it computes another function
         run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run
@@ -199,8 +197,8 @@ def sdpa(backend: str):
 
 
 def peers_for(device: str) -> dict:
-    peers = {"ort_flash": ort_flash, "ort_flash_run": ort_flash_run, "ort_flash_past": ort_flash_past, "ort_flash_kernel": kernel,
-             "ort_gqa": ort_gqa, "ort_mha": ort_mha, "sdpa": sdpa("default")}
+    peers = {"ort_flash": ort_flash, "ort_flash_run": ort_flash_run, "ort_flash_past": ort_flash_past,
+             "ort_flash_kernel": kernel, "ort_gqa": ort_gqa, "ort_mha": ort_mha, "sdpa": sdpa("default")}
     if device == "cuda":
         peers.update(sdpa_flash=sdpa("flash"), sdpa_cudnn=sdpa("cudnn"))
     return peers
