@@ -92,18 +92,23 @@ def flash_decode_split(
     pos = s_row + off
     m_base = Mask + b64 * stride_mb + h64[:, None] * stride_mh + s64[:, None] * stride_mm
 
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, c_lo, f_lo, c_hi, pos, row_ok,
-                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right, 0, 0,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
+    # The boundary blocks (a window's edges, the ragged end) only where this chunk has them: an
+    # empty pipelined loop still runs its prologue and drain, ~0.7 us each at one CTA per SM
+    # (aot/decode_floor.py: B1 4k 10.2 -> 8.6 us without them).
+    if f_lo > c_lo:
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, c_lo, f_lo, c_hi, pos, row_ok,
+                                offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                scale, cap, cap_on, left, right, 0, 0,
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_lo, f_hi, c_hi, pos, row_ok,
                             offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                             scale, cap, cap_on, left, right, 0, 0,
                             BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, CAP_BRANCH=True)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_hi, c_hi, c_hi, pos, row_ok,
-                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right, 0, 0,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
+    if c_hi > f_hi:
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_hi, c_hi, c_hi, pos, row_ok,
+                                offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                scale, cap, cap_on, left, right, 0, 0,
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -138,42 +143,57 @@ def flash_decode_split(
             arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if arrived == num_splits - 1:
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-                _merge_splits(OPart, LsePart, Y, Lse, flat, b64, h64, s64, row_ok, offs_dv, dv_ok,
-                              part_dv, num_splits, store_lse, stride_yb, stride_yh, stride_ym, EVEN_D)
+                _merge_splits(OPart, LsePart, Y, Lse, b64, hk, group, Hq, Sq, pid_m * BLOCK_M,
+                              tl.minimum((pid_m + 1) * BLOCK_M, n_rows), offs_dv, part_dv, num_splits,
+                              store_lse, stride_yb, stride_yh, stride_ym, EVEN_D)
+
+
+# The fused merge's tile: MERGE_M packed rows by MERGE_S splits by the head dim, loaded at once.
+MERGE_M = tl.constexpr(4)
+MERGE_S = tl.constexpr(16)
 
 
 @triton.jit
-def _merge_splits(OPart, LsePart, Y, Lse, flat, b64, h64, s64, row_ok, offs_dv, dv_ok,
+def _merge_splits(OPart, LsePart, Y, Lse, b64, hk, group, Hq, Sq, row_lo, row_hi, offs_dv,
                   Dv, num_splits, store_lse, stride_yb, stride_yh, stride_ym, EVEN_D: tl.constexpr):
-    """Y = sum_i w_i O_i / sum_i w_i, w_i = exp(lse_i - max), over the splits in order, for the
-    rows of one block (the fused merge; flash_decode_combine computes the same per row). The
-    partials come from other SMs, so they are read from L2 (.cg), never a stale L1 line; four
-    splits per step keep four loads in flight."""
-    m = tl.full(flat.shape, float("-inf"), dtype=tl.float32)
-    wsum = tl.zeros(flat.shape, dtype=tl.float32)
-    acc = tl.zeros([flat.shape[0], offs_dv.shape[0]], dtype=tl.float32)
-    for start in range(0, num_splits, 4):
-        for j in tl.static_range(4):
-            ok = row_ok & (start + j < num_splits)
-            part = flat * num_splits + start + j
-            ls = tl.load(LsePart + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            o_ok = ok[:, None] if EVEN_D else ok[:, None] & dv_ok
-            o = tl.load(OPart + part[:, None] * Dv + offs_dv[None, :], mask=o_ok, other=0.0,
+    """Y = sum_i w_i O_i / sum_i w_i, w_i = exp(lse_i - max), over the splits, for the packed rows
+    [row_lo, row_hi) of one block (the fused merge; flash_decode_combine computes the same per
+    row). MERGE_M rows x MERGE_S splits of partials are loaded at once, so up to MERGE_S splits
+    cost one L2 round trip (more splits: one per MERGE_S, rescaled online). The partials come
+    from other SMs, so they are read from L2 (.cg), never a stale L1 line. The sum's order is
+    fixed by the tile, not by which CTA merges."""
+    offs_r = tl.arange(0, MERGE_M)
+    offs_s = tl.arange(0, MERGE_S)
+    dv_ok = offs_dv < Dv
+    for r0 in tl.range(row_lo, row_hi, MERGE_M, num_stages=1):
+        rows = r0 + offs_r
+        ok = rows < row_hi
+        h64 = (hk * group + rows % group).to(tl.int64)
+        s64 = (rows // group).to(tl.int64)
+        flat = (b64 * Hq + h64) * Sq + s64
+        m = tl.full([MERGE_M], float("-inf"), dtype=tl.float32)
+        wsum = tl.zeros([MERGE_M], dtype=tl.float32)
+        acc = tl.zeros([MERGE_M, offs_dv.shape[0]], dtype=tl.float32)
+        for s0 in tl.range(0, num_splits, MERGE_S, num_stages=1):
+            part = flat[:, None] * num_splits + (s0 + offs_s)[None, :]
+            p_ok = ok[:, None] & ((s0 + offs_s) < num_splits)[None, :]
+            ls = tl.load(LsePart + part, mask=p_ok, other=float("-inf"), cache_modifier=".cg")
+            o_ok = p_ok[:, :, None] if EVEN_D else p_ok[:, :, None] & dv_ok[None, :]
+            o = tl.load(OPart + part[:, :, None] * Dv + offs_dv[None, None, :], mask=o_ok, other=0.0,
                         cache_modifier=".cg")
-            m_new = tl.maximum(m, ls)
+            m_new = tl.maximum(m, tl.max(ls, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp(m - m_safe)
-            w = tl.exp(ls - m_safe)
-            acc = acc * alpha[:, None] + o * w[:, None]
-            wsum = wsum * alpha + w
+            w = tl.exp(ls - m_safe[:, None])
+            acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
+            wsum = wsum * alpha + tl.sum(w, 1)
             m = m_new
-    out = acc / tl.where(wsum == 0.0, 1.0, wsum)[:, None]
-    y_ptrs = Y + b64 * stride_yb + h64[:, None] * stride_yh + s64[:, None] * stride_ym + offs_dv[None, :]
-    tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok[:, None] if EVEN_D else row_ok[:, None] & dv_ok)
-    if store_lse != 0:
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        lse_all = tl.where(wsum == 0.0, float("-inf"), m_safe + tl.log(wsum))
-        tl.store(Lse + flat, lse_all, mask=row_ok)
+        out = acc / tl.where(wsum == 0.0, 1.0, wsum)[:, None]
+        y_ptrs = Y + b64 * stride_yb + h64[:, None] * stride_yh + s64[:, None] * stride_ym + offs_dv[None, :]
+        tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=ok[:, None] if EVEN_D else ok[:, None] & dv_ok[None, :])
+        if store_lse != 0:
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            tl.store(Lse + flat, tl.where(wsum == 0.0, float("-inf"), m_safe + tl.log(wsum)), mask=ok)
 
 
 @triton.jit

@@ -33,12 +33,12 @@ int64_t decode_splits_override() {
 }
 
 // Where the split kernel merges its own partials (the last CTA of a row block), rather than the
-// combine kernel: that CTA's merge reads the partials four splits per dependent L2 round trip
-// after an arrival atomic, the combine kernel all splits at once after a launch. Measured on the
-// H200 (aot/tune_decode.py --compare, docs/perf-notes.md, decode v4): fused wins at 2 splits (B8
-// 4k 38.1 against 39.2 us, B8 32k 238.3 against 239.6), loses at 16 (B1 4k 15.2 against 13.0,
-// B1 32k 40.4 against 38.6).
-constexpr int kMaxFusedSplits = 4;
+// combine kernel: that CTA loads 4 rows x 16 splits of partials at once (one L2 round trip per
+// 16 splits) after an arrival atomic; the combine kernel costs a second launch. Measured on the
+// H200 (JIT, aot/decode_floor.py, docs/perf-notes.md, decode v5): fused 10.7 against 11.4 us at
+// B1 4k (16 splits), 36.4 against 37.2 at B1 32k, 38.6 against 39.1 at 32 splits; v4 measured
+// fused winning at 2 splits (B8 4k 38.1 against 39.2). Past 32 splits it is not measured.
+constexpr int kMaxFusedSplits = 32;
 
 // ORT_FLASH_FUSED_COMBINE: unset = fused up to kMaxFusedSplits splits, 0 = never, 1 = always
 // (where the stream has counters); A/B comparisons and the tests of both paths.

@@ -17,7 +17,7 @@ using WorkspaceFn = std::function<Status(size_t bytes, void** ptr)>;
 
 // How a call runs: the forward kernel (kFwdTma: its TMA-descriptor twin), or the decode kernel
 // with `num_splits` KV splits (more than one needs `workspace_bytes` of scratch for the partials;
-// up to 4 splits the split kernel merges them itself where the stream has arrival counters, see
+// up to 32 splits the split kernel merges them itself where the stream has arrival counters, see
 // stream_counters in cuda_launch.cc, else the combine kernel does).
 struct LaunchPlan {
   KernelKind kind = KernelKind::kFwd;
