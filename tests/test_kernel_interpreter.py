@@ -217,5 +217,54 @@ def check_case(case):
     assert np.abs(got_lse[fin] - ref_lse[fin]).max(initial=0) < 1e-4
 
 
+def test_decode_floor_kernels_match_reference():
+    """aot/decode_floor.py's floor kernels (the figures under the decode kernel in
+    docs/perf-notes.md) compute what they claim: the chunk sums, the dots without softmax, the
+    online softmax with and without the 4-replica block-diagonal stack, with and without TMA."""
+    pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
+    pytest.importorskip("triton", reason="the kernel source needs Triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, __file__, "floor"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def check_floor():
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    sys.path.insert(0, str(ROOT / "aot"))
+    _patch_interpreter()
+    from decode_floor import floor_attn, floor_read
+
+    torch.manual_seed(0)
+    hkv, s, d, bm, bn, splits = 2, 192, 64, 16, 32, 3
+    chunk = s // splits
+    k, v = (torch.randn(hkv, s, d, dtype=torch.float16) for _ in range(2))
+    q = torch.randn(hkv * bm, d, dtype=torch.float16)
+    out = torch.full((hkv * splits * bm * d,), float("nan"))
+    floor_read[(splits, hkv)](k, v, out, chunk, s, BLOCK_N=bn, BLOCK_D=d)
+    want = (k.double() + v.double()).view(hkv, splits, -1).sum(-1)
+    assert torch.allclose(out[:hkv * splits].view(hkv, splits).double(), want, rtol=1e-5, atol=1e-2)
+    qd = q.view(hkv, bm, d).double()
+    kc, vc = (t.view(hkv, splits, chunk, d).double() for t in (k, v))
+    scores = torch.einsum("hmd,hcnd->hcmn", qd, kc)
+    dots = torch.einsum("hcmn,hcnd->hcmd", scores, vc)
+    attn = torch.einsum("hcmn,hcnd->hcmd", torch.softmax(scores * d ** -0.5, -1), vc)
+    for tma in (False, True):
+        kk, vv = k, v
+        if tma:
+            kk, vv = (TensorDescriptor(t.view(-1, d), [hkv * s, d], [d, 1], [bn, d]) for t in (k, v))
+        for softmax, rep, want, tol in ((False, 1, dots, 0.05), (True, 1, attn, 2e-3), (True, 4, attn, 2e-3)):
+            out.fill_(float("nan"))
+            floor_attn[(splits, hkv)](q, kk, vv, out, chunk, s, d ** -0.5, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d,
+                                      REP=rep, TMA=tma, SOFTMAX=softmax)
+            got = out.view(hkv, splits, bm, d).double()
+            err = float((got - want).abs().max() / want.abs().max())
+            assert err < tol, (tma, softmax, rep, err)
+
+
 if __name__ == "__main__":
-    check_case(json.loads(sys.argv[1]))
+    if sys.argv[1] == "floor":
+        check_floor()
+    else:
+        check_case(json.loads(sys.argv[1]))
