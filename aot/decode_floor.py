@@ -23,7 +23,6 @@ reading is in docs/perf-notes.md (decode v5).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -119,7 +118,7 @@ def main(argv=None) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from flash_decode import flash_decode_combine, flash_decode_split
+    from tune_decode import run  # the split kernel (+ combine or fused merge) as tune_decode launches it
     from ort_flash.bench.tensors import rotation_sets
     from ort_flash.bench.timers import cuda_graph_calls, time_calls
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -144,7 +143,6 @@ def main(argv=None) -> int:
         out = torch.empty(HKV * 2048 * BLOCK_M * D, device="cuda", dtype=torch.float32)
         opart = torch.empty(HQ * 128 * D, device="cuda", dtype=torch.float32)
         lpart = torch.empty(HQ * 128, device="cuda", dtype=torch.float32)
-        dummy = torch.empty(1, dtype=torch.int32, device="cuda")
         counter = torch.zeros(HKV, dtype=torch.int32, device="cuda")
         lens = torch.full((1,), skv, dtype=torch.int64, device="cuda")
         ref = torch.nn.functional.scaled_dot_product_attention(*sets[0][:3], enable_gqa=True).float()
@@ -190,18 +188,9 @@ def main(argv=None) -> int:
                         splits=splits, rep=rep, bn=bn, warps=w, stages=st)
 
             def split_call(s, bn, w, st, merge, nonpad, n=splits):
-                def f():
-                    flash_decode_split[(n, HKV, 1)](
-                        s[0], s[1], s[2], s[3], s[4], dummy, lens, opart, lpart, counter,
-                        1.0 / math.sqrt(D), 0.0, HQ, HQ // HKV, 1, skv, D, D, skv - 1, 1, -1, -1, skv,
-                        nonpad, 1, n, int(merge == "fused"), *s[0].stride()[:3], *s[1].stride()[:3],
-                        *s[2].stride()[:3], *s[3].stride()[:3], 0, 0, 0, BLOCK_M=BLOCK_M, BLOCK_N=bn,
-                        BLOCK_D=D, BLOCK_DV=D, EVEN_D=True, MASK_KIND=0, EXTRAS=bool(nonpad),
-                        DOT_PRECISION="tf32", num_warps=w, num_stages=st)
-                    if merge == "comb":
-                        flash_decode_combine[(HQ,)](opart, lpart, s[3], s[4], HQ, 1, D, n, 1,
-                                                    *s[3].stride()[:3], BLOCK_DV=D, BLOCK_S=16, num_warps=4)
-                return f
+                cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st)
+                return lambda: run(*s, opart, lpart, n, cfg, combine=merge == "comb",
+                                   seqlens=lens if nonpad else None, counter=counter if merge == "fused" else None)
             for nonpad, bn, w, st, merge in ((0, 64, 4, 4, ""), (1, 64, 4, 4, ""), (1, 64, 4, 4, "comb"),
                                              (1, 64, 4, 4, "fused"), (1, 64, 4, 3, ""), (1, 128, 4, 3, "")):
                 y0 = sets[0][3]
