@@ -10,7 +10,12 @@ beside torch SDPA (cuDNN) in the same process; the best point's split kernel is 
 instead. Writes JSON with the GPU, the Triton version and the date; copy winners into
 aot/variants.py (get_fwd_config, kind "decode") by hand and record the run in docs/perf-notes.md.
 
-    python aot/tune_decode.py [--shapes 1x4096,1x32768,1x131072,4x32768,8x32768] [--sweep] [--out F]
+--merge times the fused merge against the combine kernel at the shipped tile and the launcher's
+splits; --sq sets the query rows (default 1), --fused makes the tile and split sweeps merge in
+the split kernel, --nonpad makes them pass nonpad_kv_seqlen (the variant a static cache runs).
+
+    python aot/tune_decode.py [--shapes 1x4096,1x32768,1x131072,4x32768,8x32768] [--sq N]
+        [--sweep | --merge | --compare] [--fused] [--nonpad] [--out F]
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
-from flash_decode import flash_decode_combine, flash_decode_split  # noqa: E402
+from flash_decode import flash_decode_combine, flash_decode_split, merge_round_trips  # noqa: E402
 from tune import save  # noqa: E402
 
 CANDIDATES = [dict(BLOCK_N=n, num_warps=w, num_stages=s)
@@ -87,7 +92,7 @@ def sweep(args) -> int:
     from ort_flash.bench.timers import cuda_graph_calls, time_calls
     t = get_fwd_config(90, Variant("fp16", 128, True, "none", False, "tf32", "decode"))
     shipped = dict(BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-    hq, hkv, d, sq = 32, 8, 128, 1
+    hq, hkv, d, sq = 32, 8, 128, args.sq
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     stream = torch.cuda.Stream()
     results = []
@@ -108,17 +113,26 @@ def sweep(args) -> int:
         opart = torch.empty(b * hq * sq * MAX_SPLITS * d, device="cuda", dtype=torch.float32)
         lpart = torch.empty(b * hq * sq * MAX_SPLITS, device="cuda", dtype=torch.float32)
         q, k, v, y, lse = sets[0]
-        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True).float()
+        # The kernel runs causal with the queries at the cache's end (bottom-right aligned).
+        vis = torch.ones(sq, skv, dtype=torch.bool, device="cuda").tril(skv - sq)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=vis, enable_gqa=True).float()
         groups = b * hkv * triton.cdiv(sq * hq // hkv, BLOCK_M)
 
-        def point(splits, cfg):
+        counter = torch.zeros(groups, dtype=torch.int32, device="cuda")
+
+        lens0 = torch.full((b,), skv, dtype=torch.int64, device="cuda") if args.nonpad else None
+
+        def point(splits, cfg, fused=args.fused):
             y.fill_(float("nan"))
-            run(q, k, v, y, lse, opart, lpart, splits, cfg)
+            c = counter if fused else None
+            run(q, k, v, y, lse, opart, lpart, splits, cfg, counter=c, seqlens=lens0)
             err = float((y.float() - ref).abs().max())
             blocks = -(-skv // cfg["BLOCK_N"])
             tiles = -(-blocks // splits)
-            us = timed([lambda s=s_: run(*s, opart, lpart, splits, cfg) for s_ in sets])
-            return dict(cfg, splits=splits, tiles=tiles, ctas=groups * -(-blocks // tiles), us=us, max_err=err)
+            us = timed([lambda s=s_: run(*s, opart, lpart, splits, cfg, counter=c, seqlens=lens0) for s_ in sets])
+            assert not counter.any(), "fused merge left a counter non-zero"
+            return dict(cfg, splits=splits, tiles=tiles, ctas=groups * -(-blocks // tiles), us=us, max_err=err,
+                        fused=fused)
 
         def rule(cfg):
             return choose_splits(groups, skv, cfg["BLOCK_N"], sms)
@@ -127,13 +141,12 @@ def sweep(args) -> int:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             cudnn_us = timed([lambda s=s_: torch.nn.functional.scaled_dot_product_attention(
                 s[0], s[1], s[2], enable_gqa=True) for s_ in sets])
-        row = dict(batch=b, cache=skv, hq=hq, hkv=hkv, d=d, sms=sms, cudnn_us=cudnn_us, points=[])
+        row = dict(batch=b, cache=skv, hq=hq, hkv=hkv, sq=sq, d=d, sms=sms, cudnn_us=cudnn_us, points=[])
         if args.compare:  # the shipped AOT kernel through the launcher beside its JIT twin
             lens = [torch.full((b,), skv, dtype=torch.int64, device="cuda") for _ in sets]
             splits = rule(shipped)
             out = {}
             three = dict(shipped, num_stages=3)
-            counter = torch.zeros(groups, dtype=torch.int32, device="cuda")
             for name, cfg, n, nonpad, fuse in (
                     ("jit", shipped, splits, False, False), ("jit_nonpad", shipped, splits, True, False),
                     ("jit_fused", shipped, splits, False, True), ("jit_fused_nonpad", shipped, splits, True, True),
@@ -174,12 +187,24 @@ def sweep(args) -> int:
                   + f"; max err {max(v for k, v in out.items() if k.endswith('_err')):.1e}"
                   + f"; plans {row['aot_plan']} {row['aot_nonpad_plan']}", flush=True)
         elif args.tiles:
-            for cfg in TILE_CANDIDATES:
+            for cfg in args.candidates or TILE_CANDIDATES:
                 try:
                     for splits in sorted({rule(cfg), max(1, sms // groups), max(1, 2 * sms // groups)}):
                         row["points"].append(dict(point(splits, cfg), rule=splits == rule(cfg)))
                 except Exception as e:  # noqa: BLE001 - out of shared memory, etc.
                     print(f"  skip {cfg}: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+        elif args.merge:  # the fused merge against the combine kernel, at the launcher's splits
+            splits = rule(shipped)
+            for fused in (False, True):
+                row["points"].append(dict(point(splits, shipped, fused), rule=True))
+            c, f = row["points"]
+            print(f"B{b} L{skv} Sq{sq}: cuDNN {cudnn_us:.1f} us; {splits} splits, merge round trips "
+                  f"{merge_round_trips(min(BLOCK_M, sq * hq // hkv), splits)}: combine {c['us']:.1f} us "
+                  f"({tb(c['us']):.2f} TB/s), fused {f['us']:.1f} ({tb(f['us']):.2f} TB/s)", flush=True)
+            results.append(row)
+            save(args.out, results)
+            sets.clear()
+            continue
         else:
             blocks = -(-skv // shipped["BLOCK_N"])
             most = max(1, min(MAX_SPLITS, blocks, skv // MIN_SPLIT_KEYS))
@@ -220,8 +245,18 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="sweep the splits at the shipped tile instead")
     ap.add_argument("--compare", action="store_true",
                     help="the shipped AOT kernel through the launcher (ort_flash._C) beside its JIT twin")
+    ap.add_argument("--merge", action="store_true",
+                    help="the fused merge against the combine kernel at the shipped tile and splits")
+    ap.add_argument("--sq", type=int, default=1, help="query rows per call (default 1)")
+    ap.add_argument("--fused", action="store_true", help="tile and split sweeps merge in the split kernel")
+    ap.add_argument("--nonpad", action="store_true",
+                    help="tile, split and merge points pass nonpad_kv_seqlen (the EXTRAS variant, as a static cache runs)")
+    ap.add_argument("--candidates", default="",
+                    help="tiles to time instead of the full list, BLOCK_NxWARPSxSTAGES comma list (64x4x3,...)")
     args = ap.parse_args(argv)
-    args.tiles = not (args.sweep or args.compare)
+    args.tiles = not (args.sweep or args.compare or args.merge)
+    args.candidates = [dict(zip(("BLOCK_N", "num_warps", "num_stages"), map(int, c.split("x"))))
+                       for c in args.candidates.split(",") if c]
     return sweep(args)
 
 
