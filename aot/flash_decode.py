@@ -143,25 +143,51 @@ def flash_decode_split(
             arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if arrived == num_splits - 1:
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-                _merge_splits(OPart, LsePart, Y, Lse, b64, hk, group, Hq, Sq, pid_m * BLOCK_M,
-                              tl.minimum((pid_m + 1) * BLOCK_M, n_rows), offs_dv, part_dv, num_splits,
-                              store_lse, stride_yb, stride_yh, stride_ym, EVEN_D)
+                row_lo = pid_m * BLOCK_M
+                row_hi = tl.minimum((pid_m + 1) * BLOCK_M, n_rows)
+                # The tile with fewer dependent L2 round trips (merge_round_trips; the launcher
+                # fuses only where that is at most kMaxFusedRoundTrips).
+                n_blk = row_hi - row_lo
+                if tl.cdiv(n_blk, MERGE_TALL_M) * tl.cdiv(num_splits, MERGE_TALL_S) < \
+                        tl.cdiv(n_blk, MERGE_WIDE_M) * tl.cdiv(num_splits, MERGE_WIDE_S):
+                    _merge_splits(OPart, LsePart, Y, Lse, b64, hk, group, Hq, Sq, row_lo, row_hi, offs_dv,
+                                  part_dv, num_splits, store_lse, stride_yb, stride_yh, stride_ym, EVEN_D,
+                                  MERGE_TALL_M, MERGE_TALL_S)
+                else:
+                    _merge_splits(OPart, LsePart, Y, Lse, b64, hk, group, Hq, Sq, row_lo, row_hi, offs_dv,
+                                  part_dv, num_splits, store_lse, stride_yb, stride_yh, stride_ym, EVEN_D,
+                                  MERGE_WIDE_M, MERGE_WIDE_S)
 
 
-# The fused merge's tile: MERGE_M packed rows by MERGE_S splits by the head dim, loaded at once.
-MERGE_M = tl.constexpr(4)
-MERGE_S = tl.constexpr(16)
+# The fused merge's tiles, packed rows x splits (x the head dim), loaded at once: one L2 round
+# trip each. Wide: a GQA group of 4 at Sq = 1 against up to 16 splits per trip; tall: a whole
+# 16-row block (Sq = 4) against up to 4 splits. Same size, so the same registers.
+MERGE_WIDE_M = tl.constexpr(4)
+MERGE_WIDE_S = tl.constexpr(16)
+MERGE_TALL_M = tl.constexpr(16)
+MERGE_TALL_S = tl.constexpr(4)
+
+
+def merge_round_trips(rows: int, splits: int) -> int:
+    """Dependent L2 round trips of the fused merge of one row block of `rows` packed rows, at the
+    tile the kernel picks (cpp/cuda_launch.cc's merge_round_trips mirrors this)."""
+    def cdiv(a, b):
+        return -(-a // b)
+    return min(cdiv(rows, MERGE_WIDE_M.value) * cdiv(splits, MERGE_WIDE_S.value),
+               cdiv(rows, MERGE_TALL_M.value) * cdiv(splits, MERGE_TALL_S.value))
 
 
 @triton.jit
 def _merge_splits(OPart, LsePart, Y, Lse, b64, hk, group, Hq, Sq, row_lo, row_hi, offs_dv,
-                  Dv, num_splits, store_lse, stride_yb, stride_yh, stride_ym, EVEN_D: tl.constexpr):
+                  Dv, num_splits, store_lse, stride_yb, stride_yh, stride_ym, EVEN_D: tl.constexpr,
+                  MERGE_M: tl.constexpr, MERGE_S: tl.constexpr):
     """Y = sum_i w_i O_i / sum_i w_i, w_i = exp(lse_i - max), over the splits, for the packed rows
     [row_lo, row_hi) of one block (the fused merge; flash_decode_combine computes the same per
     row). MERGE_M rows x MERGE_S splits of partials are loaded at once, so up to MERGE_S splits
-    cost one L2 round trip (more splits: one per MERGE_S, rescaled online). The partials come
-    from other SMs, so they are read from L2 (.cg), never a stale L1 line. The sum's order is
-    fixed by the tile, not by which CTA merges."""
+    cost one L2 round trip per MERGE_M rows (more splits: one per MERGE_S, rescaled online). The
+    row tiles run one after another: each is a dependent round trip. The partials come from
+    other SMs, so they are read from L2 (.cg), never a stale L1 line. The sum's order is fixed by
+    the tile, not by which CTA merges."""
     offs_r = tl.arange(0, MERGE_M)
     offs_s = tl.arange(0, MERGE_S)
     dv_ok = offs_dv < Dv

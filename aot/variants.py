@@ -41,6 +41,16 @@ TMA_HEAD_DIMS = (64, 128)
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
 DECODE_HEAD_DIMS = ((64, True), (128, True), (256, False))
 DECODE_BLOCK_M = 16         # packed rows (query heads of a GQA group x query positions) per CTA
+# The decode tile for grids of more CTAs than SMs (sm_90, fp16/bf16, exact head dims 64/128): a
+# variant of it per decode variant, with tile_min_len = DECODE_WIDE_WAVES (for the decode kind
+# tile_min_len counts the grid's CTAs per SM, rounded up; cpp/cuda_launch.cc plan_decode). One
+# pipeline stage fewer (70 KB of shared memory, not 102): aot/tune_decode.py --fused --nonpad on
+# the H200 (docs/perf-notes.md, decode v6) measured it 0.5-11 % faster wherever the grid had more
+# CTAs than SMs (B32 4k-128k, B24 8k, B16 at 2 splits, B8 at 4, B4 at 8) and 1-3 % slower at one
+# CTA per SM (B1 32k, B8 4k, B4 8k at the launcher's splits). Same BLOCK_M and BLOCK_N as the
+# base tile, which plans the splits.
+DECODE_WIDE_WAVES = 2
+DECODE_WIDE_MIN_ARCH = 90
 MAX_DECODE_ROWS = 64        # group * Sq up to this takes the decode kernel (cpp/cuda_launch.cc)
 # Key-vector mask variants (MASK_KEYS) of the forward kinds.
 MASK_KEYS_DTYPES = ("fp16", "bf16")
@@ -74,13 +84,16 @@ class Variant:
     precision: str         # dot precision; "tf32" (ignored by Triton) for fp16/bf16
     kind: str = "fwd"      # key of KIND_CODES
     mask_keys: bool = False  # the mask is one key vector per (batch, head): query stride 0
-    # Which calls this cubin's tile is for (TMA_TILES): causal flag (-1: any), least min(Sq, Skv).
+    # Which calls this cubin's tile is for (TMA_TILES): causal flag (-1: any), least min(Sq, Skv);
+    # for the decode kind the least CTAs per SM of the grid (DECODE_WIDE_WAVES).
     # Left out of repr (the build cache key adds them when set), so other cubins stay cached.
     tile_causal: int = field(default=-1, repr=False)
     tile_min_len: int = field(default=0, repr=False)
 
     @property
     def min_arch(self) -> int:
+        if self.kind == "decode" and self.tile_min_len:
+            return DECODE_WIDE_MIN_ARCH
         return TMA_MIN_ARCH if self.kind == "fwd_tma" else 0
 
     @property
@@ -89,7 +102,8 @@ class Variant:
             return f"flash_combine_{self.dtype}_d{self.head_dim}"
         prec = f"_{self.precision}" if self.dtype == "fp32" and self.kind == "fwd" else ""
         tile = ("" if self.tile_causal < 0 else ("_c" if self.tile_causal else "_nc")) + (
-            f"_k{self.tile_min_len}" if self.tile_min_len else "")
+            (f"_w{self.tile_min_len}" if self.kind == "decode" else f"_k{self.tile_min_len}")
+            if self.tile_min_len else "")
         return (f"flash_{self.kind}_{self.dtype}{prec}_d{self.head_dim}{'' if self.even_d else 'm'}"
                 f"_{self.mask}{'k' if self.mask_keys else ''}{tile}{'_x' if self.extras else ''}")
 
@@ -113,6 +127,8 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         # split count plans for: aot/tune_decode.py on the H200, docs/perf-notes.md (decode v3).
         if v.dtype == "fp32" or v.head_dim >= 256:
             return TileConfig(DECODE_BLOCK_M, 32, 4, 2)
+        if v.tile_min_len >= DECODE_WIDE_WAVES:
+            return TileConfig(DECODE_BLOCK_M, 64, 4, 3)
         return TileConfig(DECODE_BLOCK_M, 64, 4, 4 if arch >= 90 else 3)
     if v.dtype == "fp32":
         if v.head_dim >= 256:
@@ -160,6 +176,9 @@ def all_variants() -> list[Variant]:
         for even in ((True, False) if has_even else (False,)):
             out.append(Variant(dtype, hd, even, mask, extras, "ieee" if dtype == "fp32" else "tf32",
                                "decode"))
+            if dtype != "fp32" and even:
+                out.append(Variant(dtype, hd, even, mask, extras, "tf32", "decode",
+                                   tile_min_len=DECODE_WIDE_WAVES))
     # Key-vector masks (a (B, 1, 1, S) padding mask, what the rewriter emits for BERT-style
     # models): one row of BLOCK_N mask values per key block instead of a BLOCK_M x BLOCK_N tile,
     # so they stay off the register-spilling full-mask path. fp16/bf16, head-dim buckets 64, 128.

@@ -33,14 +33,24 @@ int64_t decode_splits_override() {
 }
 
 // Where the split kernel merges its own partials (the last CTA of a row block), rather than the
-// combine kernel: that CTA loads 4 rows x 16 splits of partials at once (one L2 round trip per
-// 16 splits) after an arrival atomic; the combine kernel costs a second launch. Measured on the
-// H200 (JIT, aot/decode_floor.py, docs/perf-notes.md, decode v5): fused 10.7 against 11.4 us at
-// B1 4k (16 splits), 36.4 against 37.2 at B1 32k, 38.6 against 39.1 at 32 splits; v4 measured
-// fused winning at 2 splits (B8 4k 38.1 against 39.2). Past 32 splits it is not measured.
+// combine kernel: that CTA loads a tile of 4 rows x 16 splits or 16 rows x 4 splits of partials
+// at once (one dependent L2 round trip each, aot/flash_decode.py) after an arrival atomic; the
+// combine kernel costs a second launch but merges every row in parallel. Measured on the H200
+// (JIT, aot/decode_floor.py, docs/perf-notes.md, decode v5): fused 10.7 against 11.4 us at B1 4k
+// (16 splits, one trip), 36.4 against 37.2 at B1 32k, 38.6 against 39.1 at 32 splits (two
+// trips); a 16-row block at 16 splits (Sq = 4: four trips) lost 2.7 us at B1 4k. Past 32 splits
+// it is not measured.
 constexpr int kMaxFusedSplits = 32;
+constexpr int64_t kMaxFusedRoundTrips = 2;
 
-// ORT_FLASH_FUSED_COMBINE: unset = fused up to kMaxFusedSplits splits, 0 = never, 1 = always
+// The fused merge's dependent round trips for a block of `rows` packed rows: the kernel takes
+// the tile with fewer (flash_decode.py's merge_round_trips mirrors this).
+int64_t merge_round_trips(int64_t rows, int64_t splits) {
+  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  return std::min(cdiv(rows, 4) * cdiv(splits, 16), cdiv(rows, 16) * cdiv(splits, 4));
+}
+
+// ORT_FLASH_FUSED_COMBINE: unset = fused within kMaxFusedSplits and kMaxFusedRoundTrips, 0 = never, 1 = always
 // (where the stream has counters); A/B comparisons and the tests of both paths.
 int fused_combine_mode() {
   static const int v = [] {
@@ -52,9 +62,11 @@ int fused_combine_mode() {
   return v;
 }
 
-bool fuse_combine(int splits) {
+// `rows`: the packed rows of a full row block (min(block_m, group * sq)).
+bool fuse_combine(int splits, int64_t rows) {
   const int mode = fused_combine_mode();
-  return splits > 1 && (mode == 1 || (mode < 0 && splits <= kMaxFusedSplits));
+  return splits > 1 && (mode == 1 || (mode < 0 && splits <= kMaxFusedSplits &&
+                                      merge_round_trips(rows, splits) <= kMaxFusedRoundTrips));
 }
 
 // The arrival counters the split kernel's fused merge uses on `stream`, or 0 (the merge then
@@ -113,16 +125,17 @@ const LoadedKernel* find_kernel(const DeviceKernels& dk, const VariantKey& key) 
   return nullptr;
 }
 
-// Among the entries of `key` whose tile is for this call (its causal flag, or any), the one for
-// the longest length up to min(Sq, Skv): the table's per-(causal, sequence length) tiles
-// (aot/variants.py TMA_TILES); a key with one entry returns it whenever its range covers the call.
-const LoadedKernel* pick_tile(const DeviceKernels& dk, const VariantKey& key, const FlashParams& p) {
-  const int64_t length = std::min(p.sq, p.skv);
+// Among the entries of `key` whose tile is for this call (its causal flag, or any), the one with
+// the largest tile_min_len up to `measure`: for the TMA kinds min(Sq, Skv), the table's
+// per-(causal, sequence length) tiles (aot/variants.py TMA_TILES); for the decode kind the grid's
+// CTAs per SM (DECODE_WIDE_WAVES). A key with one entry returns it whenever its range covers the
+// call.
+const LoadedKernel* pick_tile(const DeviceKernels& dk, const VariantKey& key, bool causal, int64_t measure) {
   const LoadedKernel* best = nullptr;
   for (const LoadedKernel& lk : dk.kernels) {
     const KernelEntry& e = *lk.entry;
-    if (!(e.key == key) || (e.tile_causal >= 0 && e.tile_causal != (p.causal ? 1 : 0)) ||
-        e.tile_min_len > length) {
+    if (!(e.key == key) || (e.tile_causal >= 0 && e.tile_causal != (causal ? 1 : 0)) ||
+        e.tile_min_len > measure) {
       continue;
     }
     if (!best || e.tile_min_len > best->entry->tile_min_len) best = &lk;
@@ -295,7 +308,7 @@ const LoadedKernel* tma_kernel(const FlashParams& p, const DeviceKernels& dk, Va
     return nullptr;
   }
   key.kind = KernelKind::kFwdTma;
-  return pick_tile(dk, key, p);
+  return pick_tile(dk, key, p.causal, std::min(p.sq, p.skv));
 }
 
 }  // namespace
@@ -351,13 +364,16 @@ Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_s
   if (plan->kind == KernelKind::kFwd) {
     VariantKey key{};
     ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
+    const LoadedKernel* k = find_fwd_kernel(dk, key);
     const LoadedKernel* t = tma_kernel(p, dk, key);
     if (t && tma_views_ok(p)) {
       plan->kind = KernelKind::kFwdTma;
-      plan->kernel = t->entry;
-    } else if (const LoadedKernel* k = find_fwd_kernel(dk, key)) {
-      plan->kernel = k->entry;
+      plan->loaded = t;
+      plan->second = k;
+    } else {
+      plan->loaded = k;
     }
+    if (plan->loaded) plan->kernel = plan->loaded->entry;
   }
   return Status::Ok();
 }
@@ -372,23 +388,25 @@ Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split
   if (rows > kMaxDecodeRows || p.batch * p.hkv > 65535) return Status::Ok();
   const VariantKey key = decode_key(p, KernelKind::kDecode);
   if (key.head_dim == 0) return Status::Ok();
-  const LoadedKernel* k = find_kernel(dk, key);
-  if (!k || !find_kernel(dk, decode_key(p, KernelKind::kCombine))) return Status::Ok();
+  const LoadedKernel* k = pick_tile(dk, key, p.causal, 1);  // the base tile plans the splits
+  const LoadedKernel* c = find_kernel(dk, decode_key(p, KernelKind::kCombine));
+  if (!k || !c) return Status::Ok();
   const KernelEntry& e = *k->entry;
   plan->kind = KernelKind::kDecode;
   plan->kernel = &e;
-  if (!can_split) return Status::Ok();
+  plan->loaded = k;
+  plan->second = c;
   const int64_t ctas = p.batch * p.hkv * ((rows + e.block_m - 1) / e.block_m);
-  const int64_t key_blocks = (p.skv + e.block_n - 1) / e.block_n;
-  int64_t splits = forced;
-  if (forced < 0) {
+  const int64_t key_blocks = std::max<int64_t>(1, (p.skv + e.block_n - 1) / e.block_n);
+  const int64_t sms = std::max(1, dk.sm_count);
+  int64_t splits = can_split ? forced : 1;
+  if (splits < 0) {
     // Decode streams K/V, and on the H200 one SM's read rate, not its resident CTAs, bounds it:
     // a second CTA on an SM that already has one adds little (aot/tune_decode.py, perf-notes).
     // So time goes by waves of one CTA per SM, each as long as the key tiles a CTA reads plus its
     // fill and epilogue; take the fewest splits that minimize it (a split past
     // cdiv(key_blocks, tiles) would get no keys). aot/tune_decode.py's choose_splits mirrors this.
     const int64_t most = std::max<int64_t>(1, std::min({kMaxSplits, key_blocks, p.skv / kMinSplitKeys}));
-    const int64_t sms = std::max(1, dk.sm_count);
     int64_t best_cost = -1;
     for (int64_t s = 1; s <= most; ++s) {
       const int64_t tiles = (key_blocks + s - 1) / s;
@@ -402,6 +420,16 @@ Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split
   }
   splits = std::max<int64_t>(1, std::min({splits, kMaxSplits, key_blocks}));
   plan->num_splits = static_cast<int>(splits);
+  plan->fused_merge = fuse_combine(plan->num_splits, std::min<int64_t>(e.block_m, rows));
+  // A grid of more CTAs than SMs takes the tile for it where the build has one (same block_m and
+  // block_n, so the same splits and workspace).
+  const int64_t tiles = (key_blocks + splits - 1) / splits;
+  const int64_t waves = (ctas * ((key_blocks + tiles - 1) / tiles) + sms - 1) / sms;
+  const LoadedKernel* w = pick_tile(dk, key, p.causal, waves);
+  if (w && w->entry->block_m == e.block_m && w->entry->block_n == e.block_n) {
+    plan->loaded = w;
+    plan->kernel = w->entry;
+  }
   if (splits > 1) {
     const size_t parts = static_cast<size_t>(p.batch * p.hq * p.sq * splits);
     plan->workspace_bytes = align_up(parts * static_cast<size_t>(p.dv) * 4) + align_up(parts * 4);
@@ -425,7 +453,7 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   LaunchPlan plan;
   ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(p, *dk, static_cast<bool>(workspace), &plan));
   if (plan.kind == KernelKind::kDecode) return launch_decode(p, *dk, plan, stream, workspace);
-  const LoadedKernel* k = find_fwd_kernel(*dk, key);
+  const LoadedKernel* k = plan.kind == KernelKind::kFwdTma ? plan.second : plan.loaded;
   if (!k) {
     return Status::Error("no CUDA kernel in this build for " + describe(key) + " on sm_" +
                          std::to_string(dk->arch) + "; see `ort-flash info` for the compiled variants");
@@ -442,9 +470,8 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   args.reserve(kTmaLaunchArgCount + 2);
   const LoadedKernel* launched = k;
   TmaArg tma[kTmaDescriptors];
-  if (plan.kind == KernelKind::kFwdTma) {
-    const LoadedKernel* t = tma_kernel(p, *dk, key);
-    if (t && encode_tma_args(*d, p, *t->entry, tma)) launched = t;
+  if (plan.kind == KernelKind::kFwdTma && encode_tma_args(*d, p, *plan.loaded->entry, tma)) {
+    launched = plan.loaded;
   }
   if (launched != k) {
     for (TmaArg& t : tma) t.push(args);
@@ -470,8 +497,8 @@ Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const Launch
                      CUstream stream, const WorkspaceFn& workspace) {
   const CudaDriver* d = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&d));
-  const LoadedKernel* k = find_kernel(dk, decode_key(p, KernelKind::kDecode));
-  const LoadedKernel* c = find_kernel(dk, decode_key(p, KernelKind::kCombine));
+  const LoadedKernel* k = plan.loaded;
+  const LoadedKernel* c = plan.second;
   const KernelEntry& e = *k->entry;
   CUdeviceptr opart = 0, lpart = 0;
   if (plan.num_splits > 1) {
@@ -485,7 +512,7 @@ Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const Launch
   const int64_t group = p.hq / p.hkv;
   const int64_t m_blocks = (p.sq * group + e.block_m - 1) / e.block_m;
   CUdeviceptr counters = 0;
-  if (fuse_combine(plan.num_splits)) {
+  if (plan.fused_merge) {
     ORT_FLASH_RETURN_IF_ERROR(stream_counters(*d, dk, stream, p.batch * p.hkv * m_blocks, &counters));
   }
   KernelArgs a(p);

@@ -17,19 +17,28 @@ using WorkspaceFn = std::function<Status(size_t bytes, void** ptr)>;
 
 // How a call runs: the forward kernel (kFwdTma: its TMA-descriptor twin), or the decode kernel
 // with `num_splits` KV splits (more than one needs `workspace_bytes` of scratch for the partials;
-// up to 32 splits the split kernel merges them itself where the stream has arrival counters, see
-// stream_counters in cuda_launch.cc, else the combine kernel does).
+// up to 32 splits, where the merge tile takes at most two dependent L2 round trips, the split
+// kernel merges them itself if the stream has arrival counters, see stream_counters in
+// cuda_launch.cc; else the combine kernel does).
 struct LaunchPlan {
   KernelKind kind = KernelKind::kFwd;
   int num_splits = 1;
   size_t workspace_bytes = 0;
+  // With more than one split: merge in the split kernel (where the stream then has counters), not
+  // in the combine kernel.
+  bool fused_merge = false;
   const KernelEntry* kernel = nullptr;  // the (first) kernel it launches; null if none is compiled
+  const LoadedKernel* loaded = nullptr;  // its function (kFwdTma: the TMA twin)
+  // kFwdTma: the pointer kernel, run where the tensor maps cannot be encoded; kDecode: the
+  // combine kernel.
+  const LoadedKernel* second = nullptr;
 };
 
 // The dispatcher: the decode kernel when few query rows per KV head (Sq <= 16, GQA group x Sq
 // <= 64) meet a compiled decode variant; split so that waves of one CTA per SM times the key tiles
-// per CTA are fewest, each split at least 128 keys. `can_split` false (no workspace) keeps one
-// split. ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits;
+// per CTA are fewest, each split at least 128 keys; a grid of more CTAs than SMs takes the decode
+// tile for it where the build has one (aot/variants.py DECODE_WIDE_WAVES). `can_split` false (no
+// workspace) keeps one split. ORT_FLASH_DECODE_SPLITS overrides: 0 = always the forward kernel, N = N splits;
 // ORT_FLASH_FUSED_COMBINE=0 always merges in the combine kernel, =1 always in the split kernel.
 // Otherwise the forward kernel (its key-vector-mask variant when the mask's query stride is 0),
 // as kFwdTma when the call has no mask or a key-vector one, the build has the TMA twin of the

@@ -50,9 +50,10 @@ struct KernelEntry {
   const unsigned char* cubin;
   const unsigned char* cubin_end;
   TmaBox tma[kTmaDescriptors];  // kFwdTma only (zeros otherwise)
-  // Which calls the tile is for (aot/variants.py TMA_TILES): entries of one key differ only in
-  // tile. tile_causal: -1 any, else the call's causal flag; the entry serves min(Sq, Skv) >=
-  // tile_min_len (the largest such among those that match; see pick_tile in cpp/cuda_launch.cc).
+  // Which calls the tile is for (aot/variants.py TMA_TILES, DECODE_WIDE_WAVES): entries of one
+  // key differ only in tile. tile_causal: -1 any, else the call's causal flag; the entry serves
+  // min(Sq, Skv) >= tile_min_len, for the decode kind grids of >= tile_min_len CTAs per SM (the
+  // largest such among those that match; see pick_tile in cpp/cuda_launch.cc).
   int tile_causal;
   int tile_min_len;
 };

@@ -149,10 +149,12 @@ PYBIND11_MODULE(_C, m) {
     check(prepare_device(device, &dk));
     LaunchPlan plan;
     check(plan_flash_cuda(p, *dk, true, &plan));
-    return py::make_tuple(kind_name(plan.kind), plan.num_splits, plan.workspace_bytes);
+    return py::make_tuple(kind_name(plan.kind), plan.num_splits, plan.workspace_bytes,
+                          plan.num_splits > 1 && plan.fused_merge);
   }, py::arg("p"), py::arg("device") = 0,
      "How run_cuda / the op would run `p`: (\"fwd\", \"fwd_tma\" or \"decode\", KV splits, "
-     "workspace bytes).");
+     "workspace bytes, whether the split kernel merges the splits itself rather than the combine "
+     "kernel).");
   m.def("launch_variant", [](const FlashParams& p, int device) {
     const DeviceKernels* dk = nullptr;
     check(prepare_device(device, &dk));

@@ -3,6 +3,7 @@
 what cpp/cuda_launch.cc encodes and passes."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import sys
@@ -139,6 +140,21 @@ def test_tma_tile_table_is_a_partition():
     assert v.tma_tile(128, True, 8192, extras=True) == T(64, 64, 4, 3)
 
 
+def test_decode_wide_tiles_twin_their_base():
+    """Each decode tile for grids past one CTA per SM has a base variant that differs only in
+    tile_min_len, with the same BLOCK_M and BLOCK_N (the base plans the splits), on sm_90 only."""
+    v = _variants()
+    decode = [x for x in v.all_variants() if x.kind == "decode"]
+    wide = [x for x in decode if x.tile_min_len]
+    assert wide and all(x.tile_min_len == v.DECODE_WIDE_WAVES and x.min_arch == 90 for x in wide)
+    assert {x.dtype for x in wide} == {"fp16", "bf16"} and all(x.even_d for x in wide)
+    for x in wide:
+        base = dataclasses.replace(x, tile_min_len=0)
+        assert base in decode and base.name != x.name and x.name.endswith(("_w2", "_w2_x")), x.name
+        b, w = v.get_fwd_config(90, base), v.get_fwd_config(90, x)
+        assert (b.block_m, b.block_n) == (w.block_m, w.block_n) and b != w, (b, w)
+
+
 def test_library_table_mirrors_the_tile_table():
     """The compiled table (what the C++ dispatcher searches) carries each TMA cubin's tile and
     its range as aot/variants.py states them."""
@@ -155,3 +171,10 @@ def test_library_table_mirrors_the_tile_table():
         assert (k["block_m"], k["block_n"], k["num_warps"]) == (cfg.block_m, cfg.block_n, cfg.num_warps)
         assert (k["tile_causal"], k["tile_min_len"]) == (x.tile_causal, x.tile_min_len), k["variant"]
     assert {k["tile_min_len"] for k in kernels if k["mask"] == "none" and not k["extras"]} > {0}
+    decode = [k for k in _C.kernels() if k["kind"] == "decode" and k["arch"] == 90]
+    for k in decode:
+        x = by_name[k["variant"]]
+        cfg = v.get_fwd_config(90, x)
+        assert (k["block_m"], k["block_n"], k["num_warps"], k["tile_min_len"]) == (
+            cfg.block_m, cfg.block_n, cfg.num_warps, x.tile_min_len), k["variant"]
+    assert {k["tile_min_len"] for k in decode} == {0, v.DECODE_WIDE_WAVES}

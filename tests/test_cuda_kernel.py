@@ -56,6 +56,10 @@ CASES = [
     dict(b=1, hq=4, hkv=4, sq=2, skv=1200, d=200, dv=72, mask="bool"),
     # B x Hkv = 64: two splits, merged in the split kernel by default.
     dict(b=16, hq=16, hkv=4, sq=1, skv=3001, d=128, nonpad=True, causal=True),
+    # Grids of more CTAs than SMs (160 and 144 row blocks): on sm_90 fp16/bf16 the decode tile
+    # for them (aot/variants.py DECODE_WIDE_WAVES; test_decode_dispatch checks it is taken).
+    dict(b=40, hq=8, hkv=4, sq=1, skv=1000, d=128, nonpad=True, causal=True),
+    dict(b=36, hq=8, hkv=4, sq=1, skv=700, d=64, mask="bool"),
 ]
 
 
@@ -185,16 +189,46 @@ def test_decode_dispatch():
     """Few query rows per KV head take the split-KV kernel, split to fill the GPU; prefill does not."""
     from ort_flash import _C
 
-    kind, splits, ws = _C.launch_plan(_decode_params(1, 32, 8, 1, 32768, 128))
-    assert kind == "decode" and splits > 1 and ws >= 32 * splits * 128 * 4, (kind, splits, ws)
+    kind, splits, ws, fused = _C.launch_plan(_decode_params(1, 32, 8, 1, 32768, 128))
+    assert kind == "decode" and splits > 1 and ws >= 32 * splits * 128 * 4 and fused, (kind, splits, ws, fused)
     assert _C.launch_plan(_decode_params(16, 16, 4, 1, 3001, 128))[:2] == ("decode", 2)  # the fused-merge case
-    kind, splits, ws = _C.launch_plan(_decode_params(1, 32, 8, 1, 200, 128))
-    assert (kind, splits, ws) == ("decode", 1, 0)  # too short to split
-    kind, splits, _ = _C.launch_plan(_decode_params(64, 32, 8, 1, 4096, 128))
+    kind, splits, ws, fused = _C.launch_plan(_decode_params(1, 32, 8, 1, 200, 128))
+    assert (kind, splits, ws, fused) == ("decode", 1, 0, False)  # too short to split
+    kind, splits, _, _ = _C.launch_plan(_decode_params(64, 32, 8, 1, 4096, 128))
     assert kind == "decode" and splits <= 2, splits  # B x Hkv already fills the GPU
     prefill = "fwd_tma" if _C.prepare_device(0)[1] == 90 else "fwd"  # test_tma_dispatch
     assert _C.launch_plan(_decode_params(1, 32, 8, 128, 4096, 128))[0] == prefill
     assert _C.launch_plan(_decode_params(1, 32, 1, 4, 4096, 128))[0] == prefill  # 128 packed rows
+    # More CTAs than SMs: the wide tile on sm_90 (fp16/bf16, exact head dim), else the base one.
+    sms = _C.prepare_device(0)[2]
+    wide = _C.prepare_device(0)[1] == 90
+    for b, dtype, want in ((32, "float16", wide), (32, "bfloat16", wide), (32, "float32", False),
+                           (1, "float16", False), (16, "float16", False)):
+        p = _decode_params(b, 32, 8, 1, 4096, 128, dtype)
+        kind, splits, _, _ = _C.launch_plan(p)
+        name = _C.launch_variant(p)
+        assert kind == "decode" and name.startswith("flash_decode_"), (b, dtype, name)
+        assert ("_w2" in name) == want, (b, dtype, splits, sms, name)
+
+
+def test_decode_merge_dispatch():
+    """The split kernel merges its own partials where its tile takes at most two dependent round
+    trips (aot/flash_decode.py merge_round_trips), else the combine kernel does."""
+    from ort_flash import _C
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aot"))
+    import flash_decode
+
+    seen = set()
+    for b, hq, hkv, sq, skv in ((1, 32, 8, 1, 4096), (1, 32, 8, 1, 32768), (1, 32, 8, 4, 4096),
+                                (1, 32, 8, 4, 32768), (8, 32, 8, 4, 4096), (1, 32, 4, 1, 32768),
+                                (1, 32, 8, 2, 65536), (2, 28, 4, 3, 20000)):
+        kind, splits, _, fused = _C.launch_plan(_decode_params(b, hq, hkv, sq, skv, 128))
+        rows = min(16, hq // hkv * sq)
+        want = 1 < splits <= 32 and flash_decode.merge_round_trips(rows, splits) <= 2
+        assert kind == "decode" and fused == want, (b, hq, hkv, sq, skv, splits, fused)
+        seen.add(fused)
+    assert seen == {True, False}
 
 
 def test_tma_dispatch():

@@ -45,8 +45,8 @@ CASES = [
     dict(kernel="decode", splits=9, b=1, hq=20, hkv=1, sq=1, skv=64, d=64),   # 20 rows: 2 row blocks
     dict(kernel="decode", splits=2, b=1, hq=2, hkv=1, sq=1, skv=77, d=64, dtype="float32"),
     # The fused merge (the last CTA of each row block merges; as the launcher runs it where the
-    # stream has counters): several row blocks, splits past the merge's 16-split tile and rows
-    # past its 4-row tile, a batch with no keys, masks, softcap, fp32.
+    # stream has counters): several row blocks, both merge tiles (4 rows x 16 splits, 16 x 4) with
+    # more rows and splits than one tile holds, a batch with no keys, masks, softcap, fp32.
     dict(kernel="decode", fused=True, splits=5, b=2, hq=8, hkv=2, sq=1, skv=150, d=64, causal=True),
     dict(kernel="decode", fused=True, splits=9, b=1, hq=20, hkv=1, sq=1, skv=64, d=64),
     dict(kernel="decode", fused=True, splits=4, b=3, hq=4, hkv=1, sq=1, skv=96, d=64, lens=[96, 17, 0]),
@@ -55,6 +55,9 @@ CASES = [
     dict(kernel="decode", fused=True, splits=3, b=1, hq=4, hkv=2, sq=5, skv=80, d=64, window=(20, 0), softcap=4.0),
     dict(kernel="decode", fused=True, splits=2, b=1, hq=2, hkv=1, sq=1, skv=77, d=64, dtype="float32"),
     dict(kernel="decode", fused=True, splits=19, b=1, hq=6, hkv=2, sq=3, skv=1300, d=64, causal=True, lens=[1290]),
+    # 8 rows at 17 splits: the wide tile (two row tiles, two split chunks); the 9-row blocks above
+    # take the tall one (flash_decode.merge_round_trips).
+    dict(kernel="decode", fused=True, splits=17, b=1, hq=8, hkv=1, sq=1, skv=1400, d=64, causal=True),
     # The TMA variant (sm_90): Q/K/V/Y as (B, H, S, D) tensor descriptors, also over the
     # (B, S, H, D) storage of the 3-D layout; rows past S read as zeros and stores clip per head.
     dict(tma=True, b=2, hq=4, hkv=2, sq=37, skv=53, d=64, layout="bshd"),
