@@ -31,12 +31,16 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
         g = dict(dtype="float16", hq=32, hkv=8, d=128,
                  batches=[1, 8, 32] if quick else [1, 4, 8, 16, 32],
                  caches=[4096, 32768, 131072] if quick else [4096, 8192, 16384, 32768, 65536, 131072],
-                 sq4=[] if quick else [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (8, 131072)])
+                 sq4=[] if quick else [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (8, 131072)],
+                 # Batches between the grid's, where the split rule and the tile choice meet grids
+                 # of neither one CTA per SM nor two (24: 192 row blocks on 132 SMs).
+                 odd=[] if quick else [(2, 16384), (12, 32768), (24, 8192), (24, 65536)])
     else:
         g = dict(dtype="float32", hq=8, hkv=2, d=64, batches=[1, 2], caches=[1024, 4096] if not quick else [1024],
                  sq4=[(1, 1024)])
     if o.get("batches"):
         g["batches"] = o["batches"]
+        g["odd"] = []
     if o.get("caches"):
         g["caches"] = o["caches"]
     if o.get("dtypes"):
@@ -48,10 +52,12 @@ KEY_SHAPES = {(1, 4096), (1, 32768), (1, 131072), (8, 131072), (8, 4096), (32, 3
 
 
 def configs(g: dict) -> list[dict]:
-    """Sq = 1 shapes, the decode issue's named ones first (a time budget cuts from the end), then Sq = 4."""
+    """Sq = 1 shapes, the decode issue's named ones first (a time budget cuts from the end), the odd
+    batches, then Sq = 4."""
     base = dict(dtype=g["dtype"], hq=g["hq"], hkv=g["hkv"], d=g["d"])
     pairs = sorted(itertools.product(g["batches"], g["caches"]), key=lambda bc: (bc not in KEY_SHAPES, bc[1], bc[0]))
     out = [dict(base, batch=b, sq=1, cache=c) for b, c in pairs]
+    out += [dict(base, batch=b, sq=1, cache=c) for b, c in g.get("odd", [])]
     out += [dict(base, batch=b, sq=4, cache=c) for b, c in g["sq4"]]
     return out
 

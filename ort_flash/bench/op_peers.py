@@ -57,8 +57,9 @@ def kernel(ctx: Context, cfg: dict, sets: list[dict], **kernel_args):
                       device=ctx.device, stream=ctx.stream, **kernel_args)
     run.info = {"variant": "/".join(map(str, run.variant)), "tile": run.tile_config()}
     if ctx.device == "cuda":
-        kind, splits, _ = run._C.launch_plan(run.params[0])
-        run.info["plan"] = f"{kind}, {splits} KV split{'s' if splits > 1 else ''}"
+        kind, splits, _, fused = run._C.launch_plan(run.params[0])
+        merge = (", fused merge" if fused else ", combine kernel") if splits > 1 else ""
+        run.info["plan"] = f"{kind}, {splits} KV split{'s' if splits > 1 else ''}{merge}"
     return run
 
 
