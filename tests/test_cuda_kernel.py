@@ -214,6 +214,9 @@ def test_decode_dispatch():
 def test_decode_merge_dispatch():
     """The split kernel merges its own partials where its tile takes at most two dependent round
     trips (aot/flash_decode.py merge_round_trips), else the combine kernel does."""
+    import sys
+    from pathlib import Path
+
     from ort_flash import _C
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aot"))
@@ -279,12 +282,12 @@ def test_decode_merge_paths_match_reference(fused):
     from pathlib import Path
 
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_cuda_kernel as t; "
-            "cases = [c for c in t.CASES if c['sq'] <= 4]; assert len(cases) == 5; "
+            "cases = [c for c in t.CASES if c['sq'] <= 4]; assert len(cases) == 7; "
             "[t.test_kernel_matches_reference(c, dt) for c in cases for dt in ('float16', 'bfloat16', 'float32')]; "
             "print('ok', len(cases))")
     r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
                        text=True, env=dict(os.environ, ORT_FLASH_FUSED_COMBINE=fused), timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok 5", r.stdout[-2000:] + r.stderr[-4000:]
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok 7", r.stdout[-2000:] + r.stderr[-4000:]
 
 
 def test_tma_tiles():
