@@ -201,10 +201,6 @@ def sweep(args) -> int:
             print(f"B{b} L{skv} Sq{sq}: cuDNN {cudnn_us:.1f} us; {splits} splits, merge round trips "
                   f"{merge_round_trips(min(BLOCK_M, sq * hq // hkv), splits)}: combine {c['us']:.1f} us "
                   f"({tb(c['us']):.2f} TB/s), fused {f['us']:.1f} ({tb(f['us']):.2f} TB/s)", flush=True)
-            results.append(row)
-            save(args.out, results)
-            sets.clear()
-            continue
         else:
             blocks = -(-skv // shipped["BLOCK_N"])
             most = max(1, min(MAX_SPLITS, blocks, skv // MIN_SPLIT_KEYS))
@@ -214,7 +210,7 @@ def sweep(args) -> int:
                 if tiles not in seen or splits == at_rule:
                     seen.add(tiles)
                     row["points"].append(dict(point(splits, shipped), rule=splits == at_rule))
-        if args.compare:
+        if args.compare or args.merge:  # no best point to pick
             results.append(row)
             save(args.out, results)
             sets.clear()
