@@ -1,24 +1,27 @@
 """What a decode grid can read: the floor under the split-KV kernel, measured on a GPU machine.
 
 The split kernel (aot/flash_decode.py) at B1 runs one CTA per SM, each streaming its chunk of
-one KV head. This times, on B1 decode shapes (fp16, Hkv 8, d 128, a 16-row Q tile), kernels that
-do less than it over the same grid, so the gaps between them say what costs what:
+one KV head. This times, on decode shapes (fp16, Hkv 8, d 128, a 16-row Q tile; any batch: the
+floor kernels see B * Hkv heads), kernels that do less than it over the same grid, so the gaps
+between them say what costs what:
 
 - `read`: the CTAs only load their K and V chunks (elementwise, summed), over grids of 128-2048
-  CTAs: what the card reads in one such call;
-- `dots`: the split kernel's loads and both tl.dot calls, no softmax (P = S cast to fp16);
+  CTAs (at least one per head): what the card reads in one such call;
+- `dots`: the split kernel's loads and both tl.dot calls, no softmax (P = S cast to fp16), over
+  about 128 and 256 CTAs (at least one per head);
 - `attn`: loads, dots and the online softmax, nothing else (no masks, LSE or partials);
   `attn` with rep 4 stacks the Q tile 4 times over a block-diagonal score mask (64-row dots);
 - `_tma` twins of dots and attn: K/V tiles through host tensor descriptors (TMA);
 - `split`: the shipped split kernel alone, with its combine launch (`+comb`) and with the fused
-  merge (`+fused`), checked against torch SDPA;
+  merge (`+fused`), at those split counts, checked against torch SDPA;
 - cuDNN SDPA, a torch copy of the same K/V bytes (read + write) and torch's sum of them.
 
 Timed from CUDA-graph replays over rotating input sets (ort_flash.bench.timers, as the decode
 benchmark times). Prints one line per point and writes JSON (docs/decode-floor.json); the
-reading is in docs/perf-notes.md (decode v5).
+reading is in docs/perf-notes.md (decode v5). Batches above 1 were added after v5's runs (for
+the B32 question of decode v6) and have not run on a GPU yet.
 
-    python aot/decode_floor.py [--shapes 1x4096,1x32768] [--out decode-floor.json]
+    python aot/decode_floor.py [--shapes 1x4096,1x32768,32x32768] [--out decode-floor.json]
 """
 from __future__ import annotations
 
@@ -111,7 +114,7 @@ def floor_attn(Q, K, V, Out, chunk, S, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="1x4096,1x32768", help="1xCACHE list (batch 1 only)")
+    ap.add_argument("--shapes", default="1x4096,1x32768", help="BxCACHE list")
     ap.add_argument("--out", default="decode-floor.json")
     args = ap.parse_args(argv)
 
@@ -131,22 +134,25 @@ def main(argv=None) -> int:
     results = []
     for shape in args.shapes.split(","):
         b, skv = map(int, shape.split("x"))
-        if b != 1:
-            ap.error(f"--shapes {shape}: batch 1 only")
-        nbytes = 2 * HKV * skv * D * 2
+        heads = b * HKV  # the floor kernels' grid axis 1: K, V as (B * Hkv, S, D)
+        nbytes = 2 * heads * skv * D * 2
+        read_splits = sorted({max(1, n // heads) for n in (128, 256, 512, 1024, 2048)})
+        attn_splits = sorted({max(1, n // heads) for n in (128, 256)})
         sets = []
         for _ in range(rotation_sets(nbytes)):
-            q = torch.randn(1, HQ, 1, D, device="cuda", dtype=torch.float16)
-            k, v = (torch.randn(1, HKV, skv, D, device="cuda", dtype=torch.float16) for _ in range(2))
-            sets.append((q, k, v, torch.empty_like(q), torch.empty(1, HQ, 1, device="cuda")))
-        qt = torch.randn(HKV * BLOCK_M, D, device="cuda", dtype=torch.float16)
-        out = torch.empty(HKV * 2048 * BLOCK_M * D, device="cuda", dtype=torch.float32)
-        opart = torch.empty(HQ * 128 * D, device="cuda", dtype=torch.float32)
-        lpart = torch.empty(HQ * 128, device="cuda", dtype=torch.float32)
-        counter = torch.zeros(HKV, dtype=torch.int32, device="cuda")
-        lens = torch.full((1,), skv, dtype=torch.int64, device="cuda")
+            q = torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.float16)
+            k, v = (torch.randn(b, HKV, skv, D, device="cuda", dtype=torch.float16) for _ in range(2))
+            sets.append((q, k, v, torch.empty_like(q), torch.empty(b, HQ, 1, device="cuda")))
+        qt = torch.randn(heads * BLOCK_M, D, device="cuda", dtype=torch.float16)
+        out = torch.empty(heads * max(max(read_splits), max(attn_splits) * BLOCK_M * D), device="cuda",
+                          dtype=torch.float32)
+        opart = torch.empty(b * HQ * max(attn_splits) * D, device="cuda", dtype=torch.float32)
+        lpart = torch.empty(b * HQ * max(attn_splits), device="cuda", dtype=torch.float32)
+        counter = torch.zeros(heads, dtype=torch.int32, device="cuda")
+        lens = torch.full((b,), skv, dtype=torch.int64, device="cuda")
         ref = torch.nn.functional.scaled_dot_product_attention(*sets[0][:3], enable_gqa=True).float()
         row = dict(batch=b, cache=skv, hkv=HKV, d=D, sms=sms, mbytes=nbytes / 1e6, points=[])
+        print(f"B{b} L{skv}: read splits {read_splits}, attn/split splits {attn_splits}", flush=True)
 
         def add(kind, fns, **kw):
             try:
@@ -163,21 +169,21 @@ def main(argv=None) -> int:
         dst = [torch.empty_like(sets[0][1]) for _ in range(2)]
         add("copy_rw", [lambda s=s: (dst[0].copy_(s[1]), dst[1].copy_(s[2])) for s in sets])
         add("torch_sum", [lambda s=s: (s[1].sum(dtype=torch.float32), s[2].sum(dtype=torch.float32)) for s in sets])
-        for splits in (16, 32, 64, 128, 256):
+        for splits in read_splits:
             chunk = skv // splits
             for bn, w, st in ((64, 4, 3), (128, 8, 3), (128, 4, 2)):
                 if chunk >= bn:
-                    add("read", [lambda s=s, bn=bn, w=w, st=st, c=chunk, n=splits: floor_read[(n, HKV)](
+                    add("read", [lambda s=s, bn=bn, w=w, st=st, c=chunk, n=splits: floor_read[(n, heads)](
                         s[1], s[2], out, c, skv, BLOCK_N=bn, BLOCK_D=D, num_warps=w, num_stages=st)
                         for s in sets], splits=splits, bn=bn, warps=w, stages=st)
-        for splits in (16, 32):
+        for splits in attn_splits:
             chunk = skv // splits
 
             def floor(s, bn, w, st, tma, rep, softmax, n=splits, c=chunk):
                 kk, vv = s[1], s[2]
                 if tma:
-                    kk, vv = (TensorDescriptor(t.view(-1, D), [HKV * skv, D], [D, 1], [bn, D]) for t in s[1:3])
-                return lambda: floor_attn[(n, HKV)](qt, kk, vv, out, c, skv, D ** -0.5, BLOCK_M=BLOCK_M,
+                    kk, vv = (TensorDescriptor(t.view(-1, D), [heads * skv, D], [D, 1], [bn, D]) for t in s[1:3])
+                return lambda: floor_attn[(n, heads)](qt, kk, vv, out, c, skv, D ** -0.5, BLOCK_M=BLOCK_M,
                                                     BLOCK_N=bn, BLOCK_D=D, REP=rep, TMA=tma, SOFTMAX=softmax,
                                                     num_warps=w, num_stages=st)
             for tma in (False, True):
