@@ -121,6 +121,8 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
             "BLOCK_DV": v.head_dim, "EVEN_D": v.even_d,
             "MASK_KIND": MASK_KINDS[v.mask], "EXTRAS": v.extras, "DOT_PRECISION": v.precision,
         }
+        if v.kind == "decode":
+            constexprs["PDL"] = decode_pdl(arch)
         if v.kind == "fwd_tma":
             constexprs["TMA"] = True
         if v.mask_keys:
@@ -145,7 +147,7 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         "variant": v.name, "arch": arch, "kernel_name": md.name, "num_warps": md.num_warps,
         "shared": md.shared, "block_m": cfg.block_m, "block_n": cfg.block_n,
         "num_stages": cfg.num_stages, "args": runtime_args, "triton": triton.__version__,
-        "tma": tma,
+        "tma": tma, "pdl": bool(constexprs.get("PDL", 0)),
     }
     cached.mkdir(parents=True, exist_ok=True)
     tmp = cached / "kernel.cubin.tmp"
@@ -195,6 +197,17 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"
 
 
+# Programmatic dependent launch (sm_90+, docs/perf-notes.md decode v7): the decode split kernel
+# waits for the grid before it (griddepcontrol.wait) before touching memory, so the launcher may
+# launch it while that grid drains (KernelEntry::pdl); it never releases the next grid early.
+PDL_MIN_ARCH = 90
+
+
+def decode_pdl(arch: int) -> int:
+    """flash_decode_split's PDL level for an arch: 1 (wait first) from sm_90, else 0."""
+    return 1 if arch >= PDL_MIN_ARCH else 0
+
+
 def _cxx_bool(b: bool) -> str:
     return "true" if b else "false"
 
@@ -239,7 +252,7 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
             f"KernelKind({KIND_CODES[v.kind]}), {_cxx_bool(v.mask_keys)}}}, "
             f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
             f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end, {_cxx_tma(m.get('tma', []))}, "
-            f"{v.tile_causal}, {v.tile_min_len}}},")
+            f"{v.tile_causal}, {v.tile_min_len}, {_cxx_bool(m.get('pdl', False))}}},")
     if not rows:  # a CPU-only build (no archs): an empty table
         cc[-1] = "static const KernelEntry* const kEntries = nullptr;"
         cc += ["", "const KernelEntry* kernel_table(size_t* count) {", "  *count = 0;",

@@ -6,14 +6,18 @@ floor kernels see B * Hkv heads), kernels that do less than it over the same gri
 between them say what costs what:
 
 - `read`: the CTAs only load their K and V chunks (elementwise, summed), over grids of 128-2048
-  CTAs (at least one per head): what the card reads in one such call;
+  CTAs (at least one per head): what the card reads in one such call; `read_flat`: the same
+  over 1-8 CTAs per SM, each an equal share of all heads' rows (no head boundaries);
 - `dots`: the split kernel's loads and both tl.dot calls, no softmax (P = S cast to fp16), over
   about 128 and 256 CTAs (at least one per head);
 - `attn`: loads, dots and the online softmax, nothing else (no masks, LSE or partials);
   `attn` with rep 4 stacks the Q tile 4 times over a block-diagonal score mask (64-row dots);
 - `_tma` twins of dots and attn: K/V tiles through host tensor descriptors (TMA);
 - `split`: the shipped split kernel alone, with its combine launch (`+comb`) and with the fused
-  merge (`+fused`), at those split counts, checked against torch SDPA;
+  merge (`+fused`), at those split counts, checked against torch SDPA; `+pdl1` launched with
+  programmatic dependent launch, waiting for the grid before it first thing (the launch and the
+  prologue overlap that grid's drain), `+pdl2` also releasing the next one at once (in these
+  back-to-back replays the next grid is the same kernel; in a model it is not);
 - cuDNN SDPA, a torch copy of the same K/V bytes (read + write) and torch's sum of them.
 
 Timed from CUDA-graph replays over rotating input sets (ort_flash.bench.timers, as the decode
@@ -53,6 +57,22 @@ def floor_read(K, V, Out, chunk, S, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr
         p = base + (split * chunk + i + offs_n)[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :]
         acc += tl.load(K + p).to(tl.float32) + tl.load(V + p).to(tl.float32)
     tl.store(Out + hk * tl.num_programs(0) + split, tl.sum(tl.sum(acc, 1), 0))
+
+
+@triton.jit
+def floor_read_flat(K, V, Out, chunk, total, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Out[pid] = the sum of rows [pid * chunk, (pid + 1) * chunk) of K and V viewed as
+    (B * Hkv * S, D): every CTA the same number of rows whatever the heads (an equal-work grid)."""
+    pid = tl.program_id(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    lo = pid.to(tl.int64) * chunk
+    hi = tl.minimum(lo + chunk, total)
+    for i in range(lo, hi, BLOCK_N):
+        p = (i + offs_n)[:, None] * BLOCK_D + offs_d[None, :]
+        acc += tl.load(K + p).to(tl.float32) + tl.load(V + p).to(tl.float32)
+    tl.store(Out + pid, tl.sum(tl.sum(acc, 1), 0))
 
 
 @triton.jit
@@ -176,6 +196,14 @@ def main(argv=None) -> int:
                     add("read", [lambda s=s, bn=bn, w=w, st=st, c=chunk, n=splits: floor_read[(n, heads)](
                         s[1], s[2], out, c, skv, BLOCK_N=bn, BLOCK_D=D, num_warps=w, num_stages=st)
                         for s in sets], splits=splits, bn=bn, warps=w, stages=st)
+        total = heads * skv
+        for per_sm in (1, 2, 4, 8):
+            n = per_sm * sms
+            for bn, w, st in ((64, 4, 3), (128, 8, 3)):
+                chunk = -(-(-(-total // n)) // bn) * bn
+                add("read_flat", [lambda s=s, bn=bn, w=w, st=st, c=chunk, n=n: floor_read_flat[(n,)](
+                    s[1], s[2], out, c, total, BLOCK_N=bn, BLOCK_D=D, num_warps=w, num_stages=st)
+                    for s in sets], ctas=n, bn=bn, warps=w, stages=st)
         for splits in attn_splits:
             chunk = skv // splits
 
@@ -195,13 +223,20 @@ def main(argv=None) -> int:
 
             def split_call(s, bn, w, st, merge, nonpad, n=splits):
                 cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st)
-                return lambda: run(*s, opart, lpart, n, cfg, combine=merge == "comb",
-                                   seqlens=lens if nonpad else None, counter=counter if merge == "fused" else None)
+                fused = merge.startswith("fused")
+                pdl = int(merge[-1]) if "pdl" in merge else 0
+                return lambda: run(*s, opart, lpart, n, cfg, combine=merge.startswith("comb"),
+                                   seqlens=lens if nonpad else None, counter=counter if fused else None, pdl=pdl)
             for nonpad, bn, w, st, merge in ((0, 64, 4, 4, ""), (1, 64, 4, 4, ""), (1, 64, 4, 4, "comb"),
-                                             (1, 64, 4, 4, "fused"), (1, 64, 4, 3, ""), (1, 128, 4, 3, "")):
+                                             (1, 64, 4, 4, "fused"), (1, 64, 4, 4, "fused+pdl1"),
+                                             (1, 64, 4, 4, "fused+pdl2"), (1, 64, 4, 3, ""),
+                                             (1, 64, 4, 3, "pdl1"), (1, 64, 4, 3, "pdl2"), (1, 128, 4, 3, "")):
                 y0 = sets[0][3]
                 y0.fill_(float("nan"))  # poisoned: every element must be written
-                split_call(sets[0], bn, w, st, merge or "comb", nonpad)()
+                # Checked merged (with its PDL level): the split kernel alone leaves partials.
+                pdl = [x for x in merge.split("+") if "pdl" in x]
+                check = merge if merge.startswith("fused") else "+".join(["comb"] + pdl)
+                split_call(sets[0], bn, w, st, check, nonpad)()
                 err = float((y0.float() - ref).abs().max())
                 add("split" + ("+" + merge if merge else ""), [split_call(s, bn, w, st, merge, nonpad) for s in sets],
                     splits=splits, bn=bn, warps=w, stages=st, nonpad=nonpad, err=err)

@@ -41,8 +41,17 @@ def flash_decode_split(
     stride_mb, stride_mh, stride_mm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    # PDL, programmatic dependent launch (sm_90+): 1 waits for the grid before it on the stream
+    # (griddepcontrol.wait) before touching memory, so the launcher may start this grid while
+    # that one drains (the AOT build's level on sm_90+, aot/build.py decode_pdl; the wait returns
+    # at once when not launched so); 2 also lets the next PDL grid launch at once (measured only,
+    # aot/decode_floor.py: its waiting CTAs then hold SM slots, up to 1.4x slower at B32).
+    if PDL >= 1:
+        tl.extra.cuda.gdc_wait()
+    if PDL >= 2:
+        tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     pid_bk = tl.program_id(1)
     pid_m = tl.program_id(2)

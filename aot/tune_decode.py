@@ -57,10 +57,16 @@ def choose_splits(groups: int, skv: int, block_n: int, sms: int) -> int:
     return best
 
 
-def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None, counter=None):
+def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None, counter=None, pdl=None):
     """Split + combine; `seqlens` (int64 (B,) on the device) takes the EXTRAS variant with
     nonpad_kv_seqlen, as the op runs a static cache; `counter` (int32, zeros, one per row block)
-    merges in the split kernel (the fused merge) instead of the combine kernel."""
+    merges in the split kernel (the fused merge) instead of the combine kernel; `pdl` launches
+    the split kernel with programmatic dependent launch at that PDL level (flash_decode_split;
+    default: the AOT build's level for this GPU, aot/build.py decode_pdl)."""
+    if pdl is None:
+        from build import decode_pdl
+        major, minor = torch.cuda.get_device_capability(q.device)
+        pdl = decode_pdl(10 * major + minor)
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     dummy = torch.empty(1, dtype=torch.int8, device=q.device)
@@ -74,8 +80,8 @@ def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None, 
         int(fused),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
-        MASK_KIND=0, EXTRAS=seqlens is not None, DOT_PRECISION="tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        MASK_KIND=0, EXTRAS=seqlens is not None, DOT_PRECISION="tf32", PDL=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
     if splits > 1 and combine and not fused:
         flash_decode_combine[(b * hq * sq,)](opart, lpart, y, lse, hq, sq, d, splits, 1,
                                              *y.stride()[:3], BLOCK_DV=d, BLOCK_S=COMBINE_BLOCK_S,

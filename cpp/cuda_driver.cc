@@ -53,6 +53,7 @@ Status load() {
   }
   d.cuTensorMapEncodeTiled = reinterpret_cast<decltype(d.cuTensorMapEncodeTiled)>(
       dlsym(lib, "cuTensorMapEncodeTiled"));
+  d.cuLaunchKernelEx = reinterpret_cast<decltype(d.cuLaunchKernelEx)>(dlsym(lib, "cuLaunchKernelEx"));
   return cuda_check(d.cuInit(0), "cuInit");
 }
 

@@ -53,6 +53,27 @@ constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
 constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2;
 constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;  // out-of-bounds elements read as zero
 
+// cuLaunchKernelEx's configuration (CUDA 12+), as the driver lays it out: an attribute is an id,
+// padding to 8 bytes and a 64-byte value union (only the int member is used here).
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+struct CUlaunchAttribute {
+  int id;
+  char pad[8 - sizeof(int)];
+  union {
+    char bytes[64];
+    int value;  // programmaticStreamSerializationAllowed
+  } value;
+};
+struct CUlaunchConfig {
+  unsigned int gridDimX, gridDimY, gridDimZ;
+  unsigned int blockDimX, blockDimY, blockDimZ;
+  unsigned int sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute* attrs;
+  unsigned int numAttrs;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute layout");
+
 struct CudaDriver {
   CUresult (*cuInit)(unsigned int);
   CUresult (*cuDriverGetVersion)(int*);
@@ -81,6 +102,9 @@ struct CudaDriver {
                                      const uint64_t* dims, const uint64_t* strides_bytes,
                                      const uint32_t* box, const uint32_t* element_strides,
                                      int interleave, int swizzle, int l2_promotion, int oob_fill);
+  // Optional (null before CUDA 12): then kernels that could use programmatic dependent launch
+  // are launched plainly (their griddepcontrol.wait returns at once).
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**);
 };
 
 // Loads libcuda.so.1 and cuInit(0)s once (thread-safe). Fails with a clear message when no

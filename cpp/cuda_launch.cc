@@ -62,6 +62,39 @@ int fused_combine_mode() {
   return v;
 }
 
+// ORT_FLASH_PDL: unset = kernels built for it (KernelEntry::pdl) launch with programmatic
+// stream serialization, 0 = never (A/B comparisons and the tests of both paths). Such a kernel
+// may start while the grid before it on the stream drains; it waits for that grid
+// (griddepcontrol.wait) before touching memory, and never releases the next grid early. Measured
+// on the H200 (JIT, aot/decode_floor.py, docs/perf-notes.md, decode v7): -0.6 us per decode call
+// at B1 4k-32k (10.9 -> 10.2 us at 4k), nothing measurable at B32.
+bool pdl_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("ORT_FLASH_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return v;
+}
+
+// cuLaunchKernel, or cuLaunchKernelEx with programmatic stream serialization where `pdl` (and
+// the driver has it: LaunchPlan::pdl is only set where it does).
+Status launch_kernel(const CudaDriver& d, const LoadedKernel& k, unsigned gx, unsigned gy, unsigned gz,
+                     CUstream stream, void** args, bool pdl) {
+  const KernelEntry& e = *k.entry;
+  const unsigned threads = 32u * static_cast<unsigned>(e.num_warps);
+  const unsigned shared = static_cast<unsigned>(e.shared);
+  const std::string what = std::string(pdl ? "cuLaunchKernelEx(" : "cuLaunchKernel(") + e.variant_name + ")";
+  if (!pdl || !d.cuLaunchKernelEx) {
+    return cuda_check(d.cuLaunchKernel(k.function, gx, gy, gz, threads, 1, 1, shared, stream, args, nullptr),
+                      what.c_str());
+  }
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.value = 1;
+  CUlaunchConfig cfg{gx, gy, gz, threads, 1, 1, shared, stream, &attr, 1};
+  return cuda_check(d.cuLaunchKernelEx(&cfg, k.function, args, nullptr), what.c_str());
+}
+
 // `rows`: the packed rows of a full row block (min(block_m, group * sq)).
 bool fuse_combine(int splits, int64_t rows) {
   const int mode = fused_combine_mode();
@@ -430,6 +463,8 @@ Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split
     plan->loaded = w;
     plan->kernel = w->entry;
   }
+  const CudaDriver* d = nullptr;
+  plan->pdl = plan->loaded->entry->pdl && pdl_enabled() && cuda_driver(&d).ok() && d->cuLaunchKernelEx;
   if (splits > 1) {
     const size_t parts = static_cast<size_t>(p.batch * p.hq * p.sq * splits);
     plan->workspace_bytes = align_up(parts * static_cast<size_t>(p.dv) * 4) + align_up(parts * 4);
@@ -528,11 +563,9 @@ Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const Launch
   args.push_back(&fused);
   a.push_strides_and_scratch(args);
   if (args.size() != kDecodeArgCount + 2) return Status::Error("internal error: decode argument count mismatch");
-  ORT_FLASH_RETURN_IF_ERROR(cuda_check(
-      d->cuLaunchKernel(k->function, static_cast<unsigned>(splits), static_cast<unsigned>(p.batch * p.hkv),
-                        static_cast<unsigned>(m_blocks), 32 * e.num_warps, 1, 1,
-                        static_cast<unsigned>(e.shared), stream, args.data(), nullptr),
-      (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str()));
+  ORT_FLASH_RETURN_IF_ERROR(launch_kernel(*d, *k, static_cast<unsigned>(splits),
+                                          static_cast<unsigned>(p.batch * p.hkv),
+                                          static_cast<unsigned>(m_blocks), stream, args.data(), plan.pdl));
   if (splits == 1 || fused) return Status::Ok();
   const KernelEntry& ce = *c->entry;
   const int64_t rows = p.batch * p.hq * p.sq;
@@ -541,9 +574,7 @@ Status launch_decode(const FlashParams& p, const DeviceKernels& dk, const Launch
   void* cargs[kCombineArgCount + 2] = {&opart, &lpart, &a.y, &a.lse, &a.ints[0], &a.ints[2], &a.ints[5],
                                        &splits, &a.ints[12], &a.strides[9], &a.strides[10],
                                        &a.strides[11], &a.global_scratch, &a.profile_scratch};
-  return cuda_check(d->cuLaunchKernel(c->function, static_cast<unsigned>(rows), 1, 1, 32 * ce.num_warps,
-                                      1, 1, static_cast<unsigned>(ce.shared), stream, cargs, nullptr),
-                    (std::string("cuLaunchKernel(") + ce.variant_name + ")").c_str());
+  return launch_kernel(*d, *c, static_cast<unsigned>(rows), 1, 1, stream, cargs, false);
 }
 
 }  // namespace

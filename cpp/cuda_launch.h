@@ -32,6 +32,9 @@ struct LaunchPlan {
   // kFwdTma: the pointer kernel, run where the tensor maps cannot be encoded; kDecode: the
   // combine kernel.
   const LoadedKernel* second = nullptr;
+  // kDecode: launch the split kernel with programmatic stream serialization (its cubin waits for
+  // the grid before it; KernelEntry::pdl, ORT_FLASH_PDL, a driver with cuLaunchKernelEx).
+  bool pdl = false;
 };
 
 // The dispatcher: the decode kernel when few query rows per KV head (Sq <= 16, GQA group x Sq

@@ -56,6 +56,10 @@ struct KernelEntry {
   // largest such among those that match; see pick_tile in cpp/cuda_launch.cc).
   int tile_causal;
   int tile_min_len;
+  // The kernel waits for the grid before it first thing (griddepcontrol.wait; the decode kernel
+  // on sm_90+, aot/build.py decode_pdl): the launcher may launch it with programmatic stream
+  // serialization, so its launch overlaps that grid's drain.
+  bool pdl;
 };
 
 // Runtime arguments of each kernel, in order (the launch ABI; aot/build.py asserts the counts).

@@ -57,6 +57,7 @@ py::list kernels() {
     d["block_n"] = e.block_n;
     d["tile_causal"] = e.tile_causal;
     d["tile_min_len"] = e.tile_min_len;
+    d["pdl"] = e.pdl;
     d["cubin_bytes"] = static_cast<size_t>(e.cubin_end - e.cubin);
     if (e.key.kind == KernelKind::kFwdTma) {  // (swizzle, box rows, box cols) of Q, K, V, Y
       py::list boxes;
@@ -149,8 +150,7 @@ PYBIND11_MODULE(_C, m) {
     check(prepare_device(device, &dk));
     LaunchPlan plan;
     check(plan_flash_cuda(p, *dk, true, &plan));
-    return py::make_tuple(kind_name(plan.kind), plan.num_splits, plan.workspace_bytes,
-                          plan.num_splits > 1 && plan.fused_merge);
+    return py::make_tuple(kind_name(plan.kind), plan.num_splits, plan.workspace_bytes, plan.fused_merge);
   }, py::arg("p"), py::arg("device") = 0,
      "How run_cuda / the op would run `p`: (\"fwd\", \"fwd_tma\" or \"decode\", KV splits, "
      "workspace bytes, whether the split kernel merges the splits itself rather than the combine "
@@ -163,6 +163,15 @@ PYBIND11_MODULE(_C, m) {
     return plan.kernel ? std::string(plan.kernel->variant_name) : std::string();
   }, py::arg("p"), py::arg("device") = 0,
      "The compiled variant run_cuda / the op would launch first for `p` (\"\" if none is built).");
+  m.def("launch_pdl", [](const FlashParams& p, int device) {
+    const DeviceKernels* dk = nullptr;
+    check(prepare_device(device, &dk));
+    LaunchPlan plan;
+    check(plan_flash_cuda(p, *dk, true, &plan));
+    return plan.pdl;
+  }, py::arg("p"), py::arg("device") = 0,
+     "Whether run_cuda / the op would launch `p`'s first kernel with programmatic dependent launch "
+     "(the decode kernel on sm_90+, unless ORT_FLASH_PDL=0).");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     const CudaDriver* d = nullptr;
     check(cuda_driver(&d));

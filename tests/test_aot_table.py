@@ -178,3 +178,19 @@ def test_library_table_mirrors_the_tile_table():
         assert (k["block_m"], k["block_n"], k["num_warps"], k["tile_min_len"]) == (
             cfg.block_m, cfg.block_n, cfg.num_warps, x.tile_min_len), k["variant"]
     assert {k["tile_min_len"] for k in decode} == {0, v.DECODE_WIDE_WAVES}
+
+
+def test_only_decode_kernels_from_sm90_wait_for_the_grid_before(build):
+    """KernelEntry::pdl (programmatic dependent launch) is set exactly on the decode split
+    kernels of sm_90 and later: those cubins wait (griddepcontrol.wait) before touching memory,
+    so the launcher may start them while the grid before them drains; sm_80 has no such wait."""
+    from ort_flash import _C
+
+    kernels = _C.kernels()
+    if not kernels:
+        pytest.skip("a CPU-only build (ORT_FLASH_CUDA_ARCHS empty) has no kernel table")
+    for k in kernels:
+        assert k["pdl"] == (k["kind"] == "decode" and k["arch"] >= build.PDL_MIN_ARCH), k["variant"]
+        if k["kind"] == "decode":
+            assert build.decode_pdl(k["arch"]) == int(k["pdl"])
+    assert any(k["pdl"] for k in kernels) == any(k["arch"] >= 90 for k in kernels)

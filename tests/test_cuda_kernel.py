@@ -354,3 +354,82 @@ def test_tensors_past_2_31_elements():
     assert not np.isnan(got).any()
     assert np.abs(got - ref).max() <= error_bound(ref, low, FLOORS["float16"])
     assert not torch.isnan(y).any().item(), "unwritten elements of Y"
+
+
+def test_decode_pdl_dispatch():
+    """On sm_90 the decode split kernel launches with programmatic dependent launch (its cubin
+    waits for the grid before it first thing); prefill, other GPUs and ORT_FLASH_PDL=0 do not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ort_flash import _C
+
+    hopper = _C.prepare_device(0)[1] >= 90
+    assert _C.launch_pdl(_decode_params(1, 32, 8, 1, 32768, 128)) == hopper
+    assert _C.launch_pdl(_decode_params(32, 32, 8, 1, 4096, 128)) == hopper  # the wide tile
+    assert not _C.launch_pdl(_decode_params(1, 32, 8, 128, 4096, 128))  # prefill
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from ort_flash import _C; "
+            "from test_cuda_kernel import _decode_params as d; "
+            "print(_C.launch_pdl(d(1, 32, 8, 1, 32768, 128)))")
+    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
+                       text=True, env=dict(os.environ, ORT_FLASH_PDL="0"))
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "False", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("pdl", ["", "0"])
+@pytest.mark.parametrize("shape", [(1, 32, 8, 4096), (1, 8, 1, 32768), (32, 32, 8, 2048)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_decode_chain_reads_the_grid_before(shape, pdl):
+    """Back-to-back decode calls on one stream, each one's Q the previous one's Y (NaN until that
+    call writes it), with no host synchronization between: with programmatic dependent launch a
+    call may start while the one before drains, so any read before its griddepcontrol.wait would
+    see NaN or stale rows. Every step against the float64 reference on the Q it was given; the
+    shapes take the fused merge (Y written last, by the last CTA), the combine kernel (a second
+    launch between) and the wide tile. In a subprocess for ORT_FLASH_PDL=0 (read once)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    b, hq, hkv, skv = shape
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_cuda_kernel as t; "
+            f"t._decode_chain({b}, {hq}, {hkv}, {skv}); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
+                       text=True, env=dict(os.environ, ORT_FLASH_PDL=pdl), timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok", r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def _decode_chain(b, hq, hkv, skv, steps=12, d=128):
+    from ort_flash import _C
+
+    seed = secrets.randbits(32)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=torch.float16, generator=gen) for _ in range(2))
+    # Q_0 comes from a kernel just before the chain (a matmul on the same stream), like a projection.
+    w = torch.randn(d, d, device="cuda", dtype=torch.float16, generator=gen) / d ** 0.5
+    x = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.float16, generator=gen)
+    ys = [torch.full((b, hq, 1, d), float("nan"), device="cuda", dtype=torch.float16) for _ in range(steps + 1)]
+    lens = torch.full((b,), skv, dtype=torch.int64, device="cuda")
+    plans = set()
+    stream = torch.cuda.current_stream()
+    torch.cuda.synchronize()
+    torch.matmul(x, w, out=ys[0])
+    for i in range(steps):
+        p = _decode_params(b, hq, hkv, 1, skv, d)
+        p.q, p.k, p.v, p.y = ys[i].data_ptr(), k.data_ptr(), v.data_ptr(), ys[i + 1].data_ptr()
+        p.scale = 8.0 / d ** 0.5  # sharp enough that a wrong Q shows
+        p.seqlens_k = lens.data_ptr()
+        plans.add(_C.launch_plan(p)[:2] + (_C.launch_pdl(p),))
+        _C.run_cuda(p, stream.cuda_stream)
+    torch.cuda.synchronize()
+    kf, vf = k.double().repeat_interleave(hq // hkv, 1), v.double().repeat_interleave(hq // hkv, 1)
+    for i in range(steps):
+        q = ys[i].double()
+        ref = torch.softmax(q @ kf.transpose(-1, -2) * (8.0 / d ** 0.5), -1) @ vf
+        got = ys[i + 1].double()
+        assert not got.isnan().any(), f"step {i} (seed {seed}, plans {plans}): unwritten or NaN-read rows"
+        err = float((got - ref).abs().max())
+        assert err < 4e-3 * max(1.0, float(ref.abs().max())), f"step {i} (seed {seed}, plans {plans}): max|Y-ref| {err:.3g}"
+    assert all(kind == "decode" for kind, *_ in plans), plans
