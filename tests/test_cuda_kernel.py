@@ -185,6 +185,22 @@ def _decode_params(b, hq, hkv, sq, skv, d, dtype="float16"):
     return p
 
 
+def _in_subprocess(code: str, **env: str) -> tuple[str | None, str]:
+    """Runs `code` in a fresh Python with this folder first on sys.path and `env` added to the
+    environment (the launcher reads its ORT_FLASH_* switches once per process): (its last stdout
+    line, or None if it failed or printed nothing; the tail of its output, for a message)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); " + code,
+                        str(Path(__file__).parent)], capture_output=True, text=True,
+                       env=dict(os.environ, **env), timeout=600)
+    lines = r.stdout.strip().splitlines()
+    return (lines[-1] if r.returncode == 0 and lines else None), r.stdout[-2000:] + r.stderr[-4000:]
+
+
 def test_decode_dispatch():
     """Few query rows per KV head take the split-KV kernel, split to fill the GPU; prefill does not."""
     from ort_flash import _C
@@ -238,11 +254,6 @@ def test_tma_dispatch():
     """On sm_90 unmasked fp16/bf16 prefill with exact head dims 64/128 takes the TMA-descriptor
     kernel, in either layout; masks, fp32, other head dims, decode shapes and ORT_FLASH_TMA=0 do
     not."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from ort_flash import _C
 
     arch = _C.prepare_device(0)[1]
@@ -263,12 +274,9 @@ def test_tma_dispatch():
     assert _C.launch_plan(masked)[0] == "fwd" and _C.launch_variant(masked) == "flash_fwd_fp16_d128_add"
     assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 80))[0] == "fwd"
     assert _C.launch_plan(_decode_params(1, 32, 8, 1, 4096, 128))[0] == "decode"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from ort_flash import _C; "
-            "from test_cuda_kernel import _decode_params as d; "
-            "print(_C.launch_plan(d(2, 16, 4, 1000, 1000, 128))[0])")
-    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
-                       text=True, env=dict(os.environ, ORT_FLASH_TMA="0"))
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "fwd", r.stdout + r.stderr
+    last, out = _in_subprocess("from ort_flash import _C; from test_cuda_kernel import _decode_params as d; "
+                               "print(_C.launch_plan(d(2, 16, 4, 1000, 1000, 128))[0])", ORT_FLASH_TMA="0")
+    assert last == "fwd", out
 
 
 @pytest.mark.parametrize("fused", ["0", "1"])
@@ -276,18 +284,11 @@ def test_decode_merge_paths_match_reference(fused):
     """ORT_FLASH_FUSED_COMBINE (read once per process, so in a subprocess) forcing each merge of
     the split-KV partials on the decode cases above, whatever their split count: 0 the combine
     kernel, 1 the split kernel's last CTA; against the same reference and bounds."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_cuda_kernel as t; "
-            "cases = [c for c in t.CASES if c['sq'] <= 4]; assert len(cases) == 7; "
-            "[t.test_kernel_matches_reference(c, dt) for c in cases for dt in ('float16', 'bfloat16', 'float32')]; "
-            "print('ok', len(cases))")
-    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
-                       text=True, env=dict(os.environ, ORT_FLASH_FUSED_COMBINE=fused), timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok 7", r.stdout[-2000:] + r.stderr[-4000:]
+    last, out = _in_subprocess(
+        "import test_cuda_kernel as t; cases = [c for c in t.CASES if c['sq'] <= 4]; assert len(cases) == 7; "
+        "[t.test_kernel_matches_reference(c, dt) for c in cases for dt in ('float16', 'bfloat16', 'float32')]; "
+        "print('ok', len(cases))", ORT_FLASH_FUSED_COMBINE=fused)
+    assert last == "ok 7", out
 
 
 def test_tma_tiles():
@@ -359,23 +360,15 @@ def test_tensors_past_2_31_elements():
 def test_decode_pdl_dispatch():
     """On sm_90 the decode split kernel launches with programmatic dependent launch (its cubin
     waits for the grid before it first thing); prefill, other GPUs and ORT_FLASH_PDL=0 do not."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from ort_flash import _C
 
     hopper = _C.prepare_device(0)[1] >= 90
     assert _C.launch_pdl(_decode_params(1, 32, 8, 1, 32768, 128)) == hopper
     assert _C.launch_pdl(_decode_params(32, 32, 8, 1, 4096, 128)) == hopper  # the wide tile
     assert not _C.launch_pdl(_decode_params(1, 32, 8, 128, 4096, 128))  # prefill
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from ort_flash import _C; "
-            "from test_cuda_kernel import _decode_params as d; "
-            "print(_C.launch_pdl(d(1, 32, 8, 1, 32768, 128)))")
-    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
-                       text=True, env=dict(os.environ, ORT_FLASH_PDL="0"))
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "False", r.stdout + r.stderr
+    last, out = _in_subprocess("from ort_flash import _C; from test_cuda_kernel import _decode_params as d; "
+                               "print(_C.launch_pdl(d(1, 32, 8, 1, 32768, 128)))", ORT_FLASH_PDL="0")
+    assert last == "False", out
 
 
 @pytest.mark.parametrize("pdl", ["", "0"])
@@ -388,17 +381,10 @@ def test_decode_chain_reads_the_grid_before(shape, pdl):
     see NaN or stale rows. Every step against the float64 reference on the Q it was given; the
     shapes take the fused merge (Y written last, by the last CTA), the combine kernel (a second
     launch between) and the wide tile. In a subprocess for ORT_FLASH_PDL=0 (read once)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     b, hq, hkv, skv = shape
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_cuda_kernel as t; "
-            f"t._decode_chain({b}, {hq}, {hkv}, {skv}); print('ok')")
-    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
-                       text=True, env=dict(os.environ, ORT_FLASH_PDL=pdl), timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok", r.stdout[-2000:] + r.stderr[-4000:]
+    last, out = _in_subprocess(f"import test_cuda_kernel as t; t._decode_chain({b}, {hq}, {hkv}, {skv}); print('ok')",
+                               ORT_FLASH_PDL=pdl)
+    assert last == "ok", out
 
 
 def _decode_chain(b, hq, hkv, skv, steps=12, d=128):
