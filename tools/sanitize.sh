@@ -27,6 +27,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(command -v "${PYTHON:-python3}")
+"$PY" -c "import ml_dtypes, numpy, onnx, onnxruntime, pytest" 2>/dev/null || {
+  echo "$PY cannot import what the tests need (ml_dtypes, numpy, onnx, onnxruntime, pytest):"
+  echo "run this from the venv the README's test command sets up, or set PYTHON"; exit 1; }
 BUILD=${ORT_FLASH_SANITIZE_BUILD:-build/sanitize}
 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -g"
 
