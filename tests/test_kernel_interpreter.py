@@ -266,8 +266,48 @@ def check_floor():
             assert err < tol, (tma, softmax, rep, err)
 
 
+def test_decode_flat_kernel_matches_reference():
+    """aot/decode_flat.py's equal-work attention (one loop over the flattened (KV head, key tile)
+    space, a partial per head per CTA) merges to attention, over grids where a CTA holds part of
+    one head, a head's end and the next's start, several whole heads, or everything."""
+    pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
+    pytest.importorskip("triton", reason="the kernel source needs Triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, __file__, "flat"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def check_flat():
+    import torch
+
+    sys.path.insert(0, str(ROOT / "aot"))
+    _patch_interpreter()
+    from decode_flat import BLOCK_M, GROUP, flat_grid, floor_attn_flat, merge_flat
+
+    torch.manual_seed(0)
+    heads, nb, bn, d = 3, 5, 16, 64
+    s = nb * bn
+    q = torch.randn(heads * GROUP, d, dtype=torch.float16)
+    k, v = (torch.randn(heads, s, d, dtype=torch.float16) for _ in range(2))
+    qd = q.view(heads, GROUP, d).double()
+    want = torch.softmax(qd @ k.double().transpose(1, 2) * d ** -0.5, -1) @ v.double()
+    # 15 tiles: 1 CTA (all), 2 (8 + 7: a head's end and the next's start), 4 (4 per CTA), 7 and
+    # 15 (parts of one head, up to 3 parts per head).
+    for wanted in (1, 2, 4, 7, 15):
+        ctas, per_cta, max_parts = flat_grid(heads, nb, wanted)
+        opart = torch.full((heads * max_parts * GROUP, d), float("nan"))
+        lpart = torch.full((heads * max_parts * GROUP,), float("-inf"))
+        floor_attn_flat[(ctas,)](q, k, v, opart, lpart, per_cta, heads * nb, nb, s, d ** -0.5, max_parts,
+                                 BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_D=d, GROUP=GROUP)
+        got = merge_flat(opart, lpart, heads, max_parts, GROUP, d)
+        err = float((got - want).abs().max())
+        assert err < 2e-3, (wanted, ctas, per_cta, err)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "floor":
         check_floor()
+    elif sys.argv[1] == "flat":
+        check_flat()
     else:
         check_case(json.loads(sys.argv[1]))
