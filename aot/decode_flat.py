@@ -104,49 +104,18 @@ def merge_flat(opart, lpart, heads: int, max_parts: int, group: int, d: int):
 
 def main(argv=None) -> int:
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from decode_floor import floor_attn
-    from tune import save
+    from decode_floor import each_shape, floor_attn
     from tune_decode import BLOCK_M as SPLIT_BLOCK_M, choose_splits, run
-    from ort_flash.bench.tensors import rotation_sets
-    from ort_flash.bench.timers import cuda_graph_calls, time_calls
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1x32768,16x65536,32x16384,32x32768", help="BxCACHE list")
     ap.add_argument("--out", default="decode-flat.json")
     args = ap.parse_args(argv)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    stream = torch.cuda.Stream()
-
-    def timed(fns):
-        calls, per = cuda_graph_calls(fns, stream)
-        return time_calls(calls, "cuda", stream=stream, target_s=0.05).ms / per * 1e3  # us
-
-    results = []
-    for shape in args.shapes.split(","):
-        b, skv = map(int, shape.split("x"))
+    for sh in each_shape(args.shapes, args.out):
+        b, skv, sets, add, sms = sh.b, sh.skv, sh.sets, sh.add, sh.sms
         heads = b * HKV
-        nbytes = 2 * heads * skv * D * 2
-        sets = []
-        for _ in range(rotation_sets(nbytes)):
-            q = torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.float16)
-            k, v = (torch.randn(b, HKV, skv, D, device="cuda", dtype=torch.float16) for _ in range(2))
-            sets.append((q, k, v, torch.empty_like(q), torch.empty(b, HQ, 1, device="cuda")))
-        row = dict(batch=b, cache=skv, hkv=HKV, d=D, sms=sms, mbytes=nbytes / 1e6, points=[])
-
-        def add(kind, fns, **kw):
-            try:
-                us = timed(fns)
-            except Exception as e:  # noqa: BLE001 - a tile out of resources
-                print(f"  skip {kind} {kw}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
-                return
-            row["points"].append(dict(kind=kind, us=us, tbs=nbytes / us / 1e6, **kw))
-            print(f"B{b} L{skv} {kind:12s} {kw}: {us:8.2f} us {nbytes / us / 1e6:5.3f} TB/s", flush=True)
-
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            add("cudnn", [lambda s=s: torch.nn.functional.scaled_dot_product_attention(*s[:3], enable_gqa=True)
-                          for s in sets])
+        sh.add_cudnn()
 
         # attn_flat over (B, Hq, 1, D) Q (= (heads * GROUP, D)) and (B, Hkv, S, D) K/V (= (heads, S, D)).
         ref = torch.nn.functional.scaled_dot_product_attention(
@@ -193,10 +162,6 @@ def main(argv=None) -> int:
             add("split+fused", [lambda s=s, o=opart, lp=lpart, n=splits, c=counter, cfg=cfg: run(
                 *s, o, lp, n, cfg, seqlens=lens, counter=c if n > 1 else None) for s in sets],
                 bn=bn, warps=w, stages=st, splits=splits)
-        results.append(row)
-        save(args.out, results)
-        sets.clear()
-        torch.cuda.empty_cache()
     return 0
 
 

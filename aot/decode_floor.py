@@ -132,37 +132,71 @@ def floor_attn(Q, K, V, Out, chunk, S, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl
     tl.store(dst, o)
 
 
+class Shape:
+    """One decode shape's timing: its rotating input sets (q, k, v, y, lse; fp16, Hq HQ, Hkv HKV,
+    d D, Sq 1), its JSON row and `add`, which times a point from CUDA-graph replays of one callable
+    per input set and prints and records it (a tile out of resources is skipped with a line)."""
+
+    def __init__(self, b: int, skv: int, stream, sms: int):
+        from ort_flash.bench.tensors import rotation_sets
+        self.b, self.skv, self.stream, self.sms = b, skv, stream, sms
+        self.nbytes = 2 * b * HKV * skv * D * 2
+        self.sets = []
+        for _ in range(rotation_sets(self.nbytes)):
+            q = torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.float16)
+            k, v = (torch.randn(b, HKV, skv, D, device="cuda", dtype=torch.float16) for _ in range(2))
+            self.sets.append((q, k, v, torch.empty_like(q), torch.empty(b, HQ, 1, device="cuda")))
+        self.row = dict(batch=b, cache=skv, hkv=HKV, d=D, sms=sms, mbytes=self.nbytes / 1e6, points=[])
+
+    def add(self, kind, fns, **kw):
+        from ort_flash.bench.timers import cuda_graph_calls, time_calls
+        try:
+            calls, per = cuda_graph_calls(fns, self.stream)
+            us = time_calls(calls, "cuda", stream=self.stream, target_s=0.05).ms / per * 1e3
+        except Exception as e:  # noqa: BLE001 - a tile out of resources
+            print(f"  skip {kind} {kw}: {type(e).__name__}: {str(e)[:80]}", file=sys.stderr)
+            return
+        self.row["points"].append(dict(kind=kind, us=us, tbs=self.nbytes / us / 1e6, **kw))
+        print(f"B{self.b} L{self.skv} {kind:11s} {kw}: {us:7.2f} us {self.nbytes / us / 1e6:5.2f} TB/s", flush=True)
+
+    def add_cudnn(self):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            self.add("cudnn", [lambda s=s: torch.nn.functional.scaled_dot_product_attention(*s[:3], enable_gqa=True)
+                               for s in self.sets])
+
+
+def each_shape(shapes: str, out: str):
+    """A Shape per BxCACHE of the comma-separated `shapes`; after each, every row so far is saved
+    to `out` (JSON) and the shape's inputs are freed."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    stream = torch.cuda.Stream()
+    results = []
+    for spec in shapes.split(","):
+        b, skv = map(int, spec.split("x"))
+        sh = Shape(b, skv, stream, sms)
+        yield sh
+        results.append(sh.row)
+        save(out, results)
+        sh.sets.clear()
+        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1x4096,1x32768", help="BxCACHE list")
     ap.add_argument("--out", default="decode-floor.json")
     args = ap.parse_args(argv)
 
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from tune_decode import run  # the split kernel (+ combine or fused merge) as tune_decode launches it
-    from ort_flash.bench.tensors import rotation_sets
-    from ort_flash.bench.timers import cuda_graph_calls, time_calls
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    stream = torch.cuda.Stream()
 
-    def timed(fns):
-        calls, per = cuda_graph_calls(fns, stream)
-        return time_calls(calls, "cuda", stream=stream, target_s=0.05).ms / per * 1e3  # us
-
-    results = []
-    for shape in args.shapes.split(","):
-        b, skv = map(int, shape.split("x"))
+    for sh in each_shape(args.shapes, args.out):
+        b, skv, sets, add = sh.b, sh.skv, sh.sets, sh.add
         heads = b * HKV  # the floor kernels' grid axis 1: K, V as (B * Hkv, S, D)
-        nbytes = 2 * heads * skv * D * 2
         read_splits = sorted({max(1, n // heads) for n in (128, 256, 512, 1024, 2048)})
         attn_splits = sorted({max(1, n // heads) for n in (128, 256)})
-        sets = []
-        for _ in range(rotation_sets(nbytes)):
-            q = torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.float16)
-            k, v = (torch.randn(b, HKV, skv, D, device="cuda", dtype=torch.float16) for _ in range(2))
-            sets.append((q, k, v, torch.empty_like(q), torch.empty(b, HQ, 1, device="cuda")))
         qt = torch.randn(heads * BLOCK_M, D, device="cuda", dtype=torch.float16)
         out = torch.empty(heads * max(max(read_splits), max(attn_splits) * BLOCK_M * D), device="cuda",
                           dtype=torch.float32)
@@ -171,21 +205,9 @@ def main(argv=None) -> int:
         counter = torch.zeros(heads, dtype=torch.int32, device="cuda")
         lens = torch.full((b,), skv, dtype=torch.int64, device="cuda")
         ref = torch.nn.functional.scaled_dot_product_attention(*sets[0][:3], enable_gqa=True).float()
-        row = dict(batch=b, cache=skv, hkv=HKV, d=D, sms=sms, mbytes=nbytes / 1e6, points=[])
         print(f"B{b} L{skv}: read splits {read_splits}, attn/split splits {attn_splits}", flush=True)
 
-        def add(kind, fns, **kw):
-            try:
-                us = timed(fns)
-            except Exception as e:  # noqa: BLE001 - a tile out of resources
-                print(f"  skip {kind} {kw}: {type(e).__name__}: {str(e)[:80]}", file=sys.stderr)
-                return
-            row["points"].append(dict(kind=kind, us=us, tbs=nbytes / us / 1e6, **kw))
-            print(f"B{b} L{skv} {kind:11s} {kw}: {us:7.2f} us {nbytes / us / 1e6:5.2f} TB/s", flush=True)
-
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            add("cudnn", [lambda s=s: torch.nn.functional.scaled_dot_product_attention(*s[:3], enable_gqa=True)
-                          for s in sets])
+        sh.add_cudnn()
         dst = [torch.empty_like(sets[0][1]) for _ in range(2)]
         add("copy_rw", [lambda s=s: (dst[0].copy_(s[1]), dst[1].copy_(s[2])) for s in sets])
         add("torch_sum", [lambda s=s: (s[1].sum(dtype=torch.float32), s[2].sum(dtype=torch.float32)) for s in sets])
@@ -198,7 +220,7 @@ def main(argv=None) -> int:
                         for s in sets], splits=splits, bn=bn, warps=w, stages=st)
         total = heads * skv
         for per_sm in (1, 2, 4, 8):
-            n = per_sm * sms
+            n = per_sm * sh.sms
             for bn, w, st in ((64, 4, 3), (128, 8, 3)):
                 chunk = -(-(-(-total // n)) // bn) * bn
                 add("read_flat", [lambda s=s, bn=bn, w=w, st=st, c=chunk, n=n: floor_read_flat[(n,)](
@@ -241,10 +263,6 @@ def main(argv=None) -> int:
                 add("split" + ("+" + merge if merge else ""), [split_call(s, bn, w, st, merge, nonpad) for s in sets],
                     splits=splits, bn=bn, warps=w, stages=st, nonpad=nonpad, err=err)
             assert not counter.any(), "the fused merge left a counter non-zero"
-        results.append(row)
-        save(args.out, results)
-        sets.clear()
-        torch.cuda.empty_cache()
     return 0
 
 

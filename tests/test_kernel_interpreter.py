@@ -80,14 +80,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
-def test_kernel_source_matches_reference(case):
+def _interpreted(arg: str) -> None:
+    """Runs this file's check `arg` in a subprocess under TRITON_INTERPRET=1 (Triton reads it
+    when it is imported), on torch CPU tensors."""
     pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
     pytest.importorskip("triton", reason="the kernel source needs Triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, __file__, json.dumps(case)], env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run([sys.executable, __file__, arg], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_kernel_source_matches_reference(case):
+    _interpreted(json.dumps(case))
 
 
 def _patch_interpreter():
@@ -224,11 +229,7 @@ def test_decode_floor_kernels_match_reference():
     """aot/decode_floor.py's floor kernels (the figures under the decode kernel in
     docs/perf-notes.md) compute what they claim: the chunk sums, the dots without softmax, the
     online softmax with and without the 4-replica block-diagonal stack, with and without TMA."""
-    pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
-    pytest.importorskip("triton", reason="the kernel source needs Triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, __file__, "floor"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _interpreted("floor")
 
 
 def check_floor():
@@ -270,11 +271,7 @@ def test_decode_flat_kernel_matches_reference():
     """aot/decode_flat.py's equal-work attention (one loop over the flattened (KV head, key tile)
     space, a partial per head per CTA) merges to attention, over grids where a CTA holds part of
     one head, a head's end and the next's start, several whole heads, or everything."""
-    pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
-    pytest.importorskip("triton", reason="the kernel source needs Triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, __file__, "flat"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _interpreted("flat")
 
 
 def check_flat():
