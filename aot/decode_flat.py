@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             counter = torch.zeros(b * HKV, dtype=torch.int32, device="cuda")
             cfg = dict(BLOCK_N=bn, num_warps=w, num_stages=st)
             add("split+fused", [lambda s=s, o=opart, lp=lpart, n=splits, c=counter, cfg=cfg: run(
-                *s, o, lp, n, cfg, seqlens=lens, counter=c if n > 1 else None) for s in sets],
+                *s, o, lp, n, cfg, seqlens=lens, counter=c) for s in sets],
                 bn=bn, warps=w, stages=st, splits=splits)
     return 0
 
