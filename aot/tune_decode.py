@@ -20,6 +20,7 @@ the split kernel, --nonpad makes them pass nonpad_kv_seqlen (the variant a stati
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import sys
@@ -57,6 +58,14 @@ def choose_splits(groups: int, skv: int, block_n: int, sms: int) -> int:
     return best
 
 
+@functools.cache
+def _shipped_pdl(device) -> int:
+    """The AOT build's PDL level for this GPU (aot/build.py decode_pdl), looked up once."""
+    from build import decode_pdl
+    major, minor = torch.cuda.get_device_capability(device)
+    return decode_pdl(10 * major + minor)
+
+
 def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None, counter=None, pdl=None):
     """Split + combine; `seqlens` (int64 (B,) on the device) takes the EXTRAS variant with
     nonpad_kv_seqlen, as the op runs a static cache; `counter` (int32, zeros, one per row block)
@@ -64,9 +73,7 @@ def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None, 
     the split kernel with programmatic dependent launch at that PDL level (flash_decode_split;
     default: the AOT build's level for this GPU, aot/build.py decode_pdl)."""
     if pdl is None:
-        from build import decode_pdl
-        major, minor = torch.cuda.get_device_capability(q.device)
-        pdl = decode_pdl(10 * major + minor)
+        pdl = _shipped_pdl(q.device)
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     dummy = torch.empty(1, dtype=torch.int8, device=q.device)
