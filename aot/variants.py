@@ -13,7 +13,7 @@ dispatcher (cpp/cuda_launch.cc, select_variant) searches by `VariantKey`; tile s
 through that table, so the launcher never restates them.
 
 Tiles are for Triton 3.6 (the pinned version). The sm_90 fp16/bf16 tiles for head dims 64 and
-128 come from aot/tune.py on the H200 (docs/perf-notes.md), and the unmasked TMA kernels have
+128 come from experiments/tune.py on the H200 (docs/perf-notes.md), and the unmasked TMA kernels have
 one per (causal, sequence-length bucket) (TMA_TILES); the rest are chosen by hand to fit shared
 memory and have not been tuned.
 """
@@ -44,7 +44,7 @@ DECODE_BLOCK_M = 16         # packed rows (query heads of a GQA group x query po
 # The decode tile for grids of more CTAs than SMs (sm_90, fp16/bf16, exact head dims 64/128): a
 # variant of it per decode variant, with tile_min_len = DECODE_WIDE_WAVES (for the decode kind
 # tile_min_len counts the grid's CTAs per SM, rounded up; cpp/cuda_launch.cc plan_decode). One
-# pipeline stage fewer (70 KB of shared memory, not 102): aot/tune_decode.py --fused --nonpad on
+# pipeline stage fewer (70 KB of shared memory, not 102): experiments/tune_decode.py --fused --nonpad on
 # the H200 (docs/perf-notes.md, decode v6) measured it 0.5-11 % faster wherever the grid had more
 # CTAs than SMs (B32 4k-128k, B24 8k, B16 at 2 splits, B8 at 4, B4 at 8) and 1-3 % slower at one
 # CTA per SM (B1 32k, B8 4k, B4 8k at the launcher's splits). Same BLOCK_M and BLOCK_N as the
@@ -59,7 +59,7 @@ MASK_KEYS_HEAD_DIMS = (64, 128)
 # tile); an entry serves calls with that causal flag (-1: either) and min(Sq, Skv) from its min
 # length up to the next matching entry's (the length is the shorter side, so a short chunk
 # against a long cache keeps the small-BLOCK_M tile and its larger grid).
-# aot/tune.py --tma over the op grid on the H200 (fp16, Triton 3.6, 2026-12-01,
+# experiments/tune.py --tma over the op grid on the H200 (fp16, Triton 3.6, 2026-12-01,
 # docs/tune-tma-grid.json; docs/perf-notes.md, v5). d128 non-causal at 2048-4096, where the sweep
 # favoured the (128, 128) tile by 2-4 %, measured +0-1 % for fp16 and -4 to -7 % for bf16 in
 # ONNX Runtime against the one-tile build's run two days before: to re-check in one A/B run.
@@ -124,7 +124,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
     if v.kind == "decode":
         # Streams K/V: a small row tile, deep enough pipelining to keep loads in flight. On sm_90
         # 4 stages (102 KB of shared memory), best at the one CTA per SM per wave the launcher's
-        # split count plans for: aot/tune_decode.py on the H200, docs/perf-notes.md (decode v3).
+        # split count plans for: experiments/tune_decode.py on the H200, docs/perf-notes.md (decode v3).
         if v.dtype == "fp32" or v.head_dim >= 256:
             return TileConfig(DECODE_BLOCK_M, 32, 4, 2)
         if v.tile_min_len >= DECODE_WIDE_WAVES:
@@ -136,7 +136,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(64, 32, 4, 2 if v.head_dim <= 64 else 1)
     if v.head_dim >= 256:
         return TileConfig(64, 32, 4, 1 if arch < 90 else 2)
-    if v.kind == "fwd_tma":  # tuned by aot/tune.py --tma / --masked on the H200 (docs/perf-notes.md)
+    if v.kind == "fwd_tma":  # tuned by experiments/tune.py --tma / --masked on the H200 (docs/perf-notes.md)
         if v.mask == "none":
             if v.extras:
                 return tma_tile(v.head_dim, False, 0)
@@ -146,7 +146,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
             raise ValueError(f"{v.name}: no TMA_TILES entry for causal={v.tile_causal}, "
                              f"min length {v.tile_min_len}")
         return TileConfig(64, 64, 4, 2) if v.head_dim <= 64 else TileConfig(64, 64, 4, 3)
-    if arch >= 90:  # tuned by aot/tune.py on the H200 (docs/perf-notes.md, 2026-11-29)
+    if arch >= 90:  # tuned by experiments/tune.py on the H200 (docs/perf-notes.md, 2026-11-29)
         if v.head_dim <= 64:
             return TileConfig(128, 64, 4, 3)
         return TileConfig(128, 64, 8, 3)

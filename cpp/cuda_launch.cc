@@ -36,7 +36,7 @@ int64_t decode_splits_override() {
 // combine kernel: that CTA loads a tile of 4 rows x 16 splits or 16 rows x 4 splits of partials
 // at once (one dependent L2 round trip each, aot/flash_decode.py) after an arrival atomic; the
 // combine kernel costs a second launch but merges every row in parallel. Measured on the H200
-// (JIT, aot/decode_floor.py, docs/perf-notes.md, decode v5): fused 10.7 against 11.4 us at B1 4k
+// (JIT, experiments/decode_floor.py, docs/perf-notes.md, decode v5): fused 10.7 against 11.4 us at B1 4k
 // (16 splits, one trip), 36.4 against 37.2 at B1 32k, 38.6 against 39.1 at 32 splits (two
 // trips); a 16-row block at 16 splits (Sq = 4: four trips) lost 2.7 us at B1 4k. Past 32 splits
 // it is not measured.
@@ -66,7 +66,7 @@ int fused_combine_mode() {
 // stream serialization, 0 = never (A/B comparisons and the tests of both paths). Such a kernel
 // may start while the grid before it on the stream drains; it waits for that grid
 // (griddepcontrol.wait) before touching memory, and never releases the next grid early. Measured
-// on the H200 (JIT, aot/decode_floor.py, docs/perf-notes.md, decode v7): -0.6 us per decode call
+// on the H200 (JIT, experiments/decode_floor.py, docs/perf-notes.md, decode v7): -0.6 us per decode call
 // at B1 4k-32k (10.9 -> 10.2 us at 4k), nothing measurable at B32.
 bool pdl_enabled() {
   static const bool v = [] {
@@ -435,10 +435,10 @@ Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split
   int64_t splits = can_split ? forced : 1;
   if (splits < 0) {
     // Decode streams K/V, and on the H200 one SM's read rate, not its resident CTAs, bounds it:
-    // a second CTA on an SM that already has one adds little (aot/tune_decode.py, perf-notes).
+    // a second CTA on an SM that already has one adds little (experiments/tune_decode.py, perf-notes).
     // So time goes by waves of one CTA per SM, each as long as the key tiles a CTA reads plus its
     // fill and epilogue; take the fewest splits that minimize it (a split past
-    // cdiv(key_blocks, tiles) would get no keys). aot/tune_decode.py's choose_splits mirrors this.
+    // cdiv(key_blocks, tiles) would get no keys). experiments/tune_decode.py's choose_splits mirrors this.
     const int64_t most = std::max<int64_t>(1, std::min({kMaxSplits, key_blocks, p.skv / kMinSplitKeys}));
     int64_t best_cost = -1;
     for (int64_t s = 1; s <= most; ++s) {

@@ -13,7 +13,7 @@
 #   bash tools/gpu_release.sh extra   # compute-sanitizer side by side (tools/gpu_sanitize.sh,
 #                                     # 7 pytest workers each): memcheck on the GPU suite,
 #                                     # racecheck on the direct-kernel tests
-#   bash tools/gpu_release.sh tune    # the tile sweeps: aot/tune.py --tma, aot/tune_decode.py
+#   bash tools/gpu_release.sh tune    # the tile sweeps: experiments/tune.py --tma, experiments/tune_decode.py
 #
 # Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache and .gpumodels (with .ortgpu4).
 # Everything lands in $OUT: logs, bench-{decode,op-full,e2e,decode_e2e}.json, tune-tma.json,
@@ -64,9 +64,9 @@ case "${1:-}" in
     tail -12 "$OUT/memcheck.txt"; tail -8 "$OUT/racecheck.txt"
     ;;
   tune)
-    (cd aot && timeout "${TUNE_S:-400}" python3 tune.py --tma --dtypes fp16 --out "$OUT/tune-tma.json" 2>&1 \
-      | grep -v "^  skip" | tail -10)
-    timeout "${TUNE_S:-100}" python3 aot/tune_decode.py --out "$OUT/tune-decode.json" 2>&1 | grep -v "^  skip" | tail -6
+    timeout "${TUNE_S:-400}" python3 experiments/tune.py --tma --dtypes fp16 --out "$OUT/tune-tma.json" 2>&1 \
+      | grep -v "^  skip" | tail -10
+    timeout "${TUNE_S:-100}" python3 experiments/tune_decode.py --out "$OUT/tune-decode.json" 2>&1 | grep -v "^  skip" | tail -6
     ;;
   *) echo "usage: $0 kernels|tests|bench|op|extra|tune"; exit 2 ;;
 esac

@@ -25,7 +25,7 @@ benchmark times). Prints one line per point and writes JSON (docs/decode-floor.j
 docs/decode-floor-v7.json, with `read_flat`, the PDL points and B32); the reading is in
 docs/perf-notes.md (decode v5 and v7).
 
-    python aot/decode_floor.py [--shapes 1x4096,1x32768,32x32768] [--out decode-floor.json]
+    python experiments/decode_floor.py [--shapes 1x4096,1x32768,32x32768] [--out decode-floor.json]
 """
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The sibling scripts, the shipped kernels (aot/) and the package (ort_flash.bench.timers).
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "aot"), str(HERE.parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402

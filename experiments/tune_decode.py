@@ -14,7 +14,7 @@ aot/variants.py (get_fwd_config, kind "decode") by hand and record the run in do
 splits; --sq sets the query rows (default 1), --fused makes the tile and split sweeps merge in
 the split kernel, --nonpad makes them pass nonpad_kv_seqlen (the variant a static cache runs).
 
-    python aot/tune_decode.py [--shapes 1x4096,1x32768,1x131072,4x32768,8x32768] [--sq N]
+    python experiments/tune_decode.py [--shapes 1x4096,1x32768,1x131072,4x32768,8x32768] [--sq N]
         [--sweep | --merge | --compare] [--fused] [--nonpad] [--out F]
 """
 from __future__ import annotations
@@ -26,7 +26,9 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The sibling scripts and the shipped kernels (aot/) they time.
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
 
 import torch  # noqa: E402
 import triton  # noqa: E402

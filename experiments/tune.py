@@ -7,7 +7,7 @@ tokens, hidden 2048), and the best per (dtype, head dim, causal, sequence bucket
 written as JSON with the GPU, the Triton version and the date. Copy the winners into
 aot/variants.py by hand and record the run in docs/perf-notes.md.
 
-    python aot/tune.py [--dtypes fp16,bf16] [--head-dims 64,128] [--seqs 1024,8192] [--out tune.json]
+    python experiments/tune.py [--dtypes fp16,bf16] [--head-dims 64,128] [--seqs 1024,8192] [--out tune.json]
                        [--tma] [--masked]
 
 --tma tunes the "fwd_tma" kind instead (Q/K/V/Y as TMA tensor descriptors, sm_90), checks each
@@ -26,7 +26,9 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The sibling scripts and the shipped kernels (aot/) they time.
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -71,7 +73,7 @@ def launch(q, k, v, y, lse, causal, cfg, tma=False, mask=None, mask_keys=False):
 
 def save(path, results: list) -> None:
     """The results as JSON with the GPU, the Triton version and the date (also used by
-    aot/levers.py and aot/tune_decode.py)."""
+    experiments/levers.py and experiments/tune_decode.py)."""
     meta = dict(gpu=torch.cuda.get_device_name(), triton=triton.__version__,
                 date=datetime.date.today().isoformat())
     Path(path).write_text(json.dumps(dict(meta=meta, results=results), indent=1))
@@ -79,12 +81,12 @@ def save(path, results: list) -> None:
 
 def bench(fn) -> float:
     """Median milliseconds of fn: triton.testing.do_bench, 25 ms of warm-up, 100 ms of runs
-    (also used by aot/levers.py)."""
+    (also used by experiments/levers.py)."""
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def tile_dict(t) -> dict:
-    """A variants.TileConfig as the launch keywords `launch` takes (also used by aot/levers.py)."""
+    """A variants.TileConfig as the launch keywords `launch` takes (also used by experiments/levers.py)."""
     return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
 
 

@@ -1,10 +1,10 @@
 """An equal-work decode grid with the attention in it: does it close the last percent?
 
 NOT YET RUN ON A GPU (written 2026-12-01 in a session with no device time left); the kernel's
-tile schedule and merge are checked on the CPU (tests/test_decode_flat.py, Triton's
+tile schedule and merge are checked on the CPU (tests/test_kernel_interpreter.py, Triton's
 interpreter). perf-notes "Where decode stops (v7)" says why this is the experiment to run next.
 
-aot/decode_floor.py found that a read over an equal-work grid (`read_flat`: every CTA the same
+experiments/decode_floor.py found that a read over an equal-work grid (`read_flat`: every CTA the same
 number of K/V rows whatever the heads) reads faster than any per-head split grid, and that at
 B16/B32 cuDNN sits within 0.5 % of that read while the split kernel and even the minimal
 attention loop (`attn`) are 1-2 % behind. This measures the attention itself over such a grid:
@@ -22,7 +22,7 @@ attention loop (`attn`) are 1-2 % behind. This measures the attention itself ove
 Timed from CUDA-graph replays over rotating input sets (as decode_floor.py). Prints a line per
 point and writes JSON.
 
-    python aot/decode_flat.py [--shapes 1x32768,16x65536,32x16384,32x32768] [--out decode-flat.json]
+    python experiments/decode_flat.py [--shapes 1x32768,16x65536,32x16384,32x32768] [--out decode-flat.json]
 """
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The sibling scripts, the shipped kernels (aot/) and the package (ort_flash.bench.timers).
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "aot"), str(HERE.parent)]
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

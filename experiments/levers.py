@@ -14,7 +14,7 @@ fast path (no mask, exact head dim, sequence a multiple of the tiles) beside the
 - `--persistent`: the same kernel on a persistent grid (a few CTAs per SM, each looping over
   query blocks) against the one-CTA-per-block grid at the same tiles.
 
-    python aot/levers.py [--seqs 8192] [--head-dims 64,128] [--out levers.json] [--persistent]
+    python experiments/levers.py [--seqs 8192] [--head-dims 64,128] [--out levers.json] [--persistent]
 
 Prints TFLOP/s per candidate and writes JSON (GPU, Triton version, date) for docs/perf-notes.md.
 """
@@ -26,7 +26,9 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The sibling scripts and the shipped kernels (aot/) they time.
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
 
 import torch  # noqa: E402
 import triton  # noqa: E402

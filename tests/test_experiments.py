@@ -1,0 +1,49 @@
+"""The measurement scripts in experiments/ stay runnable: each one's imports (its sibling scripts
+and the kernels in aot/) resolve from any working folder and its argument parser answers --help.
+They time kernels on a GPU, so CI, which has none, checks only this much of them (their floor and
+equal-work kernels run under Triton's interpreter in test_kernel_interpreter.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ("tune", "tune_decode", "levers", "decode_floor", "decode_flat")
+
+# One interpreter for all five (torch and triton load once); each script runs as __main__ with
+# --help, which must end in exit status 0 after its module-level imports ran.
+_RUN_ALL = """
+import runpy, sys
+for path in sys.argv[1:]:
+    sys.argv = [path, "--help"]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), (path, e.code)
+    else:
+        raise AssertionError(path + " did not exit on --help")
+    print("ok", path)
+"""
+
+
+def test_experiment_scripts_import_and_answer_help(tmp_path):
+    pytest.importorskip("torch", reason="the experiments time torch tensors")
+    pytest.importorskip("triton", reason="the experiments JIT-compile Triton kernels")
+    paths = [str(ROOT / "experiments" / f"{name}.py") for name in SCRIPTS]
+    assert all(Path(p).is_file() for p in paths), paths
+    # Run from an unrelated folder so only the scripts' own sys.path set-up can find aot/.
+    proc = subprocess.run([sys.executable, "-c", _RUN_ALL, *paths], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("ok ") == len(SCRIPTS), proc.stdout
+
+
+def test_aot_holds_only_what_the_build_compiles():
+    """aot/ is the product: the kernels, the variant table and the build. Measurement scripts
+    live in experiments/."""
+    names = {p.name for p in (ROOT / "aot").glob("*.py")}
+    assert not names & {f"{s}.py" for s in SCRIPTS}, names
+    assert {"build.py", "variants.py", "flash_fwd.py", "flash_decode.py"} <= names
