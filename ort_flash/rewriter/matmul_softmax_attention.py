@@ -7,6 +7,10 @@
 #       Add(S, A) | —                            [masks=2: a second additive term, e.g. T5's
 #                                                 relative position bias (1, H, Sq, Skv)]
 #       Add(S, M) | —                            [masks>=1: M rank 2-4, broadcasts to S]
+#       Cast(S, to = its own dtype) | —          [after any step above: softmax(scores.float())
+#                                                 in a float32 model; right before the Softmax
+#                                                 also float16/bfloat16 -> float32 when the tail
+#                                                 casts P back (.type_as(scores))]
 #       Softmax(axis = last)
 #       Cast(to = its own dtype) | Cast(Cast(·, float32), its dtype) | Where(IsNaN(P), 0, P) | —
 #       MatMul(P, V) ──────────────────────────► Y (B, Hq, Sq, Dv)
@@ -59,7 +63,7 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     # ---- pattern
 
     def qk_pattern(self, op, q, kt, scale, scale_k):
-        scores = op.MatMul(q, kt)
+        scores = maybe_cast(op, op.MatMul(q, kt), "cast_qk")
         if self.scale_op == "mul":
             scores = op.Mul(scores, scale)
         elif self.scale_op == "div":
@@ -67,13 +71,13 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         return scores
 
     def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero):
-        scores = self.qk_pattern(op, q, kt, scale, scale_k)
+        scores = maybe_cast(op, self.qk_pattern(op, q, kt, scale, scale_k), "cast_scaled")
         if self.upcast:
             scores = op.Cast(scores, to=ir.DataType.FLOAT)
         if self.masks >= 2:
-            scores = op.Add(scores, bias)
+            scores = maybe_cast(op, op.Add(scores, bias), "cast_bias")
         if self.masks >= 1:
-            scores = op.Add(scores, mask)
+            scores = maybe_cast(op, op.Add(scores, mask), "cast_masked")
         probs = op.Softmax(scores)
         probs = pattern.OrValue(
             [op.Cast(op.Cast(probs)), op.Cast(probs), op.Where(op.IsNaN(probs), zero, probs), probs],
@@ -129,8 +133,11 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         for term in (bias, mask):
             if term is not None:
                 check_mask(dims(term), scores)
+        widened = check_score_casts(softmax, set(nodes), self.upcast)
         if tail in ("cast", "cast2"):
-            check_noop_casts(softmax)
+            check_noop_casts(softmax, q.dtype if widened else None)
+        elif widened:
+            fail(f"the scores are cast to float32 before the Softmax and not back to {q.dtype}")
         elif tail == "nan_to_zero":
             if constant_scalar(zero, "the value that replaces NaN") != 0.0:
                 fail("NaN in the softmax is replaced by a value other than 0")
@@ -295,9 +302,49 @@ def check_mask(mask_dims: tuple | None, scores: tuple) -> None:
              f"scores dim ({dim_text(s)})")
 
 
-def check_noop_casts(softmax: ir.Node) -> None:
-    """The Cast chain after the Softmax ends in its dtype through types no narrower (so it is
-    the identity: fp16 -> fp32 -> fp16 is exact)."""
+def maybe_cast(op, scores, tag: str):
+    """``scores`` or Cast(scores): a Cast that check_score_casts must prove harmless."""
+    return pattern.OrValue([op.Cast(scores), scores], tag_var=tag, tag_values=[True, False])
+
+
+def check_score_casts(softmax: ir.Node, matched: set, upcast: bool) -> bool:
+    """Every Cast on the scores' path from QKᵀ to the Softmax is a no-op (to its input's own
+    dtype: transformers' ``softmax(scores.float())`` in a float32 model), except the upcast
+    variant's float32 Cast and one float16/bfloat16 -> float32 Cast right before the Softmax
+    (``softmax(scores.float()).type_as(scores)``: the op's softmax runs in float32 anyway).
+    Returns whether the Softmax input was so widened (its tail must then cast back)."""
+    widened, value, first = False, softmax.inputs[0], True
+    widening_left = 1 if upcast else 0
+    while (node := value.producer()) is not None and node in matched:
+        if node.op_type == "Cast":
+            src, to = node.inputs[0].dtype, node.attributes.get("to")
+            to = ir.DataType(to.as_int()) if to is not None else None
+            if src is None or to is None:
+                fail("a Cast in the scores has an unknown dtype")
+            if to != src:
+                wide = (to == ir.DataType.FLOAT
+                        and src in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16))
+                if wide and widening_left:
+                    widening_left -= 1
+                elif wide and first:
+                    widened = True
+                else:
+                    fail(f"a Cast in the scores changes their dtype ({src} to {to})")
+        first = False
+        if node.op_type == "MatMul":
+            break
+        value = next((i for i in node.inputs
+                      if i is not None and i.producer() is not None and i.producer() in matched),
+                     None)
+        if value is None:
+            break
+    return widened
+
+
+def check_noop_casts(softmax: ir.Node, want: ir.DataType | None = None) -> None:
+    """The Cast chain after the Softmax ends in its dtype (or ``want``, the attention's dtype
+    where the Softmax ran widened) through types no narrower (so it is the identity:
+    fp16 -> fp32 -> fp16 is exact)."""
     src = softmax.outputs[0].dtype or softmax.inputs[0].dtype
     value, types = softmax.outputs[0], []
     while len(value.uses()) == 1 and value.uses()[0].node.op_type == "Cast":
@@ -309,7 +356,7 @@ def check_noop_casts(softmax: ir.Node) -> None:
         value = cast.outputs[0]
     if src is None:
         fail("Cast after Softmax: dtype unknown")
-    if types[-1] != src:
+    if types[-1] != (want or src):
         fail(f"Cast after Softmax changes the dtype ({src} to {types[-1]})")
     for t in types[:-1]:
         if t != src and not (_WIDER.get(t, 0) > _WIDER.get(src, 99) and t != ir.DataType.FLOAT16):
