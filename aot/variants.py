@@ -60,9 +60,10 @@ MASK_KEYS_HEAD_DIMS = (64, 128)
 # length up to the next matching entry's (the length is the shorter side, so a short chunk
 # against a long cache keeps the small-BLOCK_M tile and its larger grid).
 # experiments/tune.py --tma over the op grid on the H200 (fp16, Triton 3.6, 2026-12-01,
-# docs/tune-tma-grid.json; docs/perf-notes.md, v5). d128 non-causal at 2048-4096, where the sweep
-# favoured the (128, 128) tile by 2-4 %, measured +0-1 % for fp16 and -4 to -7 % for bf16 in
-# ONNX Runtime against the one-tile build's run two days before: to re-check in one A/B run.
+# docs/measurements/prefill/tune-tma-grid.json; docs/perf-notes.md, v5). d128 non-causal at
+# 2048-4096, where the sweep favoured the (128, 128) tile by 2-4 %, measured +0-1 % for fp16 and
+# -4 to -7 % for bf16 in ONNX Runtime against the one-tile build's run two days before: to
+# re-check in one A/B run.
 # Each entry is one more cubin per dtype; the C++ dispatcher reads the ranges from the generated
 # table (KernelEntry::tile_causal, tile_min_len), so they are stated here only. The extras
 # variants (windows, softcap, nonpad_kv_seqlen) keep one

@@ -21,9 +21,9 @@ between them say what costs what:
 - cuDNN SDPA, a torch copy of the same K/V bytes (read + write) and torch's sum of them.
 
 Timed from CUDA-graph replays over rotating input sets (ort_flash.bench.timers, as the decode
-benchmark times). Prints one line per point and writes JSON (docs/decode-floor.json, v5;
-docs/decode-floor-v7.json, with `read_flat`, the PDL points and B32); the reading is in
-docs/perf-notes.md (decode v5 and v7).
+benchmark times). Prints one line per point and writes JSON (docs/measurements/decode/:
+decode-floor.json, v5; decode-floor-v7.json, with `read_flat`, the PDL points and B32); the
+reading is in docs/perf-notes.md (decode v5 and v7).
 
     python experiments/decode_floor.py [--shapes 1x4096,1x32768,32x32768] [--out decode-floor.json]
 """
