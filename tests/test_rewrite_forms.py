@@ -107,3 +107,88 @@ def test_casts_in_the_scores_kept(case_id, kwargs, reason):
     assert _ops(result.model) == _ops(model)
     (unfused,) = result.report.unfused
     assert reason in unfused.reason, unfused.reason
+
+
+# ---------------------------------------------------------------- Optimum's with-past decoder mask
+
+
+def optimum_step_model(*, mask_from="length") -> onnx.ModelProto:
+    """A GQA decoding step as Optimum exports it: present = Concat(past, new), repeat_kv, and
+    Where(Slice(full, 0, Shape(repeat_kv(present))[2], axis 3), 0, -inf) for a full bool
+    (B, 1, S, P+S) mask of key <= query + P and attention_mask[b, key]. ``mask_from="values"``
+    adds a bias computed from the concatenated keys' values instead (which blocks kv_cache)."""
+    g = Graph()
+    hkv, n = 2, 2
+    g.nodes.append(helper.make_node("Concat", ["past_key", "k"], ["present_key"], axis=2, name="cat_k"))
+    g.nodes.append(helper.make_node("Concat", ["past_value", "v"], ["present_value"], axis=2,
+                                    name="cat_v"))
+
+    def repeat(x):
+        full = g.op("Concat", g.op("Shape", x, start=0, end=1), g.const([hkv, n], np.int64),
+                    g.op("Shape", x, start=2, end=4), axis=0)
+        e = g.op("Expand", g.op("Unsqueeze", x, g.const([2], np.int64)), full)
+        shape4 = g.op("Concat", g.op("Shape", x, start=0, end=1), g.const([hkv * n], np.int64),
+                      g.op("Shape", x, start=2, end=4), axis=0)
+        return g.op("Reshape", e, shape4)
+
+    rk, rv = repeat("present_key"), repeat("present_value")
+
+    def length(x, axis):
+        return g.op("Squeeze", g.op("Shape", x, start=axis, end=axis + 1), g.const([0], np.int64))
+
+    past, seq = length("past_key", 2), length("q", 2)
+    total = g.op("Add", past, seq)
+    keys = g.op("Unsqueeze", g.op("Range", g.const(0, np.int64), total, g.const(1, np.int64)),
+                g.const([0, 1, 2], np.int64))
+    queries = g.op("Unsqueeze", g.op("Range", past, total, g.const(1, np.int64)),
+                   g.const([0, 1, 3], np.int64))
+    padding = g.op("Unsqueeze", g.op("Cast", "attention_mask", to=TensorProto.BOOL),
+                   g.const([1, 2], np.int64))
+    full = g.op("And", padding, g.op("LessOrEqual", keys, queries))
+    end = g.op("Unsqueeze", g.op("Gather", g.op("Shape", rk), g.const(2, np.int64), axis=0),
+               g.const([0], np.int64))
+    sliced = g.op("Slice", full, g.const([0], np.int64), end, g.const([3], np.int64))
+    mask = g.op("Where", sliced, g.const(0.0, np.float32), g.const(-np.inf, np.float32))
+    if mask_from == "values":
+        mean = g.op("ReduceMean", "present_key", axes=[1, 3], keepdims=1)  # (B, 1, P+S, 1)
+        mask = g.op("Add", mask, g.op("Transpose", mean, perm=[0, 1, 3, 2]))
+    scores = g.op("Mul", g.op("MatMul", "q", g.op("Transpose", rk, perm=[0, 1, 3, 2])),
+                  g.const(D ** -0.5, np.float32))
+    probs = g.op("Softmax", g.op("Add", scores, mask), axis=-1)
+    g.nodes.append(helper.make_node("MatMul", [probs, rv], ["y"], name="pv"))
+    info = lambda name, h, s: helper.make_tensor_value_info(name, F32, ["B", h, s, D])  # noqa: E731
+    inputs = [info("q", hkv * n, "S"), info("k", hkv, "S"), info("v", hkv, "S"),
+              info("past_key", hkv, "past"), info("past_value", hkv, "past"),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "S + past"])]
+    outputs = [info("y", hkv * n, "S"), info("present_key", hkv, "S + past"),
+               info("present_value", hkv, "S + past")]
+    graph = helper.make_graph(g.nodes, "optimum_step", inputs, outputs, g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_optimum_with_past_mask_becomes_causal_with_a_past():
+    model = optimum_step_model()
+    result = rewrite(model)
+    (entry,) = result.report.fused
+    assert (entry.cache, entry.causal, entry.kv_heads, entry.mask) == (
+        "past/present", True, 2, "additive (B,1,1,Skv)"), result.report.format_table()
+    assert not result.report.declined, result.report.format_table()
+    ops = _ops(result.model)
+    assert ops["FlashAttention"] == 1 and "Concat" not in [
+        n.op_type for n in result.model.graph.node if n.name in ("cat_k", "cat_v")]
+    assert not {"Expand", "Slice", "LessOrEqual", "Range"} & set(ops), ops
+    onnx.checker.check_model(result.model, full_check=True)
+    check = verify(model, result.model, seq_len=5, past_len=6, seed=0)
+    assert check.passed, check.format_table()
+
+
+def test_mask_computed_from_the_concatenated_values_keeps_the_concat():
+    model = optimum_step_model(mask_from="values")
+    result = rewrite(model)
+    (entry,) = result.report.fused
+    assert entry.cache is None or entry.cache != "past/present"
+    assert "computed from the concatenated K/V" in result.report.declined[entry.fused_node]["kv_cache"]
+    check = verify(model, result.model, seq_len=5, past_len=6, seed=0)
+    assert check.passed, check.format_table()

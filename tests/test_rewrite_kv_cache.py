@@ -90,9 +90,9 @@ CASES = [
     ("top_left_causal_is_not_bottom_right", causal_with_past, {"offset": False},
      (True, False, "additive (B,1,S,P + S)"), ("causal_mask", "offset by 0 (key <= query + 0), the "
                                                "op's is_causal here by P")),
-    ("mask_reads_the_concat", causal_with_past, {"from_concat": True},
-     (False, False, "additive (B,1,S,P + S)"), ("kv_cache", "computed from the concatenated K/V")),
-    # (and causal_mask then finds the window offset by P while the op without a past has 0)
+    # the mask reads only the Concat's length (kv_cache.ConcatShape computes it from past, new)
+    ("mask_reads_the_concat_length", causal_with_past, {"from_concat": True},
+     (True, True, "additive (B,1,1,Skv)"), None),
 ]
 
 

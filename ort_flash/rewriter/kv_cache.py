@@ -16,8 +16,18 @@
 # (B, Hq, Sq, P+S). The one attribute whose meaning changes is is_causal (its offset becomes P),
 # so the node must not be causal yet: causal_mask runs after this rule and proves is_causal
 # against the mask with the offset. Declined where Q or the mask is computed from K or V (the
-# node would then feed itself).
+# node would then feed itself). A mask that reads only the Concat's shape (Optimum's with-past
+# decoders slice the mask to Shape(repeat_kv(K))[2]) is not such a dependence: ``ConcatShape``
+# first computes each Shape(K) of a FlashAttention's K/V Concat from the Concat's inputs,
+#
+#   Shape(Concat(past, new, axis 2)) = Shape(new) + Shape(past) · (0, 0, 1, 0)
+#
+# exactly (past and new agree on axes 0, 1, 3, proven from the inferred shapes).
 from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
 
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.refinement import Refinement, attr, fail, flash_pattern
@@ -67,8 +77,54 @@ class KvCache(Refinement):
                          presents=(plan["key"], plan["value"]))
 
 
+class ConcatShape(Refinement):
+    """Shape(K) of a FlashAttention's K/V Concat(past, new), computed from past and new."""
+
+    family = "concat_shape"
+
+    def pattern(self, op, t):
+        return op.Shape(t, _allow_other_attributes=True)
+
+    def check(self, context, t, **_):
+        node = t.producer()
+        if node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+            return pattern.MatchResult().fail("not the shape of a Concat")
+        if not any(u.node.op_type == "FlashAttention" and u.idx in (1, 2) for u in t.uses()):
+            return pattern.MatchResult().fail("the Concat is not a FlashAttention's K/V")
+        a = node.attributes.get("axis")
+        if len(node.inputs) != 2 or a is None or a.as_int() not in (2, -2):
+            return pattern.MatchResult().fail("not a Concat of two along axis 2")
+        try:
+            pd, nd = value_dims(node.inputs[0]), value_dims(node.inputs[1])
+        except Unprovable as e:
+            return pattern.MatchResult().fail(str(e))
+        if len(pd) != 4 or len(nd) != 4 or not all(equal(pd[i], nd[i]) for i in (0, 1, 3)):
+            return pattern.MatchResult().fail("past and new differ in batch, heads or head dim")
+        start, end = (context.root.attributes.get(n) for n in ("start", "end"))
+        axes = range(4)[slice(start.value if start else None, end.value if end else None)]
+        self._plan = (node.inputs[0], node.inputs[1], axes)
+        return pattern.MatchResult()
+
+    def rewrite(self, op, t, **_):
+        (past, new, axes), self._plan = self._plan, None
+        if not len(axes):
+            return op.Constant(value=ir.tensor(np.zeros(0, np.int64)))
+        bounds = {"start": axes[0], "end": axes[-1] + 1}
+        values = [op.Shape(new, **bounds)]
+        if 2 in axes:
+            picks = np.array([int(a == 2) for a in axes], np.int64)
+            values.append(op.Constant(value=ir.tensor(picks)))
+            values.append(op.Shape(past, **bounds))
+            values.append(op.Mul(values[-1], values[-2]))
+            values.append(op.Add(values[0], values[-1]))
+        for value in values:  # the mask analysis reads these shapes
+            value.shape, value.type = ir.Shape([len(axes)]), ir.TensorType(ir.DataType.INT64)
+        return values[-1]
+
+
 def rules() -> list:
-    return [KvCache()]
+    """The Shape rewrite first (so a mask that reads K's length is not computed from K)."""
+    return [ConcatShape(), KvCache()]
 
 
 def _depends_on(values, targets) -> bool:
