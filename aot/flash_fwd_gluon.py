@@ -1,0 +1,197 @@
+"""The Hopper (sm_90) FlashAttention forward kernel in Gluon: the calls it takes, it runs faster
+than the triton.language family in aot/flash_fwd.py (perf-notes "prefill v6: Gluon").
+
+Same parameters as flash_fwd (the launcher passes one argument list to either), same op contract
+(cpp/flash_params.h): query row i sits at absolute position i + offset and, under causal, sees
+keys j <= i + offset (bottom-right); a row that sees no key gives 0 and lse -inf. It takes
+fp16/bf16, D == Dv in {64, 128}, no mask and no extras (softcap, windows, per-batch key lengths:
+those arguments are ignored); the dispatcher keeps every other call on flash_fwd.
+
+Q, K, V and Y are TMA descriptors over the (B, H, S, D) view, box (1, 1, rows, D), 128-byte
+swizzle, zero fill past S, stores clipped per (b, h). Grid (cdiv(Sq, BLOCK_M), B * Hq), query
+blocks in reverse so the longest causal blocks start first.
+
+Schedule of one CTA (all warps are consumers; each warpgroup owns BLOCK_M / (warps / 4) rows):
+S_{j+1} = Q K_{j+1}^T is issued to the tensor cores before the softmax of block j, and P_j V_j
+is still in flight while the exponentials of block j+1 run (two async wgmma groups, retired
+oldest first by warpgroup_mma_wait(1)). K/V sit in NUM_STAGES-deep rings on mbarriers, refilled
+by TMA once both warpgroups are past the wgmma that read the slot.
+"""
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+def desc_layout() -> gl.NVMMASharedLayout:
+    """The shared layout of every descriptor's (1, 1, rows, D) box: 128-byte swizzle (a 64-
+    element fp16 row; Triton splits a 128-element row into two boxes)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+
+
+def desc_signature(dtype: str, rows: int, head_dim: int) -> str:
+    """The ASTSource signature of one descriptor argument, e.g. for aot/build.py."""
+    return f"tensordesc<{dtype}[1,1,{rows},{head_dim}],{desc_layout()!r}>"
+
+
+def get_gluon_config(dtype: str, head_dim: int, causal: bool) -> dict:
+    """Tile table: BLOCK_M, BLOCK_N, NUM_STAGES and num_warps for a call (see perf-notes v6)."""
+    del dtype, causal
+    return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=3 if head_dim == 128 else 4, num_warps=8)
+
+
+@gluon.jit
+def _load_kv(desc, ring, bars, b, hk, block, stage, pred, BLOCK_N: gl.constexpr):
+    bar = bars.index(stage)
+    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(desc, [b, hk, block * BLOCK_N, 0], bar, ring.index(stage), pred=pred)
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, start_n, mask_from, limit, pos, qk_scale,
+             s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """One key block's online-softmax step on S (fp32, s_layout): the probabilities P, the
+    rescale factor of the running output, and the new running max (log2 units) and sum."""
+    if start_n + BLOCK_N > mask_from:  # causal diagonal or the ragged end: mask per element
+        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        keep = (cols[None, :] <= pos[:, None]) & (cols[None, :] < limit)
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    # A row that has seen no key yet keeps m = -inf; subtract 0 there so exp2 gives 0, not NaN.
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def flash_fwd_gluon(
+    Q, K, V, Y, Lse, Mask, SeqlensK,
+    scale, softcap,
+    Hq, group, Sq, Skv, D, Dv, offset, causal, window_left, window_right, mask_len, has_seqlens,
+    store_lse,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_yb, stride_yh, stride_ym,
+    stride_mb, stride_mh, stride_mm,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
+):
+    NW: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = Q.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // Hq
+    h = pid_bh % Hq
+    hk = h // group
+    m0 = pid_m * BLOCK_M
+
+    # Keys this block sees: [0, hi); blocks ending at or below mask_from need no element mask.
+    row_hi = gl.minimum(m0 + BLOCK_M, Sq) - 1
+    hi = Skv
+    mask_from = Skv
+    if causal != 0:
+        hi = gl.minimum(Skv, row_hi + offset + 1)
+        mask_from = gl.minimum(Skv, m0 + offset + 1)
+    # At least one block, so the pipeline below needs no empty case: a block seen by no row is
+    # masked whole and leaves l = 0.
+    n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+    rows = m0 + gl.arange(0, BLOCK_M, layout=row_layout)
+    pos = rows + offset
+    if causal == 0:
+        pos = rows * 0 + Skv
+    qk_scale = scale * LOG2E
+
+    q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, BLOCK_D], Q.layout)
+    k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, BLOCK_D], K.layout)
+    v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, BLOCK_D], V.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(q_bar, Q.block_type.nbytes)
+    tma.async_copy_global_to_shared(Q, [b, h, m0, 0], q_bar, q_smem)
+    for i in gl.static_range(NUM_STAGES):
+        _load_kv(K, k_ring, k_bars, b, hk, i, i, i < n_blocks, BLOCK_N)
+        _load_kv(V, v_ring, v_bars, b, hk, i, i, i < n_blocks, BLOCK_N)
+    q = q_smem.reshape([BLOCK_M, BLOCK_D])
+
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    k0 = k_ring.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+    s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s])
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, mask_from, hi, pos, qk_scale, s_layout, BLOCK_N)
+    p = gl.convert_layout(p.to(dtype), p_layout)
+
+    acc = gl.zeros([BLOCK_M, BLOCK_D], gl.float32, o_layout)
+    for j in range(1, n_blocks):
+        # S_j and P_{j-1} V_{j-1} go to the tensor cores back to back; the softmax of block j
+        # runs while P_{j-1} V_{j-1} is still in flight. Every wgmma retires in its iteration.
+        st = j % NUM_STAGES
+        prev = (j - 1) % NUM_STAGES
+        mbarrier.wait(k_bars.index(st), (j // NUM_STAGES) & 1)
+        k_j = k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+        s_tok = warpgroup_mma(q, k_j, s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // NUM_STAGES) & 1)
+        v_prev = v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
+        acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
+        # Slot j-2 was last read by P_{j-2} V_{j-2}, retired in the previous iteration: refill it
+        # once every warpgroup is past that point. (Here, not after the softmax: a CTA barrier
+        # there lets ptxas hoist the P V wait above the exponentials; perf-notes v6.)
+        gl.thread_barrier()
+        old_blk = j - 2 + NUM_STAGES
+        refill = (j >= 2) & (old_blk < n_blocks)
+        _load_kv(K, k_ring, k_bars, b, hk, old_blk, old_blk % NUM_STAGES, refill, BLOCK_N)
+        _load_kv(V, v_ring, v_bars, b, hk, old_blk, old_blk % NUM_STAGES, refill, BLOCK_N)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, mask_from, hi, pos, qk_scale,
+                                      s_layout, BLOCK_N)
+        # Only now may P_j overwrite the registers P_{j-1} V_{j-1} reads from: P passes through
+        # the wait so its conversion cannot move above it (else ptxas hoists the wait above the
+        # exponentials to free those registers: perf-notes v6).
+        acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
+        p = gl.convert_layout(p.to(dtype), p_layout)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+
+    last = (n_blocks - 1) % NUM_STAGES
+    mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)
+    v_last = v_ring.index(last).reshape([BLOCK_N, BLOCK_D])
+    acc = warpgroup_mma(p, v_last, acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    q.store(out.to(dtype))  # Q's slot holds the output tile; rows past Sq are clipped by TMA
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(Y, [b, h, m0, 0], q_smem)
+    if store_lse != 0:
+        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+        gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+    tma.store_wait(0)

@@ -1,0 +1,161 @@
+"""The Gluon prefill kernel (aot/flash_fwd_gluon.py) in JIT on a GPU machine: correctness against
+an fp32 reference, then TFLOP/s beside torch SDPA's cuDNN backend and the shipped Triton kernel
+(aot/flash_fwd.py, TMA variant at its shipped tile, as experiments/tune.py drives it), all in one
+run, on the benchmark grid (batch x seqlen = 16k tokens, hidden 2048). Prints a table, writes JSON.
+
+    python experiments/gluon_attn.py [--quick] [--dtypes fp16,bf16] [--head-dims 64,128]
+        [--seqs 512,...,16384] [--stages 2,3] [--check-only] [--out gluon.json]
+
+--stages times the Gluon kernel at each K/V ring depth given (default: its tile table's).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+import flash_fwd_gluon as fg  # noqa: E402
+from tune import _shipped, bench, launch, save  # noqa: E402
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
+    """One launch of flash_fwd_gluon on (B, H, S, D) tensors (last stride 1); K/V may have fewer
+    heads (GQA). `cfg` overrides the tile table's BLOCK_M/BLOCK_N/NUM_STAGES/num_warps."""
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    c = dict(fg.get_gluon_config(str(q.dtype), d, causal), **(cfg or {}))
+    lay = fg.desc_layout()
+    rows = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_N"], c["BLOCK_M"])
+    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d], lay)
+             for t, r in zip((q, k, v, y), rows)]
+    dummy = lse  # Mask / SeqlensK: unused by this kernel
+    grid = (triton.cdiv(sq, c["BLOCK_M"]), b * hq)
+    fg.flash_fwd_gluon[grid](
+        *descs, lse, dummy, dummy, 1.0 / math.sqrt(d), 0.0,
+        hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, -1, skv, 0, int(store_lse),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
+        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
+        num_warps=c["num_warps"])
+
+
+def reference(q, k, v, causal, offset):
+    """fp32 attention with the op's bottom-right causal rule (row i sees keys j <= i + offset);
+    a row that sees nothing gives 0 and lse -inf."""
+    group = q.shape[1] // k.shape[1]
+    qf, kf, vf = q.float(), k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+    s = qf @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        j = torch.arange(k.shape[2], device=q.device)[None, :]
+        s = s.masked_fill(j > i + offset, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    return p @ vf, lse
+
+
+CHECKS = [  # (B, Hq, Hkv, Sq, Skv, causal, offset)
+    (2, 4, 2, 1000, 1000, False, 0), (2, 4, 2, 1000, 1000, True, 0),
+    (1, 3, 1, 113, 203, True, 90), (1, 3, 1, 113, 203, False, 0),
+    (1, 2, 2, 256, 128, True, -128), (2, 2, 1, 300, 700, True, 57),
+    (1, 2, 2, 1024, 1024, True, 0), (1, 2, 1, 129, 1023, False, 0),
+]
+
+
+def check(dtypes, head_dims, cfgs) -> list:
+    """Every CHECKS shape: Y and lse against the fp32 reference, outputs poisoned with NaN."""
+    rows, failed = [], 0
+    for dt, d, (b, hq, hkv, sq, skv, causal, off), cfg in itertools.product(dtypes, head_dims, CHECKS, cfgs):
+        q = torch.randn(b, hq, sq, d, device="cuda", dtype=DTYPES[dt])
+        k = torch.randn(b, hkv, skv, d, device="cuda", dtype=DTYPES[dt])
+        v = torch.randn(b, hkv, skv, d, device="cuda", dtype=DTYPES[dt])
+        y = torch.full_like(q, float("nan"))
+        lse = torch.full((b, hq, sq), float("nan"), device="cuda")
+        run_gluon(q, k, v, y, lse, causal, off, cfg)
+        torch.cuda.synchronize()
+        ref, ref_lse = reference(q, k, v, causal, off)
+        err = float((y.float() - ref).norm() / ref.norm().clamp_min(1e-6))
+        finite = torch.isfinite(ref_lse)
+        lse_err = float((lse[finite] - ref_lse[finite]).abs().max()) if finite.any() else 0.0
+        lse_ok = bool(torch.equal(torch.isneginf(lse), ~finite))
+        ok = (not torch.isnan(y).any()) and err < (1e-2 if dt == "bf16" else 3e-3) and lse_err < 1e-2 and lse_ok
+        failed += not ok
+        shape = f"B{b} Hq{hq} Hkv{hkv} Sq{sq} Skv{skv} causal={int(causal)} off={off}"
+        print(f"check {dt} d{d} {shape} {cfg or ''}: rel err {err:.1e}, lse err {lse_err:.1e}"
+              f"{'' if ok else '  FAIL'}", flush=True)
+        rows.append(dict(dtype=dt, head_dim=d, shape=shape, cfg=cfg, rel_err=err, lse_err=lse_err, ok=ok))
+    print(f"checks: {len(rows) - failed}/{len(rows)} passed", flush=True)
+    return rows
+
+
+def cudnn(q, k, v, causal):
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def grid(dtypes, head_dims, seqs, cfgs) -> list:
+    results = []
+    for dt, d, s in itertools.product(dtypes, head_dims, seqs):
+        h, b = 2048 // d, max(1, 16384 // s)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=DTYPES[dt]) for _ in range(3))
+        y = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        for causal in (False, True):
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            ref = cudnn(q, k, v, causal)
+            row = dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, causal=causal)
+            row["cudnn"] = flops / bench(lambda: cudnn(q, k, v, causal)) / 1e9
+            tile = _shipped(dt, d, "fwd_tma", causal=causal, skv=s)
+            row["triton"] = flops / bench(lambda: launch(q, k, v, y, lse, causal, tile, tma=True)) / 1e9
+            for cfg in cfgs:
+                y.fill_(float("nan"))
+                run_gluon(q, k, v, y, lse, causal, 0, cfg)
+                err = float((y.float() - ref.float()).abs().max())
+                name = "gluon" + "".join(f" {key}={val}" for key, val in (cfg or {}).items())
+                row[name] = flops / bench(lambda: run_gluon(q, k, v, y, lse, causal, 0, cfg)) / 1e9
+                row[name + " max_err"] = err
+            gl_best = max(val for key, val in row.items() if key.startswith("gluon") and "err" not in key)
+            peer = max(row["cudnn"], row["triton"])
+            print(f"{dt} d{d:<3} N{s:<5} B{b:<2} causal={int(causal)}  gluon {gl_best:4.0f}  triton "
+                  f"{row['triton']:4.0f}  cudnn {row['cudnn']:4.0f}  gluon/cudnn {gl_best / row['cudnn']:.2f}x"
+                  f"  gluon/best {gl_best / peer:.2f}x" + "".join(
+                      f"  [{key[6:]}: {val:.0f}]" for key, val in row.items()
+                      if key.startswith("gluon ") and "err" not in key), flush=True)
+            results.append(row)
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fp16, N 1024/4096/16384")
+    ap.add_argument("--dtypes", default="fp16,bf16")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--stages", default="", help="K/V ring depths to time, e.g. 2,3")
+    ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--out", default="gluon_attn.json")
+    args = ap.parse_args(argv)
+    dtypes, seqs = args.dtypes.split(","), [int(x) for x in args.seqs.split(",")]
+    if args.quick:
+        dtypes, seqs = ["fp16"], [1024, 4096, 16384]
+    head_dims = [int(x) for x in args.head_dims.split(",")]
+    cfgs = [dict(NUM_STAGES=int(x)) for x in args.stages.split(",") if x] or [None]
+    checks = check(dtypes, head_dims, cfgs)
+    results = [] if args.check_only else grid(dtypes, head_dims, seqs, cfgs)
+    save(args.out, results + [dict(kind="checks", checks=checks)])
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
