@@ -22,16 +22,48 @@ def library_path() -> str:
     if candidate.is_file():
         return str(Path(str(candidate)).resolve())
     # Editable installs place compiled files beside the extension module, not the sources.
+    path = Path(load_extension().__file__).resolve().with_name(LIBRARY_NAME)
+    if not path.is_file():
+        raise FileNotFoundError(f"{LIBRARY_NAME} not found beside {path.parent}; reinstall ort_flash "
+                                "(pip install . in its source folder)")
+    return str(path)
+
+
+def load_extension():
+    """The compiled pybind11 module ``ort_flash._C`` (kernel table, launch plans), or
+    FileNotFoundError saying why it is missing and what to do."""
     try:
         from . import _C
-    except ImportError as e:  # pragma: no cover - a broken install
-        raise FileNotFoundError(
-            f"{LIBRARY_NAME} is not installed with ort_flash; reinstall with "
-            f"`pip install .` ({e})") from None
-    path = Path(_C.__file__).resolve().with_name(LIBRARY_NAME)
-    if not path.is_file():
-        raise FileNotFoundError(f"{LIBRARY_NAME} not found beside {_C.__file__}; reinstall ort_flash")
-    return str(path)
+    except ImportError as e:
+        raise FileNotFoundError(_not_built_message(e)) from None
+    return _C
+
+
+def _not_built_message(error: Exception) -> str:
+    """Why the imported ort_flash has no compiled parts. The common case is a source checkout
+    that shadows the installed package: Python imports ./ort_flash (the current folder comes
+    first on sys.path), which holds only the sources after a non-editable `pip install .`."""
+    here = Path(__file__).resolve().parent
+    installed = [d for d in _installed_copies() if d != here]
+    if installed:
+        return (f"Python imported ort_flash from the source folder {here}, which shadows the "
+                f"installed package in {installed[0]} (the compiled {LIBRARY_NAME} is there, not "
+                "here): run from another folder, or install the checkout editable with "
+                "`pip install -e .`")
+    if (here.parent / "pyproject.toml").is_file():
+        return (f"ort_flash is imported from its source folder {here}, which holds no compiled "
+                f"{LIBRARY_NAME}: build and install it with `pip install -e .` in {here.parent}")
+    return f"{LIBRARY_NAME} is not installed with ort_flash in {here}; reinstall ort_flash ({error})"
+
+
+def _installed_copies() -> list[Path]:
+    """Folders named ort_flash on sys.path that hold the compiled library."""
+    found = []
+    for entry in sys.path:
+        folder = Path(entry or os.getcwd()).resolve() / "ort_flash"
+        if (folder / LIBRARY_NAME).is_file() and folder not in found:
+            found.append(folder)
+    return found
 
 
 def _check_loadable(path: str) -> None:

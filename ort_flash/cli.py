@@ -9,7 +9,10 @@ from ort_flash import commands
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from ort_flash.info import format_info
-    print(format_info())
+    try:
+        print(format_info())
+    except FileNotFoundError as e:  # no compiled library next to the imported package
+        return commands._user_error(e)
     return 0
 
 

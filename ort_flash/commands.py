@@ -3,14 +3,19 @@
 ``ort_flash/cli.py`` builds the parser (``add_rewrite_arguments`` / ``add_verify_arguments``
 define the flags once) and dispatches to ``cmd_rewrite`` / ``cmd_verify``. User errors (a missing
 file, a file that is not ONNX, a truncated one, an unwritable output) print one line on stderr and
-return 2, with no traceback; ``verify`` returns 1 when outputs differ beyond tolerance.
+return 2, with no traceback; ``verify`` returns 1 when outputs differ beyond tolerance, 2 when
+``--provider cuda`` was asked for and the fused op did not run on CUDA; ``rewrite`` returns 3 when
+it fused nothing (the output, an unchanged copy, is still written unless ``--require-fusion``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
+import re
 import sys
 import tempfile
 
@@ -19,7 +24,7 @@ import onnx
 from ort_flash.ort_fusions import MODEL_TYPES as ORT_MODEL_TYPES
 from ort_flash.rewriter.model_io import ModelLoadError, load_model
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_NOTHING_FUSED = 0, 1, 2, 3
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -64,6 +69,10 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --ort-fusions: convert to float16 between ORT's optimizer and the attention "
              "rewrite (ORT's convert_float_to_float16; inputs and outputs stay float32)")
     parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    parser.add_argument(
+        "--require-fusion", action="store_true",
+        help="fail (exit status 3, nothing written) when no attention was fused; without it such a "
+             "model is written unchanged with a warning and exit status 3")
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,27 +103,67 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     try:
         if _same_file(args.input, args.output):
             raise ModelLoadError(f"{args.output}: is the input model; choose another output path")
-        model = load_model(args.input)
-        _check_writable(args.output)
+        _check_writable(args.output)  # before the work, not after it
         if args.report:
             _check_writable(args.report)
+        model = load_model(args.input)
         options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
                        fp32_precision=getattr(args, "fp32_precision", "ieee"))
         if model_type:
-            result = ort_fusions.rewrite(model, model_type, float16=getattr(args, "float16", False), **options)
+            with _optimizer_messages_in_our_terms(model_type):
+                result = ort_fusions.rewrite(model, model_type, float16=getattr(args, "float16", False),
+                                             **options)
             print(result.summary())
             report = json.dumps({**result.report.to_dict(), "ort_fusions": result.to_dict()}, indent=2)
         else:
             result = rewrite(model, **options)
             report = result.report.to_json()
         print(result.report.format_table())
+        nothing = result.report.total_fused == 0
+        if nothing and getattr(args, "require_fusion", False):
+            print(f"ort-flash: error: no attention was fused in {args.input} (--require-fusion): "
+                  f"nothing written", file=sys.stderr)
+            return EXIT_NOTHING_FUSED
         _write_atomic(args.output, lambda path: onnx.save_model(result.model, path))
         if args.report:
             _write_atomic(args.report, lambda path: _write_text(path, report))
     except (ModelLoadError, ort_fusions.OrtFusionError, OSError) as e:
         return _user_error(e)
     print(f"wrote {args.output}")
+    if nothing:
+        unfused = len(result.report.unfused)
+        why = (f"its {unfused} Softmax node(s) stay unfused, for the reasons in the table above" if unfused
+               else "it holds no Softmax or Attention node the rewriter looks for")
+        print(f"ort-flash: warning: no attention was fused in {args.input}: {why}; {args.output} "
+              f"computes the same graph (exit status {EXIT_NOTHING_FUSED})", file=sys.stderr)
+        return EXIT_NOTHING_FUSED
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _optimizer_messages_in_our_terms(model_type: str):
+    """ONNX Runtime's optimizer warns, for a model not exported by the producer it expects,
+    "Please specify correct --model_type parameter", a flag of its own script: say it in
+    ort-flash's terms (the ``--ort-fusions`` value) instead."""
+    log = logging.getLogger("onnxruntime.transformers.optimizer")
+
+    def translate(record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "Please specify correct --model_type" in text:
+            found = re.search(r'Expected "(.*?)", Got "(.*?)"', text)
+            expected, got = found.groups() if found else ("?", "?")
+            record.msg = (f"ort-flash: note: --ort-fusions {model_type} runs ONNX Runtime's optimizer "
+                          f"for models exported by {expected!r}; this model's producer is {got!r}. It "
+                          "ran anyway: its fused counts are below (another --ort-fusions value may "
+                          "match more)")
+            record.args = ()
+        return True
+
+    log.addFilter(translate)
+    try:
+        yield
+    finally:
+        log.removeFilter(translate)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -135,6 +184,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return _user_error(e)
     except _onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library
         return _user_error(f"onnxruntime: {e}")
+    if args.provider == "cuda":
+        not_on_cuda = _fused_op_off_cuda(args, result)
+        if not_on_cuda:
+            return _user_error(f"verify --provider cuda: {not_on_cuda}; nothing was verified on CUDA")
     print(result.format_table())
     if getattr(args, "json", None):
         try:
@@ -142,6 +195,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
         except OSError as e:
             return _user_error(e)
     return EXIT_OK if result.passed else EXIT_MISMATCH
+
+
+def _fused_op_off_cuda(args: argparse.Namespace, result) -> str:
+    """Why the rewritten model's FlashAttention nodes did not run on CUDA ("" if they did),
+    from the session's providers and ONNX Runtime's profiler (as ``demo --provider cuda``)."""
+    if "CUDAExecutionProvider" not in result.rewritten_providers:
+        return ("ONNX Runtime could not create a CUDA session here (it needs onnxruntime-gpu, an "
+                "NVIDIA GPU and the CUDA libraries; see its messages above), so the rewritten model "
+                f"ran on {', '.join(result.rewritten_providers)}")
+    import ort_flash
+    from ort_flash.timing import node_placements
+    from ort_flash.verify import DEFAULT_PAST_LEN, DEFAULT_SEQ_LEN, make_inputs
+
+    feeds = make_inputs(load_model(args.original), batch=getattr(args, "batch", 2),
+                        seq_len=args.seq_len or DEFAULT_SEQ_LEN,
+                        past_len=getattr(args, "past_len", None) or DEFAULT_PAST_LEN, seed=result.seed)
+    placed = node_placements(_source_bytes(args.rewritten), feeds, PROVIDERS["cuda"],
+                             ort_flash.session_options())
+    elsewhere = {p: n for (op, p), n in placed.items() if op == "FlashAttention" and p != "CUDAExecutionProvider"}
+    if elsewhere:
+        return ("the FlashAttention nodes ran on " + ", ".join(f"{p} x{n}" for p, n in elsewhere.items())
+                + " (ONNX Runtime's profiler); `ort-flash info` says which GPUs this build has kernels for")
+    return ""
+
+
+def _source_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 # Ops ONNX Runtime's transformer optimizer writes into the ONNX domain (``rewrite --ort-fusions``
@@ -183,17 +264,28 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _check_writable(path: str) -> None:
+    """Fails now, naming ``path``, where ``_write_atomic`` would fail after the work: a missing
+    folder, a directory in the way, a folder this process cannot create files in."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise ModelLoadError(f"{path}: folder {folder} does not exist")
+        raise ModelLoadError(f"{path}: cannot write there: folder {folder} does not exist")
     if os.path.isdir(path):
-        raise ModelLoadError(f"{path}: is a directory")
+        raise ModelLoadError(f"{path}: cannot write there: it is a directory")
+    try:  # the real test (permissions, read-only file systems, root included): create a file there
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".probe")
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot write there: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _write_atomic(path: str, write) -> None:
     """Write through a temp file in the same folder, then os.replace: never a half-written file."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as e:  # name the file asked for, not the temp file
+        raise OSError(e.errno, f"{path}: cannot write there: {e.strerror}") from None
     os.close(fd)
     try:
         umask = os.umask(0)
@@ -201,6 +293,10 @@ def _write_atomic(path: str, write) -> None:
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise OSError(e.errno, f"{path}: cannot write there: {e.strerror or e}") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

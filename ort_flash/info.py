@@ -29,8 +29,9 @@ def format_info() -> str:
     import onnxruntime as ort
 
     import ort_flash
-    from ort_flash import _C
+    from ort_flash._session import load_extension
 
+    _C = load_extension()  # a clear error where a source checkout shadows the install
     kernels = _C.kernels()
     archs = sorted({k["arch"] for k in kernels})
     lines = [

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import textwrap
 from typing import Any
+
+WIDTH = 100  # the printed report fits a 100-column terminal
+# The rewrite options as a CLI user changes them (the reasons name the Python keyword argument).
+CLI_WORDS = {
+    "(exact_masked_rows=True)": "(kept by default; `ort-flash rewrite --fast-padded-rows`, "
+                                "exact_masked_rows=False in Python, maps it to is_causal)",
+}
 
 
 @dataclasses.dataclass
@@ -71,8 +80,9 @@ class RewriteReport:
     def format_table(self) -> str:
         lines = []
         counts = ", ".join(f"{rule}: {n}" for rule, n in self.counts.items() if n) or "none"
-        lines.append(f"fused attention subgraphs: {self.total_fused} (rules applied: {counts}); "
-                     f"shapes: {self.shape_inference or 'not inferred'}")
+        lines += textwrap.wrap(f"fused attention subgraphs: {self.total_fused} (rules applied: "
+                               f"{counts}); shapes: {self.shape_inference or 'not inferred'}",
+                               WIDTH, subsequent_indent="  ")
         if self.fused:
             rows = [
                 (f.fused_node, f.rule, f"{f.heads}/{f.kv_heads}", str(f.head_dim),
@@ -80,25 +90,69 @@ class RewriteReport:
                  f"{f.scale:.6g}", str(len(f.nodes)))
                 for f in self.fused
             ]
-            header = ("node", "rule", "heads q/kv", "head_dim", "causal", "mask", "layout",
-                      "scale", "replaced")
+            header = ("node", "rule", "q/kv heads", "head dim", "causal", "mask", "layout",
+                      "scale", "nodes replaced")
             lines += _table(header, rows)
             notes = sorted({f.note for f in self.fused if f.note})
-            lines += [f"  note: {n}" for n in notes]
+            for n in notes:
+                lines += textwrap.wrap(f"note: {n}", WIDTH, initial_indent="  ", subsequent_indent="    ")
         if self.declined:
             lines.append("refinements declined:")
             lines += _table(("node", "rule", "reason"),
-                            [(n, r, why) for n, d in self.declined.items() for r, why in d.items()])
+                            [(n, r, _cli_words(why)) for n, d in self.declined.items()
+                             for r, why in d.items()])
         lines.append(f"softmax left unfused: {len(self.unfused)}")
         if self.unfused:
-            lines += _table(("node", "reason"), [(u.node, u.reason) for u in self.unfused])
+            lines += _table(("node", "reason"), [(u.node, _cli_words(u.reason)) for u in self.unfused])
         return "\n".join(lines)
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+def _cli_words(reason: str) -> str:
+    for python, cli in CLI_WORDS.items():
+        reason = reason.replace(python, cli)
+    return reason
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], width: int = WIDTH) -> list[str]:
+    """Columns padded to their widest cell; where the table is wider than ``width``, the columns
+    with the most room are narrowed (never below their longest unbreakable piece) and their cells
+    wrap onto more lines."""
+    cells = [[str(c) for c in row] for row in (header, *rows)]
+    widths = [max(len(c) for c in col) for col in zip(*cells)]
+    floor = [max(len(piece.rstrip()) for c in col for piece in _pieces(c)) for col in zip(*cells)]
+    while 2 + 2 * (len(widths) - 1) + sum(widths) > width:
+        i = max(range(len(widths)), key=lambda j: widths[j] - floor[j])
+        if widths[i] <= floor[i]:
+            break
+        widths[i] -= 1
 
     def fmt(row):
-        return "  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+        parts = [_wrap(c, w) for c, w in zip(row, widths)]
+        return ["  " + "  ".join((p[k] if k < len(p) else "").ljust(w)
+                                 for p, w in zip(parts, widths)).rstrip()
+                for k in range(max(len(p) for p in parts))]
 
-    return [fmt(header), "  " + "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+    lines = fmt(cells[0]) + ["  " + "  ".join("-" * w for w in widths)]
+    for row in cells[1:]:
+        lines += fmt(row)
+    return lines
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """Greedy line filling over ``_pieces``; a piece longer than ``width`` is cut."""
+    lines, line = [], ""
+    for piece in _pieces(text):
+        if line and len((line + piece).rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += piece
+        while len(line.rstrip()) > width:
+            lines.append(line[:width])
+            line = line[width:]
+    lines.append(line.rstrip())
+    return lines
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` cut after each '/', ' ', ',' and '_' (node paths break at their slashes)."""
+    return re.split(r"(?<=[/ ,_])", text)
