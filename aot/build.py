@@ -25,14 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flash_decode  # noqa: E402
 import flash_fwd  # noqa: E402
+import variants  # noqa: E402
 from variants import (DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES,  # noqa: E402
                       TRITON_VERSION, TileConfig, Variant, all_variants, get_fwd_config)
 
 # The kernel each variant kind compiles.
 KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
            "decode": flash_decode.flash_decode_split, "combine": flash_decode.flash_decode_combine}
-# fwd_tma: these arguments are (B, H, S, D) tensor descriptors. Each becomes, in the launch ABI,
-# the CUtensorMap (by value), its 4 dims (i32) and its 4 strides in elements (i64).
+# fwd_tma, fwd_gluon: these arguments are (B, H, S, D) tensor descriptors. Each becomes, in the
+# launch ABI, the CUtensorMap (by value), its 4 dims (i32) and its 4 strides in elements (i64).
+TMA_KINDS = ("fwd_tma", "fwd_gluon")
 TMA_ARGS = ("Q", "K", "V", "Y")
 TMA_RANK = 4
 
@@ -45,15 +47,22 @@ STRIDE_ARGS = tuple(f"stride_{t}{d}" for t in "qkvy" for d in ("b", "h", "m" if 
 # Name of the C++ constant that holds each kind's runtime-argument count (cpp/kernel_table.h).
 ARG_COUNT_NAMES = {"fwd": "kLaunchArgCount", "fwd_tma": "kTmaLaunchArgCount",
                    "decode": "kDecodeArgCount", "combine": "kCombineArgCount"}
+# fwd_gluon (the module variants.GLUON_MODULE names, only where the table has Gluon variants).
+GLUON_ARG_COUNT_NAME = "kGluonLaunchArgCount"
 # Triton's element-type codes in tensordesc metadata -> CUtensorMapDataType (FLOAT16 6, BFLOAT16 9).
 TMA_ELEM_TYPES = {"fp16": (6, 6), "bf16": (10, 9)}
 
 
+def kernel_fn(kind: str):
+    """The (Triton or Gluon) JIT function a kind compiles."""
+    return variants.gluon_module().flash_fwd_gluon if kind == "fwd_gluon" else KERNELS[kind]
+
+
 def _runtime_arg_count(kind: str) -> int:
     """Kernel parameters in the launch ABI (scratch pointers not counted)."""
-    params = inspect.signature(KERNELS[kind].fn).parameters
+    params = inspect.signature(kernel_fn(kind).fn).parameters
     n = sum("constexpr" not in str(p.annotation) for p in params.values())
-    return n + (len(TMA_ARGS) * 2 * TMA_RANK if kind == "fwd_tma" else 0)
+    return n + (len(TMA_ARGS) * 2 * TMA_RANK if kind in TMA_KINDS else 0)
 
 
 def _dtype_sig(dtype: str) -> str:
@@ -62,15 +71,17 @@ def _dtype_sig(dtype: str) -> str:
 
 def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
     """(signature, attrs, argument names) for ASTSource."""
-    params = inspect.signature(KERNELS[v.kind].fn).parameters
+    params = inspect.signature(kernel_fn(v.kind).fn).parameters
     arg_names = params.keys()
     t = _dtype_sig(v.dtype)
     mask_t = {"none": "*i8", "bool": "*i8", "add": t}[v.mask]
     sig = {}
     for name in arg_names:
-        if v.kind == "fwd_tma" and name in TMA_ARGS:
+        if v.kind in TMA_KINDS and name in TMA_ARGS:
             rows = cfg.block_n if name in ("K", "V") else cfg.block_m
-            sig[name] = f"tensordesc<{v.dtype}[1,1,{rows},{v.head_dim}]>"
+            # A Gluon descriptor's type names its shared layout, which the kernel's module picks.
+            sig[name] = (variants.gluon_module().desc_signature(v.dtype, rows, v.head_dim)
+                         if v.kind == "fwd_gluon" else f"tensordesc<{v.dtype}[1,1,{rows},{v.head_dim}]>")
         elif name in ("Q", "K", "V", "Y"):
             sig[name] = t
         elif name in ("Lse", "OPart", "LsePart"):
@@ -113,7 +124,10 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         meta.update(cached=True, cubin=str(cached / "kernel.cubin"))
         return meta
     sig, attrs, names = signature(v, cfg)
-    if v.kind == "combine":
+    if v.kind == "fwd_gluon":
+        constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
+                      "NUM_STAGES": cfg.num_stages}
+    elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
     else:
         constexprs = {
@@ -127,7 +141,11 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
             constexprs["TMA"] = True
         if v.mask_keys:
             constexprs["MASK_KEYS"] = True
-    src = ASTSource(fn=KERNELS[v.kind], signature=sig, constexprs=constexprs, attrs=attrs)
+    if v.kind == "fwd_gluon":
+        from triton.experimental.gluon._runtime import GluonASTSource
+        src = GluonASTSource(fn=kernel_fn(v.kind), signature=sig, constexprs=constexprs, attrs=attrs)
+    else:
+        src = ASTSource(fn=KERNELS[v.kind], signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
     try:
         compiled = triton.compile(src, target=target,
@@ -142,8 +160,9 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         raise RuntimeError(f"{v.name} sm_{arch}: {md.shared} B shared memory exceeds {limit} B; "
                            f"shrink its tile in aot/variants.py")
     runtime_args = [n for n in names if sig[n] != "constexpr"]
-    tma = _tma_boxes(v, md) if v.kind == "fwd_tma" else []
+    tma = _tma_boxes(v, md) if v.kind in TMA_KINDS else []
     meta = {
+        # num_warps: every warp of the launch (a warp-specialized kernel's workers included).
         "variant": v.name, "arch": arch, "kernel_name": md.name, "num_warps": md.num_warps,
         "shared": md.shared, "block_m": cfg.block_m, "block_n": cfg.block_n,
         "num_stages": cfg.num_stages, "args": runtime_args, "triton": triton.__version__,
@@ -178,10 +197,24 @@ def _tma_boxes(v: Variant, md) -> list[dict]:
     return out
 
 
+def gluon_sources() -> list[str]:
+    """The Gluon kernel's module and its pieces (aot/gluon_*.py)."""
+    here = Path(__file__).resolve().parent
+    return [variants.gluon_module().__file__] + [str(f) for f in sorted(here.glob("gluon_*.py"))]
+
+
 def source_hash(kind: str | None = None) -> str:
     """The kernel sources a kind compiles from (all of them for None) and this script (it decides
-    signatures and hints): an edit to the decode kernel leaves the forward cubins cached."""
-    sources = [flash_fwd.__file__] if kind in ("fwd", "fwd_tma") else [flash_fwd.__file__, flash_decode.__file__]
+    signatures and hints): an edit to the decode kernel leaves the forward cubins cached, and an
+    edit to the Gluon kernel only its own."""
+    if kind == "fwd_gluon":
+        sources = gluon_sources()
+    elif kind in ("fwd", "fwd_tma"):
+        sources = [flash_fwd.__file__]
+    else:
+        sources = [flash_fwd.__file__, flash_decode.__file__]
+        if kind is None and variants.GLUON_ENABLED:
+            sources += gluon_sources()
     h = hashlib.sha256()
     for f in sources + [__file__]:
         h.update(Path(f).read_bytes())
@@ -241,8 +274,9 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
         cc.append(f"extern const unsigned char {sym}[];")
         cc.append(f"extern const unsigned char {sym}_end[];")
     cc += ["}", "", "namespace ort_flash {", "",
-           *[f"static_assert({ARG_COUNT_NAMES[kind]} == {_runtime_arg_count(kind)}, \"the {kind} "
-             f"kernel's runtime arguments changed: update cpp/cuda_launch.cc\");" for kind in KERNELS],
+           *[f"static_assert({ARG_COUNT_NAMES.get(kind, GLUON_ARG_COUNT_NAME)} == {_runtime_arg_count(kind)}, "
+             f"\"the {kind} kernel's runtime arguments changed: update cpp/cuda_launch.cc\");"
+             for kind in list(KERNELS) + (["fwd_gluon"] if any(r[2].kind == "fwd_gluon" for r in rows) else [])],
            "", "static const KernelEntry kEntries[] = {"]
     for sym, m, v, cfg in rows:
         cc.append(

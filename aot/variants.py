@@ -1,9 +1,11 @@
 """The variant table: which specializations of the kernels get compiled, and their tiles.
 
-Four kernel kinds: "fwd" (aot/flash_fwd.py, every shape), "fwd_tma" (the same kernel with Q/K/V/Y
+Five kernel kinds: "fwd" (aot/flash_fwd.py, every shape), "fwd_tma" (the same kernel with Q/K/V/Y
 as TMA tensor descriptors: sm_90+, fp16/bf16, exact head dims 64 and 128, no mask or a key-vector
-mask, taken when the tensors can be described), "decode" (aot/flash_decode.py's split-KV kernel,
-few query rows against a long cache) and "combine" (its merge step). Forward variants with
+mask, taken when the tensors can be described), "fwd_gluon" (aot/flash_fwd_gluon.py, the Gluon
+Hopper kernel with the same arguments and descriptors: sm_90, the calls GLUON_* below allow),
+"decode" (aot/flash_decode.py's split-KV kernel, few query rows against a long cache) and
+"combine" (its merge step). Forward variants with
 `mask_keys` read a mask whose query stride is 0 (a (B, 1, 1, S) padding mask) as one key vector per
 (batch, head) instead of a BLOCK_M x BLOCK_N tile (the full-mask kernels spill registers).
 
@@ -31,11 +33,25 @@ HEAD_DIMS = ((32, False), (64, True), (128, True), (256, True))
 MASK_KINDS = {"none": 0, "bool": 1, "add": 2}
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}    # mirrors ort_flash::DType
 PRECISION_CODES = {"ieee": 0, "tf32x3": 1, "tf32": 2}  # mirrors ort_flash::Fp32Precision
-KIND_CODES = {"fwd": 0, "decode": 1, "combine": 2, "fwd_tma": 3}  # mirrors ort_flash::KernelKind
+KIND_CODES = {"fwd": 0, "decode": 1, "combine": 2, "fwd_tma": 3, "fwd_gluon": 4}  # mirrors ort_flash::KernelKind
 # TMA descriptors (Hopper's bulk-copy engine): compiled for these archs and shapes only.
 TMA_MIN_ARCH = 90
 TMA_DTYPES = ("fp16", "bf16")
 TMA_HEAD_DIMS = (64, 128)
+# The Gluon forward kernel (FA3's Hopper design; its module owns its tiles, get_gluon_config):
+# sm_90 only, fp16/bf16, D == Dv in GLUON_HEAD_DIMS with 16-aligned strides, no mask, no extras;
+# causal or not, any GQA group and offset. Every other call keeps the kinds above. GLUON_ENABLED
+# False builds no such cubin (the dispatch is then exactly the one without it). GLUON_MODULE is
+# the module under aot/ that build.py compiles it from (tests point it at a stand-in).
+GLUON_ENABLED = False
+GLUON_MODULE = "flash_fwd_gluon"
+GLUON_MIN_ARCH = 90
+GLUON_DTYPES = ("fp16", "bf16")
+GLUON_HEAD_DIMS = (64, 128)
+# Where the Gluon kernel takes a call, per (head dim, causal): min(Sq, Skv) from this length up
+# (below it the TMA_TILES kernels run). Each Gluon cubin carries it as tile_min_len, which
+# cpp/cuda_launch.cc's pick_tile reads from the generated table, so it is stated here only.
+GLUON_MIN_LEN = {(64, False): 0, (64, True): 0, (128, False): 0, (128, True): 0}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
@@ -95,6 +111,8 @@ class Variant:
     def min_arch(self) -> int:
         if self.kind == "decode" and self.tile_min_len:
             return DECODE_WIDE_MIN_ARCH
+        if self.kind == "fwd_gluon":
+            return GLUON_MIN_ARCH
         return TMA_MIN_ARCH if self.kind == "fwd_tma" else 0
 
     @property
@@ -131,6 +149,8 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         if v.tile_min_len >= DECODE_WIDE_WAVES:
             return TileConfig(DECODE_BLOCK_M, 64, 4, 3)
         return TileConfig(DECODE_BLOCK_M, 64, 4, 4 if arch >= 90 else 3)
+    if v.kind == "fwd_gluon":
+        return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
     if v.dtype == "fp32":
         if v.head_dim >= 256:
             return TileConfig(32, 32, 4, 1)
@@ -166,6 +186,32 @@ def tma_tile(head_dim: int, causal: bool, length: int, extras: bool = False) -> 
     return TileConfig(*max(entries)[1])
 
 
+def gluon_module():
+    """The Gluon kernel's module (GLUON_MODULE), imported on first use: it needs
+    triton.experimental.gluon, and the table without Gluon variants never imports it."""
+    import importlib
+    return importlib.import_module(GLUON_MODULE)
+
+
+def gluon_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
+    """The Gluon kernel's tile for a call, from its module's get_gluon_config (BLOCK_M, BLOCK_N,
+    NUM_STAGES and num_warps: the default partition's warps)."""
+    c = gluon_module().get_gluon_config(dtype, head_dim, causal)
+    return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"])
+
+
+def gluon_variants() -> list[Variant]:
+    """One cubin per (dtype, head dim) where causal and non-causal calls share tile and range,
+    else one per causal flag (tile_causal 0 / 1)."""
+    out = []
+    for dtype, hd in itertools.product(GLUON_DTYPES, GLUON_HEAD_DIMS):
+        per = {c: (gluon_tile(dtype, hd, bool(c)), GLUON_MIN_LEN[(hd, bool(c))]) for c in (0, 1)}
+        for causal in ((-1,) if per[0] == per[1] else (0, 1)):
+            out.append(Variant(dtype, hd, True, "none", False, "tf32", "fwd_gluon",
+                               tile_causal=causal, tile_min_len=per[max(causal, 0)][1]))
+    return out
+
+
 def all_variants() -> list[Variant]:
     out = []
     for (dtype, prec), (hd, has_even), mask, extras in itertools.product(
@@ -197,4 +243,6 @@ def all_variants() -> list[Variant]:
     for dtype, (hd, _) in itertools.product(DECODE_DTYPES, DECODE_HEAD_DIMS):
         out.append(Variant(dtype, hd, False, "none", False, "ieee" if dtype == "fp32" else "tf32",
                            "combine"))
+    if GLUON_ENABLED:
+        out += gluon_variants()
     return out

@@ -135,11 +135,25 @@ Status stream_counters(const CudaDriver& d, const DeviceKernels& dk, CUstream st
   return Status::Ok();
 }
 
-// ORT_FLASH_TMA=0 keeps the pointer kernels on sm_90 (A/B comparisons, a driver that misbehaves).
+// ORT_FLASH_TMA=0 keeps the pointer kernels on sm_90 (A/B comparisons, a driver that misbehaves);
+// the Gluon kernel reads TMA descriptors too, so it stays off as well.
 bool tma_enabled() {
   static const bool v = [] {
     const char* e = std::getenv("ORT_FLASH_TMA");
     return !(e && std::string(e) == "0");
+  }();
+  return v;
+}
+
+// ORT_FLASH_GLUON: unset = the Gluon kernel on the calls its table ranges cover (aot/variants.py
+// GLUON_MIN_LEN); 0 = never, the dispatch of a build without it (A/B comparisons, a fallback
+// should it misbehave); 1 = on every call it can take, whatever the length (tests, measurements).
+int gluon_mode() {
+  static const int v = [] {
+    const char* e = std::getenv("ORT_FLASH_GLUON");
+    if (e && std::string(e) == "0") return 0;
+    if (e && std::string(e) == "1") return 1;
+    return -1;
   }();
   return v;
 }
@@ -176,13 +190,35 @@ const LoadedKernel* pick_tile(const DeviceKernels& dk, const VariantKey& key, bo
   return best;
 }
 
+// The kernel for `key`, or where the build compiles its shape class only as a superset
+// (aot/variants.py superset_only: rare shapes), the variant that computes the same result from
+// more general code: with extras (the call's neutral windows, softcap 0 and no key lengths leave
+// every score as it is), with a masked head dim (all of D in bounds). Exact first. Updates *key to
+// the one found, so that a tile search (the decode kind's wide tile) looks in the same variant;
+// for the decode kind returns its base tile (tile_min_len 0 or the least), which plans the splits.
+const LoadedKernel* find_superset(const DeviceKernels& dk, VariantKey* key, bool causal = false) {
+  const VariantKey base = *key;
+  for (int i = 0; i < 4; ++i) {
+    VariantKey k = base;
+    k.extras = base.extras || (i & 1);
+    k.even_d = base.even_d && !(i & 2);
+    if (i && k == base) continue;
+    const LoadedKernel* found = k.kind == KernelKind::kDecode ? pick_tile(dk, k, causal, 1) : find_kernel(dk, k);
+    if (found) {
+      *key = k;
+      return found;
+    }
+  }
+  return nullptr;
+}
+
 // A forward kernel for `key`; a key-vector mask falls back to the full-mask variant (same result:
 // it reads the mask through its strides) where this build has no key-vector one.
 const LoadedKernel* find_fwd_kernel(const DeviceKernels& dk, VariantKey key) {
-  if (const LoadedKernel* k = find_kernel(dk, key)) return k;
+  if (const LoadedKernel* k = find_superset(dk, &key)) return k;
   if (!key.mask_keys) return nullptr;
   key.mask_keys = false;
-  return find_kernel(dk, key);
+  return find_superset(dk, &key);
 }
 
 size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
@@ -335,13 +371,26 @@ bool encode_tma_args(const CudaDriver& drv, const FlashParams& p, const KernelEn
 // registers and measured 0.38-0.84x the pointer kernels on the H200 (tools/ab_tma.py,
 // docs/perf-notes.md), so full masks stay on the pointer kernels.
 const LoadedKernel* tma_kernel(const FlashParams& p, const DeviceKernels& dk, VariantKey key) {
-  const CudaDriver* drv = nullptr;
   if (!tma_enabled() || !key.even_d || (key.mask != MaskKind::kNone && !key.mask_keys) ||
-      p.dtype == DType::kFloat32 || !cuda_driver(&drv).ok() || !drv->cuTensorMapEncodeTiled) {
+      p.dtype == DType::kFloat32 || !dk.tensor_maps) {
     return nullptr;
   }
   key.kind = KernelKind::kFwdTma;
   return pick_tile(dk, key, p.causal, std::min(p.sq, p.skv));
+}
+
+// The Gluon kernel for a call it can take (aot/variants.py GLUON_*: the build has it for the
+// device, fp16/bf16, D == Dv == 64 or 128 with aligned strides, no mask, no extras) from the
+// min(Sq, Skv) its table entry starts at (GLUON_MIN_LEN; any with ORT_FLASH_GLUON=1), unless
+// ORT_FLASH_GLUON=0 or ORT_FLASH_TMA=0.
+const LoadedKernel* gluon_kernel(const FlashParams& p, const DeviceKernels& dk, VariantKey key) {
+  if (gluon_mode() == 0 || !tma_enabled() || !key.even_d || key.mask != MaskKind::kNone || key.extras ||
+      p.dtype == DType::kFloat32 || !dk.tensor_maps) {
+    return nullptr;
+  }
+  key.kind = KernelKind::kFwdGluon;
+  key.mask_keys = false;
+  return pick_tile(dk, key, p.causal, gluon_mode() == 1 ? INT64_MAX : std::min(p.sq, p.skv));
 }
 
 }  // namespace
@@ -398,10 +447,11 @@ Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_s
     VariantKey key{};
     ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
     const LoadedKernel* k = find_fwd_kernel(dk, key);
-    const LoadedKernel* t = tma_kernel(p, dk, key);
-    if (t && tma_views_ok(p)) {
-      plan->kind = KernelKind::kFwdTma;
-      plan->loaded = t;
+    const LoadedKernel* g = gluon_kernel(p, dk, key);
+    const LoadedKernel* t = g ? nullptr : tma_kernel(p, dk, key);
+    if ((g || t) && tma_views_ok(p)) {
+      plan->kind = g ? KernelKind::kFwdGluon : KernelKind::kFwdTma;
+      plan->loaded = g ? g : t;
       plan->second = k;
     } else {
       plan->loaded = k;
@@ -419,9 +469,9 @@ Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split
   const int64_t group = p.hq / p.hkv;
   const int64_t rows = group * p.sq;
   if (rows > kMaxDecodeRows || p.batch * p.hkv > 65535) return Status::Ok();
-  const VariantKey key = decode_key(p, KernelKind::kDecode);
+  VariantKey key = decode_key(p, KernelKind::kDecode);
   if (key.head_dim == 0) return Status::Ok();
-  const LoadedKernel* k = pick_tile(dk, key, p.causal, 1);  // the base tile plans the splits
+  const LoadedKernel* k = find_superset(dk, &key, p.causal);  // the base tile plans the splits
   const LoadedKernel* c = find_kernel(dk, decode_key(p, KernelKind::kCombine));
   if (!k || !c) return Status::Ok();
   const KernelEntry& e = *k->entry;
@@ -488,7 +538,8 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   LaunchPlan plan;
   ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(p, *dk, static_cast<bool>(workspace), &plan));
   if (plan.kind == KernelKind::kDecode) return launch_decode(p, *dk, plan, stream, workspace);
-  const LoadedKernel* k = plan.kind == KernelKind::kFwdTma ? plan.second : plan.loaded;
+  const bool described = plan.kind == KernelKind::kFwdTma || plan.kind == KernelKind::kFwdGluon;
+  const LoadedKernel* k = described ? plan.second : plan.loaded;
   if (!k) {
     return Status::Error("no CUDA kernel in this build for " + describe(key) + " on sm_" +
                          std::to_string(dk->arch) + "; see `ort-flash info` for the compiled variants");
@@ -505,9 +556,8 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   args.reserve(kTmaLaunchArgCount + 2);
   const LoadedKernel* launched = k;
   TmaArg tma[kTmaDescriptors];
-  if (plan.kind == KernelKind::kFwdTma && encode_tma_args(*d, p, *plan.loaded->entry, tma)) {
-    launched = plan.loaded;
-  }
+  // The Gluon kernel takes exactly the TMA kernel's arguments (kGluonLaunchArgCount).
+  if (described && encode_tma_args(*d, p, *plan.loaded->entry, tma)) launched = plan.loaded;
   if (launched != k) {
     for (TmaArg& t : tma) t.push(args);
   } else {
@@ -517,7 +567,8 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   a.push_scalars(args);
   a.push_strides_and_scratch(args);
   const KernelEntry& le = *launched->entry;
-  const size_t expected = (launched != k ? kTmaLaunchArgCount : kLaunchArgCount) + 2;
+  const size_t expected = (launched == k ? kLaunchArgCount
+                           : (plan.kind == KernelKind::kFwdGluon ? kGluonLaunchArgCount : kTmaLaunchArgCount)) + 2;
   if (args.size() != expected) return Status::Error("internal error: launch argument count mismatch");
   const int64_t grid_m = (p.sq + le.block_m - 1) / le.block_m;
   return cuda_check(d->cuLaunchKernel(launched->function, static_cast<unsigned>(grid_m),

@@ -15,7 +15,8 @@ namespace ort_flash {
 // caller and valid until the work queued on the stream has run (stream-ordered reuse is fine).
 using WorkspaceFn = std::function<Status(size_t bytes, void** ptr)>;
 
-// How a call runs: the forward kernel (kFwdTma: its TMA-descriptor twin), or the decode kernel
+// How a call runs: the forward kernel (kFwdTma: its TMA-descriptor twin; kFwdGluon: the Gluon
+// kernel, same arguments), or the decode kernel
 // with `num_splits` KV splits (more than one needs `workspace_bytes` of scratch for the partials;
 // up to 32 splits, where the merge tile takes at most two dependent L2 round trips, the split
 // kernel merges them itself if the stream has arrival counters, see stream_counters in
@@ -28,9 +29,9 @@ struct LaunchPlan {
   // in the combine kernel.
   bool fused_merge = false;
   const KernelEntry* kernel = nullptr;  // the (first) kernel it launches; null if none is compiled
-  const LoadedKernel* loaded = nullptr;  // its function (kFwdTma: the TMA twin)
-  // kFwdTma: the pointer kernel, run where the tensor maps cannot be encoded; kDecode: the
-  // combine kernel.
+  const LoadedKernel* loaded = nullptr;  // its function (kFwdTma: the TMA twin; kFwdGluon: Gluon's)
+  // kFwdTma, kFwdGluon: the pointer kernel, run where the tensor maps cannot be encoded; kDecode:
+  // the combine kernel.
   const LoadedKernel* second = nullptr;
   // kDecode: launch the split kernel with programmatic stream serialization (its cubin waits for
   // the grid before it; KernelEntry::pdl, ORT_FLASH_PDL, a driver with cuLaunchKernelEx).
@@ -46,7 +47,11 @@ struct LaunchPlan {
 // Otherwise the forward kernel (its key-vector-mask variant when the mask's query stride is 0),
 // as kFwdTma when the call has no mask or a key-vector one, the build has the TMA twin of the
 // variant (sm_90, fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every
-// Q/K/V/Y view is 16-byte aligned with positive strides, and ORT_FLASH_TMA is not "0".
+// Q/K/V/Y view is 16-byte aligned with positive strides, and ORT_FLASH_TMA is not "0". Before
+// that, as kFwdGluon where the build has the Gluon kernel for the call (sm_90, fp16/bf16, exact
+// head dim 64/128, no mask, no extras, min(Sq, Skv) from its entry's tile_min_len: aot/variants.py
+// GLUON_*; ORT_FLASH_GLUON=1: whatever the length), the same views can be described, and neither
+// ORT_FLASH_GLUON nor ORT_FLASH_TMA is "0".
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 
 // The variant `p` needs, or an error naming what this build cannot run.

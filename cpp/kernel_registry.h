@@ -23,6 +23,9 @@ struct DeviceKernels {
   int arch;        // the device's SM version, e.g. 90
   int table_arch;  // the compiled arch chosen for it
   int sm_count;
+  // The driver can encode TMA tensor maps (cuTensorMapEncodeTiled): the kFwdTma and kFwdGluon
+  // kernels are usable.
+  bool tensor_maps = false;
   std::vector<LoadedKernel> kernels;
   // Arrival counters for the split-KV kernel's fused merge (aot/flash_decode.py):
   // kDecodeCounterSlots sets of kDecodeCountersPerSlot int32, handed out one set per CUDA stream

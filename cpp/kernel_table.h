@@ -9,11 +9,12 @@
 namespace ort_flash {
 
 // Which kernel of the family (aot/variants.py KIND_CODES): the forward kernel (any shape), the
-// split-KV decode kernel (aot/flash_decode.py), its combine step, and the forward kernel with
-// Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/cuda_launch.cc encodes them).
-enum class KernelKind : int { kFwd = 0, kDecode = 1, kCombine = 2, kFwdTma = 3 };
+// split-KV decode kernel (aot/flash_decode.py), its combine step, the forward kernel with
+// Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/cuda_launch.cc encodes them), and the Gluon
+// Hopper forward kernel (aot/flash_fwd_gluon.py, sm_90), which takes the same arguments.
+enum class KernelKind : int { kFwd = 0, kDecode = 1, kCombine = 2, kFwdTma = 3, kFwdGluon = 4 };
 
-// How a kFwdTma cubin expects one descriptor (aot/build.py reads it from Triton's metadata):
+// How a kFwdTma or kFwdGluon cubin expects one descriptor (aot/build.py reads it from Triton's metadata):
 // CUtensorMapSwizzle and the box, `rows` sequence positions x `cols` head-dim elements.
 struct TmaBox {
   int swizzle;
@@ -49,8 +50,8 @@ struct KernelEntry {
                              // is the splits merged per step
   const unsigned char* cubin;
   const unsigned char* cubin_end;
-  TmaBox tma[kTmaDescriptors];  // kFwdTma only (zeros otherwise)
-  // Which calls the tile is for (aot/variants.py TMA_TILES, DECODE_WIDE_WAVES): entries of one
+  TmaBox tma[kTmaDescriptors];  // kFwdTma and kFwdGluon only (zeros otherwise)
+  // Which calls the tile is for (aot/variants.py TMA_TILES, GLUON_MIN_LEN, DECODE_WIDE_WAVES): entries of one
   // key differ only in tile. tile_causal: -1 any, else the call's causal flag; the entry serves
   // min(Sq, Skv) >= tile_min_len, for the decode kind grids of >= tile_min_len CTAs per SM (the
   // largest such among those that match; see pick_tile in cpp/cuda_launch.cc).
@@ -66,6 +67,8 @@ struct KernelEntry {
 constexpr int kLaunchArgCount = 37;   // flash_fwd
 // flash_fwd with TMA: Q, K, V, Y each become the CUtensorMap, 4 dims (i32) and 4 strides (i64).
 constexpr int kTmaLaunchArgCount = kLaunchArgCount + kTmaDescriptors * 8;
+// flash_fwd_gluon: flash_fwd's runtime parameters with the same four descriptors.
+constexpr int kGluonLaunchArgCount = kTmaLaunchArgCount;
 constexpr int kDecodeArgCount = 42;   // flash_decode_split
 constexpr int kCombineArgCount = 12;  // flash_decode_combine
 

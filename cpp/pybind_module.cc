@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,6 +27,7 @@ const char* kind_name(KernelKind k) {
     case KernelKind::kDecode: return "decode";
     case KernelKind::kCombine: return "combine";
     case KernelKind::kFwdTma: return "fwd_tma";
+    case KernelKind::kFwdGluon: return "fwd_gluon";
   }
   return "?";
 }
@@ -59,7 +61,8 @@ py::list kernels() {
     d["tile_min_len"] = e.tile_min_len;
     d["pdl"] = e.pdl;
     d["cubin_bytes"] = static_cast<size_t>(e.cubin_end - e.cubin);
-    if (e.key.kind == KernelKind::kFwdTma) {  // (swizzle, box rows, box cols) of Q, K, V, Y
+    if (e.key.kind == KernelKind::kFwdTma || e.key.kind == KernelKind::kFwdGluon) {
+      // (swizzle, box rows, box cols) of Q, K, V, Y
       py::list boxes;
       for (const TmaBox& b : e.tma) boxes.append(py::make_tuple(b.swizzle, b.rows, b.cols));
       d["tma"] = boxes;
@@ -85,6 +88,48 @@ uintptr_t ptr_get(const T* p) { return reinterpret_cast<uintptr_t>(p); }
 
 void check(const Status& s) {
   if (!s.ok()) throw std::runtime_error(s.message());
+}
+
+// The dispatcher over a table given as rows (aot/variants.py's codes and tiles) rather than the
+// compiled one: the launch plan for any build and GPU, checked where there is neither.
+py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& rows, int arch, int sm_count,
+                          bool tensor_maps) {
+  std::vector<std::string> names;
+  names.reserve(rows.size());
+  std::vector<KernelEntry> entries(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const py::dict& r = rows[i];
+    names.push_back(r["variant"].cast<std::string>());
+    KernelEntry& e = entries[i];
+    e = KernelEntry{};
+    e.key.dtype = static_cast<DType>(r["dtype"].cast<int>());
+    e.key.head_dim = r["head_dim"].cast<int>();
+    e.key.even_d = r["even_d"].cast<bool>();
+    e.key.mask = static_cast<MaskKind>(r["mask"].cast<int>());
+    e.key.extras = r["extras"].cast<bool>();
+    e.key.precision = static_cast<Fp32Precision>(r["precision"].cast<int>());
+    e.key.kind = static_cast<KernelKind>(r["kind"].cast<int>());
+    e.key.mask_keys = r["mask_keys"].cast<bool>();
+    e.arch = arch;
+    e.variant_name = names[i].c_str();
+    e.kernel_name = "";
+    e.num_warps = r["num_warps"].cast<int>();
+    e.block_m = r["block_m"].cast<int>();
+    e.block_n = r["block_n"].cast<int>();
+    e.tile_causal = r["tile_causal"].cast<int>();
+    e.tile_min_len = r["tile_min_len"].cast<int>();
+    e.pdl = r.contains("pdl") && r["pdl"].cast<bool>();
+  }
+  DeviceKernels dk{};
+  dk.device = -1;
+  dk.arch = dk.table_arch = arch;
+  dk.sm_count = sm_count;
+  dk.tensor_maps = tensor_maps;
+  for (const KernelEntry& e : entries) dk.kernels.push_back({&e, nullptr});
+  LaunchPlan plan;
+  check(plan_flash_cuda(p, dk, true, &plan));
+  auto name = [](const LoadedKernel* k) { return std::string(k ? k->entry->variant_name : ""); };
+  return py::make_tuple(kind_name(plan.kind), name(plan.loaded), name(plan.second), plan.num_splits);
 }
 
 }  // namespace
@@ -172,6 +217,12 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("p"), py::arg("device") = 0,
      "Whether run_cuda / the op would launch `p`'s first kernel with programmatic dependent launch "
      "(the decode kernel on sm_90+, unless ORT_FLASH_PDL=0).");
+  m.def("plan_with_table", &plan_with_table, py::arg("p"), py::arg("rows"), py::arg("arch") = 90,
+        py::arg("sm_count") = 132, py::arg("tensor_maps") = true,
+        "How the dispatcher would run `p` on a GPU of `arch` with `sm_count` SMs whose table holds "
+        "`rows` (dicts: variant, dtype, head_dim, even_d, mask, extras, precision, kind, mask_keys "
+        "as aot/variants.py codes; num_warps, block_m, block_n, tile_causal, tile_min_len, pdl): "
+        "(kind, the variant it launches, its fallback or second kernel, KV splits). Needs no GPU.");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     const CudaDriver* d = nullptr;
     check(cuda_driver(&d));

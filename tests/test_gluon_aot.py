@@ -1,0 +1,344 @@
+"""The Gluon Hopper kernel's place in the AOT pipeline, checked without a GPU (Gluon has no
+interpreter): its variants, their AOT compile for sm_90 (signature strings with the shared layout,
+the metadata the launcher reads: total warps, shared memory, TMA boxes), the launch ABI count, the
+generated table rows, and the dispatcher over a table (ort_flash._C.plan_with_table): the Gluon
+kind exactly where aot/variants.py says, never otherwise, and ORT_FLASH_GLUON=0.
+
+Table and dispatch tests run against tests/_gluon_fixture.py (the real kernel's interface, no
+attention) so that they do not depend on the kernel's tiles; the compile tests also compile the
+shipped aot/flash_fwd_gluon.py where it exists."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytest.importorskip("triton.experimental.gluon", reason="the Gluon kernels compile with Triton's Gluon")
+sys.path.insert(0, str(ROOT / "aot"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import build  # noqa: E402
+import variants  # noqa: E402
+
+SHIPPED = (ROOT / "aot" / f"{variants.GLUON_MODULE}.py").exists()
+
+
+@pytest.fixture
+def fixture_gluon(monkeypatch):
+    """The variant table with Gluon variants from the stand-in kernel."""
+    monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    monkeypatch.setattr(variants, "GLUON_MODULE", "_gluon_fixture")
+    return variants
+
+
+def _gluon(vs):
+    return [v for v in vs if v.kind == "fwd_gluon"]
+
+
+def test_gluon_variants_are_the_calls_it_takes(fixture_gluon):
+    v = fixture_gluon
+    g = _gluon(v.all_variants())
+    assert {(x.dtype, x.head_dim) for x in g} == {(d, h) for d in v.GLUON_DTYPES for h in v.GLUON_HEAD_DIMS}
+    for x in g:
+        assert x.min_arch == v.GLUON_MIN_ARCH == 90 and x.even_d and x.mask == "none"
+        assert not x.extras and not x.mask_keys and x.name.startswith("flash_fwd_gluon_")
+    # The stand-in's causal d64 tile differs: one cubin per causal flag there, one otherwise.
+    assert sorted(x.tile_causal for x in g if (x.dtype, x.head_dim) == ("fp16", 64)) == [0, 1]
+    assert [x.tile_causal for x in g if (x.dtype, x.head_dim) == ("fp16", 128)] == [-1]
+    for x in g:
+        assert v.get_fwd_config(90, x) == v.gluon_tile(x.dtype, x.head_dim, x.tile_causal == 1)
+        assert x.tile_min_len == v.GLUON_MIN_LEN[(x.head_dim, x.tile_causal == 1)]
+    names = [x.name for x in v.all_variants()]
+    assert len(names) == len(set(names))
+
+
+def test_shipped_table_keeps_gluon_small_and_sm90_only():
+    """What the build compiles as committed: no Gluon variant unless GLUON_ENABLED, and then at
+    most one per (dtype, head dim, causal flag) (the #23 build-time budget)."""
+    g = _gluon(variants.all_variants())
+    assert bool(g) == variants.GLUON_ENABLED
+    assert len(g) <= 2 * len(variants.GLUON_DTYPES) * len(variants.GLUON_HEAD_DIMS)
+    assert all(x.min_arch == 90 for x in g)
+    jobs80 = [x for x in variants.all_variants() if 80 >= x.min_arch]
+    assert not _gluon(jobs80)
+
+
+def test_gluon_runtime_parameters_are_flash_fwds(fixture_gluon):
+    """The launcher passes one argument list to either kernel: same non-constexpr names, same
+    order, and the same descriptor expansion as fwd_tma (kGluonLaunchArgCount)."""
+    import inspect
+
+    def runtime(fn):
+        return [n for n, p in inspect.signature(fn.fn).parameters.items() if "constexpr" not in str(p.annotation)]
+
+    want = runtime(build.KERNELS["fwd"])
+    assert runtime(build.kernel_fn("fwd_gluon")) == want
+    if SHIPPED:
+        import flash_fwd_gluon
+        assert runtime(flash_fwd_gluon.flash_fwd_gluon) == want
+    header = (ROOT / "cpp" / "kernel_table.h").read_text()
+    assert re.search(r"constexpr int kGluonLaunchArgCount = kTmaLaunchArgCount;", header)
+    assert build._runtime_arg_count("fwd_gluon") == build._runtime_arg_count("fwd_tma")
+
+
+@pytest.mark.parametrize("module", ["_gluon_fixture"] + (["flash_fwd_gluon"] if SHIPPED else []))
+def test_gluon_signature_is_the_jit_paths(monkeypatch, module):
+    """AOT names each descriptor's type as the JIT does for a host TensorDescriptor of the same
+    block with the default 128-byte-swizzle layout (the type carries the NVMMASharedLayout): rows
+    BLOCK_M for Q/Y, BLOCK_N for K/V; for the stand-in and the shipped kernel."""
+    import triton.language as tl
+    from triton.experimental.gluon.language import NVMMASharedLayout
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    monkeypatch.setattr(variants, "GLUON_MODULE", module)
+
+    class Base:  # what TensorDescriptor reads of a tensor
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+        def data_ptr(self):
+            return 0
+
+    for x in variants.gluon_variants():
+        cfg = variants.get_fwd_config(90, x)
+        sig, attrs, names = build.signature(x, cfg)
+        dtype = {"fp16": tl.float16, "bf16": tl.bfloat16}[x.dtype]
+        for name in build.TMA_ARGS:
+            block = [1, 1, cfg.block_n if name in "KV" else cfg.block_m, x.head_dim]
+            layout = NVMMASharedLayout.get_default_for(block, dtype)
+            assert layout.swizzle_byte_width == 128
+            d = x.head_dim
+            host = TensorDescriptor(Base(dtype), [2, 3, 100, d], [300 * d, 100 * d, d, 1], block, layout)
+            assert tl.str_to_ty(sig[name], None).mangle() == tl.str_to_ty(mangle_type(host), None).mangle(), name
+            assert (names.index(name),) not in attrs
+        assert sig["Lse"] == "*fp32" and sig["BLOCK_M"] == "constexpr"
+
+
+def _compiled(v, cfg, cache: Path):
+    return build._compile_one((v, 90, cfg, str(cache)))
+
+
+def _check_meta(m, v, cfg):
+    rows = {"Q": cfg.block_m, "K": cfg.block_n, "V": cfg.block_n, "Y": cfg.block_m}
+    assert [b["arg"] for b in m["tma"]] == list(build.TMA_ARGS)
+    for b in m["tma"]:
+        assert b["swizzle"] == 3 and b["rows"] == rows[b["arg"]] and v.head_dim % b["cols"] == 0
+    assert 0 < m["shared"] <= build.SMEM_LIMIT[90]
+    assert m["num_warps"] >= cfg.num_warps and m["num_warps"] % 4 == 0  # whole warpgroups
+    assert len(m["args"]) + 4 * (2 * build.TMA_RANK) == build._runtime_arg_count("fwd_gluon")
+
+
+def test_fixture_variant_compiles_and_its_table_row(fixture_gluon, tmp_path):
+    """The stand-in (4 default warps and a 1-warp TMA producer) through build.py's compile and
+    table writer: the launch's total warps (8: whole warpgroups), the four boxes, a KernelKind(4)
+    row and the static_assert on kGluonLaunchArgCount."""
+    v = next(x for x in _gluon(variants.all_variants()) if (x.dtype, x.head_dim) == ("bf16", 128))
+    cfg = variants.get_fwd_config(90, v)
+    m = _compiled(v, cfg, tmp_path / "cache")
+    _check_meta(m, v, cfg)
+    assert m["num_warps"] == 8 and m["kernel_name"] == "flash_fwd_gluon"
+    m.pop("cached")
+    out = tmp_path / "out"
+    build.write_outputs(out, [m], {v.name: v})
+    cc = (out / "kernel_table.gen.cc").read_text()
+    assert f"static_assert(kGluonLaunchArgCount == {build._runtime_arg_count('fwd_gluon')}" in cc
+    row = next(line for line in cc.splitlines() if v.name in line)
+    assert "KernelKind(4)" in row and ", 8, " in row and "{3, 128, 64}, {3, 64, 64}" in row, row
+    assert json.loads((out / "manifest.json").read_text())["kernels"][0]["variant"] == v.name
+
+
+def test_gluon_cache_key_follows_the_gluon_sources_only(fixture_gluon, monkeypatch):
+    v = _gluon(variants.all_variants())[0]
+    cfg = variants.get_fwd_config(90, v)
+    key = build.cache_key(v, 90, cfg)
+    fwd = variants.Variant("fp16", 128, True, "none", False, "tf32", "fwd_tma")
+    fwd_key = build.cache_key(fwd, 90, variants.tma_tile(128, False, 0))
+    assert key != build.cache_key(dataclasses.replace(v, dtype="bf16"), 90, cfg)
+    # Another kernel file for the Gluon kind changes its key and no other.
+    monkeypatch.setattr(build, "gluon_sources", lambda: [build.flash_decode.__file__])
+    assert build.cache_key(v, 90, cfg) != key
+    assert build.cache_key(fwd, 90, variants.tma_tile(128, False, 0)) == fwd_key
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+@pytest.mark.parametrize("pick", [("fp16", 128, 0), ("bf16", 64, 1)], ids=lambda p: f"{p[0]}-d{p[1]}-c{p[2]}")
+def test_shipped_gluon_kernel_compiles_for_sm90(monkeypatch, tmp_path, pick):
+    """Representative shipped Gluon variants compile for sm_90 on this GPU-less machine, with
+    metadata the launcher can use (every variant compiles in the full build; these two quickly)."""
+    monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    dtype, hd, causal = pick
+    g = [x for x in variants.gluon_variants() if (x.dtype, x.head_dim) == (dtype, hd)
+         and x.tile_causal in (-1, causal)]
+    assert len(g) == 1
+    cfg = variants.get_fwd_config(90, g[0])
+    _check_meta(_compiled(g[0], cfg, tmp_path), g[0], cfg)
+
+
+# The dispatcher, over tables built from aot/variants.py as the build would compile them.
+
+def _rows(arch: int, gluon: bool = True) -> list[dict]:
+    v = variants
+    out = []
+    for x in v.all_variants():
+        if arch < x.min_arch or (x.kind == "fwd_gluon" and not gluon):
+            continue
+        cfg = v.get_fwd_config(arch, x)
+        out.append(dict(variant=x.name, dtype=v.DTYPE_CODES[x.dtype], head_dim=x.head_dim, even_d=x.even_d,
+                        mask=v.MASK_KINDS[x.mask], extras=x.extras, kind=v.KIND_CODES[x.kind],
+                        precision=v.PRECISION_CODES[x.precision] if x.dtype == "fp32" else 0,
+                        mask_keys=x.mask_keys, num_warps=cfg.num_warps, block_m=cfg.block_m,
+                        block_n=cfg.block_n, tile_causal=x.tile_causal, tile_min_len=x.tile_min_len,
+                        pdl=x.kind == "decode" and arch >= build.PDL_MIN_ARCH))
+    return out
+
+
+def _params(b=2, hq=8, hkv=2, sq=1000, skv=1000, d=128, dtype="float16", layout="bhsd", **kw):
+    from ort_flash import _C
+
+    p = _C.FlashParams()
+    p.dtype = getattr(_C.DType, dtype)
+    p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, d, kw.pop("dv", d)
+    if layout == "bshd":  # the 3-D layout's storage
+        p.q_stride, p.y_stride = [sq * hq * d, d, hq * d], [sq * hq * p.dv, p.dv, hq * p.dv]
+        p.k_stride, p.v_stride = [skv * hkv * d, d, hkv * d], [skv * hkv * p.dv, p.dv, hkv * p.dv]
+    else:
+        p.q_stride, p.y_stride = [hq * sq * d, sq * d, d], [hq * sq * p.dv, sq * p.dv, p.dv]
+        p.k_stride, p.v_stride = [hkv * skv * d, skv * d, d], [hkv * skv * p.dv, skv * p.dv, p.dv]
+    p.q = p.k = p.v = p.y = 1 << 20
+    p.scale = 0.1
+    for k, val in kw.items():
+        if k == "mask":  # (kind, query stride): 0 is a key vector (B, 1, 1, S)
+            p.mask_kind, p.mask_stride, p.mask_len, p.mask = getattr(_C.MaskKind, val[0]), [skv * sq, 0, val[1], 1], skv, 1 << 20
+        else:
+            setattr(p, k, val)
+    return p
+
+
+# Calls the Gluon kernel takes (given a table entry for them): fp16/bf16, exact D == Dv 64/128,
+# no mask, no extras; causal or not, GQA/MQA, offsets, odd lengths, either layout.
+GLUON_CALLS = [
+    dict(), dict(dtype="bfloat16", d=64), dict(sq=113, skv=203, d=64, causal=True),
+    dict(sq=1000, skv=1300, causal=True, offset=300), dict(hq=8, hkv=1, sq=4096, skv=4096, d=64),
+    dict(b=1, hq=32, hkv=8, sq=128, skv=4096), dict(layout="bshd", sq=300, skv=333, causal=True),
+    dict(b=1, hq=16, hkv=16, sq=16384, skv=16384, dtype="bfloat16", causal=True),
+]
+# Calls it must never take, and the kind they keep.
+OTHER_CALLS = [
+    (dict(dtype="float32"), "fwd"), (dict(d=80), "fwd"), (dict(d=256), "fwd"), (dict(d=128, dv=64), "fwd"),
+    (dict(mask=("add", 1000)), "fwd"), (dict(mask=("bool", 1000), causal=True), "fwd"),
+    (dict(mask=("add", 0)), "fwd_tma"), (dict(mask=("bool", 0), d=64), "fwd_tma"),
+    (dict(softcap=30.0), "fwd_tma"), (dict(window_left=64, window_right=0), "fwd_tma"),
+    (dict(seqlens_k=1 << 20, causal=True), "fwd_tma"),
+    (dict(b=1, hq=32, hkv=8, sq=1, skv=8192), "decode"), (dict(sq=4, skv=3000, hq=8, hkv=1, d=64), "decode"),
+    (dict(q=(1 << 20) + 8), "fwd"),  # a base the copy engine cannot address (8-byte aligned)
+    (dict(q_stride=[8 * 1000 * 136, 1000 * 136, 136]), "fwd"),  # row stride not 16-aligned: masked head dim
+]
+
+
+def _kind(p, rows, **kw):
+    from ort_flash import _C
+    return _C.plan_with_table(p, rows, **kw)
+
+
+def _ids(c):
+    return "-".join(f"{k}{v}" for k, v in c.items()) or "default"
+
+
+@pytest.mark.parametrize("call", GLUON_CALLS, ids=_ids)
+def test_dispatch_takes_gluon_where_it_can(fixture_gluon, call):
+    p = _params(**call)
+    kind, name, fallback, splits = _kind(p, _rows(90))
+    dt = {"float16": "fp16", "bfloat16": "bf16"}[str(p.dtype).split(".")[-1]]
+    assert kind == "fwd_gluon" and name.startswith(f"flash_fwd_gluon_{dt}_d{p.d}_none"), (kind, name)
+    # Where the maps cannot be encoded it runs the pointer kernel of the same call.
+    assert fallback == f"flash_fwd_{dt}_d{p.d}_none" and splits == 1
+    # The causal flag picks its cubin where the table splits by it (the stand-in's d64).
+    if p.d == 64:
+        assert name.endswith("_c" if p.causal else "_nc"), name
+    # No Gluon entries, sm_80 or no tensor maps: exactly the plans without the Gluon kind.
+    assert _kind(p, _rows(90, gluon=False)) == ("fwd_tma", _kind(p, _rows(90, gluon=False))[1], fallback, 1)
+    assert _kind(p, _rows(80), arch=80)[0] == "fwd"
+    assert _kind(p, _rows(90), tensor_maps=False)[:2] == ("fwd", fallback)
+
+
+@pytest.mark.parametrize("call,kind", OTHER_CALLS, ids=[_ids(c) for c, _ in OTHER_CALLS])
+def test_dispatch_never_takes_gluon_otherwise(fixture_gluon, call, kind):
+    p = _params(**call)
+    got = _kind(p, _rows(90))
+    assert got[0] == kind and "gluon" not in got[1] + got[2], got
+    assert got == _kind(p, _rows(90, gluon=False))
+
+
+def test_dispatch_per_shape_rule(fixture_gluon, monkeypatch):
+    """GLUON_MIN_LEN (stated once, carried as tile_min_len): below it the TMA kernel keeps the
+    call; the rule compares min(Sq, Skv), per head dim and causal flag."""
+    monkeypatch.setattr(variants, "GLUON_MIN_LEN", {**variants.GLUON_MIN_LEN, (128, True): 2048})
+    g = [x for x in variants.gluon_variants() if x.head_dim == 128]
+    assert sorted(x.tile_causal for x in g if x.dtype == "fp16") == [0, 1]  # ranges differ: split
+    rows = _rows(90)
+    for sq, skv, causal, want in [(1000, 1000, True, "fwd_tma"), (2047, 8192, True, "fwd_tma"),
+                                  (2048, 2048, True, "fwd_gluon"), (8192, 2100, True, "fwd_gluon"),
+                                  (1000, 1000, False, "fwd_gluon"), (113, 203, False, "fwd_gluon")]:
+        assert _kind(_params(sq=sq, skv=skv, causal=causal), rows)[0] == want, (sq, skv, causal)
+    # ORT_FLASH_GLUON=1 forces it below the range, on the calls it can take only.
+    calls = [dict(sq=1000, skv=1000, causal=True), dict(sq=17, skv=4000, causal=True)]
+    assert {k for k, *_ in _plans_in_subprocess(rows, calls, ORT_FLASH_GLUON="1")} == {"fwd_gluon"}
+    others = [c for c, _ in OTHER_CALLS]
+    assert _plans_in_subprocess(rows, others, ORT_FLASH_GLUON="1") == [_kind(_params(**c), rows) for c in others]
+
+
+def _plans_in_subprocess(rows, calls, **env) -> list[tuple]:
+    """_kind for each call in a fresh Python with `env` (the launcher reads its switches once)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_gluon_aot as t; "
+            "rows, calls = json.loads(sys.argv[2]), json.loads(sys.argv[3]); "
+            "print(json.dumps([list(t._kind(t._params(**{k: tuple(v) if k == 'mask' else v "
+            "for k, v in c.items()}), rows)) for c in calls]))")
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), json.dumps(rows), json.dumps(calls)],
+                       capture_output=True, text=True, env=dict(os.environ, **env), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [tuple(x) for x in json.loads(r.stdout.strip().splitlines()[-1])]
+
+
+def test_kill_switches(fixture_gluon):
+    """ORT_FLASH_GLUON=0: every call plans as in a table without the Gluon kind, from the same
+    table. ORT_FLASH_TMA=0 turns off both descriptor kinds: the pointer kernels."""
+    calls = GLUON_CALLS + [c for c, _ in OTHER_CALLS]
+    rows = _rows(90)
+    off = _plans_in_subprocess(rows, calls, ORT_FLASH_GLUON="0")
+    assert off == [_kind(_params(**c), _rows(90, gluon=False)) for c in calls]
+    assert [k for k, *_ in off[:len(GLUON_CALLS)]] == ["fwd_tma"] * len(GLUON_CALLS)
+    no_tma = _plans_in_subprocess(rows, GLUON_CALLS, ORT_FLASH_TMA="0")
+    assert {k for k, *_ in no_tma} == {"fwd"}
+
+
+def test_library_table_gluon_entries():
+    """The compiled table's Gluon cubins (none unless the build has sm_90 and GLUON_ENABLED):
+    the calls aot/variants.py states, their tile and range, boxes for the launcher to encode,
+    whole warpgroups."""
+    from ort_flash import _C
+
+    kernels = [k for k in _C.kernels() if k["kind"] == "fwd_gluon"]
+    if not any(k["arch"] >= 90 for k in _C.kernels()) or not variants.GLUON_ENABLED:
+        assert not kernels
+        pytest.skip("this build has no Gluon kernels (no sm_90 or GLUON_ENABLED off)")
+    by_name = {x.name: x for x in variants.all_variants()}
+    assert {k["variant"] for k in kernels} == {x.name for x in variants.gluon_variants()}
+    for k in kernels:
+        x = by_name[k["variant"]]
+        cfg = variants.get_fwd_config(90, x)
+        assert k["arch"] >= 90 and k["dtype"] in ("float16", "bfloat16") and k["even_d"]
+        assert k["mask"] == "none" and not k["extras"] and not k["mask_keys"]
+        assert (k["block_m"], k["block_n"], k["tile_causal"], k["tile_min_len"]) == (
+            cfg.block_m, cfg.block_n, x.tile_causal, x.tile_min_len)
+        assert k["num_warps"] % 4 == 0 and k["num_warps"] >= cfg.num_warps
+        for (swizzle, rows, cols), r in zip(k["tma"], [cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m]):
+            assert swizzle == 3 and rows == r and k["head_dim"] % cols == 0
