@@ -69,7 +69,8 @@ def _case_id(c):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_kernel_matches_reference(case, dtype):
+def test_kernel_matches_reference(case, dtype, kind=None):
+    """`kind` (callers only): the launch plan's kind this call must take."""
     from ort_flash import _C
 
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
@@ -137,6 +138,8 @@ def test_kernel_matches_reference(case, dtype):
         if c["nan_tail"]:
             for i, n in enumerate(lens):
                 kk[i, :, n:], vk[i, :, n:] = float("nan"), float("nan")
+    if kind is not None:
+        assert _C.launch_plan(p)[0] == kind, (_case_id(case), dtype, _C.launch_variant(p))
     _C.run_cuda(p, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
 
@@ -212,9 +215,8 @@ def test_decode_dispatch():
     assert (kind, splits, ws, fused) == ("decode", 1, 0, False)  # too short to split
     kind, splits, _, _ = _C.launch_plan(_decode_params(64, 32, 8, 1, 4096, 128))
     assert kind == "decode" and splits <= 2, splits  # B x Hkv already fills the GPU
-    prefill = "fwd_tma" if _C.prepare_device(0)[1] == 90 else "fwd"  # test_tma_dispatch
-    assert _C.launch_plan(_decode_params(1, 32, 8, 128, 4096, 128))[0] == prefill
-    assert _C.launch_plan(_decode_params(1, 32, 1, 4, 4096, 128))[0] == prefill  # 128 packed rows
+    for p in (_decode_params(1, 32, 8, 128, 4096, 128), _decode_params(1, 32, 1, 4, 4096, 128)):  # 128 packed rows
+        assert _C.launch_plan(p)[0] == _unmasked_prefill_kind(p)  # test_tma_dispatch
     # More CTAs than SMs: the wide tile on sm_90 (fp16/bf16, exact head dim), else the base one.
     sms = _C.prepare_device(0)[2]
     wide = _C.prepare_device(0)[1] == 90
@@ -250,10 +252,33 @@ def test_decode_merge_dispatch():
     assert seen == {True, False}
 
 
+def _gluon_built() -> bool:
+    """The build has Gluon kernels for this GPU (aot/variants.py GLUON_ENABLED, sm_90)."""
+    from ort_flash import _C
+
+    arch = _C.prepare_device(0)[1]
+    return any(k["kind"] == "fwd_gluon" and k["arch"] == arch for k in _C.kernels())
+
+
+def _unmasked_prefill_kind(p) -> str:
+    """Where an unmasked fp16/bf16 prefill call with an exact head dim 64/128 and aligned views
+    runs: the Gluon kernel where the build has an entry whose range (tile_causal, tile_min_len:
+    aot/variants.py GLUON_MIN_LEN) covers it, else the TMA kernel on sm_90, else the pointer one."""
+    from ort_flash import _C
+
+    arch = _C.prepare_device(0)[1]
+    dtype = str(p.dtype).split(".")[-1]
+    if any(k["kind"] == "fwd_gluon" and k["arch"] == arch and k["dtype"] == dtype and k["head_dim"] == p.d
+           and k["tile_causal"] in (-1, int(p.causal)) and k["tile_min_len"] <= min(p.sq, p.skv)
+           for k in _C.kernels()):
+        return "fwd_gluon"
+    return "fwd_tma" if arch == 90 else "fwd"
+
+
 def test_tma_dispatch():
     """On sm_90 unmasked fp16/bf16 prefill with exact head dims 64/128 takes the TMA-descriptor
-    kernel, in either layout; masks, fp32, other head dims, decode shapes and ORT_FLASH_TMA=0 do
-    not."""
+    kernel (the Gluon one where built), in either layout; masks, fp32, other head dims, decode
+    shapes and ORT_FLASH_TMA=0 do not."""
     from ort_flash import _C
 
     arch = _C.prepare_device(0)[1]
@@ -262,7 +287,7 @@ def test_tma_dispatch():
     bshd.k_stride = bshd.v_stride = [1000 * 4 * 128, 128, 4 * 128]
     tma_cases = [_decode_params(2, 16, 4, 1000, 1000, 128), _decode_params(1, 32, 32, 513, 700, 64, "bfloat16"), bshd]
     for p in tma_cases:
-        assert _C.launch_plan(p)[0] == ("fwd_tma" if arch == 90 else "fwd")
+        assert _C.launch_plan(p)[0] == _unmasked_prefill_kind(p)
     assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 128, "float32"))[0] == "fwd"
     masked = _decode_params(2, 16, 4, 1000, 1000, 128)
     masked.mask_kind = _C.MaskKind.add
@@ -293,14 +318,26 @@ def test_decode_merge_paths_match_reference(fused):
 
 def test_tma_tiles():
     """On sm_90 an unmasked TMA call launches the cubin whose tile aot/variants.py's TMA_TILES
-    gives for its causal flag and min(Sq, Skv); with extras the one tile those variants have."""
+    gives for its causal flag and min(Sq, Skv); with extras the one tile those variants have.
+    Where the build has the Gluon kernel (which takes the unmasked calls), with ORT_FLASH_GLUON=0
+    in a subprocess."""
+    from ort_flash import _C
+
+    if _C.prepare_device(0)[1] != 90:
+        pytest.skip("the TMA kernels are sm_90 only")
+    if not _gluon_built():
+        _tma_tiles()
+        return
+    last, out = _in_subprocess("import test_cuda_kernel as t; t._tma_tiles(); print('ok')", ORT_FLASH_GLUON="0")
+    assert last == "ok", out
+
+
+def _tma_tiles():
     import sys
     from pathlib import Path
 
     from ort_flash import _C
 
-    if _C.prepare_device(0)[1] != 90:
-        pytest.skip("the TMA kernels are sm_90 only")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aot"))
     import variants
 
@@ -318,6 +355,37 @@ def test_tma_tiles():
         name = _C.launch_variant(p)
         assert name.startswith("flash_fwd_tma_") and tiles[name] == (t.block_m, t.block_n, t.num_warps), (
             d, causal, sq, skv, extras, name)
+
+
+# Calls the Gluon kernel takes (aot/variants.py GLUON_*), forced onto it whatever the length
+# (ORT_FLASH_GLUON=1): odd lengths, a short chunk against a long cache, causal at a key offset (the
+# new keys are the last Sq), GQA and MQA, the 3-D layout's storage; LSE is always written.
+GLUON_CASES = [
+    dict(b=2, hq=4, hkv=4, sq=113, skv=203, d=64),
+    dict(b=2, hq=4, hkv=2, sq=113, skv=203, d=128, causal=True, offset=90),
+    dict(b=1, hq=8, hkv=2, sq=1000, skv=1000, d=128),
+    dict(b=1, hq=8, hkv=2, sq=1000, skv=1000, d=64, causal=True),
+    dict(b=2, hq=6, hkv=1, sq=1000, skv=1300, d=128, causal=True, offset=300),
+    dict(b=1, hq=2, hkv=2, sq=17, skv=4000, d=128),
+    dict(b=2, hq=8, hkv=2, sq=300, skv=333, d=64, layout="bshd"),
+    dict(b=1, hq=2, hkv=1, sq=2100, skv=2101, d=128, causal=True, offset=1, layout="bshd"),
+    dict(b=1, hq=1, hkv=1, sq=4113, skv=4113, d=64, causal=True),
+]
+
+
+@pytest.mark.parametrize("switch,kind", [("1", "fwd_gluon"), ("0", "fwd_tma")])
+def test_gluon_kernel_matches_reference(switch, kind):
+    """GLUON_CASES in fp16 and bf16 against the float64 reference with NaN-poisoned Y and LSE:
+    ORT_FLASH_GLUON=1 runs each on the Gluon kernel (the plan says so), =0 on the TMA kernel it
+    replaces (the kill switch). In a subprocess (the switch is read once per process)."""
+    if not _gluon_built():
+        pytest.skip("this build has no Gluon kernels for this GPU (aot/variants.py GLUON_ENABLED, sm_90)")
+    n = len(GLUON_CASES)
+    last, out = _in_subprocess(
+        "import test_cuda_kernel as t; "
+        f"[t.test_kernel_matches_reference(c, dt, kind='{kind}') for c in t.GLUON_CASES for dt in ('float16', 'bfloat16')]; "
+        "print('ok', len(t.GLUON_CASES))", ORT_FLASH_GLUON=switch)
+    assert last == f"ok {n}", out
 
 
 def test_kernels_load_on_this_gpu():
