@@ -11,6 +11,7 @@ set(_aot_sources
   "${PROJECT_SOURCE_DIR}/aot/build.py"
   "${PROJECT_SOURCE_DIR}/aot/flash_decode.py"
   "${PROJECT_SOURCE_DIR}/aot/flash_fwd.py"
+  "${PROJECT_SOURCE_DIR}/aot/flash_fwd_gluon.py"
   "${PROJECT_SOURCE_DIR}/aot/variants.py")
 add_custom_command(
   OUTPUT "${ORT_FLASH_AOT_DIR}/kernels.gen.S" "${ORT_FLASH_AOT_DIR}/kernel_table.gen.cc"
