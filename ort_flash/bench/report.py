@@ -14,22 +14,20 @@ import pathlib
 from ort_flash.bench import cpu_suite, decode_e2e_suite, decode_suite, e2e_suite, op_suite, plots, results, targets
 from ort_flash.bench.tables import fmt, markdown_table
 
-GPU_COMMANDS = """\
-# GPU machine, one call of <= 10 min, from the repository root, carrying .ortgpu0-4 and .orth as
-# for tools/gpu_session.sh; results, logs and the report land in $OUT:
-bash tools/gpu_release.sh bench              # this page's op (fp16 + bf16, quick), e2e and decode_e2e (4 layers) runs
-bash tools/gpu_release.sh tests              # build, GPU tests, demo and this page's decode run (quick)
-bash tools/bench_gpu.sh                      # all suites --quick: op ~1 min, decode ~40 s, e2e (4 layers) ~2-3 min
-                                             #   + ort_flash_opt's own ORT optimizer run and rewrite per model,
-                                             #   decode_e2e (4 layers; mostly its exports and the ORT optimizer)
-bash tools/bench_gpu.sh --suite op           # the full op grid (Hopper issue), ~5 min
-bash tools/bench_gpu.sh --suite decode       # the full decode grid (decode issue), ~2 min
-bash tools/bench_gpu.sh --suite decode_e2e   # the decode step of the 16-layer LLaMA-style model, B 1/8, past 1k-32k
-# by hand: PYTHONPATH=/tmp/ortsite python3 -m ort_flash.cli bench --suite all --device cuda --out bench-gpu.json
-# this page, from the CPU run kept in the repository and a GPU run:
-python -m ort_flash.bench.report docs/performance/bench-cpu.json docs/performance/bench-gpu-*.json -o docs/PERFORMANCE.md"""
-CPU_COMMANDS = """\
-ort-flash bench --suite cpu --out docs/performance/bench-cpu.json   # 2-core machine, ~15 min"""
+REPRODUCE_RUNS = """\
+# A machine with an NVIDIA GPU (sm_80 or sm_90) and the package installed with the benchmark's
+# peers: pip install ".[test]" (torch with CUDA for SDPA and the exports, transformers).
+# Each suite writes its JSON as it goes; the times are the H200's and the 2-core CPU's.
+ort-flash bench --device cuda --suite op --out bench-op.json                  # the op grid, ~5 min (--quick ~1)
+ort-flash bench --device cuda --suite decode --out bench-decode.json          # the decode grid, ~2 min
+ort-flash bench --device cuda --suite e2e --out bench-e2e.json                # whole models (exports cached)
+ort-flash bench --device cuda --suite decode_e2e --out bench-decode_e2e.json  # a decode step of a whole model
+ort-flash bench --device cpu --suite cpu --out bench-cpu.json                 # the CPU EP, ~15 min on 2 cores"""
+REPRODUCE_PAGE = """\
+# this page, from those files (later files override earlier ones suite by suite):
+python -m ort_flash.bench.report bench-cpu.json bench-op.json bench-decode.json bench-e2e.json \\
+    bench-decode_e2e.json -o PERFORMANCE.md
+# tools/README.md says how the project's own runs on its offline GPU machine are made."""
 METHOD = """\
 - **Same run, same machine.** Every peer is timed beside the fused op in one process per suite;
   ratios compare numbers from the same run only.
@@ -200,8 +198,8 @@ def render(docs: list[dict], out_md: str | os.PathLike) -> str:
     lines += _section("End to end (CUDA, fp16)", gpu["e2e"], e2e_body)
     lines += _section("Decode step, end to end (CUDA, fp16)", gpu["decode_e2e"], decode_e2e_body)
     lines += _section("CPU EP (fp32)", cpu, cpu_body)
-    lines += ["## How it is measured", "", METHOD, "", "## How to reproduce", "", "```sh", GPU_COMMANDS,
-              CPU_COMMANDS, "```", ""]
+    lines += ["## How it is measured", "", METHOD, "", "## How to reproduce", "", "```sh", REPRODUCE_RUNS,
+              REPRODUCE_PAGE, "```", ""]
     text = "\n".join(lines).replace("\n\n\n", "\n\n")
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text(text)
