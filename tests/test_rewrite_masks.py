@@ -90,6 +90,33 @@ def mask_padding_materialized(g):  # padding expanded to (B, 1, S, S)
     return g.op("Where", visible, g.const(0.0, np.float32), g.const(FMIN, np.float32))
 
 
+def _inverted(g, value=1.0):  # transformers' 1 - mask.float(), (B, 1, S, S)
+    rows = g.op("Concat", g.op("Shape", "q", start=0, end=1), g.const([1], np.int64),
+                g.op("Shape", "q", start=2, end=3), g.op("Shape", "k", start=2, end=3), axis=0)
+    expanded = g.op("Expand", g.op("Unsqueeze", "attention_mask", g.const([1, 2], np.int64)), rows)
+    return g.op("Sub", g.const(value, np.float32), g.op("Cast", expanded, to=TensorProto.FLOAT))
+
+
+def mask_inverted_where(g):  # Where(Cast(bool, 1 - m.float()), finfo.min, 0)
+    hidden = g.op("Cast", _inverted(g), to=TensorProto.BOOL)
+    return g.op("Where", hidden, g.const(FMIN, np.float32), g.const(0.0, np.float32))
+
+
+def mask_inverted_masked_fill(g):  # inverted.masked_fill(inverted.bool(), finfo.min)
+    inverted = _inverted(g)
+    hidden = g.op("Cast", g.op("Cast", inverted, to=TensorProto.BOOL), to=TensorProto.BOOL)
+    return g.op("Where", hidden, g.const(FMIN, np.float32), inverted)
+
+
+def mask_inverted_product(g):  # (1 - m.float()) * finfo.min: a mask only for 0/1 inputs
+    return g.op("Mul", _inverted(g), g.const(FMIN, np.float32))
+
+
+def mask_inverted_half(g):  # Where(Cast(bool, 0.5 - m.float()), ...): m == 0.5 never holds
+    hidden = g.op("Cast", _inverted(g, 0.5), to=TensorProto.BOOL)
+    return g.op("Where", hidden, g.const(FMIN, np.float32), g.const(0.0, np.float32))
+
+
 def mask_shifted(g):  # j <= i + 1: not causal
     return g.op("Where", _causal(g, offset=1), g.const(0.0, np.float32), g.const(FMIN, np.float32))
 
@@ -144,6 +171,9 @@ MAPPED = [
     ("constant_table", mask_table, 6, (True, "none")),
     ("causal_and_padding", mask_causal_padding, "S", (True, "additive (B,1,1,Skv)")),
     ("padding_expanded", mask_padding_materialized, "S", (False, "additive (B,1,1,Skv)")),
+    ("padding_inverted_float", mask_inverted_where, "S", (False, "additive (B,1,1,Skv)")),
+    ("padding_inverted_masked_fill", mask_inverted_masked_fill, "S",
+     (False, "additive (B,1,1,Skv)")),
 ]
 # id, mask builder, reason substring
 KEPT = [
@@ -151,6 +181,8 @@ KEPT = [
     ("sliding_window", mask_window, "neither causal nor key padding"),
     ("mask_value_too_small", mask_small_value, "not a mask value"),
     ("query_axis_padding", mask_query_padding, "neither causal nor key padding"),
+    ("padding_times_min", mask_inverted_product, "input's values is not modelled"),
+    ("padding_compared_with_half", mask_inverted_half, "padding compared with 0.5"),
 ]
 
 
@@ -314,3 +346,21 @@ def test_multihead_attention_with_bias_left_alone():
     result = rewrite(mha_model(bias=True))
     assert result.report.total_fused == 0
     assert "bias is not mapped" in result.report.unfused[0].reason
+
+
+@pytest.mark.parametrize("build", [mask_inverted_where, mask_inverted_masked_fill])
+def test_inverted_float_padding_is_exact_for_any_mask_values(build):
+    """1 - m.float() hides every key whose mask value is not 1 (2, -1 too): the compact mask
+    compares m with 1, so the rewrite is the same function for any values; ORT agrees."""
+    from ort_flash.verify import verify
+
+    model = masked_model(build)
+    result = rewrite(model)
+    assert result.report.fused[0].mask == "additive (B,1,1,Skv)"
+    feeds = _feeds(model)
+    feeds["attention_mask"] = np.array([[1, 2, 1, 0, 1, -1], [1, 1, 0, 1, 3, 1]], np.int64)
+    (want,) = run_reference(model, feeds)
+    (got,) = run_reference(result.model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    check = verify(model, result.model, seq_len=7, seed=0)
+    assert check.passed, check.format_table()

@@ -64,7 +64,8 @@ class CausalMask(Refinement):
             fail("the node has a nonpad_kv_seqlen input")
         past = node.inputs[4] if len(node.inputs) > 4 else None
         scores, offset = _scores_dims(node, q, v, past)
-        inputs = {v.name for v in context.graph_or_function.inputs}
+        # a subgraph (If branch, Loop body) reads the model's inputs from the outer scope
+        inputs = {v.name for g in (context.graph_or_function, context.model.graph) for v in g.inputs}
         bias, form, term, why = None, None, mask, ""
         for bias_c, term_c, hidden in _candidates(mask):
             try:
@@ -86,6 +87,9 @@ class CausalMask(Refinement):
                 fail(f"padding input {form.padding!r} is not (B, Skv)")
             if not form.causal and _compact_already(term):
                 fail("the mask is already a compact key-padding mask")
+            c = form.padding_equals  # integers up to 256 are exact in every float type, so
+            if c is not None and not (c == int(c) and abs(c) <= 256):  # Equal sees the same
+                fail(f"padding compared with {c:g}, which not every float type holds exactly")
         note = ""
         if form.causal and form.padding is not None and form.additive and np.isfinite(form.masked_value):
             if self.exact_masked_rows:
@@ -104,7 +108,12 @@ class CausalMask(Refinement):
         text = "none"
         if form.padding is not None:
             m = plan["padding"]
-            if m.dtype != ir.DataType.BOOL:
+            if form.padding_equals is not None:  # visible where m == c (1 - m.float() masks)
+                c = op.Constant(value=ir.tensor(np.array(form.padding_equals, m.dtype.numpy())))
+                _name(c, prefix + "padding_visible_value")
+                m = op.Equal(m, c)
+                _name(m, prefix + "padding_bool")
+            elif m.dtype != ir.DataType.BOOL:
                 m = op.Cast(m, to=ir.DataType.BOOL)
                 _name(m, prefix + "padding_bool")
             axes = op.Constant(value=ir.tensor(np.array([1, 2], np.int64)))

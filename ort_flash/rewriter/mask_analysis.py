@@ -19,8 +19,8 @@ is proven, never assumed from example sizes. Any op or form outside the domain r
 ``Unprovable`` with the reason; the caller keeps the mask as it is.
 
 ``analyze_mask`` then reads the final formula, aligned to the scores (B, H, Sq, Skv), as a
-conjunction of: causal (``x3 <= x2``), key padding (``m[x0, x3] != 0`` for a rank-2
-graph input ``m`` of dims (B, Skv)), and terms that are always true.
+conjunction of: causal (``x3 <= x2``), key padding (``m[x0, x3] != 0``, or ``m[x0, x3] == c``,
+for a rank-2 graph input ``m`` of dims (B, Skv)), and terms that are always true.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import onnx_ir as ir
 import sympy as sp
 
 from ort_flash.rewriter.mask_domain import (
-    All, AnyOf, Le, Not, Nonzero, Select, Unprovable, aff_index, broadcast_to, equal, is_pred,
+    All, AnyOf, Eq, Le, Not, Nonzero, Select, Unprovable, aff_index, broadcast_to, equal, is_pred,
 )
 from ort_flash.rewriter.mask_eval import Evaluator
 
@@ -48,6 +48,7 @@ class MaskForm:
     padding: str | None  # name of the rank-2 (B, Skv) graph input, or None
     additive: bool  # an additive float mask (else bool)
     masked_value: float  # the additive value of hidden keys (-inf for bool)
+    padding_equals: float | None = None  # visible where padding == this (None: where != 0)
 
 
 def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
@@ -72,10 +73,11 @@ def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
     elif is_pred(c):
         pred, additive, masked = c, False, -math.inf
     else:
-        what = {"Val": "a graph input's values", "Aff": "an integer index tensor"}.get(
+        what = {"Val": "a graph input's values", "FDiff": "a graph input's values",
+                "Aff": "an integer index tensor"}.get(
             type(c).__name__, f"a {type(c).__name__}")
         raise Unprovable(f"the mask is {what}, not a choice between visible and hidden keys")
-    causal, padding = False, None
+    causal, padding, equals = False, None, None
     for term in _conjuncts(pred):
         if isinstance(term, Le) and _always_true(term):
             continue
@@ -86,13 +88,15 @@ def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
             raise Unprovable(f"the mask's causal window is offset by {-term.const} (key <= query + "
                              f"{-term.const}), the op's is_causal here by {causal_offset} (the past "
                              "length its past_key input gives)")
-        if isinstance(term, Nonzero) and term.index == (aff_index(0, 4), aff_index(3, 4)):
-            if padding not in (None, term.name):
+        if isinstance(term, (Nonzero, Eq)) and term.index == (aff_index(0, 4), aff_index(3, 4)):
+            value = term.value if isinstance(term, Eq) else None
+            if padding is not None and (padding, equals) != (term.name, value):
                 raise Unprovable("the mask looks up two different padding inputs")
-            padding = term.name
+            padding, equals = term.name, value
             continue
         raise Unprovable(f"the mask has a term that is neither causal nor key padding ({_text(term)})")
-    return MaskForm(causal=causal, padding=padding, additive=additive, masked_value=masked)
+    return MaskForm(causal=causal, padding=padding, additive=additive, masked_value=masked,
+                    padding_equals=equals)
 
 
 def _conjuncts(pred) -> list:
@@ -129,4 +133,6 @@ def _text(term) -> str:
         return f"{' + '.join(parts) or '0'} + {term.const} <= 0"
     if isinstance(term, Nonzero):
         return f"{term.name}[...] != 0"
+    if isinstance(term, Eq):
+        return f"{term.name}[...] == {term.value:g}"
     return type(term).__name__

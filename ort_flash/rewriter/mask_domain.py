@@ -7,7 +7,8 @@ own index ``x = (x0, x1, ...)``:
 - ``Aff``: integer tensors ``const + Σ coefs[k]·x[k]`` (Range, shape scalars, index arithmetic);
 - ``Vec``: rank-1 integer tensors of known entries (Shape results and their slices);
 - ``Val`` / ``Nonzero``: a graph input's element at an affine index (``input[idx]`` and
-  ``input[idx] != 0``); ``Flat``: a flattened (B·S, 1) view of one;
+  ``input[idx] != 0``); ``Flat``: a flattened (B·S, 1) view of one; ``FDiff`` / ``Eq``: that
+  element as a float minus a constant (known only where it is zero) and ``input[idx] == c``;
 - predicates built from ``Le`` (``Σ c·x + c0 <= 0``), ``Nonzero``, ``All`` / ``AnyOf`` / ``Not``;
 - ``Select(p, a, b)``: a float tensor, ``a`` where ``p`` holds, else ``b`` (constants are
   ``Select(TRUE, c, c)``); ``Stack`` and ``Flattened`` are the intermediate forms of index
@@ -53,6 +54,24 @@ class Val:
 class Nonzero:
     name: str
     index: tuple  # of Aff
+
+
+@dataclasses.dataclass(frozen=True)
+class Eq:
+    """The predicate ``input[idx] == value`` (transformers' ``1 - mask.float()`` cast to bool is
+    its negation with value 1)."""
+    name: str
+    index: tuple  # of Aff
+    value: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FDiff:
+    """A float tensor ``float(input[idx]) - value`` (value 0: the input's value as a float),
+    known only where it is zero: exactly where ``input[idx] == value``."""
+    name: str
+    index: tuple  # of Aff
+    value: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,8 +192,8 @@ def remap(c, mapping: list, rank: int):
     if isinstance(c, Le):
         a = remap(Aff(c.const, c.coefs), mapping, rank)
         return Le(a.coefs, a.const)
-    if isinstance(c, (Val, Nonzero)):
-        return type(c)(c.name, tuple(remap(i, mapping, rank) for i in c.index))
+    if isinstance(c, (Val, Nonzero, Eq, FDiff)):
+        return dataclasses.replace(c, index=tuple(remap(i, mapping, rank) for i in c.index))
     if isinstance(c, (All, AnyOf)):
         return type(c)(tuple(remap(t, mapping, rank) for t in c.terms))
     if isinstance(c, Not):
@@ -207,8 +226,8 @@ def shift(c, by: list):
         return Aff(c.const + sum(k * s for k, s in zip(c.coefs, by)), c.coefs)
     if isinstance(c, Le):
         return Le(c.coefs, c.const + sum(k * s for k, s in zip(c.coefs, by)))
-    if isinstance(c, (Val, Nonzero)):
-        return type(c)(c.name, tuple(shift(i, by) for i in c.index))
+    if isinstance(c, (Val, Nonzero, Eq, FDiff)):
+        return dataclasses.replace(c, index=tuple(shift(i, by) for i in c.index))
     if isinstance(c, (All, AnyOf)):
         return type(c)(tuple(shift(t, by) for t in c.terms))
     if isinstance(c, Not):
@@ -229,7 +248,7 @@ def aff_index(k: int, rank: int) -> Aff:
 
 
 def is_pred(c) -> bool:
-    return isinstance(c, (Le, Nonzero, All, AnyOf, Not))
+    return isinstance(c, (Le, Nonzero, Eq, All, AnyOf, Not))
 
 
 

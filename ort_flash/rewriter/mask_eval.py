@@ -10,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 import sympy as sp
 
+from ort_flash.rewriter import mask_values
 from ort_flash.rewriter.mask_domain import (
     AV, TRUE, Aff, All, AnyOf, Flat, Flattened, Le, Not, Nonzero, Select, Stack, Unprovable, Val,
     Vec, aff_index, broadcast_to, const_like, const_value, equal, fl, is_const, is_one, is_pred,
@@ -56,6 +57,9 @@ class Evaluator:
         x = self(node.inputs[0])
         to = ir.DataType(_attr(node, "to"))
         c = x.c
+        value = mask_values.cast_value(c, node.inputs[0].dtype, to)
+        if value is not None:
+            return AV(x.dims, value)
         if to == ir.DataType.BOOL:
             if is_const(c):
                 return AV(x.dims, TRUE if const_value(c) != 0 else AnyOf(()))
@@ -288,6 +292,9 @@ class Evaluator:
                 return AV(dims, Select(a.pred, fl(fn, a.a, b.a), fl(fn, a.b, b.a)))
             if a.pred == TRUE and a.a == a.b:
                 return AV(dims, Select(b.pred, fl(fn, a.a, b.a), fl(fn, a.a, b.b)))
+        value = mask_values.arith(node.op_type, a, b)
+        if value is not None:
+            return AV(dims, value)
         raise Unprovable(f"{node.op_type} of {type(a).__name__} and {type(b).__name__} is not modelled")
 
     def _compare(self, node, out, lhs_minus_rhs_plus):
@@ -355,6 +362,9 @@ class Evaluator:
                 return AV(dims, Select(cond, a.a, b.a))
         if is_pred(a) and is_pred(b) and is_pred(cond):
             return AV(dims, AnyOf((All((cond, a)), All((Not(cond), b)))))
+        value = mask_values.where(cond, a, b) if is_pred(cond) else None
+        if value is not None:
+            return AV(dims, value)
         raise Unprovable("Where of this form is not modelled")
 
 
