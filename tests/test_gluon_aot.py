@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,12 @@ def test_fixture_variant_compiles_and_its_table_row(fixture_gluon, tmp_path):
     row = next(line for line in cc.splitlines() if v.name in line)
     assert "KernelKind(4)" in row and ", 8, " in row and "{3, 128, 64}, {3, 64, 64}" in row, row
     assert json.loads((out / "manifest.json").read_text())["kernels"][0]["variant"] == v.name
+    # The generated table compiles against cpp/kernel_table.h (its static_asserts hold).
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if cxx:
+        r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-I", str(ROOT / "cpp"), str(out / "kernel_table.gen.cc")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_gluon_cache_key_follows_the_gluon_sources_only(fixture_gluon, monkeypatch):
