@@ -370,6 +370,9 @@ GLUON_CASES = [
     dict(b=2, hq=8, hkv=2, sq=300, skv=333, d=64, layout="bshd"),
     dict(b=1, hq=2, hkv=1, sq=2100, skv=2101, d=128, causal=True, offset=1, layout="bshd"),
     dict(b=1, hq=1, hkv=1, sq=4113, skv=4113, d=64, causal=True),
+    # Fewer keys than one key block: MQA causal, and more queries than keys.
+    dict(b=2, hq=6, hkv=1, sq=77, skv=77, d=64, causal=True),
+    dict(b=1, hq=4, hkv=4, sq=200, skv=50, d=128),
 ]
 
 
