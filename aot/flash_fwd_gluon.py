@@ -41,7 +41,9 @@ def desc_signature(dtype: str, rows: int, head_dim: int) -> str:
 def get_gluon_config(dtype: str, head_dim: int, causal: bool) -> dict:
     """Tile table: BLOCK_M, BLOCK_N, NUM_STAGES and num_warps for a call (see perf-notes v6)."""
     del dtype, causal
-    return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=3 if head_dim == 128 else 4, num_warps=8)
+    if head_dim == 128:  # one warpgroup per CTA, two CTAs per SM (115 KB of shared memory each)
+        return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3, num_warps=4)
+    return dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=4, num_warps=8)
 
 
 @gluon.jit
@@ -82,6 +84,9 @@ def flash_fwd_gluon(
     stride_mb, stride_mh, stride_mm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):
+    # A slot is refilled two iterations after its block was loaded, before the next K wait: with
+    # two slots the refill of block j would wait behind the wait for block j (deadlock).
+    gl.static_assert(NUM_STAGES >= 3, "the K/V ring needs at least 3 slots")
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],

@@ -4,9 +4,10 @@ an fp32 reference, then TFLOP/s beside torch SDPA's cuDNN backend and the shippe
 run, on the benchmark grid (batch x seqlen = 16k tokens, hidden 2048). Prints a table, writes JSON.
 
     python experiments/gluon_attn.py [--quick] [--dtypes fp16,bf16] [--head-dims 64,128]
-        [--seqs 512,...,16384] [--stages 2,3] [--check-only] [--out gluon.json]
+        [--seqs 512,...,16384] [--configs "128:64,64,3,4;64:128,64,4,8"] [--check-only] [--out gluon.json]
 
---stages times the Gluon kernel at each K/V ring depth given (default: its tile table's).
+--configs times (and checks) the Gluon kernel at each tile given as head_dim:BLOCK_M,BLOCK_N,
+NUM_STAGES,num_warps besides the tile table's.
 """
 from __future__ import annotations
 
@@ -77,6 +78,9 @@ def check(dtypes, head_dims, cfgs) -> list:
     """Every CHECKS shape: Y and lse against the fp32 reference, outputs poisoned with NaN."""
     rows, failed = [], 0
     for dt, d, (b, hq, hkv, sq, skv, causal, off), cfg in itertools.product(dtypes, head_dims, CHECKS, cfgs):
+        if cfg and cfg.get("BLOCK_D", d) != d:
+            continue
+        cfg = {key: val for key, val in (cfg or {}).items() if key != "BLOCK_D"} or None
         q = torch.randn(b, hq, sq, d, device="cuda", dtype=DTYPES[dt])
         k = torch.randn(b, hkv, skv, d, device="cuda", dtype=DTYPES[dt])
         v = torch.randn(b, hkv, skv, d, device="cuda", dtype=DTYPES[dt])
@@ -119,6 +123,9 @@ def grid(dtypes, head_dims, seqs, cfgs) -> list:
             tile = _shipped(dt, d, "fwd_tma", causal=causal, skv=s)
             row["triton"] = flops / bench(lambda: launch(q, k, v, y, lse, causal, tile, tma=True)) / 1e9
             for cfg in cfgs:
+                if cfg and cfg.get("BLOCK_D", d) != d:
+                    continue
+                cfg = {key: val for key, val in (cfg or {}).items() if key != "BLOCK_D"} or None
                 y.fill_(float("nan"))
                 run_gluon(q, k, v, y, lse, causal, 0, cfg)
                 err = float((y.float() - ref.float()).abs().max())
@@ -142,7 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="fp16,bf16")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--stages", default="", help="K/V ring depths to time, e.g. 2,3")
+    ap.add_argument("--configs", default="", help="extra tiles, head_dim:BM,BN,stages,warps;...")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--out", default="gluon_attn.json")
     args = ap.parse_args(argv)
@@ -150,7 +157,11 @@ def main(argv=None) -> int:
     if args.quick:
         dtypes, seqs = ["fp16"], [1024, 4096, 16384]
     head_dims = [int(x) for x in args.head_dims.split(",")]
-    cfgs = [dict(NUM_STAGES=int(x)) for x in args.stages.split(",") if x] or [None]
+    cfgs = [None]
+    for item in filter(None, args.configs.split(";")):
+        d, tile = item.split(":")
+        bm, bn, st, nw = map(int, tile.split(","))
+        cfgs.append(dict(BLOCK_D=int(d), BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=st, num_warps=nw))
     checks = check(dtypes, head_dims, cfgs)
     results = [] if args.check_only else grid(dtypes, head_dims, seqs, cfgs)
     save(args.out, results + [dict(kind="checks", checks=checks)])
