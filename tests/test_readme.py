@@ -1,0 +1,134 @@
+"""Every snippet in the README runs, as written, so that it cannot rot: each `ort-flash ...` line
+of its shell blocks through the CLI on the bundled demo model (copied to model.onnx in a scratch
+folder, the lines run in order), the Python block against the same model, and the C++ block
+compiled, linked against the onnxruntime wheel's library and run where a compiler and ONNX
+Runtime's headers are found. The two quick-start commands are not run here: they set up a venv;
+test_ci_script.py checks that there are two and that CI runs the test one."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ort_flash
+from ort_flash.demo import demo_model_path
+
+from test_cpp_deploy import _cxx_compiler, _ort_include_dir, _ort_library
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNERS = ("sh", "python", "cpp", "text")
+
+
+def readme_blocks() -> list[tuple[str, str, str]]:
+    """(section, language, text) of every fenced block, in order."""
+    blocks, section = [], ""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("## "):
+            section = line[3:].strip()
+        if line.startswith("```"):
+            lang, body = line[3:].strip(), []
+            i += 1
+            while not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            blocks.append((section, lang, "\n".join(body) + "\n"))
+        i += 1
+    return blocks
+
+
+def _blocks(lang: str) -> list[str]:
+    return [text for section, language, text in readme_blocks()
+            if language == lang and section != "Quick start"]
+
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    shutil.copy(demo_model_path("cpu"), tmp_path / "model.onnx")
+    return tmp_path
+
+
+def test_every_block_is_run_by_a_test():
+    for section, lang, text in readme_blocks():
+        if section == "Quick start":
+            assert lang == "", "test_ci_script.py reads the quick start's blocks without a language"
+            continue
+        assert lang in RUNNERS, f"a ```{lang} block in {section!r} that no test runs"
+        if lang == "text":  # the data-flow picture: no commands in it
+            assert "──►" in text, text
+    assert _blocks("sh") and len(_blocks("python")) == 1 and len(_blocks("cpp")) == 1
+
+
+# Each line as main(argv) in one child process (the CLI's imports take seconds).
+_RUN_LINES = """
+import contextlib, io, json, shlex, sys
+from ort_flash.cli import main
+results = []
+for line in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            rc = main(shlex.split(line, comments=True)[1:])
+        except SystemExit as e:
+            rc = e.code
+    results.append([line, rc, out.getvalue()[-3000:]])
+print(json.dumps(results))
+"""
+
+
+def test_readme_shell_lines_run(workdir):
+    lines = []
+    for text in _blocks("sh"):
+        for line in text.splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            assert shlex.split(line, comments=True)[0] == "ort-flash", f"not an ort-flash line: {line}"
+            lines.append(line)
+    proc = subprocess.run([sys.executable, "-c", _RUN_LINES, json.dumps(lines)], cwd=workdir,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for line, rc, out in json.loads(proc.stdout.splitlines()[-1]):
+        assert rc == 0, f"{line}\nexit {rc}\n{out}\n{proc.stderr[-3000:]}"
+    for name in ("model.flash.onnx", "report.json", "model.fp16.onnx", "bench.json"):
+        assert (workdir / name).is_file(), name
+
+
+def test_readme_python_block_runs(workdir):
+    (code,) = _blocks("python")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "fused attention subgraphs: 2" in proc.stdout, proc.stdout
+    assert (workdir / "model.flash.onnx").is_file()
+
+
+def test_readme_cpp_block_builds_and_runs(workdir):
+    compiler, include, library = _cxx_compiler(), _ort_include_dir(), _ort_library()
+    if not (compiler and include and library):
+        pytest.skip("needs a C++ compiler, ONNX Runtime's headers (a build of ort_flash caches "
+                    "them) and the onnxruntime wheel's libonnxruntime.so")
+    (code,) = _blocks("cpp")
+    (workdir / "main.cc").write_text(code)
+    # The wheel ships libonnxruntime.so.1.x.y; the program asks for its SONAME.
+    libdir = workdir / "lib"
+    libdir.mkdir()
+    soname = re.match(r"(libonnxruntime\.so\.\d+)", library.name).group(1)
+    os.symlink(library, libdir / soname)
+    build = subprocess.run([compiler, "-std=c++17", f"-I{include}", "main.cc", "-o", "main",
+                            str(libdir / soname), f"-Wl,-rpath,{libdir}"],
+                           cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-4000:]
+    shutil.copy(ort_flash.library_path(), workdir / "libort_flash.so")
+    rewritten = ort_flash.rewrite(str(workdir / "model.onnx")).model
+    (workdir / "model.flash.onnx").write_bytes(rewritten.SerializeToString())
+    run = subprocess.run(["./main"], cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
