@@ -83,6 +83,7 @@ def flash_fwd_gluon(
     stride_yb, stride_yh, stride_ym,
     stride_mb, stride_mh, stride_mm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
+    OVERLAP_PV: gl.constexpr = False,
 ):
     # A slot is refilled two iterations after its block was loaded, before the next K wait: with
     # two slots the refill of block j would wait behind the wait for block j (deadlock).
@@ -162,8 +163,7 @@ def flash_fwd_gluon(
         v_prev = v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
         acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
         # Slot j-2 was last read by P_{j-2} V_{j-2}, retired in the previous iteration: refill it
-        # once every warpgroup is past that point. (Here, not after the softmax: a CTA barrier
-        # there lets ptxas hoist the P V wait above the exponentials; perf-notes v6.)
+        # once every warpgroup is past that point (here, as early as that is known).
         gl.thread_barrier()
         old_blk = j - 2 + NUM_STAGES
         refill = (j >= 2) & (old_blk < n_blocks)
@@ -172,12 +172,24 @@ def flash_fwd_gluon(
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, mask_from, hi, pos, qk_scale,
                                       s_layout, BLOCK_N)
-        # Only now may P_j overwrite the registers P_{j-1} V_{j-1} reads from: P passes through
-        # the wait so its conversion cannot move above it (else ptxas hoists the wait above the
-        # exponentials to free those registers: perf-notes v6).
-        acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
-        p = gl.convert_layout(p.to(dtype), p_layout)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        # Only now may P_j overwrite the registers P_{j-1} V_{j-1} reads from (P passes through
+        # the wait so its conversion stays below it).
+        if OVERLAP_PV:
+            if Sq > 0:
+                # Always true, but opaque to ptxas, which otherwise hoists this wait above the
+                # exponentials and so runs the softmax after P V, not under it (perf-notes v6).
+                # The other branch differs so that LLVM cannot merge the two.
+                acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
+                p16 = gl.convert_layout(p.to(dtype), p_layout)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            else:
+                acc = warpgroup_mma_wait(0, deps=[acc_tok])
+                p16 = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+        else:
+            acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p = p16
 
     last = (n_blocks - 1) % NUM_STAGES
     mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)

@@ -7,7 +7,11 @@ run, on the benchmark grid (batch x seqlen = 16k tokens, hidden 2048). Prints a 
         [--seqs 512,...,16384] [--configs "128:64,64,3,4;64:128,64,4,8"] [--check-only] [--out gluon.json]
 
 --configs times (and checks) the Gluon kernel at each tile given as head_dim:BLOCK_M,BLOCK_N,
-NUM_STAGES,num_warps besides the tile table's.
+NUM_STAGES,num_warps[,OVERLAP_PV] besides the tile table's.
+--sass needs no GPU: it compiles each variant ahead of time for sm_90 (as aot/build.py would),
+prints registers, spills and shared memory, and reads the main loop's SASS for the overlap: how
+many MUFU.EX2 (the softmax) sit between the wait for S (WARPGROUP.DEPBAR.LE gsb0, 0x1) and the
+wait for P V (WARPGROUP.DEPBAR.LE gsb0, 0x0).
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
         hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, -1, skv, 0, int(store_lse),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
-        num_warps=c["num_warps"])
+        OVERLAP_PV=c.get("OVERLAP_PV", False), num_warps=c["num_warps"])
 
 
 def reference(q, k, v, causal, offset):
@@ -151,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--configs", default="", help="extra tiles, head_dim:BM,BN,stages,warps;...")
     ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--sass", action="store_true", help="AOT-compile on the CPU, read registers and SASS order")
     ap.add_argument("--out", default="gluon_attn.json")
     args = ap.parse_args(argv)
     dtypes, seqs = args.dtypes.split(","), [int(x) for x in args.seqs.split(",")]
@@ -160,8 +165,12 @@ def main(argv=None) -> int:
     cfgs = [None]
     for item in filter(None, args.configs.split(";")):
         d, tile = item.split(":")
-        bm, bn, st, nw = map(int, tile.split(","))
-        cfgs.append(dict(BLOCK_D=int(d), BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=st, num_warps=nw))
+        bm, bn, st, nw, *overlap = map(int, tile.split(","))
+        cfgs.append(dict(BLOCK_D=int(d), BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=st, num_warps=nw,
+                         **(dict(OVERLAP_PV=bool(overlap[0])) if overlap else {})))
+    if args.sass:
+        from gluon_sass import report
+        return report(dtypes, head_dims, cfgs)
     checks = check(dtypes, head_dims, cfgs)
     results = [] if args.check_only else grid(dtypes, head_dims, seqs, cfgs)
     save(args.out, results + [dict(kind="checks", checks=checks)])
