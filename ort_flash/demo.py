@@ -56,7 +56,7 @@ def run_demo(provider: str = "auto", seq_lens=None, repeat=None, batches=None) -
     fast_result = ort_flash.rewrite(original, exact_masked_rows=False)
     for name, model in (("default", result.model), ("--fast-padded-rows", fast_result.model)):
         check = verify(original, model, providers=providers, batch=2, seq_len=128)
-        print(f"rewrite {name}: " + check.format_table())
+        print(f"rewrite {name}:\n" + check.format_table())
         if not check.passed:
             return 1
 
