@@ -117,6 +117,59 @@ def mask_inverted_half(g):  # Where(Cast(bool, 0.5 - m.float()), ...): m == 0.5 
     return g.op("Where", hidden, g.const(FMIN, np.float32), g.const(0.0, np.float32))
 
 
+def _triu_times_greater(g):  # triu(full(min), 1) * (arange > cache_position[:, None]), (S, S)
+    size = g.op("Concat", g.op("Shape", "q", start=2, end=3), g.op("Shape", "k", start=2, end=3),
+                axis=0)
+    full = g.op("ConstantOfShape", size, value=numpy_helper.from_array(np.array([FMIN], np.float32)))
+    upper = g.op("Trilu", full, g.const(1, np.int64), upper=1)
+    r = g.op("Range", g.const(0, np.int64), _seq(g), g.const(1, np.int64))
+    later = g.op("Greater", r, g.op("Reshape", r, g.const([-1, 1], np.int64)))
+    return g.op("Mul", upper, g.op("Cast", later, to=TensorProto.FLOAT))
+
+
+def _identity_indices(g, x):  # ScatterND indices of every element of the 4-D x, in order
+    parts = []
+    for axis in range(4):
+        n = g.op("Squeeze", g.op("Shape", x, start=axis, end=axis + 1), g.const([0], np.int64))
+        r = g.op("Range", g.const(0, np.int64), n, g.const(1, np.int64))
+        r = g.op("Reshape", r, g.const([-1] + [1] * (3 - axis), np.int64))
+        parts.append(g.op("Unsqueeze", g.op("Expand", r, g.op("Shape", x)), g.const([-1], np.int64)))
+    return g.op("Concat", *parts, axis=-1)
+
+
+def mask_triu_greater(g):
+    return g.op("Unsqueeze", _triu_times_greater(g), g.const([0, 1], np.int64))
+
+
+def mask_scatternd_padding(g, padding="attention_mask"):
+    """transformers 4.4x's causal_mask[..., :L] = causal_mask[..., :L].masked_fill(
+    (causal_mask[..., :L] + attention_mask[:, None, None, :]) == 0, min), L the key length."""
+    rows = g.op("Concat", g.op("Shape", "q", start=0, end=1), g.const([1], np.int64),
+                g.op("Shape", "q", start=2, end=3), g.op("Shape", "k", start=2, end=3), axis=0)
+    causal = g.op("Expand", mask_triu_greater(g), rows)
+    if padding != "attention_mask":  # no attention_mask given: transformers uses ones
+        padding = g.op("ConstantOfShape", g.op("Shape", "attention_mask"),
+                       value=numpy_helper.from_array(np.array([1], np.int64)))
+    pad = g.op("Cast", g.op("Unsqueeze", padding, g.const([1, 2], np.int64)), to=TensorProto.FLOAT)
+    hidden = g.op("Equal", g.op("Add", causal, pad), g.const(0.0, np.float32))
+    updates = g.op("Where", hidden, g.const(FMIN, np.float32), causal)
+    return g.op("ScatterND", causal, _identity_indices(g, causal), updates)
+
+
+def mask_scatternd_first_key(g):  # ScatterND over key 0 only: part of the tensor
+    rows = g.op("Concat", g.op("Shape", "q", start=0, end=1), g.const([1], np.int64),
+                g.op("Shape", "q", start=2, end=3), g.op("Shape", "k", start=2, end=3), axis=0)
+    causal = g.op("Expand", mask_triu_greater(g), rows)
+    first = g.op("Slice", causal, g.const([0], np.int64), g.const([1], np.int64),
+                 g.const([3], np.int64))
+    return g.op("ScatterND", causal, _identity_indices(g, first),
+                g.op("Mul", first, g.const(0.0, np.float32)))
+
+
+def mask_scatternd_ones(g):
+    return mask_scatternd_padding(g, padding="ones")
+
+
 def mask_shifted(g):  # j <= i + 1: not causal
     return g.op("Where", _causal(g, offset=1), g.const(0.0, np.float32), g.const(FMIN, np.float32))
 
@@ -174,6 +227,8 @@ MAPPED = [
     ("padding_inverted_float", mask_inverted_where, "S", (False, "additive (B,1,1,Skv)")),
     ("padding_inverted_masked_fill", mask_inverted_masked_fill, "S",
      (False, "additive (B,1,1,Skv)")),
+    ("triu_times_greater", mask_triu_greater, "S", (True, "none")),
+    ("scatternd_padding_of_ones", mask_scatternd_ones, "S", (True, "none")),
 ]
 # id, mask builder, reason substring
 KEPT = [
@@ -183,6 +238,7 @@ KEPT = [
     ("query_axis_padding", mask_query_padding, "neither causal nor key padding"),
     ("padding_times_min", mask_inverted_product, "input's values is not modelled"),
     ("padding_compared_with_half", mask_inverted_half, "padding compared with 0.5"),
+    ("scatternd_of_part", mask_scatternd_first_key, "writes part of the tensor"),
 ]
 
 
@@ -362,5 +418,33 @@ def test_inverted_float_padding_is_exact_for_any_mask_values(build):
     (want,) = run_reference(model, feeds)
     (got,) = run_reference(result.model, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    check = verify(model, result.model, seq_len=7, seed=0)
+    assert check.passed, check.format_table()
+
+
+def test_scatternd_causal_padding_becomes_causal_and_a_key_mask():
+    """transformers 4.4x's causal + padding mask written through ScatterND (finite min: the
+    fully masked rows differ, so only with exact_masked_rows=False); ORT agrees."""
+    from ort_flash.verify import verify
+
+    model = masked_model(mask_scatternd_padding)
+    exact = rewrite(model)
+    assert not exact.report.fused[0].causal
+    assert "exact_masked_rows" in exact.report.declined[exact.report.fused[0].fused_node]["causal_mask"]
+    result = rewrite(model, exact_masked_rows=False)
+    (entry,) = result.report.fused
+    assert (entry.causal, entry.mask) == (True, "additive (B,1,1,Skv)"), result.report.format_table()
+    assert "ScatterND" not in [n.op_type for n in result.model.graph.node]
+    check = verify(model, result.model, seq_len=7, seed=0)  # right padding: no fully masked row
+    assert check.passed, check.format_table()
+
+
+@pytest.mark.parametrize("build", [mask_triu_greater, mask_scatternd_ones])
+def test_triu_greater_scatternd_forms_verify_in_ort(build):
+    from ort_flash.verify import verify
+
+    model = masked_model(build)
+    result = rewrite(model)
+    assert result.report.fused[0].causal
     check = verify(model, result.model, seq_len=7, seed=0)
     assert check.passed, check.format_table()

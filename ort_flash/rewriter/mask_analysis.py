@@ -110,6 +110,29 @@ def _conjuncts(pred) -> list:
             return [t for p in inner.terms for t in _conjuncts(Not(p))]
         if isinstance(inner, Le):  # not (s <= 0)  <=>  s >= 1 (integers)  <=>  -s + 1 <= 0
             return [Le(tuple(-c for c in inner.coefs), -inner.const + 1)]
+        if isinstance(inner, Eq) and inner.value == 0.0:  # float(m) != 0  <=>  m != 0
+            return [Nonzero(inner.name, inner.index)]
+        if isinstance(inner, All):  # not (a and b) = (not a) or (not b)
+            return _disjunction([Not(t) for t in inner.terms], pred)
+    if isinstance(pred, AnyOf):
+        return _disjunction(list(pred.terms), pred)
+    return [pred]
+
+
+def _disjunction(terms: list, pred) -> list:
+    """``a or b or ...`` as one conjunct where it is one: a single term, or inequalities over
+    the same index combination, where the one with the smallest constant holds whenever any
+    does (``j <= i or j <= i + P`` is ``j <= i + P`` for P >= 0)."""
+    parts = [_conjuncts(t) for t in terms]
+    if len(parts) == 1:
+        return parts[0]
+    if not all(len(p) == 1 and isinstance(p[0], Le) for p in parts):
+        return [pred]
+    les = [p[0] for p in parts]
+    for le in les:
+        if all(all(equal(a, b) for a, b in zip(le.coefs, o.coefs))
+               and sp.ask(sp.Q.nonnegative(o.const - le.const)) for o in les):
+            return [le]
     return [pred]
 
 

@@ -11,6 +11,7 @@ import onnx_ir as ir
 import sympy as sp
 
 from ort_flash.rewriter import mask_values
+from ort_flash.rewriter.mask_combine import combine
 from ort_flash.rewriter.mask_domain import (
     AV, TRUE, Aff, All, AnyOf, Flat, Flattened, Le, Not, Nonzero, Select, Stack, Unprovable, Val,
     Vec, aff_index, broadcast_to, const_like, const_value, equal, fl, is_const, is_one, is_pred,
@@ -235,7 +236,8 @@ class Evaluator:
     def _op_ConstantOfShape(self, node, out):
         attr = node.attributes.get("value")
         array = attr.as_tensor().numpy() if attr is not None else np.zeros(1, np.float32)
-        return AV(value_dims(out), _constant(array.reshape(()), out).c)
+        dims = value_dims(out)
+        return AV(dims, const_like(_constant(array.reshape(()), out).c, len(dims)))
 
     def _op_Trilu(self, node, out):
         x = self(node.inputs[0])
@@ -293,6 +295,8 @@ class Evaluator:
             if a.pred == TRUE and a.a == a.b:
                 return AV(dims, Select(b.pred, fl(fn, a.a, b.a), fl(fn, a.a, b.b)))
         value = mask_values.arith(node.op_type, a, b)
+        if value is None and isinstance(a, Select) and isinstance(b, Select):
+            value = combine(lambda p, q: fl(fn, p, q), a, b)
         if value is not None:
             return AV(dims, value)
         raise Unprovable(f"{node.op_type} of {type(a).__name__} and {type(b).__name__} is not modelled")
@@ -319,6 +323,9 @@ class Evaluator:
         return self._compare(node, out, lambda a, b: le_of(b, a, 1))
 
     def _op_Equal(self, node, out):
+        value = mask_values.sum_is_zero(self, node, value_dims(out))
+        if value is not None:
+            return AV(value_dims(out), value)
         r = self._binary(node, out)
         if isinstance(r, AV):
             raise Unprovable("Equal of shape vectors")
@@ -333,6 +340,9 @@ class Evaluator:
                 return AV(dims, b.pred)
             if b.b == c and b.a != c:
                 return AV(dims, Not(b.pred))
+        value = combine(lambda p, q: p == q, a, b) if isinstance(a, Select) else None
+        if value is not None:
+            return AV(dims, value)
         raise Unprovable("Equal of this form is not modelled")
 
     def _logic(self, node, out, cls):
@@ -363,9 +373,28 @@ class Evaluator:
         if is_pred(a) and is_pred(b) and is_pred(cond):
             return AV(dims, AnyOf((All((cond, a)), All((Not(cond), b)))))
         value = mask_values.where(cond, a, b) if is_pred(cond) else None
+        if value is None and is_pred(cond):
+            value = combine(lambda c, p, q: p if c else q, cond, a, b)
         if value is not None:
             return AV(dims, value)
         raise Unprovable("Where of this form is not modelled")
+
+    def _op_ScatterND(self, node, out):
+        """ScatterND whose indices are every position of the data, in order, is its updates
+        (transformers' causal_mask[..., :L] = ... with L the whole key length)."""
+        data, idx, updates = (self(i) for i in node.inputs[:3])
+        reduction = _attr(node, "reduction", "none")
+        if reduction not in ("none", b"none") or not isinstance(idx.c, Stack):
+            raise Unprovable("ScatterND of this form is not modelled")
+        rank = len(data.dims)
+        lead = idx.dims[:-1]
+        if len(idx.c.items) != rank or len(lead) != rank:
+            raise Unprovable("ScatterND that writes slices, not elements, is not modelled")
+        for k, (item, d, n) in enumerate(zip(idx.c.items, data.dims, lead)):
+            position = Aff(sp.Integer(0), (sp.Integer(0),) * rank) if is_one(d) else aff_index(k, rank)
+            if not (isinstance(item, Aff) and _same_aff(item, position) and equal(d, n)):
+                raise Unprovable("ScatterND that writes part of the tensor or reorders it")
+        return AV(data.dims, broadcast_to(updates, data.dims))
 
 
 # ---------------------------------------------------------------- helpers
@@ -427,6 +456,10 @@ def _table(array: np.ndarray, dims: tuple):
         return Select(keep, float(inside[0]), float(outside[0]))
     raise Unprovable("a constant table that is not lower-triangular is not modelled")
 
+
+
+def _same_aff(a: Aff, b: Aff) -> bool:
+    return equal(a.const, b.const) and all(equal(p, q) for p, q in zip(a.coefs, b.coefs))
 
 
 def _vec1_as_aff(av: AV) -> AV:

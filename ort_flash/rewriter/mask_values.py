@@ -10,8 +10,10 @@ evaluator (mask_eval) that meaning exactly, for any input values (not only 0/1):
   difference of two floats is zero exactly where they are equal;
 - ``Cast(bool, FDiff)`` is ``Not(Eq(input, value))``; ``Where(that, c, FDiff)`` (torch's
   ``inverted.masked_fill(inverted.bool(), min)``) is ``Select(that, c, 0)``, as the FDiff is 0
-  wherever the condition is false; any other use of an ``FDiff``'s value (a product, a second
-  sum) is not modelled.
+  wherever the condition is false; ``Equal(x + float(input), 0)`` for a two-valued x
+  (transformers' ``(causal_mask + attention_mask[:, None, None, :]) == 0``) is
+  ``input == -x`` in each branch of x (an IEEE sum is zero exactly where its terms are
+  opposite); any other use of an ``FDiff``'s value (a product, a second sum) is not modelled.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import math
 
 import onnx_ir as ir
 
-from ort_flash.rewriter.mask_domain import TRUE, Eq, FDiff, Not, Select, Unprovable, Val
+from ort_flash.rewriter.mask_domain import (
+    TRUE, All, AnyOf, Eq, FDiff, Not, Select, Unprovable, Val, broadcast_to, is_const,
+)
 
 _WIDTH = {ir.DataType.FLOAT16: 16, ir.DataType.BFLOAT16: 16, ir.DataType.FLOAT: 32,
           ir.DataType.DOUBLE: 64}
@@ -67,4 +71,22 @@ def where(cond, a, b):
         zero_where = Eq(branch.name, branch.index, branch.value)
         if cond == (zero_where if taken_when else Not(zero_where)):
             return Select(cond, 0.0, other.a) if taken_when else Select(cond, other.a, 0.0)
+    return None
+
+
+def sum_is_zero(evaluate, node, dims):
+    """Equal(Add(x, float(input)), 0) (either order) as a predicate, or None."""
+    for add_value, zero in (node.inputs, node.inputs[::-1]):
+        z = evaluate(zero).c
+        add = add_value.producer()
+        if add is None or add.op_type != "Add" or not (is_const(z) and getattr(z, "a", None) == 0.0):
+            continue
+        a, b = (broadcast_to(evaluate(i), dims) for i in add.inputs)
+        x, f = (a, b) if isinstance(b, FDiff) else (b, a)
+        if not (isinstance(f, FDiff) and f.value == 0.0 and isinstance(x, Select)):
+            continue
+        if is_const(x):
+            return Eq(f.name, f.index, -x.a)
+        return AnyOf((All((x.pred, Eq(f.name, f.index, -x.a))),
+                      All((Not(x.pred), Eq(f.name, f.index, -x.b)))))
     return None
