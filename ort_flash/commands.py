@@ -49,6 +49,9 @@ def tolerance(text: str) -> float:
 
 
 def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("exit status: 0 attention fused and the model written; 2 a user error (nothing "
+                     "written); 3 nothing fused (the unchanged model written, with a warning; "
+                     "with --require-fusion nothing written)")
     parser.add_argument("input", help="ONNX model to rewrite (never modified)")
     parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
     parser.add_argument(
@@ -77,6 +80,9 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("an output passes where |rewritten - original| <= atol + rtol * |original| at "
+                     "every element. exit status: 0 pass; 1 outputs differ; 2 a user error, or "
+                     "--provider cuda where the fused op did not run on CUDA")
     parser.add_argument("original", help="the model before rewriting")
     parser.add_argument("rewritten", help="the model after rewriting")
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
