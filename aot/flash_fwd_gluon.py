@@ -1,4 +1,4 @@
-"""The Hopper (sm_90) FlashAttention forward kernel in Gluon: the calls it takes, it runs faster
+"""The Hopper (sm_90) FlashAttention forward kernel in Gluon, for the calls where it measured faster
 than the triton.language family in aot/flash_fwd.py (perf-notes "prefill v6: Gluon").
 
 Same parameters as flash_fwd (the launcher passes one argument list to either), same op contract
@@ -9,15 +9,15 @@ those arguments are ignored); the dispatcher keeps every other call on flash_fwd
 
 Q, K, V and Y are TMA descriptors over the (B, H, S, D) view, box (1, 1, rows, D), 128-byte
 swizzle, zero fill past S, stores clipped per (b, h). Grid (cdiv(Sq, BLOCK_M), B * Hq), query
-blocks in reverse so the longest causal blocks start first.
+blocks in reverse so the longest causal blocks start first; fully masked causal blocks are never
+loaded.
 
-Schedule of one CTA (all warps are consumers; each warpgroup owns BLOCK_M / (warps / 4) rows):
-S_{j+1} = Q K_{j+1}^T is issued to the tensor cores before the softmax of block j, and P_j V_j
-is still in flight while the exponentials of block j+1 run (two async wgmma groups, retired
-oldest first by warpgroup_mma_wait(1)). K/V sit in NUM_STAGES-deep rings on mbarriers, refilled
-by TMA once both warpgroups are past the wgmma that read the slot.
+Schedule of one CTA (all warps are consumers; each warpgroup owns 64 rows): S_j = Q K_j^T and
+P_{j-1} V_{j-1} go to the tensor cores back to back as two async wgmma groups; wait(1) retires
+S_j, the softmax of block j follows, wait(0) retires P V. K/V sit in NUM_STAGES-deep rings on
+mbarriers, refilled by TMA once every warpgroup is past the wgmma that read the slot. With
+OVERLAP_PV the softmax also runs under P V in the SASS (see the comment at the wait).
 """
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
