@@ -23,10 +23,12 @@ H, D = 4, 8
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
-def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None) -> onnx.ModelProto:
+def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None,
+                scale="constant", head_dim=D) -> onnx.ModelProto:
     """MatMul(q, kᵀ) → Div → [Add(bias)] → Add(mask) → Softmax → [Cast(tail)] → MatMul(v), with
     ``casts`` (position, to) inserted: positions "qk" (after the MatMul), "scaled" (after the
-    Div), "bias" (after the bias Add), "masked" (right before the Softmax)."""
+    Div), "bias" (after the bias Add), "masked" (right before the Softmax). ``scale="shape"``
+    divides by Sqrt(Cast(Shape(q)[3])) instead of a constant (``head_dim`` may be a name)."""
     g = Graph()
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     where = dict(casts)
@@ -36,7 +38,12 @@ def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None) 
 
     kt = g.op("Transpose", "k", perm=[0, 1, 3, 2])
     scores = cast(g.op("MatMul", "q", kt), "qk")
-    scores = cast(g.op("Div", scores, g.const(D ** 0.5, np_dtype)), "scaled")
+    if scale == "shape":
+        dim = g.op("Gather", g.op("Shape", "q"), g.const(3, np.int64), axis=0)
+        divisor = g.op("Sqrt", g.op("Cast", dim, to=dtype))
+    else:
+        divisor = g.const(D ** 0.5, np_dtype)
+    scores = cast(g.op("Div", scores, divisor), "scaled")
     if bias:
         scores = cast(g.op("Add", scores, "bias"), "bias")
     scores = cast(g.op("Add", scores, "mask"), "masked")
@@ -45,11 +52,11 @@ def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None) 
         probs = g.op("Cast", probs, to=tail)
     g.nodes.append(helper.make_node("MatMul", [probs, "v"], ["y"], name="pv"))
     info = lambda n, s, t=dtype: helper.make_tensor_value_info(n, t, s)  # noqa: E731
-    inputs = [info(n, ["B", H, "S", D]) for n in "qkv"]
+    inputs = [info(n, ["B", H, "S", head_dim]) for n in "qkv"]
     inputs.append(info("mask", ["B", 1, 1, "S"], mask_dtype or dtype))
     if bias:
         inputs.append(info("bias", [1, H, "S", "S"]))
-    output = info("y", ["B", H, "S", D], dtype if tail is None else tail)
+    output = info("y", ["B", H, "S", head_dim], dtype if tail is None else tail)
     graph = helper.make_graph(g.nodes, "eager", inputs, [output], g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -107,6 +114,47 @@ def test_casts_in_the_scores_kept(case_id, kwargs, reason):
     assert _ops(result.model) == _ops(model)
     (unfused,) = result.report.unfused
     assert reason in unfused.reason, unfused.reason
+
+
+# ---------------------------------------------------------------- a scale computed from the shape
+
+
+def sdpa_shape_scale_model() -> onnx.ModelProto:
+    """torch's SDPA decomposition with scale=None as Optimum's GPT-2 has it: Q and Kᵀ each
+    multiplied by Sqrt(1 / Sqrt(Cast(Shape(q)[-1:])))."""
+    g = Graph()
+    dim = g.op("Slice", g.op("Shape", "q"), g.const([-1], np.int64), g.const([2**63 - 1], np.int64),
+               g.const([0], np.int64))
+    inv = g.op("Div", g.const([1.0], np.float32), g.op("Sqrt", g.op("Cast", dim, to=F32)))
+    root = g.op("Sqrt", g.op("Cast", inv, to=F32))
+    kt = g.op("Mul", g.op("Transpose", "k", perm=[0, 1, 3, 2]), root)
+    scores = g.op("Add", g.op("MatMul", g.op("Mul", "q", root), kt), "mask")
+    g.nodes.append(helper.make_node("MatMul", [g.op("Softmax", scores, axis=-1), "v"], ["y"],
+                                    name="pv"))
+    info = lambda n, s: helper.make_tensor_value_info(n, F32, s)  # noqa: E731
+    inputs = [info(n, ["B", H, "S", D]) for n in "qkv"] + [info("mask", ["B", 1, 1, "S"])]
+    graph = helper.make_graph(g.nodes, "sdpa_shape", inputs, [info("y", ["B", H, "S", D])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("build, rule", [
+    (lambda: eager_model(scale="shape"), "matmul_softmax_attention"),
+    (sdpa_shape_scale_model, "sdpa_attention"),
+], ids=["eager_div_sqrt_shape", "sdpa_sqrt_inverse_sqrt_shape"])
+def test_scale_from_a_static_head_dim_is_a_constant(build, rule):
+    result = _fused_and_verified(build(), {"FlashAttention": 1})
+    (entry,) = result.report.fused
+    assert entry.rule == rule and entry.scale == pytest.approx(D ** -0.5, rel=1e-6)
+
+
+def test_scale_from_a_symbolic_head_dim_is_not_a_constant():
+    model = eager_model(scale="shape", head_dim="D")
+    result = rewrite(model)
+    assert result.report.total_fused == 0
+    (unfused,) = result.report.unfused
+    assert "scale is not a constant" in unfused.reason, unfused.reason
 
 
 # ---------------------------------------------------------------- Optimum's with-past decoder mask

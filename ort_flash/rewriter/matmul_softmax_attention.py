@@ -35,7 +35,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
-from ort_flash.rewriter import flash_op
+from ort_flash.rewriter import flash_op, shape_scalar
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dim_text, dims, known_int, report_int, same_dim
@@ -218,10 +218,12 @@ def as_failure(error: Exception) -> MatchFailureError:
 
 
 def constant_scalar(value: ir.Value | None, what: str) -> float:
+    """A constant scalar, or one computed only from constants and static dims (a scale of
+    1/Sqrt(Cast(Shape(q)[-1])): see shape_scalar)."""
     tensor = None if value is None or value.is_graph_input() else ir.convenience.get_const_tensor(value)
-    if tensor is None:
+    array = tensor.numpy() if tensor is not None else shape_scalar.evaluate(value)
+    if array is None or array.dtype == object:
         fail(f"{what} is not a constant")
-    array = tensor.numpy()
     if array.size != 1 or array.ndim > 4:
         fail(f"{what} is not a scalar (shape {list(array.shape)})")
     c = float(array.reshape(()))
