@@ -333,8 +333,8 @@ def attention_node_model(opset, *, qk_output=False, causal=0) -> onnx.ModelProto
     info = lambda n, h: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", h, "S", D])  # noqa: E731
     outputs = ["y", "", "", "qk"] if qk_output else ["y"]
     node = helper.make_node("Attention", ["q", "k", "v", "m"], outputs, is_causal=causal, name="attn")
-    graph_outputs = [info("y", 4)] + ([helper.make_tensor_value_info("qk", TensorProto.FLOAT, None)]
-                                      if qk_output else [])
+    qk = helper.make_tensor_value_info("qk", TensorProto.FLOAT, ["B", 4, "S", "S"])
+    graph_outputs = [info("y", 4)] + ([qk] if qk_output else [])
     mask = helper.make_tensor_value_info("m", TensorProto.BOOL, ["B", 1, "S", "S"])
     graph = helper.make_graph([node], "attn", [info("q", 4), info("k", 2), info("v", 2), mask],
                               graph_outputs)

@@ -41,8 +41,9 @@ def attention_model(
         nodes.append(helper.make_node("Transpose", ["k"], ["kt"], perm=list(k_perm), name="k_t"))
         key_t = "kt"
     v_shape = [B, kv_heads, S, D] if q_rank == 4 else [B, S, D]
-    inputs = [helper.make_tensor_value_info(n, dtype, s)
-              for n, s in (("q", q_shape), ("k", k_shape), ("v", v_shape))]
+    v_dtype = cast_to if cast_to is not None else dtype  # MatMul(P, V) takes one dtype
+    inputs = [helper.make_tensor_value_info(n, t, s) for n, t, s in (
+        ("q", dtype, q_shape), ("k", dtype, k_shape), ("v", v_dtype, v_shape))]
     nodes.append(helper.make_node("MatMul", ["q", key_t], ["scores"], name="qk"))
     scores = "scores"
 
@@ -77,7 +78,8 @@ def attention_model(
         probs = "probs_cast"
     nodes.append(helper.make_node("MatMul", [probs, "v"], ["y"], name="pv"))
     y_dtype = cast_to if cast_to is not None else dtype
-    outputs = [helper.make_tensor_value_info("y", y_dtype, q_shape)]
+    y_shape = q_shape if mask_shape is None or len(mask_shape) <= 4 else [1] + q_shape
+    outputs = [helper.make_tensor_value_info("y", y_dtype, y_shape)]
     if weights_output:
         outputs.append(helper.make_tensor_value_info("probs", dtype, [B, H, S, S]))
     graph = helper.make_graph(nodes, "attention", inputs, outputs, inits)
@@ -148,7 +150,7 @@ NEGATIVE = [
     ("plain_classifier", classifier_model, "no MatMul(Q,Kᵀ) producer"),
     ("weights_also_output", dict(weights_output=True), "also used outside the attention"),
     ("cast_changes_dtype", dict(cast_to=TensorProto.FLOAT16), "Cast after Softmax changes the dtype"),
-    ("q_rank3", dict(q_rank=3, k_perm=None), "Q has rank 3, not 4"),
+    ("q_rank3", dict(q_rank=3, k_perm=None, mask_shape=None), "Q has rank 3, not 4"),
     ("mask_before_scale", dict(mask_first=True), "unsupported op chain MatMul → Add → Div → Softmax"),
     ("sdpa_softmax_axis_2", lambda: sdpa_model(softmax_axis=2), "softmax axis is 2, not the last"),
 ]
