@@ -3,13 +3,15 @@
     . .venv/bin/activate
     python models/coverage.py                 # exports what the cache lacks (minutes), then writes
     python models/coverage.py --json out.json # also the raw rows
+    python models/coverage.py --section optimum  # only the Optimum section (the rest kept)
 
 For each family × exporter × attn_implementation × dtype of ``models/families.py``, without and
 with a KV cache: the attention layers the model has, how many the rewriter fused, how many became
 causal, how many read the cache as the op's past/present, K/V heads, layout, the mask kinds left,
 every Softmax (or ONNX Attention node) left unfused with its reason, and ``ort_flash.verify`` on
 the CPU EP (largest absolute error against the original). Export failures are listed with the
-exporter's message.
+exporter's message. The Optimum section (``models/optimum_coverage.py``): each file of each
+Optimum export of ``models/optimum_family.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 import onnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from models import optimum_coverage, optimum_family  # noqa: E402
 from models.families import ExportFailure, export, specs  # noqa: E402
 from ort_flash.rewriter import rewrite  # noqa: E402
 from ort_flash.verify import verify  # noqa: E402
@@ -158,21 +161,54 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=OUT)
     parser.add_argument("--json", type=pathlib.Path)
+    parser.add_argument("--section", choices=("all", "families", "optimum"), default="all",
+                        help="regenerate one section and keep the other as the file has it")
     args = parser.parse_args(argv)
+    old = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+    kept_families, _, kept_optimum = old.partition(optimum_coverage.HEADING)
+    rows, optimum_rows = [], []
     start = time.time()
-    rows = []
-    for spec in specs() + specs(cache=True):
-        rows.append(row(spec))
-        r = rows[-1]
-        print(f"{spec.id}: " + ("export failed" if "export_error" in r else
-                                f"{r['fused']}/{r['layers']} fused, verify "
-                                f"{'pass' if r['verify_passed'] else 'FAIL'}"), flush=True)
+    if args.section != "optimum":
+        for spec in specs() + specs(cache=True):
+            rows.append(row(spec))
+            r = rows[-1]
+            print(f"{spec.id}: " + ("export failed" if "export_error" in r else
+                                    f"{r['fused']}/{r['layers']} fused, verify "
+                                    f"{'pass' if r['verify_passed'] else 'FAIL'}"), flush=True)
+        families_text = markdown(rows, time.time() - start)
+    else:
+        families_text = kept_families.rstrip() + "\n"
+    start = time.time()
+    if args.section != "families":
+        wanted = optimum_family.specs()
+        optimum_family.export_all(wanted)
+        for spec in wanted:
+            for name in spec.files:
+                optimum_rows.append(optimum_coverage.row(spec, name))
+                r = optimum_rows[-1]
+                print(f"{spec.id}/{name}: " + ("export failed" if "export_error" in r else
+                                               f"{r['fused']}/{r['sites']} fused"), flush=True)
+        optimum_text = optimum_coverage.markdown(optimum_rows, time.time() - start, _commit())
+    else:
+        optimum_text = (optimum_coverage.HEADING + kept_optimum) if kept_optimum else ""
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown(rows, time.time() - start), encoding="utf-8")
+    args.out.write_text(families_text + ("\n" + optimum_text if optimum_text else ""),
+                        encoding="utf-8")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(dict(families=rows, optimum=optimum_rows), indent=2) + "\n",
+                             encoding="utf-8")
     print(f"wrote {args.out}")
     return 0 if all(r.get("verify_passed", True) for r in rows) else 1
+
+
+def _commit() -> str:
+    import subprocess
+
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=OUT.parent, text=True,
+                         capture_output=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=OUT.parent, text=True, capture_output=True).stdout.strip()
+    return (run.stdout.strip() or "an unknown commit") + (" (with uncommitted changes)" if dirty else "")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """Tiny random Hugging Face models exported with Optimum (``optimum-onnx``), as users export them.
 
     from models.optimum_family import OptimumSpec, export
-    files = export(OptimumSpec("bart", "text2text-generation-with-past"))
-    files["decoder_model_merged"]  # a path in the model cache
+    path = export(OptimumSpec("bart", "text2text-generation-with-past"), "decoder_model_merged")
 
 Every family is a tiny config (the ones ``models/families.py`` uses where the family is there too)
 built with ``torch.manual_seed(0)``, saved to a folder with ``save_pretrained`` and exported from
@@ -18,7 +17,8 @@ demand (``$ORT_FLASH_OPTIMUM_VENV`` or ``~/.cache/ort_flash/optimum-venv``) and
 ``models/optimum_worker.py`` runs there. The exports are cached beside the families' ones
 (``models.families.cache_dir``) in one folder per spec, keyed by the spec, the config and the
 pinned versions, written atomically; a spec the exporter cannot export is recorded as a
-``.failed`` file with the exporter's message and raises ``ExportFailure``.
+``.failed`` file with the exporter's message and raises ``ExportFailure``, and so does a file
+that ONNX Runtime cannot load (recorded beside it; the spec's other files stay usable).
 """
 
 from __future__ import annotations
@@ -152,11 +152,21 @@ def cache_key(spec: OptimumSpec) -> str:
     return f"{spec.id}-{digest}"
 
 
-def export(spec: OptimumSpec, *, refresh: bool = False) -> dict[str, pathlib.Path]:
-    """``spec``'s ONNX files by submodel name, exporting them first unless cached; raises
-    ExportFailure (recorded, so not retried on every run) where the exporter cannot."""
+def export(spec: OptimumSpec, name: str, *, refresh: bool = False) -> pathlib.Path:
+    """The path of file ``name`` (one of ``spec.files``) of ``spec``'s export, exporting first
+    unless cached; raises ExportFailure (recorded, so not retried on every run) where Optimum
+    cannot export the spec or wrote a file that ONNX Runtime cannot load."""
+    if name not in spec.files:
+        raise ValueError(f"{spec.id} has no file {name!r} (files: {spec.files})")
     export_all([spec], refresh=refresh)
-    return _cached(spec)
+    path = _found(spec)
+    if path is None:
+        raise FileNotFoundError(f"{spec.id} is not in the model cache {cache_dir()}")
+    if path.suffix == ".failed":
+        raise ExportFailure(path.read_text(encoding="utf-8").strip())
+    if (path / f"{name}.failed").exists():
+        raise ExportFailure((path / f"{name}.failed").read_text(encoding="utf-8").strip())
+    return path / f"{name}.onnx"
 
 
 def export_all(wanted: list[OptimumSpec], *, refresh: bool = False) -> None:
@@ -190,8 +200,9 @@ def export_all(wanted: list[OptimumSpec], *, refresh: bool = False) -> None:
 
 
 def _store(spec: OptimumSpec, out: pathlib.Path, folder: pathlib.Path) -> None:
-    """Move one job's output into the cache: the folder (every expected file present and
-    loadable by ONNX Runtime), or a ``.failed`` record with the reason."""
+    """Move one job's output into the cache: the folder, with a ``<file>.failed`` record beside
+    each file ONNX Runtime cannot load (the others stay usable); or, where Optimum failed or left
+    out a file, a ``.failed`` record of the spec."""
     key = cache_key(spec)
     failure = (out / "FAILED").read_text(encoding="utf-8").strip() if (out / "FAILED").exists() else None
     if failure is None:
@@ -199,17 +210,17 @@ def _store(spec: OptimumSpec, out: pathlib.Path, folder: pathlib.Path) -> None:
         if absent:
             written = sorted(p.stem for p in out.glob("*.onnx"))
             failure = f"Optimum wrote {written}, not {absent}"
-    if failure is None:
-        failure = _load_failure(out, spec.files)
     target = folder / key
     if failure is not None:
-        failure = failure.replace(str(out), key)  # not the scratch folder, gone by then
-    if failure is not None:
         tmp = folder / f".{key}.{os.getpid()}.failed"
-        tmp.write_text(f"{spec.id}: {failure}\n", encoding="utf-8")
+        tmp.write_text(f"{spec.id}: {failure.replace(str(out), key)}\n", encoding="utf-8")
         os.replace(tmp, folder / f"{key}.failed")
         shutil.rmtree(target, ignore_errors=True)
         return
+    for name in spec.files:
+        reason = _load_failure(out / f"{name}.onnx")
+        if reason is not None:
+            (out / f"{name}.failed").write_text(f"{spec.id}/{name}: {reason}\n", encoding="utf-8")
     shutil.rmtree(target, ignore_errors=True)
     (folder / f"{key}.failed").unlink(missing_ok=True)
     try:
@@ -219,17 +230,17 @@ def _store(spec: OptimumSpec, out: pathlib.Path, folder: pathlib.Path) -> None:
             raise
 
 
-def _load_failure(out: pathlib.Path, files: tuple[str, ...]) -> str | None:
+def _load_failure(path: pathlib.Path) -> str | None:
     """Why ONNX Runtime (CPU, no graph optimizations) cannot load an exported file, or None."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    for name in files:
-        try:
-            ort.InferenceSession(str(out / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
-        except Exception as e:  # noqa: BLE001 - onnxruntime's errors have no common base class
-            return f"ONNX Runtime cannot load the exported {name}.onnx: {' '.join(str(e).split())[:600]}"
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime's errors have no common base class
+        text = " ".join(str(e).split()).replace(str(path.parent), "")
+        return f"ONNX Runtime cannot load the file Optimum wrote: {text[:600]}"
     return None
 
 
@@ -247,15 +258,6 @@ def _found(spec: OptimumSpec) -> pathlib.Path | None:
         if found:
             return max(found, key=lambda p: p.stat().st_mtime)
     return None
-
-
-def _cached(spec: OptimumSpec) -> dict[str, pathlib.Path]:
-    path = _found(spec)
-    if path is None:
-        raise FileNotFoundError(f"{spec.id} is not in the model cache {cache_dir()}")
-    if path.suffix == ".failed":
-        raise ExportFailure(path.read_text(encoding="utf-8").strip())
-    return {name: path / f"{name}.onnx" for name in spec.files}
 
 
 def venv_dir() -> pathlib.Path:

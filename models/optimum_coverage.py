@@ -1,0 +1,198 @@
+"""What the rewriter does with each file of the Optimum family: the rows of the Optimum section of
+docs/rewriter-coverage.md (written by ``python models/coverage.py``, or its ``--section optimum``).
+
+For each spec of ``models/optimum_family.py`` and each file Optimum writes: the attention sites
+(Softmax / Attention nodes, inside If branches too), how many ``ort_flash.rewrite`` fused (the
+fast mask mapping, as the tests use), how many became causal and read the KV cache as the op's
+past/present against how many the architecture has, the masks left materialized, the reasons
+the report gives for what it left, whether the rewritten file passes ``onnx.checker`` (full)
+and loads in ONNX Runtime, and ``ort_flash.verify`` on the CPU EP.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from models.optimum_family import (  # noqa: E402
+    FAMILIES, ExportFailure, OptimumSpec, attention_sites, export, venv_dir,
+)
+
+# The section's first line: ``coverage.py --section optimum`` replaces the file from here on.
+HEADING = "## Optimum exports"
+
+
+def count_sites(graph: onnx.GraphProto) -> int:
+    """Softmax and ONNX Attention nodes of ``graph`` and of every subgraph (If / Loop bodies)."""
+    count = sum(n.op_type in ("Softmax", "Attention") for n in graph.node)
+    for node in graph.node:
+        for a in node.attribute:
+            bodies = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            count += sum(count_sites(g) for g in bodies)
+    return count
+
+
+def compact(mask: str) -> bool:
+    """A fused node's mask (as the report describes it) is "none" or a (B, 1, 1, Skv) padding
+    mask: "additive (B,1,1,Skv)", "bool (batch_size,1,1,sequence_length)"."""
+    dims = re.search(r"\((.*)\)", mask)
+    return mask == "none" or bool(dims) and dims.group(1).split(",")[1:3] == ["1", "1"]
+
+
+def load_error(model: onnx.ModelProto) -> str | None:
+    """Why a rewritten model fails the full ONNX check or ONNX Runtime's session creation (CPU,
+    with the ort_flash ops), or None where it loads."""
+    import onnxruntime as ort
+
+    import ort_flash
+
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        ort.InferenceSession(model.SerializeToString(), ort_flash.session_options(),
+                             providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - the checker's and ORT's errors share no base class
+        return f"{type(e).__name__}: {' '.join(str(e).split())}"[:400]
+    return None
+
+
+def verify_pairs(original: onnx.ModelProto, rewritten: onnx.ModelProto, spec: OptimumSpec):
+    """The (original, rewritten) pairs that ``verify`` must compare: a merged decoder once per
+    ``use_cache_branch`` value (pinned as an initializer, so each If branch runs), an image
+    model with its pixel_values as (batch, 3, image_size, image_size), not verify's default of
+    the sequence length on every dynamic axis."""
+    models = [(original, rewritten)]
+    if "use_cache_branch" in {i.name for i in original.graph.input}:
+        models = [(_pin(original, value), _pin(rewritten, value)) for value in (False, True)]
+    if spec.family in ("vit", "clip"):
+        config = FAMILIES[spec.family][2]
+        size = config.get("image_size") or config["vision_config"]["image_size"]
+        models = [(_fix_shape(a, "pixel_values", (3, size, size)),
+                   _fix_shape(b, "pixel_values", (3, size, size))) for a, b in models]
+    return models
+
+
+def _pin(model: onnx.ModelProto, value: bool) -> onnx.ModelProto:
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(model)
+    kept = [i for i in pinned.graph.input if i.name != "use_cache_branch"]
+    del pinned.graph.input[:]
+    pinned.graph.input.extend(kept)
+    pinned.graph.initializer.append(onnx.numpy_helper.from_array(
+        np.array([value]), "use_cache_branch"))
+    return pinned
+
+
+def _fix_shape(model: onnx.ModelProto, name: str, dims: tuple[int, ...]) -> onnx.ModelProto:
+    """``name``'s axes after the batch set to ``dims``."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name == name:
+            for dim, size in zip(value.type.tensor_type.shape.dim[1:], dims):
+                dim.ClearField("dim_param")
+                dim.dim_value = size
+    return fixed
+
+
+def row(spec: OptimumSpec, name: str) -> dict:
+    from ort_flash.rewriter import rewrite
+    from ort_flash.verify import verify
+
+    base = dict(id=spec.id, family=spec.family, task=spec.task, dtype=spec.dtype, attn=spec.attn,
+                file=name, **{f"want_{k}": v for k, v in attention_sites(spec, name).items()})
+    try:
+        model = onnx.load(export(spec, name))
+    except ExportFailure as e:
+        return {**base, "export_error": str(e).split(": ", 1)[-1]}
+    result = rewrite(model, exact_masked_rows=False)
+    report = result.report
+    out = {
+        **base,
+        "sites": count_sites(model.graph),
+        "fused": report.total_fused,
+        "causal": sum(f.causal for f in report.fused),
+        "cached": sum(f.cache == "past/present" for f in report.fused),
+        "masks_left": dict(collections.Counter(f.mask for f in report.fused if not compact(f.mask))),
+        "unfused": dict(collections.Counter(u.reason for u in report.unfused)),
+        "declined": dict(collections.Counter(f"{rule}: {reason}" for d in report.declined.values()
+                                             for rule, reason in d.items())),
+        "load_error": load_error(result.model),
+    }
+    if out["load_error"] is None:
+        try:
+            checks = [verify(a, b, seed=0) for a, b in verify_pairs(model, result.model, spec)]
+            out["verify_passed"] = all(c.passed for c in checks)
+            out["verify_max_abs"] = max(o.max_abs for c in checks for o in c.outputs)
+        except Exception as e:  # noqa: BLE001 - verify's own failure to run is a finding too
+            out["verify_error"] = f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+    return out
+
+
+def markdown(rows: list[dict], seconds: float, commit: str) -> str:
+    import onnxruntime
+
+    pins = ", ".join(_pinned_versions())
+    lines = [
+        HEADING, "",
+        f"Generated by `python models/coverage.py --section optimum` at {commit} in {seconds:.0f} s "
+        f"(onnxruntime {onnxruntime.__version__} checks; exporter environment: {pins}). Models: the "
+        "tiny random configurations of `models/optimum_family.py`, saved with `save_pretrained` and "
+        "exported from the folder with Optimum's `main_export` (opset 18); `attn` `default` is what "
+        "transformers picks (sdpa where the model has it; T5 has eager only). One row per file "
+        "Optimum writes. `sites` counts Softmax / Attention nodes, inside `If` branches too (a "
+        "merged decoder holds both decoders); `causal` and `past` are got / the architecture's "
+        "(causal self-attentions; self-attentions reading a KV cache input); `masks left`: the "
+        "(S × S) masks still materialized; `loads`: the rewritten file passes `onnx.checker` "
+        "(full) and ONNX Runtime creates a session; `verify`: `ort_flash.verify` on the CPU EP "
+        "(seed 0; a merged decoder once per `use_cache_branch` value, ViT/CLIP with (B, 3, 32, 32) pixel_values), largest absolute error. Rewrites use the fast mask mapping "
+        "(`exact_masked_rows=False`).",
+        "",
+        "| family | task | dtype | attn | file | sites | fused | causal | past | masks left "
+        "| left / declined (reason) | loads | verify |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        head = f"| {r['family']} | {r['task']} | {r['dtype']} | {r['attn']} | {r['file']} "
+        if "export_error" in r:
+            lines.append(head + f"| {r['want_sites']} | — | — | — | — | export failed: "
+                         f"{_cell(r['export_error'])} | — | — |")
+            continue
+        masks = ", ".join(f"{k} ×{n}" for k, n in r["masks_left"].items()) or "none"
+        reasons = [f"unfused ×{n}: {k}" for k, n in r["unfused"].items()]
+        reasons += [f"×{n} {k}" for k, n in r["declined"].items()]
+        loads = "yes" if r["load_error"] is None else f"**no**: {_cell(r['load_error'][:200])}"
+        if "verify_passed" in r:
+            verdict = ("pass" if r["verify_passed"] else "**FAIL**") + f" ({r['verify_max_abs']:.2g})"
+        else:
+            verdict = "—" if "verify_error" not in r else f"cannot run: {_cell(r['verify_error'][:160])}"
+        sites = str(r["sites"]) + ("" if r["sites"] == r["want_sites"] else f" (want {r['want_sites']})")
+        lines.append(
+            head + f"| {sites} | {r['fused']} | {r['causal']}/{r['want_causal']} "
+            f"| {r['cached']}/{r['want_cached']} | {_cell(masks)} "
+            f"| {'; '.join(_cell(x) for x in reasons) or 'none'} | {loads} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pinned_versions() -> list[str]:
+    """The exporter environment's versions as installed (read from its Python, not assumed)."""
+    python = venv_dir() / "bin" / "python"
+    code = ("import importlib.metadata as m; print(' '.join(f'{p} {m.version(p)}' for p in "
+            "('optimum-onnx', 'optimum', 'transformers', 'torch', 'onnx')))")
+    try:
+        text = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                              check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return ["(not built)"]
+    return [f"{a} {b}" for a, b in zip(text[::2], text[1::2])]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:400]
