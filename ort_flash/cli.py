@@ -17,7 +17,16 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ort_flash.demo import run_demo
+    from ort_flash.demo import demo_model_path, run_demo
+    if args.export:  # the bundled model, to try the other commands on
+        import shutil
+        try:
+            commands._check_writable(args.export)
+            commands._write_atomic(args.export, lambda path: shutil.copyfile(demo_model_path("cpu"), path))
+        except (OSError, commands.ModelLoadError) as e:
+            return commands._user_error(e)
+        print(f"wrote {args.export} (the demo's GPT-2-style model, float32, 2 layers, random weights)")
+        return 0
     try:
         return run_demo(provider=args.provider, seq_lens=args.seq_lens, repeat=args.repeat)
     except (OSError, *commands._onnxruntime_errors()) as e:  # a missing or broken library
@@ -40,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seq-lens", type=commands.positive_int, nargs="+", default=None,
                    help="sequence lengths to time (default: 256 1024 on CPU, 512 1024 2048 on CUDA)")
     d.add_argument("--repeat", type=commands.positive_int, default=None, help="timed runs per model and length")
+    d.add_argument("--export", metavar="MODEL.onnx", default=None,
+                   help="only write the bundled demo model (float32) there, to try the other commands on")
     d.set_defaults(func=_cmd_demo)
     b = sub.add_parser("bench", help="time the fused op, ONNX Runtime's attention and torch SDPA; "
                        "tables and JSON (docs/PERFORMANCE.md via --report)")

@@ -53,6 +53,8 @@ def _blocks(lang: str) -> list[str]:
 
 @pytest.fixture
 def workdir(tmp_path) -> Path:
+    """A scratch folder holding model.onnx, the bundled demo model (the shell block writes it
+    again with `ort-flash demo --export`)."""
     shutil.copy(demo_model_path("cpu"), tmp_path / "model.onnx")
     return tmp_path
 
@@ -86,6 +88,7 @@ print(json.dumps(results))
 
 
 def test_readme_shell_lines_run(workdir):
+    (workdir / "model.onnx").unlink()  # the first line writes it
     lines = []
     for text in _blocks("sh"):
         for line in text.splitlines():
