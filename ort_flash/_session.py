@@ -123,13 +123,17 @@ def InferenceSession(model, providers=None, sess_options=None, **kwargs):
     """`onnxruntime.InferenceSession` with ort_flash registered.
 
     `model` is a path, serialized bytes or an `onnx.ModelProto`. `providers` defaults to
-    CUDA (when available) then CPU.
+    CUDA (when ONNX Runtime has it and the driver sees a GPU) then CPU.
     """
     import onnxruntime as ort
 
     if providers is None:
+        from ort_flash.info import cuda_device_arch
+
+        # onnxruntime-gpu lists CUDA on machines without a GPU too, and then logs its failure.
         available = ort.get_available_providers()
-        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available
+                     and (p != "CUDAExecutionProvider" or cuda_device_arch() is not None)]
     _preload_cuda(providers)
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()

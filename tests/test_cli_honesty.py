@@ -201,3 +201,14 @@ def test_ort_fusions_messages_speak_of_the_ort_fusions_flag(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "--model_type" not in proc.stderr + proc.stdout, proc.stderr
     assert "--ort-fusions gpt2" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(cuda_device_arch() is not None, reason="a GPU is here: CUDA is the right default")
+def test_default_session_on_a_machine_without_gpu_is_quiet_cpu():
+    # onnxruntime-gpu lists CUDAExecutionProvider without a GPU too; asked for it, ONNX Runtime
+    # logs a page of library errors before falling back. The default leaves CUDA out there.
+    code = "import ort_flash, sys; print(ort_flash.InferenceSession(sys.argv[1]).get_providers())"
+    proc = cli(DEMO, code=code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['CPUExecutionProvider']", proc.stdout
+    assert "CUDAExecutionProvider" not in proc.stderr, proc.stderr
