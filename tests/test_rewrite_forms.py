@@ -24,11 +24,12 @@ F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
 def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None,
-                scale="constant", head_dim=D) -> onnx.ModelProto:
+                scale="constant", head_dim=D, softcap=None) -> onnx.ModelProto:
     """MatMul(q, kᵀ) → Div → [Add(bias)] → Add(mask) → Softmax → [Cast(tail)] → MatMul(v), with
     ``casts`` (position, to) inserted: positions "qk" (after the MatMul), "scaled" (after the
     Div), "bias" (after the bias Add), "masked" (right before the Softmax). ``scale="shape"``
-    divides by Sqrt(Cast(Shape(q)[3])) instead of a constant (``head_dim`` may be a name)."""
+    divides by Sqrt(Cast(Shape(q)[3])) instead of a constant (``head_dim`` may be a name).
+    ``softcap=(a, b)`` adds Mul(Tanh(Div(scores, a)), b) after the scale."""
     g = Graph()
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     where = dict(casts)
@@ -44,6 +45,10 @@ def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None,
     else:
         divisor = g.const(D ** 0.5, np_dtype)
     scores = cast(g.op("Div", scores, divisor), "scaled")
+    if softcap is not None:
+        a, b = softcap
+        scores = g.op("Mul", g.op("Tanh", g.op("Div", scores, g.const(a, np_dtype))),
+                      g.const(b, np_dtype))
     if bias:
         scores = cast(g.op("Add", scores, "bias"), "bias")
     scores = cast(g.op("Add", scores, "mask"), "masked")
@@ -112,6 +117,30 @@ def test_casts_in_the_scores_kept(case_id, kwargs, reason):
     result = rewrite(model)
     assert result.report.total_fused == 0
     assert _ops(result.model) == _ops(model)
+    (unfused,) = result.report.unfused
+    assert reason in unfused.reason, unfused.reason
+
+
+# ---------------------------------------------------------------- softcap
+
+
+def test_softcap_becomes_the_attribute():
+    model = eager_model(softcap=(0.5, 0.5))  # small c, so that the cap changes the scores
+    result = _fused_and_verified(model, {"FlashAttention": 1})
+    (entry,) = result.report.fused
+    assert "softcap" in entry.variant
+    (node,) = [n for n in result.model.graph.node if n.op_type == "FlashAttention"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["softcap"] == pytest.approx(0.5) and attrs["scale"] == pytest.approx(D ** -0.5)
+
+
+@pytest.mark.parametrize("cap, reason", [
+    ((30.0, 50.0), "softcap divides by 30.0 and multiplies by 50.0"),
+    ((-2.0, -2.0), "softcap -2.0 is not positive"),
+])
+def test_softcap_that_is_not_the_ops_kept(cap, reason):
+    result = rewrite(eager_model(softcap=cap))
+    assert result.report.total_fused == 0
     (unfused,) = result.report.unfused
     assert reason in unfused.reason, unfused.reason
 

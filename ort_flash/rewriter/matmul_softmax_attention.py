@@ -4,6 +4,7 @@
 #   Q (B, Hq, Sq, D)     Kᵀ (B, Hkv, D, Skv)                        V (B, Hkv, Skv, Dv)
 #   └─► MatMul(Q, Kᵀ) ─────────────────────────► S (B, Hq, Sq, Skv)
 #       Mul(S, c) | Div(S, c) | —                [scale="mul" | "div" | None; c a constant scalar]
+#       Mul(Tanh(Div(S, c)), c) | —              [softcap: Gemma 2's soft-capping, c a constant]
 #       Add(S, A) | —                            [masks=2: a second additive term, e.g. T5's
 #                                                 relative position bias (1, H, Sq, Skv)]
 #       Add(S, M) | —                            [masks>=1: M rank 2-4, broadcasts to S]
@@ -17,7 +18,8 @@
 #
 # becomes
 #
-#   Y = ort_flash.FlashAttention(Q, K, V[, M | Add(A, M)], scale = c | 1/c | 1.0, is_causal = 0)
+#   Y = ort_flash.FlashAttention(Q, K, V[, M | Add(A, M)], scale = c | 1/c | 1.0, is_causal = 0
+#                                [, softcap = c])
 #
 # where K (B, Hkv, Skv, D) is recovered from Kᵀ by ``key_source``: Transpose(K', p) becomes one
 # Transpose of K' composed with p (none when that is the identity); the dynamo exporter's
@@ -51,10 +53,12 @@ _WIDER = {ir.DataType.FLOAT: 32, ir.DataType.DOUBLE: 64, ir.DataType.FLOAT16: 16
 class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     family = FAMILY
 
-    def __init__(self, *, scale: str | None, masks: int, upcast: bool = False) -> None:
-        self.variant = f"scale={scale or 'none'},masks={masks}" + (",upcast" if upcast else "")
+    def __init__(self, *, scale: str | None, masks: int, upcast: bool = False,
+                 softcap: bool = False) -> None:
+        self.variant = (f"scale={scale or 'none'},masks={masks}" + (",upcast" if upcast else "")
+                        + (",softcap" if softcap else ""))
         super().__init__(name=f"{self.family}[{self.variant}]")
-        self.scale_op, self.masks, self.upcast = scale, masks, upcast
+        self.scale_op, self.masks, self.upcast, self.softcap = scale, masks, upcast, softcap
         # Softmax node -> (number of matched nodes, reason) for matches whose check failed.
         self.failures: dict[ir.Node, tuple[int, str]] = {}
         self.fused: list[FusedSubgraph] = []
@@ -70,8 +74,10 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             scores = op.Div(scores, scale)
         return scores
 
-    def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero):
+    def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero, cap, cap_out):
         scores = maybe_cast(op, self.qk_pattern(op, q, kt, scale, scale_k), "cast_scaled")
+        if self.softcap:  # Gemma 2: scores = tanh(scores / c) * c
+            scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap_out)
         if self.upcast:
             scores = op.Cast(scores, to=ir.DataType.FLOAT)
         if self.masks >= 2:
@@ -88,12 +94,14 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     # ---- check
 
     def check(self, context, q, kt, v, scale=None, scale_k=None, bias=None, mask=None, zero=None,
-              tail="none", **_):
+              tail="none", cap=None, cap_out=None, **_):
         nodes = list(context.nodes)
         softmax = next(n for n in nodes if n.op_type == "Softmax")
         try:
             self._plan = self._analyze(context, nodes, softmax, q, kt, v, scale, scale_k, bias,
                                        mask, zero, tail)
+            if self.softcap:
+                self._plan["softcap"] = softcap_value(cap, cap_out)
         except Exception as e:  # noqa: BLE001 - a bug in a check must decline, not crash
             e = as_failure(e)
             best = self.failures.get(softmax)
@@ -179,8 +187,9 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
                 mask.name = f"{plan['scope']}FlashAttention_mask_output_0"
                 mask.type = mask_type
             inputs.append(mask)
+        extra = {"softcap": plan["softcap"]} if "softcap" in plan else {}
         y = op.FlashAttention(
-            *inputs, scale=float(plan["scale"]), is_causal=0,
+            *inputs, scale=float(plan["scale"]), is_causal=0, **extra,
             _domain=flash_op.DOMAIN, _version=flash_op.VERSION,
         )
         y.producer().name = f"{plan['scope']}FlashAttention"
@@ -199,8 +208,18 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
 
 def rules() -> list[MatMulSoftmaxAttention]:
     """Every variant, longest chains first (so two-mask chains are not split)."""
-    return [MatMulSoftmaxAttention(scale=s, masks=m)
-            for m, s in itertools.product((2, 1, 0), ("mul", "div", None))]
+    return [MatMulSoftmaxAttention(scale=s, masks=m, softcap=c)
+            for c, m, s in itertools.product((True, False), (2, 1, 0), ("mul", "div", None))]
+
+
+def softcap_value(cap: ir.Value | None, cap_out: ir.Value | None) -> float:
+    """c of tanh(s / c) * c: both constants, equal and positive (the op's softcap)."""
+    c_in, c_out = constant_scalar(cap, "softcap divisor"), constant_scalar(cap_out, "softcap factor")
+    if c_in != c_out:
+        fail(f"softcap divides by {c_in} and multiplies by {c_out}, not the same c")
+    if c_in <= 0:
+        fail(f"softcap {c_in} is not positive")
+    return float(c_in)
 
 
 # ---------------------------------------------------------------- shared checks
