@@ -25,6 +25,7 @@ namespace {
 constexpr int64_t kMaxRows = 64;   // query rows per tile, at most
 constexpr int64_t kMinRows = 16;   // tiles shrink down to this to give the pool enough tasks
 constexpr int64_t kMinTasks = 16;
+constexpr int64_t kMaskRowsPerTask = 64;  // mask rows classified per task
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -47,7 +48,8 @@ Features cpu_features() {
   Features f;
 #if defined(ORT_FLASH_CPU_X86_ISAS)
   __builtin_cpu_init();
-  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
   f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #endif
@@ -66,7 +68,7 @@ cpu_isa::Kernel choose_kernel() {
   if (want == "baseline") return cpu_isa::baseline_kernel();
 #if defined(ORT_FLASH_CPU_X86_ISAS)
   if (want == "avx2") {
-    if (!f.avx2) throw unsupported("CPU lacks AVX2 / FMA");
+    if (!f.avx2) throw unsupported("CPU lacks AVX2 / FMA / F16C");
     return cpu_isa::avx2_kernel();
   }
   if (want == "avx512") {
@@ -125,29 +127,44 @@ int64_t pick_tile_rows(const FlashParams& p) {
   return std::min(tile, rows);
 }
 
-void run(const FlashParams& p, const ParallelFor& parallel_for) {
-  const cpu_isa::Kernel& k = kernel();
-  const int64_t tile_rows = pick_tile_rows(p);
-  const int64_t items = p.batch * p.hkv * ceil_div(p.hq / p.hkv * p.sq, tile_rows);
-  const size_t bytes = k.scratch_bytes(p, tile_rows);
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  const std::function<void(size_t, size_t)> task = [&](size_t begin, size_t end) {
-    try {
-      std::vector<unsigned char>& arena = thread_arena();
-      if (arena.size() < bytes) arena.resize(bytes);
-      k.run(p, tile_rows, arena.data(), int64_t(begin), int64_t(end));
-      if (arena.size() > kKeepBytes) std::vector<unsigned char>().swap(arena);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
+void for_each(const ParallelFor& parallel_for, int64_t items,
+              const std::function<void(size_t, size_t)>& task) {
   if (parallel_for) {
     parallel_for(size_t(items), task);
   } else {
     task(0, size_t(items));
   }
+}
+
+void run(const FlashParams& p, const ParallelFor& parallel_for) {
+  const cpu_isa::Kernel& k = kernel();
+  const int64_t tile_rows = pick_tile_rows(p);
+  const int64_t items = p.batch * p.hkv * ceil_div(p.hq / p.hkv * p.sq, tile_rows);
+  const size_t bytes = k.scratch_bytes(p, tile_rows);
+  // The mask's distinct rows, classified once (O(rows) memory), not once per head and tile.
+  std::vector<cpu_isa::MaskRow> mask_rows;
+  if (p.mask_kind != MaskKind::kNone) {
+    const int64_t n = cpu_isa::mask_rows_count(p);
+    mask_rows.resize(size_t(n));
+    const int64_t chunks = ceil_div(n, kMaskRowsPerTask);
+    for_each(parallel_for, chunks, [&](size_t begin, size_t end) {
+      k.classify_mask_rows(p, int64_t(begin) * kMaskRowsPerTask,
+                           std::min(n, int64_t(end) * kMaskRowsPerTask), mask_rows.data());
+    });
+  }
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  for_each(parallel_for, items, [&](size_t begin, size_t end) {
+    try {
+      std::vector<unsigned char>& arena = thread_arena();
+      if (arena.size() < bytes) arena.resize(bytes);
+      k.run(p, mask_rows.data(), tile_rows, arena.data(), int64_t(begin), int64_t(end));
+      if (arena.size() > kKeepBytes) std::vector<unsigned char>().swap(arena);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  });
   if (error) std::rethrow_exception(error);
 }
 

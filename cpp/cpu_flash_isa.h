@@ -15,18 +15,42 @@
 namespace ort_flash {
 namespace cpu_isa {
 
+// What a mask row allows, found once per call before the tiles run (cpu_flash.cc), so that a
+// causal / padding mask costs a tile what the positional rules cost it. The rows are the mask's
+// distinct rows, mask_rows_index() below.
+struct MaskRow {
+  int32_t lo, hi;  // interval: exactly keys [lo, hi) pass (bool true / additive 0), all
+                   // others are excluded (bool false / additive -inf, or <= -1e30 for fp32
+                   // and bf16 masks: weight exactly 0 next to any passing key)
+  int32_t mixed;   // 1: anything else; the tile applies this row's mask element by element
+};
+
+// Index of mask row (b, h, i) among the distinct rows: broadcast axes (stride 0) count once.
+inline int64_t mask_rows_count(const FlashParams& p) {
+  return (p.mask_stride[0] != 0 ? p.batch : 1) * (p.mask_stride[1] != 0 ? p.hq : 1) *
+         (p.mask_stride[2] != 0 ? p.sq : 1);
+}
+inline int64_t mask_rows_index(const FlashParams& p, int64_t b, int64_t h, int64_t i) {
+  const int64_t nh = p.mask_stride[1] != 0 ? p.hq : 1, ni = p.mask_stride[2] != 0 ? p.sq : 1;
+  return ((p.mask_stride[0] != 0 ? b : 0) * nh + (p.mask_stride[1] != 0 ? h : 0)) * ni +
+         (p.mask_stride[2] != 0 ? i : 0);
+}
+
 struct Kernel {
   const char* name;
   // Bytes of per-thread scratch for tiles of `tile_rows` rows (64-byte alignment included).
   size_t (*scratch_bytes)(const FlashParams& p, int64_t tile_rows);
-  // Runs work items [begin, end) (see cpu_flash_kernel.inc) with `scratch` of scratch_bytes().
-  // Throws nothing.
-  void (*run)(const FlashParams& p, int64_t tile_rows, void* scratch, int64_t begin, int64_t end);
+  // Fills rows[r] for distinct mask rows r in [begin, end) (p has a mask). Throws nothing.
+  void (*classify_mask_rows)(const FlashParams& p, int64_t begin, int64_t end, MaskRow* rows);
+  // Runs work items [begin, end) (see cpu_flash_kernel.inc) with `scratch` of scratch_bytes();
+  // `mask_rows` from classify_mask_rows when p has a mask. Throws nothing.
+  void (*run)(const FlashParams& p, const MaskRow* mask_rows, int64_t tile_rows, void* scratch,
+              int64_t begin, int64_t end);
 };
 
 Kernel baseline_kernel();
 #if defined(ORT_FLASH_CPU_X86_ISAS)
-Kernel avx2_kernel();    // AVX2 + FMA (+ F16C)
+Kernel avx2_kernel();    // AVX2 + FMA + F16C
 Kernel avx512_kernel();  // AVX-512 F/BW/VL/DQ
 #endif
 

@@ -28,18 +28,29 @@ SUBSET = [
     "masked_rows_bool", "sq1_nonpad_causal", "empty_kv", "large_1023x1024",
     "large_1023x1024_causal",
 ]
+# test_cpu_op's masks of key intervals (dtype, kind, dims, causal): the folded rows and the
+# element-by-element rows of one tile, the vector mask scan and conversions of each build.
+MASK_SUBSET = [
+    ("float32", "finfo", "b1qk", False), ("float16", "neginf", "bhqk", True),
+    ("bfloat16", "bool", "b11k", False), ("float32", "bool", "bhqk", True),
+]
 
 _WORKER = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import ort_flash._C as C
 from cases import CASES, case_id, run_case
+from test_cpu_op import run_interval_mask_case
 names = set(json.loads(sys.argv[1]))
 picked = [c for c in CASES if c["name"] in names]
 assert {{c["name"] for c in picked}} == names, "unknown case names"
 for case in picked:
     run_case(case, "CPUExecutionProvider")
-print(json.dumps({{"isa": C.cpu_isa(), "ran": [case_id(c) for c in picked]}}))
+ran = [case_id(c) for c in picked]
+for args in json.loads(sys.argv[2]):
+    run_interval_mask_case(*args)
+    ran.append("interval_mask-" + "-".join(map(str, args)))
+print(json.dumps({{"isa": C.cpu_isa(), "ran": ran}}))
 """
 
 
@@ -67,11 +78,11 @@ def test_cases_under_isa(isa):
     reason = _isa_status(isa)
     if reason is not None:
         pytest.skip(reason)
-    proc = _run(_WORKER.format(tests=TESTS), isa, json.dumps(SUBSET))
+    proc = _run(_WORKER.format(tests=TESTS), isa, json.dumps(SUBSET), json.dumps(MASK_SUBSET))
     assert proc.returncode == 0, f"ORT_FLASH_CPU_ISA={isa}:\n{proc.stderr[-4000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["isa"] == isa
-    assert len(result["ran"]) >= len(SUBSET)
+    assert len(result["ran"]) >= len(SUBSET) + len(MASK_SUBSET)
 
 
 def test_default_is_the_widest_supported():
@@ -92,3 +103,24 @@ def test_unknown_isa_is_an_error_in_the_op():
     proc = _run(code, "sse9")
     assert proc.returncode == 0, proc.stderr
     assert "ERROR" in proc.stdout and "ORT_FLASH_CPU_ISA=sse9" in proc.stdout, proc.stdout
+
+
+def test_cpu_bench_names_the_machine_and_the_isa_that_ran():
+    # `ort-flash bench --suite cpu` records the CPU and the kernel build; a forced ISA shows.
+    isa = "avx2" if _isa_status("avx2") is None else "baseline"
+    code = ("import json\n"
+            "from ort_flash.bench import cpu_suite\n"
+            "cfg = dict(dtype='float32', batch=1, heads=2, d=16, seqlen=64, causal=False)\n"
+            "rows = cpu_suite.run_worker({'mode': 'timing', 'peers': ['ort_flash'], 'config': cfg,\n"
+            "                             'target_s': 0.05, 'sets': 1})\n"
+            "print(json.dumps({'machine': cpu_suite.machine(), 'row': rows['ort_flash']}))\n")
+    proc = _run(code, isa)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    m = out["machine"]
+    assert m["kernel_isa"] == isa and m["isa_forced"] == isa
+    assert out["row"]["status"] == "ok" and out["row"]["isa"] == isa
+    with open("/proc/cpuinfo") as f:
+        model = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    assert m["cpu"] == model and m["cores"] == os.cpu_count()
+    assert ("avx2" in m["isa_flags"]) == (_isa_status("avx2") is None)

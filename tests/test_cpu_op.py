@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from _onnx_models import flash_attention_model, run_model
-from cases import CASES, DTYPES, case_id, run_case
+from cases import CASES, DTYPES, FLOORS, case_id, run_case
+from ort_flash.reference import attention_lowp, attention_reference, error_bound
 
 PROVIDERS = ["CPUExecutionProvider"]
 
@@ -62,3 +63,76 @@ def test_bfloat16_inputs_travel_exactly():
                                   left_window_size=0, right_window_size=0)
     y = run_model(model, feeds, {"Y": (shape, ml_dtypes.bfloat16)}, PROVIDERS)["Y"]
     np.testing.assert_array_equal(y.view(np.uint16), v.view(np.uint16))
+
+
+# ---- masks whose rows are key intervals ------------------------------------------------------
+# The CPU op reads such a row's mask once per call and then treats it like a positional range
+# (cpu_isa::MaskRow); rows that are not intervals keep the element-by-element path. These masks
+# mix both kinds in one tile: causal rows with left or right padding, a fully masked row, a row
+# of one key, a row with a hole, and (additive) a row of finite biases only.
+MASK_KINDS = ["bool", "neginf", "finfo"]
+MASK_SHAPES = {"b1qk": (2, 1), "bhqk": (2, 4), "b11k": (2, 1)}
+
+
+def interval_mask(kind: str, dims: str, hq: int, s: int, dtype):
+    b, h = MASK_SHAPES[dims][0], hq if dims == "bhqk" else 1
+    sq = 1 if dims == "b11k" else s
+    keep = np.broadcast_to(np.tril(np.ones((s, s), bool))[-sq:], (b, h, sq, s)).copy()
+    keep[0, ..., :3] = False                # left padding
+    keep[-1, ..., s - 70:] = False          # right padding past a key block
+    if sq > 1:
+        keep[:, :, 1] = False               # a row that attends nothing
+        keep[:, :, 9] = False
+        keep[:, :, 9, 6] = True             # one key
+        keep[:, :, s // 2, s // 4] = False  # a hole: not an interval
+        keep[:, -1, s - 2, 100:] = True     # past the causal limit: clipped by nothing
+    if kind == "bool":
+        return keep
+    low = -np.inf if kind == "neginf" else float(ml_dtypes.finfo(dtype).min)
+    mask = np.where(keep, 0.0, low)
+    if sq > 1 and kind == "finfo":
+        mask[:, :, 1] = low                 # only biases: a softmax over them, not zeros
+    return mask.astype(dtype)
+
+
+def check_contract(feeds, dtype, out, **attrs):
+    q, k, v = feeds["Q"], feeds["K"], feeds["V"]
+    kw = dict(attn_mask=feeds.get("attn_mask"), **attrs)
+    ref_y, _, _, ref_lse = attention_reference(q, k, v, **kw)
+    low_y, _, _, low_lse = attention_lowp(q, k, v, **kw)
+    floor_y, floor_lse = FLOORS[dtype]
+    y = out["Y"].astype(np.float64)
+    assert np.isfinite(y).all()
+    err = float(np.abs(y - ref_y).max())
+    assert err <= error_bound(ref_y, low_y, floor_y), (err, error_bound(ref_y, low_y, floor_y))
+    lse = out["softmax_lse"].astype(np.float64)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    assert not np.any(y[np.isneginf(ref_lse)]), "a row that attends nothing must give 0"
+    fin = np.isfinite(ref_lse)
+    rel = lambda x: np.abs(x[fin] - ref_lse[fin]) / np.maximum(1, np.abs(ref_lse[fin]))  # noqa: E731
+    assert rel(lse).max() <= 2 * rel(low_lse.astype(np.float64)).max() + floor_lse
+
+
+def run_interval_mask_case(dtype: str, kind: str, dims: str, causal: bool, seed=None):
+    rng = np.random.default_rng(seed)
+    dt = DTYPES[dtype]
+    b, hq, hkv, s, d = MASK_SHAPES[dims][0], 4, 2, 203, 64
+    feeds = {n: rng.standard_normal((b, hkv if n != "Q" else hq, s, d), dtype=np.float32).astype(dt)
+             for n in ("Q", "K", "V")}
+    feeds["attn_mask"] = interval_mask(kind, dims, hq, s, dt)
+    specs = {"Y": ((b, hq, s, d), dt), "softmax_lse": ((b, hq, s), np.float32)}
+    model = flash_attention_model(feeds, {"Y": dt, "softmax_lse": np.float32}, is_causal=int(causal))
+    out = run_model(model, feeds, specs, PROVIDERS)
+    check_contract(feeds, dtype, out, is_causal=causal)
+
+
+@pytest.mark.parametrize("dims", list(MASK_SHAPES))
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_interval_masks(dtype, kind, dims):
+    run_interval_mask_case(dtype, kind, dims, causal=False)
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_interval_masks_with_causal(kind):
+    run_interval_mask_case("float32", kind, "bhqk", causal=True)
