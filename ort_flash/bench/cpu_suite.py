@@ -5,13 +5,19 @@ causal and not. Per configuration, one process times every peer round-robin (so 
 elsewhere weighs on all alike), and one fresh process per peer reads its peak RSS
 (``cpu_worker``).
 
-Benchmark-issue targets (reported, not asserted): fused ≥ 1.0× ORT CPU MHA, ≥ 1.5× the unfused
-graph at N ≥ 2k, and memory O(N) (``work_mb`` growing linearly, not quadratically, with N).
+Benchmark-issue targets (reported, not asserted): fused ≥ 1.1× ORT CPU MHA non-causal and ≥ 2×
+causal, ≥ 1.5× the unfused graph at N ≥ 2k, and memory O(N) (``work_mb`` growing linearly, not
+quadratically, with N).
+
+The suite records the machine it measured (``suite["machine"]``: CPU model, family/model ids, the
+vector features the CPU kernel dispatches on) and the ISA build of the CPU kernel that ran
+(baseline / avx2 / avx512, ``ORT_FLASH_CPU_ISA`` forces one); every ort_flash row repeats it.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 
@@ -43,8 +49,41 @@ def configs(g: dict) -> list[dict]:
             for c, n in itertools.product(g["causal"], g["seqlens"])]
 
 
+# /proc/cpuinfo flags the CPU kernel's builds need (cpu_flash.cc's dispatch).
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
+
+
+def machine() -> dict:
+    """The CPU this suite measures and the CPU kernel build that runs on it."""
+    from ort_flash.bench.environment import cpu_model
+
+    info = {"cpu": cpu_model(), "cores": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            fields = dict(ln.split(":", 1) for ln in f.read().split("\n\n")[0].splitlines() if ":" in ln)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        info.update(vendor=fields.get("vendor_id"), family=fields.get("cpu family"),
+                    model=fields.get("model"),
+                    isa_flags=[f for f in ISA_FLAGS if f in fields.get("flags", "").split()])
+    except OSError:
+        pass
+    info["kernel_isa"] = kernel_isa()
+    info["isa_forced"] = os.environ.get("ORT_FLASH_CPU_ISA") or None
+    return info
+
+
+def kernel_isa() -> str:
+    """The ISA build the CPU kernel picks here (the op library decides the same way)."""
+    try:
+        from ort_flash._session import load_extension
+        return load_extension().cpu_isa()
+    except Exception as e:  # noqa: BLE001 - a report with the reason beats no report
+        return f"unknown ({type(e).__name__}: {str(e)[:120]})"
+
+
 def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, progress) -> None:
     peers = [p for p in PEERS if not getattr(args, "peers", None) or p in args.peers]
+    suite["machine"] = machine()
     todo = configs(suite["grid"])
     target_s = 3.0 if ctx.target_s >= 0.2 else 1.0  # timed seconds per peer, round-robin
     bar = progress(todo, desc="cpu", unit="cfg")
@@ -81,7 +120,7 @@ def run_worker(job: dict) -> dict:
         return {p: {"status": "error", "reason": reason} for p in job["peers"]}
     try:
         proc = subprocess.run([sys.executable, "-m", "ort_flash.bench.cpu_worker", json.dumps(job)],
-                              capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+                              capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, env=worker_env())
     except subprocess.TimeoutExpired:
         return failed(f"worker timed out after {WORKER_TIMEOUT_S} s")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -89,6 +128,14 @@ def run_worker(job: dict) -> dict:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
         return failed(f"worker failed: {tail[0][:300]}")
     return json.loads(lines[-1])
+
+
+def worker_env() -> dict:
+    """The workers' environment: OpenMP threads (torch's SDPA peer) wait passively unless the
+    caller chose, so that they do not spin on the two cores through the next peer's call."""
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
 
 
 def _vs_unfused(rows: list[dict]) -> None:
@@ -126,6 +173,9 @@ def _val(row, key):
 def print_summary(suite: dict) -> None:
     header, rows = summary(suite)
     g = suite["grid"]
+    m = suite.get("machine") or {}
+    where = (f" on {m.get('cpu')} ({m.get('cores')} cores, family {m.get('family')} model {m.get('model')}),"
+             f" CPU kernel ISA {m.get('kernel_isa')}" if m else "")
     print(text_table(header, rows, title=f"\nCPU EP, {g['dtype']}, batch {g['batch']}, {g['heads']} heads "
-                     f"of {g['d']}: median latency (ms) and extra peak RSS of a call (MB)"))
+                     f"of {g['d']}{where}: median latency (ms) and extra peak RSS of a call (MB)"))
     print(results.format_reasons(suite["rows"]))

@@ -6,8 +6,9 @@
 Each prints one JSON line {peer: result}.
 
 * timing: every peer of the configuration built in one process, then timed round-robin (one
-  call of each per round, rounds until the time target), so that whatever else loads the machine
-  weighs on every peer alike; the median per peer; each checked against the float64 reference.
+  call of each per round, the order rotated each round, rounds until the time target), so that
+  whatever else loads the machine weighs on every peer alike; the median per peer; each checked
+  against the float64 reference; ort_flash rows name the CPU kernel's ISA build.
 * memory: one peer, one input set, in a fresh process: the peak RSS while it runs (VmHWM after
   resetting it just before, ``memory.py``) minus the RSS once inputs, output and session exist.
 """
@@ -53,9 +54,12 @@ def timing(peers, cfg, target_s: float, sets_n: int, min_rounds: int = 5, max_ro
         est[peer] = (time.perf_counter() - t0) / sets_n
     rounds = int(min(max_rounds, max(min_rounds, target_s * len(est) / max(sum(est.values()), 1e-6))))
     samples = {p: [] for p in runners}
+    order = list(runners)
     for i in range(rounds):
-        for peer, r in runners.items():
-            call = r.calls[i % sets_n]
+        # The order rotates per round: a peer whose threads spin after returning (torch's
+        # OpenMP) would otherwise always slow the same next peer (perf-notes, CPU kernel).
+        for peer in order[i % len(order):] + order[:i % len(order)]:
+            call = runners[peer].calls[i % sets_n]
             t0 = time.perf_counter()
             call()
             samples[peer].append((time.perf_counter() - t0) * 1e3)
@@ -65,6 +69,9 @@ def timing(peers, cfg, target_s: float, sets_n: int, min_rounds: int = 5, max_ro
         q = statistics.quantiles(xs, n=4) if len(xs) >= 4 else (min(xs), 0, max(xs))
         res = {"status": "ok", "ms": med, "spread": (q[2] - q[0]) / med if med else 0.0, "calls": len(xs),
                "timing": "host_clock, round-robin", "sets": sets_n, "threads": _threads(peer)}
+        if peer.startswith("ort_flash"):
+            from ort_flash.bench.cpu_suite import kernel_isa
+            res["isa"] = kernel_isa()
         res["ref_err"] = check.error(runners[peer].output())
         if not res["ref_err"] <= check.limit:
             res.update(status="mismatch", reason=f"relative error {res['ref_err']:.3g} > {check.limit:g}")
