@@ -90,6 +90,11 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--past-len", type=positive_int, default=None,
                         help="size of dynamic dims named like a KV cache's ('past...'; default 12)")
     parser.add_argument("--batch", type=positive_int, default=2, help="size of dynamic batch dims")
+    from ort_flash.verify import parse_shape
+    parser.add_argument("--shape", type=parse_shape, action="append", default=None,
+                        metavar="NAME=d0,d1,...",
+                        help="the shape of one input, e.g. pixel_values=2,3,224,224 (repeatable); "
+                             "its named dims take these sizes in the other inputs too")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     parser.add_argument("--atol", type=tolerance, default=None,
                         help="absolute tolerance (default by output dtype: 1e-4 float32, 2e-2 float16); "
@@ -101,7 +106,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_rewrite(args: argparse.Namespace) -> int:
     from ort_flash import ort_fusions
-    from ort_flash.rewriter import rewrite
+    from ort_flash.rewriter import RewriteRefusedError, rewrite
 
     model_type = getattr(args, "ort_fusions", None)
     if getattr(args, "float16", False) and not model_type:
@@ -134,7 +139,7 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         _write_atomic(args.output, lambda path: onnx.save_model(result.model, path))
         if args.report:
             _write_atomic(args.report, lambda path: _write_text(path, report))
-    except (ModelLoadError, ort_fusions.OrtFusionError, OSError) as e:
+    except (ModelLoadError, RewriteRefusedError, ort_fusions.OrtFusionError, OSError) as e:
         return _user_error(e)
     print(f"wrote {args.output}")
     if nothing:
@@ -174,7 +179,7 @@ def _optimizer_messages_in_our_terms(model_type: str):
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ort_flash.verify import ModelMismatchError, verify
+    from ort_flash.verify import InputShapeError, ModelMismatchError, verify
 
     try:
         load_model(args.original)  # a clear message for a bad file before ONNX Runtime sees it
@@ -186,8 +191,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             batch=getattr(args, "batch", 2), seq_len=args.seq_len,
             past_len=getattr(args, "past_len", None), seed=getattr(args, "seed", None),
             atol=getattr(args, "atol", None), rtol=getattr(args, "rtol", None),
+            shapes=dict(getattr(args, "shape", None) or []),
         )
-    except (ModelLoadError, ModelMismatchError, OSError) as e:
+    except (ModelLoadError, ModelMismatchError, InputShapeError, OSError) as e:
         return _user_error(e)
     except _onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library
         return _user_error(f"onnxruntime: {e}")
@@ -217,7 +223,8 @@ def _fused_op_off_cuda(args: argparse.Namespace, result) -> str:
 
     feeds = make_inputs(load_model(args.original), batch=getattr(args, "batch", 2),
                         seq_len=args.seq_len or DEFAULT_SEQ_LEN,
-                        past_len=getattr(args, "past_len", None) or DEFAULT_PAST_LEN, seed=result.seed)
+                        past_len=getattr(args, "past_len", None) or DEFAULT_PAST_LEN, seed=result.seed,
+                        shapes=dict(getattr(args, "shape", None) or []))
     placed = node_placements(_source_bytes(args.rewritten), feeds, PROVIDERS["cuda"],
                              ort_flash.session_options())
     elsewhere = {p: n for (op, p), n in placed.items() if op == "FlashAttention" and p != "CUDAExecutionProvider"}

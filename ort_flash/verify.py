@@ -10,7 +10,14 @@ in float64, padded positions included: the two models must agree everywhere.
 Sizes: axis 0 of every input is the batch, a named dim whose name contains "past" (a KV cache's
 length) is ``past_len``, every other dim is ``seq_len``; the same name gets the same size
 everywhere, and a dim named by an expression of other names ("past_sequence + sequence", the
-attention mask of a cached decoding step) gets its value.
+attention mask of a cached decoding step) gets its value. An image input (rank 4, feeding a
+Conv) gets the Conv's input channels and IMAGE_SIZE x IMAGE_SIZE pixels where its dims are
+dynamic. ``shapes`` (``--shape NAME=d0,d1,...``) sets one input's shape outright, and the
+names of its dims take those sizes everywhere else.
+
+A model whose boolean input is an If condition (an Optimum merged decoder's
+``use_cache_branch``) is compared once per value, True then False, so both branches run; with
+False, dims of a KV cache's length ("past") are 0, as the uncached branch reads no cache.
 """
 
 from __future__ import annotations
@@ -35,11 +42,31 @@ TOLERANCES = {
 }
 DEFAULT_SEQ_LEN = 37  # odd on purpose: exercises the kernels' partial tiles
 DEFAULT_PAST_LEN = 12  # a KV cache's length; past + seq stays within small position tables
+IMAGE_SIZE = 32  # height and width of an image input whose spatial dims are dynamic
 SMALL_INT_RANGE = 4  # ids for integer inputs that feed no embedding Gather
 
 
 class ModelMismatchError(ValueError):
     """The two models do not have the same interface (they cannot be compared)."""
+
+
+class InputShapeError(ValueError):
+    """A shape asked for (``--shape``) names no input of the model or does not fit its type."""
+
+
+def parse_shape(text: str) -> tuple[str, list[int]]:
+    """``"pixel_values=2,3,224,224"`` -> ("pixel_values", [2, 3, 224, 224]) (argparse type)."""
+    import argparse
+
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = [int(d) for d in dims.split(",")] if dims.strip() else []
+    except ValueError:
+        shape = None
+    if not sep or not name or shape is None or any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=d0,d1,... with sizes >= 0 (e.g. pixel_values=2,3,224,224), not {text!r}")
+    return name, shape
 
 
 @dataclasses.dataclass
@@ -62,10 +89,13 @@ class VerifyResult:
     seed: int
     inputs: dict[str, str]  # name -> "dtype[shape]"
     outputs: list[OutputComparison]
+    branch: str = ""  # the If conditions fed, e.g. "use_cache_branch=True"; "" without any
+    more: list[VerifyResult] = dataclasses.field(default_factory=list)  # the other branches' runs
 
     @property
     def passed(self) -> bool:
-        return bool(self.outputs) and all(o.passed for o in self.outputs)
+        return (bool(self.outputs) and all(o.passed for o in self.outputs)
+                and all(m.passed for m in self.more))
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "passed": self.passed}
@@ -74,9 +104,21 @@ class VerifyResult:
         return json.dumps(self.to_dict(), indent=indent)
 
     def format_table(self) -> str:
+        lines = []
+        for run in (self, *self.more):  # one table per If-condition value (branch)
+            lines += run._run_table()
+        lines.append("  rule: pass where |rewritten - original| <= atol + rtol * |original| at every element;"
+                     "\n  max_rel (over |original| >= atol) is shown, not tested. The original runs with"
+                     "\n  ONNX Runtime's graph optimizations off (the reference), so even a model checked"
+                     "\n  against itself can show a small max_abs.")
+        lines.append("PASS" if self.passed else "FAIL: outputs differ beyond tolerance")
+        return "\n".join(lines)
+
+    def _run_table(self) -> list[str]:
         feeds = ", ".join(f"{k} {v}" for k, v in self.inputs.items())
-        lines = textwrap.wrap(f"verify on {', '.join(self.rewritten_providers)} (seed {self.seed}); "
-                              f"inputs: {feeds}", 100, subsequent_indent="  ")
+        branch = f"; branch {self.branch}" if self.branch else ""
+        lines = textwrap.wrap(f"verify on {', '.join(self.rewritten_providers)} (seed {self.seed})"
+                              f"{branch}; inputs: {feeds}", 100, subsequent_indent="  ")
         header = ("output", "dtype", "shape", "max_abs", "max_rel", "atol", "rtol", "result")
         rows = [
             (o.name, o.dtype, "x".join(map(str, o.shape)), f"{o.max_abs:.3g}", f"{o.max_rel:.3g}",
@@ -86,12 +128,7 @@ class VerifyResult:
         widths = [max(len(c) for c in col) for col in zip(header, *rows)]
         for row in (header, tuple("-" * w for w in widths), *rows):
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-        lines.append("  rule: pass where |rewritten - original| <= atol + rtol * |original| at every element;"
-                     "\n  max_rel (over |original| >= atol) is shown, not tested. The original runs with"
-                     "\n  ONNX Runtime's graph optimizations off (the reference), so even a model checked"
-                     "\n  against itself can show a small max_abs.")
-        lines.append("PASS" if self.passed else "FAIL: outputs differ beyond tolerance")
-        return "\n".join(lines)
+        return lines
 
 
 def verify(
@@ -105,7 +142,11 @@ def verify(
     seed: int | None = None,
     atol: float | None = None,
     rtol: float | None = None,
+    shapes: dict[str, Sequence[int]] | None = None,
 ) -> VerifyResult:
+    """Compare the two models' outputs on the same random inputs (module docstring); where an
+    input is an If condition, once per value (the first run's result holds the others in
+    ``more``). ``shapes``: input name -> shape, overriding the default sizes."""
     import onnxruntime as ort
 
     import ort_flash
@@ -119,8 +160,8 @@ def verify(
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**31))
     original_proto = load_model(original)
-    feeds = make_inputs(original_proto, batch=batch, seq_len=seq_len or DEFAULT_SEQ_LEN,
-                        past_len=past_len or DEFAULT_PAST_LEN, seed=seed)
+    conditions = branch_conditions(original_proto)
+    past_len = DEFAULT_PAST_LEN if past_len is None else past_len
 
     base_opts = ort.SessionOptions()
     base_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -131,29 +172,81 @@ def verify(
     missing = sorted(set(names) - {o.name for o in fast.get_outputs()})
     if missing:
         raise ModelMismatchError(f"the rewritten model lacks outputs {missing}")
-    extra = sorted({i.name for i in fast.get_inputs()} - set(feeds))
-    if extra:
-        raise ModelMismatchError(f"the rewritten model needs inputs the original lacks: {extra}")
-    want = dict(zip(names, base.run(names, feeds)))
-    got = dict(zip(names, fast.run(names, feeds)))
-    outputs = [_compare(n, got[n], want[n], atol, rtol) for n in names]
-    return VerifyResult(
-        providers=providers, baseline_providers=base.get_providers(),
-        rewritten_providers=fast.get_providers(), seed=seed,
-        inputs={k: f"{_dtype_name(v.dtype)}[{','.join(map(str, v.shape))}]" for k, v in feeds.items()},
-        outputs=outputs,
-    )
+    runs = []
+    for value in (True, False) if conditions else (None,):
+        feeds = make_inputs(original_proto, batch=batch, seq_len=seq_len or DEFAULT_SEQ_LEN,
+                            past_len=past_len if value is not False else 0, seed=seed,
+                            shapes=shapes)
+        for name, shape in conditions.items():
+            feeds[name] = np.full(shape, value, dtype=bool)
+        extra = sorted({i.name for i in fast.get_inputs()} - set(feeds))
+        if extra:
+            raise ModelMismatchError(f"the rewritten model needs inputs the original lacks: {extra}")
+        want = dict(zip(names, base.run(names, feeds)))
+        got = dict(zip(names, fast.run(names, feeds)))
+        runs.append(VerifyResult(
+            providers=providers, baseline_providers=base.get_providers(),
+            rewritten_providers=fast.get_providers(), seed=seed,
+            inputs={k: f"{_dtype_name(v.dtype)}[{','.join(map(str, v.shape))}]"
+                    for k, v in feeds.items()},
+            outputs=[_compare(n, got[n], want[n], atol, rtol) for n in names],
+            branch=", ".join(f"{n}={value}" for n in conditions)))
+    runs[0].more = runs[1:]
+    return runs[0]
+
+
+def branch_conditions(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Boolean graph inputs of one element that decide an If (directly or through Identity,
+    Not, Cast, Reshape, Squeeze or Unsqueeze), with their shapes: name -> [] or [1]."""
+    passthrough = {"Identity", "Not", "Cast", "Reshape", "Squeeze", "Unsqueeze"}
+    consumers = _consumers(model.graph, nested=True)
+    found = {}
+    for value in model.graph.input:
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+        if tensor.elem_type != onnx.TensorProto.BOOL or dims not in ([], [1]):
+            continue
+        frontier, seen = [value.name], {value.name}
+        while frontier and value.name not in found:
+            name = frontier.pop()
+            for node in consumers.get(name, []):
+                if node.op_type == "If" and node.input[0] == name:
+                    found[value.name] = dims
+                elif node.op_type in passthrough and node.input[0] == name:
+                    frontier += [o for o in node.output if o not in seen]
+                    seen.update(node.output)
+    return found
+
+
+def _consumers(graph: onnx.GraphProto, *, nested: bool = False) -> dict[str, list[onnx.NodeProto]]:
+    """Value name -> the nodes reading it (``nested``: in subgraphs too, which read the outer
+    scope by name; an If nested in a branch decides on a graph input so)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+        for attr in node.attribute if nested else ():
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                for name, nodes in _consumers(sub, nested=True).items():
+                    consumers.setdefault(name, []).extend(nodes)
+    return consumers
 
 
 def make_inputs(model: onnx.ModelProto, *, batch: int, seq_len: int, seed: int,
-                past_len: int = DEFAULT_PAST_LEN) -> dict:
+                past_len: int = DEFAULT_PAST_LEN,
+                shapes: dict[str, Sequence[int]] | None = None) -> dict:
     """Random feeds for every graph input that is not an initializer (sizes: module docstring)."""
     rng = np.random.default_rng(seed)
     initializers = {i.name for i in model.graph.initializer}
     vocab = _embedding_vocab_sizes(model)
     inputs = [v for v in model.graph.input if v.name in set(v.name for v in model.graph.input)
               - initializers]
+    fixed = _fixed_shapes(model, inputs, shapes or {}, batch)
     sizes: dict[str, int] = {}
+    for value in inputs:  # the fixed shapes name their dims first
+        for dim, size in zip(value.type.tensor_type.shape.dim, fixed.get(value.name, ())):
+            if dim.dim_param:
+                sizes.setdefault(dim.dim_param, size)
     for value in inputs:  # plain names first, so that expressions of them can be evaluated
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.dim_param and dim.dim_param.isidentifier():
@@ -163,6 +256,10 @@ def make_inputs(model: onnx.ModelProto, *, batch: int, seq_len: int, seed: int,
     for value in inputs:
         tensor_type = value.type.tensor_type
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if value.name in fixed:
+            feeds[value.name] = _random_input(value.name, dtype, list(fixed[value.name]),
+                                              vocab.get(value.name), rng)
+            continue
         shape = []
         for axis, dim in enumerate(tensor_type.shape.dim):
             if dim.HasField("dim_value") and dim.dim_value > 0:
@@ -174,6 +271,58 @@ def make_inputs(model: onnx.ModelProto, *, batch: int, seq_len: int, seed: int,
             shape.append(size)
         feeds[value.name] = _random_input(value.name, dtype, shape, vocab.get(value.name), rng)
     return feeds
+
+
+def _fixed_shapes(model: onnx.ModelProto, inputs: list, shapes: dict[str, Sequence[int]],
+                  batch: int) -> dict[str, list[int]]:
+    """The shapes asked for, checked against the inputs' types, plus the default of each image
+    input (rank 4, feeding a Conv) that was not asked for."""
+    by_name = {v.name: v for v in inputs}
+    fixed = {}
+    for name, shape in shapes.items():
+        if name not in by_name:
+            raise InputShapeError(f"--shape {name}: the model has no input {name!r} (inputs: "
+                                  f"{', '.join(by_name) or 'none'})")
+        dims = by_name[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise InputShapeError(f"--shape {name}: {len(shape)} dims given, the input has rank "
+                                  f"{len(dims)}")
+        for axis, (dim, size) in enumerate(zip(dims, shape)):
+            if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
+                raise InputShapeError(f"--shape {name}: dim {axis} is {dim.dim_value} in the "
+                                      f"model, not {size}")
+        fixed[name] = list(shape)
+    for name, channels in _image_inputs(model).items():
+        if name in by_name and name not in fixed:
+            static = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                      for d in by_name[name].type.tensor_type.shape.dim]
+            default = [batch, channels, IMAGE_SIZE, IMAGE_SIZE]
+            fixed[name] = [s or d for s, d in zip(static, default)]
+    return fixed
+
+
+def _image_inputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Float inputs of rank 4 that a Conv reads (through Cast/Identity) -> its input channels."""
+    weights = {i.name: list(i.dims) for i in model.graph.initializer}
+    consumers = _consumers(model.graph)
+    found = {}
+    for value in model.graph.input:
+        tensor = value.type.tensor_type
+        if len(tensor.shape.dim) != 4 or tensor.elem_type not in _FLOAT_TYPES:
+            continue
+        frontier = [value.name]
+        while frontier and value.name not in found:
+            for node in consumers.get(frontier.pop(), []):
+                if node.op_type == "Conv" and len(weights.get(node.input[1], ())) == 4:
+                    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+                    found[value.name] = weights[node.input[1]][1] * group
+                elif node.op_type in ("Cast", "Identity"):
+                    frontier += list(node.output)
+    return found
+
+
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                onnx.TensorProto.DOUBLE)
 
 
 def _dim_expression(text: str, sizes: dict[str, int], default: int) -> int:
@@ -214,6 +363,8 @@ def _random_input(name, dtype, shape, vocab, rng) -> np.ndarray:
 def _padding_mask(shape: list[int], rng) -> np.ndarray:
     """1 = attend; odd rows lose a random tail of at most half their length, row 0 none."""
     mask = np.ones(shape, dtype=np.int64)
+    if mask.size == 0:
+        return mask
     rows = mask.reshape(-1, shape[-1])
     for r in range(1, rows.shape[0], 2):
         if shape[-1] > 1:

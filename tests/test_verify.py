@@ -17,8 +17,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_flash import commands
+from ort_flash.cli import main
 from ort_flash.rewriter import rewrite
-from ort_flash.verify import OutputComparison, VerifyResult, _compare, make_inputs, verify
+from ort_flash.verify import (
+    IMAGE_SIZE, InputShapeError, OutputComparison, VerifyResult, _compare, branch_conditions,
+    make_inputs, parse_shape, verify,
+)
 
 DEMO = str(importlib.resources.files("ort_flash").joinpath("data", "gpt2_tiny.onnx"))
 
@@ -159,3 +163,101 @@ def test_cmd_verify_user_errors(tmp_path, capsys):
     assert commands.cmd_verify(_verify_args(DEMO, missing)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such file" in err and "Traceback" not in err
+
+
+# Shapes asked for, image inputs, If conditions.
+
+
+def image_model(channels=3) -> onnx.ModelProto:
+    """pixel_values (all dims dynamic, as Optimum exports them) -> Conv -> + a per-batch bias."""
+    w = numpy_helper.from_array(np.ones((4, channels, 3, 3), np.float32) / 9, "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["pixel_values", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Add", ["c", "bias"], ["y"])], "image",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT,
+                                       ["batch_size", "num_channels", "height", "width"]),
+         helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["batch_size", 1, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch_size", 4, "height", "width"])],
+        [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_image_input_defaults_to_conv_channels_and_square_pixels():
+    feeds = make_inputs(image_model(channels=3), batch=2, seq_len=37, seed=0)
+    assert feeds["pixel_values"].shape == (2, 3, IMAGE_SIZE, IMAGE_SIZE)  # not (2, 37, 37, 37)
+    assert feeds["bias"].shape == (2, 1, 1, 1)
+
+
+def test_shape_sets_one_input_and_its_named_dims_elsewhere():
+    feeds = make_inputs(image_model(), batch=2, seq_len=37, seed=0,
+                        shapes={"pixel_values": [1, 3, 20, 24]})
+    assert feeds["pixel_values"].shape == (1, 3, 20, 24)
+    assert feeds["bias"].shape == (1, 1, 1, 1)  # batch_size named by the shape asked for
+
+
+@pytest.mark.parametrize("shapes, message", [
+    ({"pixels": [1, 3, 8, 8]}, "no input 'pixels' (inputs: pixel_values, bias)"),
+    ({"pixel_values": [1, 3, 8]}, "3 dims given, the input has rank 4"),
+    ({"bias": [2, 5, 1, 1]}, "dim 1 is 1 in the model, not 5"),
+])
+def test_shape_that_does_not_fit_is_a_clear_error(shapes, message):
+    with pytest.raises(InputShapeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make_inputs(image_model(), batch=2, seq_len=5, seed=0, shapes=shapes)
+
+
+def test_parse_shape():
+    assert parse_shape("pixel_values=2,3,224,224") == ("pixel_values", [2, 3, 224, 224])
+    assert parse_shape("a=b=4") == ("a=b", [4])
+    assert parse_shape("scalar=") == ("scalar", [])
+    for bad in ("pixel_values", "=2,3", "x=2,three", "x=-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=d0,d1"):
+            parse_shape(bad)
+
+
+def if_model(else_op="Sub") -> onnx.ModelProto:
+    """y = If(use_cache_branch) {a + b} else {a <else_op> b}: which branch runs is an input."""
+    branch = lambda op, name: helper.make_graph(  # noqa: E731
+        [helper.make_node(op, ["a", "b"], ["r"])], name, [],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, ["N", 3])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["use_cache_branch"], ["y"], then_branch=branch("Add", "then"),
+                          else_branch=branch(else_op, "else"))], "if",
+        [helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+         helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 3]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_branch_conditions_are_bool_inputs_that_decide_an_if():
+    assert branch_conditions(if_model()) == {"use_cache_branch": [1]}
+    assert branch_conditions(onnx.load(DEMO)) == {}
+
+
+@needs_library
+def test_both_branches_are_verified_and_a_wrong_else_branch_fails():
+    result = verify(if_model(), if_model(), seed=0)
+    assert result.passed and [r.branch for r in (result, *result.more)] == [
+        "use_cache_branch=True", "use_cache_branch=False"]
+    assert json.loads(result.to_json())["more"][0]["branch"] == "use_cache_branch=False"
+    wrong = verify(if_model(), if_model(else_op="Mul"), seed=0)  # differs only when False
+    assert wrong.outputs[0].passed and not wrong.more[0].outputs[0].passed
+    assert not wrong.passed and wrong.format_table().endswith("FAIL: outputs differ beyond tolerance")
+
+
+@needs_library
+def test_cli_verify_with_shape_on_an_image_model(tmp_path, capsys):
+    path = tmp_path / "image.onnx"
+    onnx.save(image_model(), path)
+    code = main(["verify", str(path), str(path), "--seed", "0", "--shape", "pixel_values=1,3,9,11"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    flat = " ".join(out.split())  # the inputs line wraps at 100 columns
+    assert "pixel_values float32[1,3,9,11]" in flat and "bias float32[1,1,1,1]" in flat
+    assert main(["verify", str(path), str(path), "--shape", "pixels=1,3,9,11"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no input 'pixels'" in err
