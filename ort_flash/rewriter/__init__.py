@@ -20,7 +20,11 @@ Two stages, each a set of onnxscript pattern rules (pattern / check / rewrite, o
 The input is never changed: the rules run on a copy (carrying inferred shapes, which the
 rules need to prove a fusion safe), and the output keeps the original graph inputs, outputs,
 value_info, ir_version and names; only the fused subgraphs (and what fed nothing else) are
-replaced, and the opset import ("ort_flash", 1) is added when something was fused. The report
+replaced, and the opset import ("ort_flash", 1) is added when something was fused. All of
+this holds in every graph: If branches and Loop/Scan bodies are inferred, fused and restored
+each on its own (``subgraphs``). Last, ``output_check`` gates the output: it must pass
+onnx.checker (full check) and load in an ONNX Runtime CPU session, else ``rewrite`` raises
+``RewriteRefusedError`` with the reason and returns nothing. The report
 counts what each rule did, describes every fused node, and gives the reason for every Softmax
 (or attention node) left unfused and every refinement declined.
 """
@@ -41,12 +45,14 @@ from ort_flash.rewriter import (
 )
 from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.model_io import ModelLoadError, load_model
+from ort_flash.rewriter.output_check import RewriteRefusedError, check_output
 from ort_flash.rewriter.report import FusedSubgraph, RewriteReport, UnfusedSoftmax
 from ort_flash.rewriter.shapes import infer_shapes
+from ort_flash.rewriter.subgraphs import graph_labels, qualified, subgraphs
 
 __all__ = [
-    "FusedSubgraph", "ModelLoadError", "RewriteReport", "RewriteResult", "UnfusedSoftmax",
-    "load_model", "rewrite",
+    "FusedSubgraph", "ModelLoadError", "RewriteRefusedError", "RewriteReport", "RewriteResult",
+    "UnfusedSoftmax", "load_model", "rewrite",
 ]
 
 # Fusion rules, in the order they are tried; each module's rules() gives its variants. Each
@@ -78,6 +84,9 @@ def rewrite(
     ``fp32_precision``: how float32 attention multiplies on the GPU. "ieee" (default) keeps
     float32 accuracy; "tf32" opts in to TF32 tensor-core dots (about 1e-3 relative error),
     stamped on every fused node as the op's ``fp32_precision`` attribute.
+
+    Raises ``ModelLoadError`` for an input that is not a valid ONNX model and
+    ``RewriteRefusedError`` where the rewritten model would not load (``output_check``).
     """
     if fp32_precision not in ("ieee", "tf32"):
         raise ValueError(f"fp32_precision must be 'ieee' or 'tf32', not {fp32_precision!r}")
@@ -85,25 +94,28 @@ def rewrite(
     inferred, shape_inference = infer_shapes(original)
     model = ir.from_proto(inferred)
 
-    dead_before = set(_dead_nodes(model.graph))
-    used_initializers = {n for n, v in model.graph.initializers.items() if v.uses()}
+    # onnxscript's rule sets recurse into subgraphs (If branches, Loop/Scan bodies) themselves;
+    # ``where`` follows which graph a rule is looking at, for the report.
+    where = _Where(graph_labels(model))
+    graphs = list(where.labels)
+    dead_before = {n for g in graphs for n in _dead_nodes(g)}
+    used_initializers = {g: {n for n, v in g.initializers.items() if v.uses()} for g in graphs}
     fusions = [inst for family in FUSIONS for inst in family.rules()]
-    count = pattern.RewriteRuleSet([_as_rule(i) for i in fusions], commute=True).apply_to_model(
-        model
-    )
+    count = pattern.RewriteRuleSet([_as_rule(i, where) for i in fusions],
+                                   commute=True).apply_to_model(model)
     refinements = []
     for family in REFINEMENTS:
         # What the previous rules left dead would look like other uses of the values they read.
-        _remove_new_dead_nodes(model.graph, dead_before, used_initializers)
+        _remove_new_dead_nodes(model, dead_before, used_initializers)
         kwargs = {"exact_masked_rows": exact_masked_rows} if family is causal_mask else {}
         for inst in family.rules(**kwargs):  # in order: a family's first rules prepare the next
-            pattern.RewriteRuleSet([_as_rule(inst)]).apply_to_model(model)
-            _remove_new_dead_nodes(model.graph, dead_before, used_initializers)
+            pattern.RewriteRuleSet([_as_rule(inst, where)]).apply_to_model(model)
+            _remove_new_dead_nodes(model, dead_before, used_initializers)
             if inst.family == family.FAMILY:
                 refinements.append(inst)
-    _remove_new_dead_nodes(model.graph, dead_before, used_initializers)
+    _remove_new_dead_nodes(model, dead_before, used_initializers)
 
-    report = _report(model, fusions, refinements)
+    report = _report(model, fusions, refinements, where)
     report.shape_inference = shape_inference
     assert report.total_fused == count, (report.total_fused, count)
     out = ir.to_proto(model)
@@ -114,19 +126,63 @@ def rewrite(
         for node in out.graph.node:
             if node.domain == flash_op.DOMAIN and node.op_type == flash_op.OP_TYPE:
                 node.attribute.append(onnx.helper.make_attribute("fp32_precision", fp32_precision))
+    check_output(out, original)
     return RewriteResult(model=out, report=report)
 
 
-def _as_rule(instance: pattern.RewriteRuleClassBase) -> pattern.RewriteRule:
-    """Like ``RuleClass.rule()``, but on an instance whose state (counts, reasons) we keep."""
+class _Where:
+    """The graph the rule being applied looks at, and per rule what it did there: sibling
+    subgraphs may hold nodes of the same name, so the rules' own name-keyed records are
+    re-keyed by ``qualified(graph, node)`` as they happen."""
+
+    def __init__(self, labels: dict[ir.Graph, str]) -> None:
+        self.labels = labels
+        self.graph = ""
+        self.applied: dict[int, list[tuple[str, dict]]] = {}  # id(rule) -> (node key, changes)
+        self.declined: dict[int, dict[str, str]] = {}  # id(rule) -> node key -> reason
+
+    def label(self, graph) -> str:
+        return self.labels.get(graph, getattr(graph, "name", None) or "<function>")
+
+
+def _as_rule(instance: pattern.RewriteRuleClassBase, where: _Where) -> pattern.RewriteRule:
+    """Like ``RuleClass.rule()``, but on an instance whose state (counts, reasons) we keep,
+    tagged with the graph each thing happened in."""
+
+    def check(context, **bindings):
+        where.graph = where.label(context.graph_or_function)
+        records = getattr(instance, "declined", None)
+        node = instance.flash_node(context) if records is not None else None
+        if node is not None:
+            records.pop(node.name, None)
+        result = instance.check(context, **bindings)
+        if node is not None:
+            mine = where.declined.setdefault(id(instance), {})
+            key = qualified(where.graph, node.name)
+            if node.name in records:
+                mine[key] = records[node.name]
+            elif result:
+                mine.pop(key, None)
+        return result
+
+    def rewrite(op, **bindings):
+        fused, applied = getattr(instance, "fused", []), getattr(instance, "applied", [])
+        n_fused, n_applied = len(fused), len(applied)
+        out = instance.rewrite(op, **bindings)
+        for entry in fused[n_fused:]:
+            entry.graph = where.graph
+        where.applied.setdefault(id(instance), []).extend(
+            (qualified(where.graph, name), changes) for name, changes in applied[n_applied:])
+        return out
+
     return pattern.RewriteRule(
-        instance.pattern, instance.rewrite, instance.check, name=instance.name,
+        instance.pattern, rewrite, check, name=instance.name,
         remove_nodes=instance.remove_nodes, graph_pre_visitor=instance.setup,
         graph_post_visitor=instance.cleanup, as_function=instance.as_function,
     )
 
 
-def _report(model: ir.Model, fusions: list, refinements: list) -> RewriteReport:
+def _report(model: ir.Model, fusions: list, refinements: list, where: _Where) -> RewriteReport:
     report = RewriteReport()
     for family in (*FUSIONS, *REFINEMENTS):
         report.counts[family.FAMILY] = 0
@@ -134,31 +190,32 @@ def _report(model: ir.Model, fusions: list, refinements: list) -> RewriteReport:
         for fused in inst.fused:
             report.counts[fused.rule] += 1
             report.fused.append(fused)
-    by_node = {f.fused_node: f for f in report.fused}
+    by_node = {qualified(f.graph, f.fused_node): f for f in report.fused}
     done = {}  # family -> nodes it refined (by any of its variants)
     for inst in refinements:
-        done.setdefault(inst.family, set()).update(name for name, _ in inst.applied)
+        done.setdefault(inst.family, set()).update(k for k, _ in where.applied.get(id(inst), []))
     for inst in refinements:
-        for node_name, changes in inst.applied:
+        for node_key, changes in where.applied.get(id(inst), []):
             report.counts[inst.family] += 1
-            entry = by_node[node_name]
+            entry = by_node[node_key]
             for key, value in changes.items():
                 setattr(entry, key, value)
             entry.refined_by.append(inst.family)
-        for node_name, reason in inst.declined.items():
-            if (node_name in by_node and node_name not in done[inst.family]
+        for node_key, reason in where.declined.get(id(inst), {}).items():
+            if (node_key in by_node and node_key not in done[inst.family]
                     and _worth_reporting(inst.family, reason)):
-                report.declined.setdefault(node_name, {})[inst.family] = reason
+                report.declined.setdefault(node_key, {})[inst.family] = reason
     for i, node in enumerate(n for n in _all_nodes(model) if n.op_type == "Softmax"):
         reasons = [inst.failures[node] for inst in fusions if node in inst.failures]
         reason = max(reasons, key=lambda r: r[0])[1] if reasons else structural_reason(node)
         report.unfused.append(UnfusedSoftmax(node=node.name or f"<unnamed Softmax {i}>",
-                                             reason=reason))
+                                             reason=reason, graph=where.label(node.graph)))
     for node in _all_nodes(model):
         if (node.domain, node.op_type) in _ATTENTION_NODES:  # node-level inputs left alone
             reasons = [inst.failures[node] for inst in fusions if node in inst.failures]
             reason = reasons[0][1] if reasons else "no rule matched"
-            report.unfused.append(UnfusedSoftmax(node=node.name or node.op_type, reason=reason))
+            report.unfused.append(UnfusedSoftmax(node=node.name or node.op_type, reason=reason,
+                                                 graph=where.label(node.graph)))
         node.metadata_props.pop(RULE_NAME_TAG, None)
     return report
 
@@ -186,32 +243,39 @@ def _dead_nodes(graph: ir.Graph) -> list[ir.Node]:
     ]
 
 
-def _remove_new_dead_nodes(graph: ir.Graph, dead_before: set[ir.Node], used: set[str]) -> None:
-    """Drop what fed only the replaced subgraphs (a scale Constant or initializer); keep the rest."""
-    while True:
-        dead = [n for n in _dead_nodes(graph) if n not in dead_before]
-        if not dead:
-            break
-        graph.remove(dead, safe=True)
-    for name in used:
-        value = graph.initializers.get(name)
-        if value is None:
-            continue
-        if not value.uses() and not value.is_graph_input() and not value.is_graph_output():
-            graph.initializers.pop(name)
+def _remove_new_dead_nodes(model: ir.Model, dead_before: set[ir.Node],
+                           used: dict[ir.Graph, set[str]]) -> None:
+    """Drop what fed only the replaced subgraphs (a scale Constant or initializer), in every
+    graph; keep the rest."""
+    for graph, names in used.items():
+        while True:
+            dead = [n for n in _dead_nodes(graph) if n not in dead_before]
+            if not dead:
+                break
+            graph.remove(dead, safe=True)
+        for name in names:
+            value = graph.initializers.get(name)
+            if value is None:
+                continue
+            if not value.uses() and not value.is_graph_input() and not value.is_graph_output():
+                graph.initializers.pop(name)
 
 
 def _restore_interface(out: onnx.ModelProto, original: onnx.ModelProto) -> None:
-    """Inputs, outputs and value_info exactly as the user's model had them (not the inferred)."""
-    for field in ("input", "output"):
-        by_name = {v.name: v for v in getattr(original.graph, field)}
-        for value in getattr(out.graph, field):
-            if value.name in by_name:
-                value.CopyFrom(by_name[value.name])
-    produced = {o for n in out.graph.node for o in n.output}
-    kept = [v for v in original.graph.value_info if v.name in produced]
-    out.graph.ClearField("value_info")
-    out.graph.value_info.extend(kept)
+    """Inputs, outputs and value_info exactly as the user's model had them (not the inferred),
+    in the main graph and in every subgraph: a graph the original lacks keeps none."""
+    originals = dict(subgraphs(original.graph))
+    for key, graph in subgraphs(out.graph):
+        source = originals.get(key, onnx.GraphProto())
+        for field in ("input", "output"):
+            by_name = {v.name: v for v in getattr(source, field)}
+            for value in getattr(graph, field):
+                if value.name in by_name:
+                    value.CopyFrom(by_name[value.name])
+        produced = {o for n in graph.node for o in n.output}
+        kept = [v for v in source.value_info if v.name in produced]
+        graph.ClearField("value_info")
+        graph.value_info.extend(kept)
     out.ir_version = original.ir_version
 
 

@@ -32,12 +32,17 @@ class FusedSubgraph:
     refined_by: list[str] = dataclasses.field(default_factory=list)  # later rules applied to it
     cache: str = ""  # "past/present" where a KV cache's Concat became the op's past/present
     note: str = ""  # where the fused node is not equal bit for bit, what differs
+    graph: str = ""  # "" for the main graph, else the subgraph ("/decoder/If.then_branch")
+
+
+GRAPH_MAIN = "main"  # how the table names the main graph where some entry is in a subgraph
 
 
 @dataclasses.dataclass
 class UnfusedSoftmax:
     node: str
     reason: str
+    graph: str = ""  # as FusedSubgraph.graph
 
 
 @dataclasses.dataclass
@@ -50,7 +55,8 @@ class RewriteReport:
     # "symbolic, assuming a = b, ..." (dims the model broadcasts against each other taken as
     # equal), "onnx" or "none" (fewer fusions provable).
     shape_inference: str = ""
-    # Refinements declined, with the reason: fused node -> rule -> reason.
+    # Refinements declined, with the reason: fused node -> rule -> reason (a node in a subgraph
+    # as "<graph> > <node>", subgraphs.qualified).
     declined: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     @property
@@ -92,7 +98,7 @@ class RewriteReport:
             ]
             header = ("node", "rule", "q/kv heads", "head dim", "causal", "mask", "layout",
                       "scale", "nodes replaced")
-            lines += _table(header, rows)
+            lines += _with_graph(header, rows, [f.graph for f in self.fused])
             notes = sorted({f.note for f in self.fused if f.note})
             for n in notes:
                 lines += textwrap.wrap(f"note: {n}", WIDTH, initial_indent="  ", subsequent_indent="    ")
@@ -103,8 +109,16 @@ class RewriteReport:
                              for r, why in d.items()])
         lines.append(f"softmax left unfused: {len(self.unfused)}")
         if self.unfused:
-            lines += _table(("node", "reason"), [(u.node, _cli_words(u.reason)) for u in self.unfused])
+            lines += _with_graph(("node", "reason"), [(u.node, _cli_words(u.reason)) for u in self.unfused],
+                                 [u.graph for u in self.unfused])
         return "\n".join(lines)
+
+
+def _with_graph(header: tuple[str, ...], rows: list[tuple[str, ...]], graphs: list[str]) -> list[str]:
+    """The table, with a first column naming each row's graph where any is a subgraph."""
+    if not any(graphs):
+        return _table(header, rows)
+    return _table(("graph", *header), [(g or GRAPH_MAIN, *r) for g, r in zip(graphs, rows)])
 
 
 def _cli_words(reason: str) -> str:

@@ -7,6 +7,8 @@ import logging
 import onnx
 import onnx_ir as ir
 
+from ort_flash.rewriter.subgraphs import rename, subgraphs, unique_names
+
 _log = logging.getLogger(__name__)
 
 
@@ -21,7 +23,22 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     against each other to be equal (as ONNX Runtime's own transformer fusions do); the report
     says so. Last comes ONNX's inference with data propagation, whose dims are often unnamed,
     so fewer fusions can be proven.
+
+    Each subgraph is inferred on its own: the tools run on a copy whose subgraph values have
+    names unique in the model (``subgraphs.unique_names``; ONNX's data propagation keeps one
+    table by name, so sibling If branches that share names read each other's shapes), and only
+    the types and shapes come back, into a copy of ``model`` with its own nodes and names.
     """
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    inverse = unique_names(renamed)
+    inferred, how = _infer(renamed)
+    _take_types(renamed, inferred)
+    rename(renamed, inverse)
+    return renamed, how
+
+
+def _infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     for auto_merge in (False, True):
         try:
             inferred, complete, merged = _symbolic_shapes(model, auto_merge)
@@ -35,9 +52,28 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
         return onnx.shape_inference.infer_shapes(model, data_prop=True), "onnx"
     except Exception as e:
         _log.info("onnx shape inference failed (%s); shapes stay as given", e)
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        return copy, "none"
+        return model, "none"
+
+
+def _take_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    """Give every value ``model`` computes (in any graph) its type from ``inferred``, whose names
+    are unique in the model; the tools may reorder or copy nodes, so nothing else is taken."""
+    if inferred is model:
+        return
+    facts: dict[str, onnx.ValueInfoProto] = {}
+    for _, graph in subgraphs(inferred.graph):
+        for v in (*graph.value_info, *graph.output, *graph.input):
+            if v.type.WhichOneof("value") is not None:
+                facts.setdefault(v.name, v)
+    for key, graph in subgraphs(model.graph):
+        produced = [o for n in graph.node for o in n.output if o]
+        given = {v.name: v for v in graph.value_info}
+        infos = [facts.get(n) or given.get(n) for n in produced]
+        graph.ClearField("value_info")
+        graph.value_info.extend(v for v in infos if v is not None)
+        for value in (*graph.output, *(graph.input if key else ())):
+            if value.name in facts:
+                value.type.CopyFrom(facts[value.name].type)
 
 
 def _symbolic_shapes(model: onnx.ModelProto, auto_merge: bool) -> tuple[onnx.ModelProto, bool, dict]:
