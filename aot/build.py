@@ -225,6 +225,7 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
     h = hashlib.sha256()
     # repr(v) leaves out the tile range (a TMA_TILES entry), so it joins the key only when set.
     tile = f"tile({v.tile_causal},{v.tile_min_len})" if (v.tile_causal, v.tile_min_len) != (-1, 0) else ""
+    tile += f"below({v.tile_max_len})" if v.tile_max_len else ""
     for part in (source_hash(v.kind), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"
@@ -286,7 +287,7 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
             f"KernelKind({KIND_CODES[v.kind]}), {_cxx_bool(v.mask_keys)}}}, "
             f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
             f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end, {_cxx_tma(m.get('tma', []))}, "
-            f"{v.tile_causal}, {v.tile_min_len}, {_cxx_bool(m.get('pdl', False))}}},")
+            f"{v.tile_causal}, {v.tile_min_len}, {_cxx_bool(m.get('pdl', False))}, {v.tile_max_len}}},")
     if not rows:  # a CPU-only build (no archs): an empty table
         cc[-1] = "static const KernelEntry* const kEntries = nullptr;"
         cc += ["", "const KernelEntry* kernel_table(size_t* count) {", "  *count = 0;",

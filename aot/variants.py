@@ -48,10 +48,15 @@ GLUON_MODULE = "flash_fwd_gluon"
 GLUON_MIN_ARCH = 90
 GLUON_DTYPES = ("fp16", "bf16")
 GLUON_HEAD_DIMS = (64, 128)
-# Where the Gluon kernel takes a call, per (head dim, causal): min(Sq, Skv) from this length up
-# (below it the TMA_TILES kernels run). Each Gluon cubin carries it as tile_min_len, which
-# cpp/cuda_launch.cc's pick_tile reads from the generated table, so it is stated here only.
-GLUON_MIN_LEN = {(64, False): 0, (64, True): 0, (128, False): 0, (128, True): 0}
+# Where the Gluon kernel takes a call: min(Sq, Skv) in [lo, hi) (hi 0: unbounded), per (dtype,
+# head dim, causal); (0, 0) where not listed; elsewhere the TMA_TILES kernels run. Each Gluon cubin
+# carries its range as tile_min_len / tile_max_len, which cpp/cuda_launch.cc's pick_tile reads from
+# the generated table, so it is stated here only. Listed: where the Gluon kernel measured at most
+# even with the TMA kernel at N 8192 and 16384 (fp16 d128 causal 0.96-0.98x, d64 non-causal
+# 0.97-1.01x; experiments/gluon_attn.py on the H200, JIT, one run with 3-4 % run-to-run noise:
+# docs/measurements/prefill/gluon-v6-grid.json, perf-notes prefill v6).
+GLUON_LENGTHS = {("fp16", 128, True): (0, 8192), ("fp16", 64, False): (0, 8192),
+                 ("bf16", 64, False): (0, 8192)}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
@@ -106,6 +111,7 @@ class Variant:
     # Left out of repr (the build cache key adds them when set), so other cubins stay cached.
     tile_causal: int = field(default=-1, repr=False)
     tile_min_len: int = field(default=0, repr=False)
+    tile_max_len: int = field(default=0, repr=False)  # fwd_gluon: min(Sq, Skv) below it (0: any)
 
     @property
     def min_arch(self) -> int:
@@ -122,7 +128,7 @@ class Variant:
         prec = f"_{self.precision}" if self.dtype == "fp32" and self.kind == "fwd" else ""
         tile = ("" if self.tile_causal < 0 else ("_c" if self.tile_causal else "_nc")) + (
             (f"_w{self.tile_min_len}" if self.kind == "decode" else f"_k{self.tile_min_len}")
-            if self.tile_min_len else "")
+            if self.tile_min_len else "") + (f"_lt{self.tile_max_len}" if self.tile_max_len else "")
         return (f"flash_{self.kind}_{self.dtype}{prec}_d{self.head_dim}{'' if self.even_d else 'm'}"
                 f"_{self.mask}{'k' if self.mask_keys else ''}{tile}{'_x' if self.extras else ''}")
 
@@ -200,15 +206,21 @@ def gluon_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
     return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"])
 
 
+def gluon_lengths(dtype: str, head_dim: int, causal: bool) -> tuple[int, int]:
+    """The min(Sq, Skv) range [lo, hi) (hi 0: unbounded) where the Gluon kernel takes a call."""
+    return GLUON_LENGTHS.get((dtype, head_dim, bool(causal)), (0, 0))
+
+
 def gluon_variants() -> list[Variant]:
     """One cubin per (dtype, head dim) where causal and non-causal calls share tile and range,
     else one per causal flag (tile_causal 0 / 1)."""
     out = []
     for dtype, hd in itertools.product(GLUON_DTYPES, GLUON_HEAD_DIMS):
-        per = {c: (gluon_tile(dtype, hd, bool(c)), GLUON_MIN_LEN[(hd, bool(c))]) for c in (0, 1)}
+        per = {c: (gluon_tile(dtype, hd, bool(c)), gluon_lengths(dtype, hd, bool(c))) for c in (0, 1)}
         for causal in ((-1,) if per[0] == per[1] else (0, 1)):
+            lo, hi = per[max(causal, 0)][1]
             out.append(Variant(dtype, hd, True, "none", False, "tf32", "fwd_gluon",
-                               tile_causal=causal, tile_min_len=per[max(causal, 0)][1]))
+                               tile_causal=causal, tile_min_len=lo, tile_max_len=hi))
     return out
 
 

@@ -146,7 +146,7 @@ bool tma_enabled() {
 }
 
 // ORT_FLASH_GLUON: unset = the Gluon kernel on the calls its table ranges cover (aot/variants.py
-// GLUON_MIN_LEN); 0 = never, the dispatch of a build without it (A/B comparisons, a fallback
+// GLUON_LENGTHS); 0 = never, the dispatch of a build without it (A/B comparisons, a fallback
 // should it misbehave); 1 = on every call it can take, whatever the length (tests, measurements).
 int gluon_mode() {
   static const int v = [] {
@@ -173,16 +173,18 @@ const LoadedKernel* find_kernel(const DeviceKernels& dk, const VariantKey& key) 
 }
 
 // Among the entries of `key` whose tile is for this call (its causal flag, or any), the one with
-// the largest tile_min_len up to `measure`: for the TMA kinds min(Sq, Skv), the table's
-// per-(causal, sequence length) tiles (aot/variants.py TMA_TILES); for the decode kind the grid's
-// CTAs per SM (DECODE_WIDE_WAVES). A key with one entry returns it whenever its range covers the
-// call.
-const LoadedKernel* pick_tile(const DeviceKernels& dk, const VariantKey& key, bool causal, int64_t measure) {
+// the largest tile_min_len up to `measure` (and below its tile_max_len, where set): for the TMA
+// and Gluon kinds min(Sq, Skv), the table's per-(causal, sequence length) tiles and ranges
+// (aot/variants.py TMA_TILES, GLUON_LENGTHS); for the decode kind the grid's CTAs per SM
+// (DECODE_WIDE_WAVES). A key with one entry returns it whenever its range covers the call;
+// `any_length` ignores the ranges.
+const LoadedKernel* pick_tile(const DeviceKernels& dk, const VariantKey& key, bool causal, int64_t measure,
+                              bool any_length = false) {
   const LoadedKernel* best = nullptr;
   for (const LoadedKernel& lk : dk.kernels) {
     const KernelEntry& e = *lk.entry;
     if (!(e.key == key) || (e.tile_causal >= 0 && e.tile_causal != (causal ? 1 : 0)) ||
-        e.tile_min_len > measure) {
+        (!any_length && (e.tile_min_len > measure || (e.tile_max_len > 0 && measure >= e.tile_max_len)))) {
       continue;
     }
     if (!best || e.tile_min_len > best->entry->tile_min_len) best = &lk;
@@ -381,7 +383,7 @@ const LoadedKernel* tma_kernel(const FlashParams& p, const DeviceKernels& dk, Va
 
 // The Gluon kernel for a call it can take (aot/variants.py GLUON_*: the build has it for the
 // device, fp16/bf16, D == Dv == 64 or 128 with aligned strides, no mask, no extras) from the
-// min(Sq, Skv) its table entry starts at (GLUON_MIN_LEN; any with ORT_FLASH_GLUON=1), unless
+// min(Sq, Skv) range of its table entry (GLUON_LENGTHS; any with ORT_FLASH_GLUON=1), unless
 // ORT_FLASH_GLUON=0 or ORT_FLASH_TMA=0.
 const LoadedKernel* gluon_kernel(const FlashParams& p, const DeviceKernels& dk, VariantKey key) {
   if (gluon_mode() == 0 || !tma_enabled() || !key.even_d || key.mask != MaskKind::kNone || key.extras ||
@@ -390,7 +392,7 @@ const LoadedKernel* gluon_kernel(const FlashParams& p, const DeviceKernels& dk, 
   }
   key.kind = KernelKind::kFwdGluon;
   key.mask_keys = false;
-  return pick_tile(dk, key, p.causal, gluon_mode() == 1 ? INT64_MAX : std::min(p.sq, p.skv));
+  return pick_tile(dk, key, p.causal, std::min(p.sq, p.skv), gluon_mode() == 1);
 }
 
 }  // namespace

@@ -49,8 +49,8 @@ struct LaunchPlan {
 // variant (sm_90, fp16/bf16, exact head dim 64/128), the driver can encode tensor maps, every
 // Q/K/V/Y view is 16-byte aligned with positive strides, and ORT_FLASH_TMA is not "0". Before
 // that, as kFwdGluon where the build has the Gluon kernel for the call (sm_90, fp16/bf16, exact
-// head dim 64/128, no mask, no extras, min(Sq, Skv) from its entry's tile_min_len: aot/variants.py
-// GLUON_*; ORT_FLASH_GLUON=1: whatever the length), the same views can be described, and neither
+// head dim 64/128, no mask, no extras, min(Sq, Skv) in its entry's [tile_min_len, tile_max_len):
+// aot/variants.py GLUON_*; ORT_FLASH_GLUON=1: whatever the length), the same views can be described, and neither
 // ORT_FLASH_GLUON nor ORT_FLASH_TMA is "0".
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 

@@ -51,7 +51,7 @@ struct KernelEntry {
   const unsigned char* cubin;
   const unsigned char* cubin_end;
   TmaBox tma[kTmaDescriptors];  // kFwdTma and kFwdGluon only (zeros otherwise)
-  // Which calls the tile is for (aot/variants.py TMA_TILES, GLUON_MIN_LEN, DECODE_WIDE_WAVES): entries of one
+  // Which calls the tile is for (aot/variants.py TMA_TILES, GLUON_LENGTHS, DECODE_WIDE_WAVES): entries of one
   // key differ only in tile. tile_causal: -1 any, else the call's causal flag; the entry serves
   // min(Sq, Skv) >= tile_min_len, for the decode kind grids of >= tile_min_len CTAs per SM (the
   // largest such among those that match; see pick_tile in cpp/cuda_launch.cc).
@@ -61,6 +61,8 @@ struct KernelEntry {
   // on sm_90+, aot/build.py decode_pdl): the launcher may launch it with programmatic stream
   // serialization, so its launch overlaps that grid's drain.
   bool pdl;
+  // kFwdGluon: the entry serves min(Sq, Skv) < tile_max_len only (0: no bound; GLUON_LENGTHS).
+  int tile_max_len;
 };
 
 // Runtime arguments of each kernel, in order (the launch ABI; aot/build.py asserts the counts).

@@ -59,6 +59,7 @@ py::list kernels() {
     d["block_n"] = e.block_n;
     d["tile_causal"] = e.tile_causal;
     d["tile_min_len"] = e.tile_min_len;
+    d["tile_max_len"] = e.tile_max_len;
     d["pdl"] = e.pdl;
     d["cubin_bytes"] = static_cast<size_t>(e.cubin_end - e.cubin);
     if (e.key.kind == KernelKind::kFwdTma || e.key.kind == KernelKind::kFwdGluon) {
@@ -119,6 +120,7 @@ py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& row
     e.tile_causal = r["tile_causal"].cast<int>();
     e.tile_min_len = r["tile_min_len"].cast<int>();
     e.pdl = r.contains("pdl") && r["pdl"].cast<bool>();
+    e.tile_max_len = r.contains("tile_max_len") ? r["tile_max_len"].cast<int>() : 0;
   }
   DeviceKernels dk{};
   dk.device = -1;
@@ -221,7 +223,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("sm_count") = 132, py::arg("tensor_maps") = true,
         "How the dispatcher would run `p` on a GPU of `arch` with `sm_count` SMs whose table holds "
         "`rows` (dicts: variant, dtype, head_dim, even_d, mask, extras, precision, kind, mask_keys "
-        "as aot/variants.py codes; num_warps, block_m, block_n, tile_causal, tile_min_len, pdl): "
+        "as aot/variants.py codes; num_warps, block_m, block_n, tile_causal, tile_min_len, pdl, "
+        "tile_max_len): "
         "(kind, the variant it launches, its fallback or second kernel, KV splits). Needs no GPU.");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     const CudaDriver* d = nullptr;

@@ -262,15 +262,16 @@ def _gluon_built() -> bool:
 
 def _unmasked_prefill_kind(p) -> str:
     """Where an unmasked fp16/bf16 prefill call with an exact head dim 64/128 and aligned views
-    runs: the Gluon kernel where the build has an entry whose range (tile_causal, tile_min_len:
-    aot/variants.py GLUON_MIN_LEN) covers it, else the TMA kernel on sm_90, else the pointer one."""
+    runs: the Gluon kernel where the build has an entry whose range (tile_causal, tile_min_len,
+    tile_max_len: aot/variants.py GLUON_LENGTHS) covers it, else the TMA kernel on sm_90, else the
+    pointer one."""
     from ort_flash import _C
 
     arch = _C.prepare_device(0)[1]
     dtype = str(p.dtype).split(".")[-1]
     if any(k["kind"] == "fwd_gluon" and k["arch"] == arch and k["dtype"] == dtype and k["head_dim"] == p.d
            and k["tile_causal"] in (-1, int(p.causal)) and k["tile_min_len"] <= min(p.sq, p.skv)
-           for k in _C.kernels()):
+           and (k["tile_max_len"] == 0 or min(p.sq, p.skv) < k["tile_max_len"]) for k in _C.kernels()):
         return "fwd_gluon"
     return "fwd_tma" if arch == 90 else "fwd"
 

@@ -33,9 +33,10 @@ SHIPPED = (ROOT / "aot" / f"{variants.GLUON_MODULE}.py").exists()
 
 @pytest.fixture
 def fixture_gluon(monkeypatch):
-    """The variant table with Gluon variants from the stand-in kernel."""
+    """The variant table with Gluon variants from the stand-in kernel, taking every length."""
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
     monkeypatch.setattr(variants, "GLUON_MODULE", "_gluon_fixture")
+    monkeypatch.setattr(variants, "GLUON_LENGTHS", {})
     return variants
 
 
@@ -55,15 +56,19 @@ def test_gluon_variants_are_the_calls_it_takes(fixture_gluon):
     assert [x.tile_causal for x in g if (x.dtype, x.head_dim) == ("fp16", 128)] == [-1]
     for x in g:
         assert v.get_fwd_config(90, x) == v.gluon_tile(x.dtype, x.head_dim, x.tile_causal == 1)
-        assert x.tile_min_len == v.GLUON_MIN_LEN[(x.head_dim, x.tile_causal == 1)]
+        assert (x.tile_min_len, x.tile_max_len) == v.gluon_lengths(x.dtype, x.head_dim, x.tile_causal == 1) == (0, 0)
     names = [x.name for x in v.all_variants()]
     assert len(names) == len(set(names))
 
 
 def test_shipped_table_keeps_gluon_small_and_sm90_only():
     """What the build compiles as committed: no Gluon variant unless GLUON_ENABLED, and then at
-    most one per (dtype, head dim, causal flag) (the #23 build-time budget)."""
+    most one per (dtype, head dim, causal flag) (the #23 build-time budget), each range of
+    GLUON_LENGTHS non-empty."""
     g = _gluon(variants.all_variants())
+    for (dtype, hd, causal), (lo, hi) in variants.GLUON_LENGTHS.items():
+        assert dtype in variants.GLUON_DTYPES and hd in variants.GLUON_HEAD_DIMS and causal in (False, True)
+        assert lo >= 0 and (hi == 0 or hi > lo)
     assert bool(g) == variants.GLUON_ENABLED
     assert len(g) <= 2 * len(variants.GLUON_DTYPES) * len(variants.GLUON_HEAD_DIMS)
     assert all(x.min_arch == 90 for x in g)
@@ -204,6 +209,7 @@ def _rows(arch: int, gluon: bool = True) -> list[dict]:
                         precision=v.PRECISION_CODES[x.precision] if x.dtype == "fp32" else 0,
                         mask_keys=x.mask_keys, num_warps=cfg.num_warps, block_m=cfg.block_m,
                         block_n=cfg.block_n, tile_causal=x.tile_causal, tile_min_len=x.tile_min_len,
+                        tile_max_len=x.tile_max_len,
                         pdl=x.kind == "decode" and arch >= build.PDL_MIN_ARCH))
     return out
 
@@ -286,18 +292,26 @@ def test_dispatch_never_takes_gluon_otherwise(fixture_gluon, call, kind):
 
 
 def test_dispatch_per_shape_rule(fixture_gluon, monkeypatch):
-    """GLUON_MIN_LEN (stated once, carried as tile_min_len): below it the TMA kernel keeps the
-    call; the rule compares min(Sq, Skv), per head dim and causal flag."""
-    monkeypatch.setattr(variants, "GLUON_MIN_LEN", {**variants.GLUON_MIN_LEN, (128, True): 2048})
+    """GLUON_LENGTHS (stated once, carried as tile_min_len / tile_max_len): outside [lo, hi) the
+    TMA kernel keeps the call; the rule compares min(Sq, Skv), per dtype, head dim and causal flag."""
+    monkeypatch.setattr(variants, "GLUON_LENGTHS", {("fp16", 128, True): (2048, 8192)})
     g = [x for x in variants.gluon_variants() if x.head_dim == 128]
     assert sorted(x.tile_causal for x in g if x.dtype == "fp16") == [0, 1]  # ranges differ: split
+    assert [x.tile_causal for x in g if x.dtype == "bf16"] == [-1]
+    assert {x.name for x in g if x.dtype == "fp16"} == {"flash_fwd_gluon_fp16_d128_none_nc",
+                                                        "flash_fwd_gluon_fp16_d128_none_c_k2048_lt8192"}
     rows = _rows(90)
-    for sq, skv, causal, want in [(1000, 1000, True, "fwd_tma"), (2047, 8192, True, "fwd_tma"),
-                                  (2048, 2048, True, "fwd_gluon"), (8192, 2100, True, "fwd_gluon"),
-                                  (1000, 1000, False, "fwd_gluon"), (113, 203, False, "fwd_gluon")]:
-        assert _kind(_params(sq=sq, skv=skv, causal=causal), rows)[0] == want, (sq, skv, causal)
-    # ORT_FLASH_GLUON=1 forces it below the range, on the calls it can take only.
-    calls = [dict(sq=1000, skv=1000, causal=True), dict(sq=17, skv=4000, causal=True)]
+    for sq, skv, causal, dtype, want in [
+            (1000, 1000, True, "float16", "fwd_tma"), (2047, 8192, True, "float16", "fwd_tma"),
+            (2048, 2048, True, "float16", "fwd_gluon"), (8191, 9000, True, "float16", "fwd_gluon"),
+            (8192, 8192, True, "float16", "fwd_tma"), (16384, 16384, True, "float16", "fwd_tma"),
+            (16384, 16384, True, "bfloat16", "fwd_gluon"), (1000, 1000, True, "bfloat16", "fwd_gluon"),
+            (16384, 16384, False, "float16", "fwd_gluon"), (113, 203, False, "float16", "fwd_gluon")]:
+        got = _kind(_params(sq=sq, skv=skv, causal=causal, dtype=dtype), rows)
+        assert got[0] == want, (sq, skv, causal, dtype, got)
+    # ORT_FLASH_GLUON=1 forces it outside the range, on the calls it can take only.
+    calls = [dict(sq=1000, skv=1000, causal=True), dict(sq=17, skv=4000, causal=True),
+             dict(sq=16384, skv=16384, causal=True)]
     assert {k for k, *_ in _plans_in_subprocess(rows, calls, ORT_FLASH_GLUON="1")} == {"fwd_gluon"}
     others = [c for c, _ in OTHER_CALLS]
     assert _plans_in_subprocess(rows, others, ORT_FLASH_GLUON="1") == [_kind(_params(**c), rows) for c in others]
@@ -344,8 +358,8 @@ def test_library_table_gluon_entries():
         cfg = variants.get_fwd_config(90, x)
         assert k["arch"] >= 90 and k["dtype"] in ("float16", "bfloat16") and k["even_d"]
         assert k["mask"] == "none" and not k["extras"] and not k["mask_keys"]
-        assert (k["block_m"], k["block_n"], k["tile_causal"], k["tile_min_len"]) == (
-            cfg.block_m, cfg.block_n, x.tile_causal, x.tile_min_len)
+        assert (k["block_m"], k["block_n"], k["tile_causal"], k["tile_min_len"], k["tile_max_len"]) == (
+            cfg.block_m, cfg.block_n, x.tile_causal, x.tile_min_len, x.tile_max_len)
         assert k["num_warps"] % 4 == 0 and k["num_warps"] >= cfg.num_warps
         for (swizzle, rows, cols), r in zip(k["tma"], [cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m]):
             assert swizzle == 3 and rows == r and k["head_dim"] % cols == 0
