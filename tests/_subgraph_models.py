@@ -59,7 +59,8 @@ def _heads(g: Nodes, x, tag):  # (B, S, E) -> (B, H, S, D)
 
 def _decoder_branch(with_past: bool, name: str) -> onnx.GraphProto:
     """One branch: projections, [Concat with the past], the padding mask, a per-head bias and
-    attention. The bias's shape is built differently in the two branches under one name
+    self-attention, then cross-attention over the encoder states (the model's inputs, read from
+    the outer scope) with their padding mask. The bias's shape is built differently in the two branches under one name
     (/decoder/attn/bias_shape: Concat in the cached branch, Max in the other), so ONNX's data
     propagation, which keeps one table by name, gave the second branch the first one's shape,
     which its Equal then cannot broadcast (as ONNX Runtime found in Optimum's merged decoders:
@@ -81,18 +82,37 @@ def _decoder_branch(with_past: bool, name: str) -> onnx.GraphProto:
     sizes = g.op("Shape", bias, name="Shape_bias")
     same = g.op("Equal", sizes, g.const("minus_ones", [-1] * rank))
     bias = g.op("Expand", bias, g.op("Where", same, g.const("ones", [1] * rank), sizes))
-    m = g.op("Unsqueeze", "attention_mask", g.const("axes", [1, 2]))
-    m = g.op("Mul", g.op("Sub", g.const("one", 1.0, np.float32), g.op("Cast", m, to=TensorProto.FLOAT)),
-             g.const("fmin", FMIN, np.float32))
-    y = attention(g, q, k, v, mask=m, bias=bias)
+    y = attention(g, q, k, v, mask=_padding(g, "attention_mask"), bias=bias)
     y = g.op("Reshape", g.op("Transpose", y, name="Transpose_out", perm=[0, 2, 1, 3]),
              g.const("merge", [0, 0, E]), name="Reshape_out")
+    # cross-attention over the outer scope's encoder states, as BART's decoder has
+    c = Nodes("/decoder/encoder_attn/")
+    cq = _heads(c, c.op("MatMul", "hidden", "Wq", name="q_proj/MatMul"), "q_proj")
+    ck, cv = (_heads(c, c.op("MatMul", "encoder_hidden", w, name=f"{t}_proj/MatMul"), f"{t}_proj")
+              for w, t in (("Wk", "k"), ("Wv", "v")))
+    # BART materializes it as (B, 1, Sq, Skv): Expand to Concat(B, 1, Sq, Skv)
+    dims = [c.op("Shape", x, name=f"Shape_{i}", start=a, end=a + 1)
+            for i, (x, a) in enumerate((("hidden", 0), ("hidden", 1), ("encoder_hidden", 1)))]
+    size = c.op("Concat", dims[0], c.const("one_dim", [1]), dims[1], dims[2], axis=0)
+    mask = c.op("Expand", _padding(c, "encoder_attention_mask"), size)
+    cross = attention(c, cq, ck, cv, mask=mask)
+    cross = c.op("Reshape", c.op("Transpose", cross, name="Transpose_out", perm=[0, 2, 1, 3]),
+                 c.const("merge", [0, 0, E]), name="Reshape_out")
+    g.nodes += c.nodes
+    y = g.op("Add", y, cross, name="Add_cross")
     outs = [g.rename(y, "/decoder/out"), g.rename(k, "/decoder/present_key"),
             g.rename(v, "/decoder/present_value")]
     kv = [None, H, TOTAL if with_past else SEQ, D]
     types = (["batch", SEQ, E], kv, kv)
     return helper.make_graph(g.nodes, name, [], [
         helper.make_tensor_value_info(n, TensorProto.FLOAT, t) for n, t in zip(outs, types)])
+
+
+def _padding(g: Nodes, mask: str):
+    """Where(mask[b, key] != 0, 0, finfo.min) as (B, 1, 1, Skv), from a graph input."""
+    m = g.op("Unsqueeze", g.op("Cast", mask, to=TensorProto.BOOL), g.const("axes", [1, 2]))
+    return g.op("Where", m, g.const("zero", 0.0, np.float32), g.const("fmin", FMIN, np.float32),
+                name="Where_mask")
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
@@ -114,6 +134,9 @@ def merged_decoder() -> onnx.ModelProto:
     inputs = [f("hidden", ["batch", SEQ, E]),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", TOTAL]),
               f("past_key", ["batch", H, PAST, D]), f("past_value", ["batch", H, PAST, D]),
+              f("encoder_hidden", ["batch", "encoder_sequence_length", E]),
+              helper.make_tensor_value_info("encoder_attention_mask", TensorProto.INT64,
+                                            ["batch", "encoder_sequence_length"]),
               helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1])]
     node = helper.make_node("If", ["use_cache_branch"], ["out", "present_key", "present_value"],
                             name="optimum::if", then_branch=_decoder_branch(True, "cached"),

@@ -37,6 +37,7 @@ import onnx_ir as ir
 import sympy as sp
 
 from ort_flash.rewriter.mask_analysis import MIN_MASKED, MaskForm, analyze_mask
+from ort_flash.rewriter.subgraphs import scope_inputs
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.refinement import Refinement, attr, fail, flash_pattern
 
@@ -64,8 +65,7 @@ class CausalMask(Refinement):
             fail("the node has a nonpad_kv_seqlen input")
         past = node.inputs[4] if len(node.inputs) > 4 else None
         scores, offset = _scores_dims(node, q, v, past)
-        # a subgraph (If branch, Loop body) reads the model's inputs from the outer scope
-        inputs = {v.name for g in (context.graph_or_function, context.model.graph) for v in g.inputs}
+        inputs = {v.name for v in scope_inputs(context)}
         bias, form, term, why = None, None, mask, ""
         for bias_c, term_c, hidden in _candidates(mask):
             try:
@@ -82,7 +82,7 @@ class CausalMask(Refinement):
         if form is None:
             fail(f"mask not recognised as causal / key padding: {why}")
         if form.padding is not None:
-            pd = value_dims(next(i for i in context.graph_or_function.inputs if i.name == form.padding))
+            pd = value_dims(next(i for i in scope_inputs(context) if i.name == form.padding))
             if len(pd) != 2 or not (equal(pd[0], scores[0]) and equal(pd[1], scores[3])):
                 fail(f"padding input {form.padding!r} is not (B, Skv)")
             if not form.causal and _compact_already(term):
@@ -202,7 +202,7 @@ def _compact_already(mask: ir.Value) -> bool:
 def _input(context, name: str | None) -> ir.Value | None:
     if name is None:
         return None
-    return next(i for i in context.graph_or_function.inputs if i.name == name)
+    return next(i for i in scope_inputs(context) if i.name == name)
 
 
 def _name(value: ir.Value, name: str) -> None:

@@ -119,3 +119,10 @@ def graph_labels(model: ir.Model) -> dict[ir.Graph, str]:
 def qualified(graph: str, node: str) -> str:
     """A node's name made unique in the model: sibling branches may hold nodes of the same name."""
     return f"{graph} > {node}" if graph else node
+
+
+def scope_inputs(context) -> list[ir.Value]:
+    """The graph inputs a rule's match can read: its own graph's, then the main graph's (a
+    subgraph reads the model's inputs from the outer scope)."""
+    own = list(context.graph_or_function.inputs)
+    return own + [v for v in context.model.graph.inputs if v not in own]
