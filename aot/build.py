@@ -13,21 +13,25 @@ Writes into --out: one .cubin per (variant, arch), `kernels.gen.S` (embeds them 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import inspect
 import json
 import os
+import re
 import sys
-from concurrent.futures import ProcessPoolExecutor
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flash_decode  # noqa: E402
 import flash_fwd  # noqa: E402
+import compile_pool  # noqa: E402
 import variants  # noqa: E402
 from variants import (DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES,  # noqa: E402
-                      TRITON_VERSION, TileConfig, Variant, all_variants, get_fwd_config)
+                      TRITON_VERSION, TileConfig, Variant, all_combinations, all_variants,
+                      edge_loop, get_fwd_config)
 
 # The kernel each variant kind compiles.
 KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
@@ -141,17 +145,24 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
             constexprs["TMA"] = True
         if v.mask_keys:
             constexprs["MASK_KEYS"] = True
+        if edge_loop(v):
+            constexprs["EDGE_LOOP"] = True
     if v.kind == "fwd_gluon":
         from triton.experimental.gluon._runtime import GluonASTSource
         src = GluonASTSource(fn=kernel_fn(v.kind), signature=sig, constexprs=constexprs, attrs=attrs)
     else:
         src = ASTSource(fn=KERNELS[v.kind], signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
+    stage_s = {}
+    start = cpu_seconds()
     try:
-        compiled = triton.compile(src, target=target,
-                                  options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+        with _timed_stages(stage_s):
+            compiled = triton.compile(src, target=target,
+                                      options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     except Exception as e:
         raise RuntimeError(f"{v.name} sm_{arch} {cfg}: Triton failed: {e}") from None
+    # The front end (Python AST to TTIR) and Triton's own cache writes: what the stages leave.
+    stage_s = {"ast": cpu_seconds() - start - sum(stage_s.values()), **stage_s}
     md = compiled.metadata
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
         raise RuntimeError(f"{v.name} sm_{arch}: kernels needing scratch memory are not supported")
@@ -167,6 +178,7 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         "shared": md.shared, "block_m": cfg.block_m, "block_n": cfg.block_n,
         "num_stages": cfg.num_stages, "args": runtime_args, "triton": triton.__version__,
         "tma": tma, "pdl": bool(constexprs.get("PDL", 0)),
+        "stage_s": {k: round(t, 3) for k, t in stage_s.items()},
     }
     cached.mkdir(parents=True, exist_ok=True)
     tmp = cached / "kernel.cubin.tmp"
@@ -175,6 +187,37 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
     (cached / "meta.json").write_text(json.dumps(meta, indent=1))
     meta.update(cached=False, cubin=str(cached / "kernel.cubin"))
     return meta
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its waited-for children (ptxas)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@contextlib.contextmanager
+def _timed_stages(out: dict):
+    """Adds each Triton stage's CPU seconds to `out` (ttir, ttgir: MLIR passes; llir: lowering to
+    LLVM IR and LLVM's optimizer; ptx: LLVM's NVPTX back end; cubin: ptxas, a child process). CPU
+    time, not wall time, so that other load on the machine does not inflate it."""
+    from triton import knobs
+
+    def hook(backend, stages, options, language, capability):
+        for name, fn in list(stages.items()):
+            def timed(src, metadata, fn=fn, name=name):
+                t = cpu_seconds()
+                try:
+                    return fn(src, metadata)
+                finally:
+                    out[name] = out.get(name, 0.0) + cpu_seconds() - t
+            stages[name] = timed
+
+    before = knobs.runtime.add_stages_inspection_hook
+    knobs.runtime.add_stages_inspection_hook = hook
+    try:
+        yield
+    finally:
+        knobs.runtime.add_stages_inspection_hook = before
 
 
 def _tma_boxes(v: Variant, md) -> list[dict]:
@@ -226,6 +269,7 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
     # repr(v) leaves out the tile range (a TMA_TILES entry), so it joins the key only when set.
     tile = f"tile({v.tile_causal},{v.tile_min_len})" if (v.tile_causal, v.tile_min_len) != (-1, 0) else ""
     tile += f"below({v.tile_max_len})" if v.tile_max_len else ""
+    tile += "edge_loop" if edge_loop(v) else ""
     for part in (source_hash(v.kind), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"
@@ -311,7 +355,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get(
         "ORT_FLASH_AOT_CACHE", Path.home() / ".cache" / "ort_flash" / "aot")))
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("ORT_FLASH_AOT_JOBS", 0)) or
+                    compile_pool.available_cpus(), help="compile processes (default: the CPUs available)")
+    ap.add_argument("--only", metavar="REGEX",
+                    help="compile only the variants whose name matches (measurements; the table "
+                         "then lacks the rest)")
+    ap.add_argument("--unmerged", action="store_true",
+                    help="every combination, also those a superset variant serves (measurements)")
+    ap.add_argument("--profile", type=Path, metavar="JSON",
+                    help="write each kernel's seconds per Triton stage here")
     args = ap.parse_args(argv)
 
     import triton
@@ -322,12 +374,17 @@ def main(argv=None) -> int:
     archs = [int(a.strip().replace("sm_", "")) for a in args.archs.replace(";", ",").split(",") if a.strip()]
     if not archs:
         print("aot/build.py: no CUDA archs requested; building a CPU-only kernel table")
-    variants = {v.name: v for v in all_variants()}
+    variants = {v.name: v for v in (all_combinations() if args.unmerged else all_variants())}
     jobs = [(v, arch, get_fwd_config(arch, v), str(args.cache)) for arch in archs
-            for v in variants.values() if arch >= v.min_arch]
+            for v in variants.values() if arch >= v.min_arch
+            and (not args.only or re.search(args.only, v.name))]
     args.cache.mkdir(parents=True, exist_ok=True)
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        metas = list(pool.map(_compile_one, jobs))
+    todo = [not (Path(c) / cache_key(v, a, cfg) / "kernel.cubin").exists() for v, a, cfg, c in jobs]
+    metas = compile_pool.compile_all(jobs, todo, _compile_one, args.jobs)
+    if args.profile:
+        args.profile.write_text(json.dumps(
+            [{k: m.get(k) for k in ("variant", "arch", "cached", "stage_s", "num_warps",
+                                    "num_stages", "block_m", "block_n")} for m in metas], indent=1))
     fresh = sum(not m.pop("cached") for m in metas)
     write_outputs(args.out, metas, variants)
     print(f"aot/build.py: {len(metas)} kernels for sm_{', sm_'.join(map(str, archs))} "

@@ -41,7 +41,7 @@ def flash_decode_split(
     stride_mb, stride_mh, stride_mm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = 0,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = 0, EDGE_LOOP: tl.constexpr = False,
 ):
     # PDL, programmatic dependent launch (sm_90+): 1 waits for the grid before it on the stream
     # (griddepcontrol.wait) before touching memory, so the launcher may start this grid while
@@ -101,23 +101,40 @@ def flash_decode_split(
     pos = s_row + off
     m_base = Mask + b64 * stride_mb + h64[:, None] * stride_mh + s64[:, None] * stride_mm
 
-    # The boundary blocks (a window's edges, the ragged end) only where this chunk has them: an
-    # empty pipelined loop still runs its prologue and drain, ~0.7 us each at one CTA per SM
-    # (experiments/decode_floor.py: B1 4k 10.2 -> 8.6 us without them).
-    if f_lo > c_lo:
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, c_lo, f_lo, c_hi, pos, row_ok,
+    if EDGE_LOOP:
+        # Shapes compiled as superset variants (aot/variants.py edge_loop): the interior, then both
+        # boundary ranges through one compiled loop (each only where this chunk has it), for
+        # about half the code to compile; the same scores, summed in another order.
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_lo, f_hi, c_hi, pos, row_ok,
                                 offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                                 scale, cap, cap_on, left, right, 0, 0,
-                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_lo, f_hi, c_hi, pos, row_ok,
-                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right, 0, 0,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, CAP_BRANCH=True)
-    if c_hi > f_hi:
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_hi, c_hi, c_hi, pos, row_ok,
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, CAP_BRANCH=True)
+        for edge in range(2):
+            e_lo = tl.where(edge == 0, c_lo, f_hi)
+            e_hi = tl.where(edge == 0, f_lo, c_hi)
+            if e_hi > e_lo:
+                acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, e_lo, e_hi, c_hi, pos,
+                                        row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                        scale, cap, cap_on, left, right, 0, 0, BLOCK_N, EVEN_D,
+                                        MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
+    else:
+        # The boundary blocks (a window's edges, the ragged end) only where this chunk has them: an
+        # empty pipelined loop still runs its prologue and drain, ~0.7 us each at one CTA per SM
+        # (experiments/decode_floor.py: B1 4k 10.2 -> 8.6 us without them).
+        if f_lo > c_lo:
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, c_lo, f_lo, c_hi, pos, row_ok,
+                                    offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                    scale, cap, cap_on, left, right, 0, 0,
+                                    BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_lo, f_hi, c_hi, pos, row_ok,
                                 offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                                 scale, cap, cap_on, left, right, 0, 0,
-                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, CAP_BRANCH=True)
+        if c_hi > f_hi:
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, f_hi, c_hi, c_hi, pos, row_ok,
+                                    offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                    scale, cap, cap_on, left, right, 0, 0,
+                                    BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, CAP_BRANCH=True)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]

@@ -180,6 +180,7 @@ def flash_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr = False, MASK_KEYS: tl.constexpr = False,
+    EDGE_LOOP: tl.constexpr = False,
 ):
     # Query blocks in reverse: under a causal mask the last blocks see the most keys, so they start
     # first and the short ones fill the tail of the grid (no effect without causal).
@@ -226,19 +227,35 @@ def flash_fwd(
     if not MASK_KEYS:
         m_base = m_base + offs_m[:, None].to(tl.int64) * stride_mm
 
-    # Left edge, interior, right edge (causal diagonal, window, ragged end).
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo, lo_full, hi, pos, row_ok,
-                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right, b, hk,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos, row_ok,
-                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right, b, hk,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, hi_full, hi, hi, pos, row_ok,
-                            offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                            scale, cap, cap_on, left, right, b, hk,
-                            BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
+    if EDGE_LOOP:
+        # Shapes compiled as superset variants (aot/variants.py edge_loop): the interior, then both
+        # boundary ranges through one compiled loop, for about half the code to compile; the
+        # same scores, summed in another order.
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
+                                row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                scale, cap, cap_on, left, right, b, hk,
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
+        for edge in range(2):
+            e_lo = tl.where(edge == 0, lo, hi_full)
+            e_hi = tl.where(edge == 0, lo_full, hi)
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, e_lo, e_hi, hi, pos,
+                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                    scale, cap, cap_on, left, right, b, hk,
+                                    BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
+    else:
+        # Left edge, interior, right edge (causal diagonal, window, ragged end).
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo, lo_full, hi, pos, row_ok,
+                                offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                scale, cap, cap_on, left, right, b, hk,
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos, row_ok,
+                                offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                scale, cap, cap_on, left, right, b, hk,
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, hi_full, hi, hi, pos, row_ok,
+                                offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                scale, cap, cap_on, left, right, b, hk,
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]

@@ -224,7 +224,46 @@ def gluon_variants() -> list[Variant]:
     return out
 
 
+# Shape classes compiled as one superset variant instead of one per combination, so that a cold
+# build takes minutes (docs/build-time.md: what each class costs to compile, and which ones the
+# model families, the rewriter's coverage and the benchmarks run). The extras variant serves the
+# class's calls without extras too (no window, softcap 0, no key lengths: the same scores), the
+# masked-head-dim variant its calls at the exact head dim (all of D in bounds); the C++ dispatcher
+# takes them where the exact variant is missing (cpp/cuda_launch.cc find_superset). The hot shapes
+# (fp16/bf16 at exact head dims 64 and 128: every model family, every benchmark), every TMA
+# variant and the combine kernels keep a variant per combination, their code unchanged.
+def is_hot(kind: str, dtype: str, head_dim: int, even_d: bool) -> bool:
+    return kind in ("fwd_tma", "fwd_gluon", "combine") or (
+        dtype != "fp32" and head_dim in (64, 128) and even_d)
+
+
+def superset_only(kind: str, dtype: str, head_dim: int, even_d: bool) -> tuple[bool, bool]:
+    """(only the extras variant, only the masked-head-dim variant) for a shape class: fp32 (the
+    slowest to compile: dots on CUDA cores, or TF32) prefill also as masked head dims only; fp16
+    and bf16 at head dims 32 and 256 and the inexact ones (D = 80, 96, ...) extras only."""
+    if is_hot(kind, dtype, head_dim, even_d):
+        return False, False
+    return True, dtype == "fp32" and kind == "fwd"
+
+
+def edge_loop(v: Variant) -> bool:
+    """Whether v compiles its two boundary key ranges through one loop (the kernels' EDGE_LOOP):
+    every shape class but the hot ones, for about half their compile time (the interior loop, and
+    so the speed, as before; the same scores summed in another order)."""
+    return v.kind in ("fwd", "decode") and not is_hot(v.kind, v.dtype, v.head_dim, v.even_d)
+
+
+def _merged(v: Variant) -> bool:
+    """Whether a superset variant serves v's calls (so v is not compiled)."""
+    only_extras, only_masked = superset_only(v.kind, v.dtype, v.head_dim, v.even_d)
+    return (only_extras and not v.extras) or (only_masked and v.even_d)
+
+
 def all_variants() -> list[Variant]:
+    return [v for v in all_combinations() if not _merged(v)]
+
+
+def all_combinations() -> list[Variant]:
     out = []
     for (dtype, prec), (hd, has_even), mask, extras in itertools.product(
             DTYPE_PRECISIONS, HEAD_DIMS, MASK_KINDS, (False, True)):

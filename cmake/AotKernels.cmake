@@ -5,10 +5,11 @@
 set(ORT_FLASH_AOT_DIR "${CMAKE_BINARY_DIR}/aot")
 string(REPLACE ";" "," _archs "${ORT_FLASH_CUDA_ARCHS}")
 if(_archs STREQUAL "")
-  message(WARNING "ort_flash: ORT_FLASH_CUDA_ARCHS is empty: a CPU-only build (the CUDA EP will report that no kernels were compiled)")
+  message(WARNING "ort_flash: ORT_FLASH_CUDA_ARCHS is empty: a CPU-only build, no CUDA kernels are compiled (the op runs on ONNX Runtime's CPU EP only; the CUDA EP reports that no kernels were compiled)")
 endif()
 set(_aot_sources
   "${PROJECT_SOURCE_DIR}/aot/build.py"
+  "${PROJECT_SOURCE_DIR}/aot/compile_pool.py"
   "${PROJECT_SOURCE_DIR}/aot/flash_decode.py"
   "${PROJECT_SOURCE_DIR}/aot/flash_fwd.py"
   "${PROJECT_SOURCE_DIR}/aot/flash_fwd_gluon.py"
@@ -20,6 +21,9 @@ add_custom_command(
           --out "${ORT_FLASH_AOT_DIR}" --cache "${ORT_FLASH_CACHE_DIR}/aot"
   DEPENDS ${_aot_sources}
   COMMENT "AOT-compiling FlashAttention kernels with Triton for sm ${ORT_FLASH_CUDA_ARCHS}"
+  # Ninja's console pool: the per-kernel progress lines reach the log as they are printed, not
+  # all at once when the minutes-long step ends.
+  USES_TERMINAL
   VERBATIM)
 add_custom_target(ort_flash_aot DEPENDS "${ORT_FLASH_AOT_DIR}/kernels.gen.S"
                                         "${ORT_FLASH_AOT_DIR}/kernel_table.gen.cc")

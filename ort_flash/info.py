@@ -25,6 +25,12 @@ def cuda_device_arch() -> tuple[int, str] | None:
     return major.value * 10 + minor.value, name.value.decode(errors="replace")
 
 
+CPU_ONLY = ("kernels:      none: this is a CPU-only build (ORT_FLASH_CUDA_ARCHS was empty), so no "
+            "CUDA kernels are compiled and the op runs on ONNX Runtime's CPU execution provider "
+            "only; to compile them, reinstall with the default archs (`pip install .`: sm_80 and "
+            "sm_90) or name yours, e.g. `ORT_FLASH_CUDA_ARCHS=\"80;90\" pip install .`.")
+
+
 def format_info() -> str:
     import onnxruntime as ort
 
@@ -39,7 +45,7 @@ def format_info() -> str:
         f"library:      {ort_flash.library_path()}",
         f"onnxruntime:  {ort.__version__} (providers: {', '.join(ort.get_available_providers())})",
         f"kernels:      {len(kernels)} AOT cubins from Triton {_C.triton_version()} for "
-        + ", ".join(f"sm_{a}" for a in archs),
+        + ", ".join(f"sm_{a}" for a in archs) if kernels else CPU_ONLY,
     ]
     groups = collections.defaultdict(set)
     decode = collections.defaultdict(set)

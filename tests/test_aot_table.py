@@ -194,3 +194,191 @@ def test_only_decode_kernels_from_sm90_wait_for_the_grid_before(build):
         if k["kind"] == "decode":
             assert build.decode_pdl(k["arch"]) == int(k["pdl"])
     assert any(k["pdl"] for k in kernels) == any(k["arch"] >= 90 for k in kernels)
+
+
+# The dispatcher's variant selection mirrored (cpp/cuda_launch.cc select_variant, decode_key,
+# find_superset, find_fwd_kernel): every call class finds a compiled variant on each arch, the hot
+# shapes their exact one, and merged classes (aot/variants.py superset_only) a superset of theirs.
+
+BUCKETS = (32, 64, 128, 256)
+DECODE_BUCKETS = (64, 128, 256)
+
+
+def _calls():
+    """Every forward call class the launcher distinguishes: dtype (fp32: dot precision), head dim
+    (exact and not, strides aligned or not), mask kind, key-vector mask, extras."""
+    for dtype, prec in (("fp16", "tf32"), ("bf16", "tf32"), ("fp32", "ieee"), ("fp32", "tf32")):
+        for d, aligned, mask, keys, extras in itertools.product(
+                (16, 32, 48, 64, 80, 128, 160, 256), (True, False), ("none", "bool", "add"),
+                (False, True), (False, True)):
+            if keys and mask == "none":
+                continue
+            yield dict(dtype=dtype, prec=prec, d=d, aligned=aligned, mask=mask, keys=keys, extras=extras)
+
+
+def _candidates(key: dict):
+    """find_superset's order: exact, with extras, with a masked head dim, with both."""
+    for i in range(4):
+        k = dict(key, extras=key["extras"] or bool(i & 1), even=key["even"] and not i & 2)
+        if i == 0 or k != key:
+            yield k
+
+
+def _select(call: dict, table: dict, kind: str):
+    """The variant the launcher takes for `call` of `kind` ("fwd" or "decode") from `table`
+    ({(kind, dtype, prec, head dim, even, mask, keys, extras): Variant} of one arch's base tiles)."""
+    buckets = BUCKETS if kind == "fwd" else DECODE_BUCKETS
+    bucket = next(b for b in buckets if call["d"] <= b)
+    key = dict(dtype=call["dtype"], prec=call["prec"] if kind == "fwd" else "ieee", hd=bucket,
+               even=call["d"] == bucket and call["aligned"] and bucket != 32, mask=call["mask"],
+               keys=call["keys"] and kind == "fwd", extras=call["extras"])
+    for keys in ((key["keys"], False) if key["keys"] else (False,)):
+        for k in _candidates(dict(key, keys=keys)):
+            t = (kind, k["dtype"], k["prec"], k["hd"], k["even"], k["mask"], k["keys"], k["extras"])
+            if t in table:
+                return table[t], k == key
+    return None, False
+
+
+def _table(variants, arch: int, combos: bool = False) -> dict:
+    out = {}
+    for v in (variants.all_combinations() if combos else variants.all_variants()):
+        if arch < v.min_arch or v.kind not in ("fwd", "decode") or v.tile_min_len:
+            continue
+        prec = v.precision if v.dtype == "fp32" else ("ieee" if v.kind == "decode" else "tf32")
+        out[(v.kind, v.dtype, prec, v.head_dim, v.even_d, v.mask, v.mask_keys, v.extras)] = v
+    return out
+
+
+@pytest.mark.parametrize("arch", (80, 90))
+def test_every_call_class_finds_a_kernel(arch):
+    """What a build without merged classes ran on CUDA still runs: every call class finds a
+    variant, the same one where it is still compiled; fp16/bf16 at exact head dims 64 and 128
+    always their exact one; a superset otherwise (extras or a masked head dim, never the reverse)."""
+    v = _variants()
+    table, before = _table(v, arch), _table(v, arch, combos=True)
+    assert set(table) < set(before)  # merging removed variants and added none
+    for call in _calls():
+        for kind in ("fwd", "decode"):
+            if kind == "decode" and call["prec"] == "tf32" and call["dtype"] == "fp32":
+                continue  # decode dots in fp32 are always IEEE
+            old, _ = _select(call, before, kind)
+            new, exact = _select(call, table, kind)
+            assert (old is None) == (new is None), (kind, call, old, new)
+            if new is None:
+                continue
+            if old in table.values():
+                assert new == old, (kind, call, old, new)
+            if call["dtype"] != "fp32" and call["d"] in (64, 128) and call["aligned"]:
+                assert exact and new == old, (kind, call, new)  # the hot shapes: their own variant
+            assert (new.extras or not call["extras"]) and (new.even_d <= old.even_d), (call, new)
+            assert (new.dtype, new.head_dim, new.mask) == (old.dtype, old.head_dim, old.mask)
+
+
+def _row(v, x, arch: int) -> dict:
+    cfg = v.get_fwd_config(arch, x)
+    return dict(variant=x.name, dtype=v.DTYPE_CODES[x.dtype], head_dim=x.head_dim, even_d=x.even_d,
+                mask=v.MASK_KINDS[x.mask], extras=x.extras, kind=v.KIND_CODES[x.kind],
+                precision=v.PRECISION_CODES[x.precision] if x.dtype == "fp32" else 0,
+                mask_keys=x.mask_keys, num_warps=cfg.num_warps, block_m=cfg.block_m,
+                block_n=cfg.block_n, tile_causal=x.tile_causal, tile_min_len=x.tile_min_len,
+                pdl=x.kind == "decode" and arch >= 90)
+
+
+@pytest.mark.parametrize("arch", (80, 90))
+def test_cpp_dispatcher_agrees_with_the_mirror(arch):
+    """The C++ dispatcher over this build's variant table (_C.plan_with_table: no GPU needed)
+    launches what the mirror above selects, merged classes included."""
+    from ort_flash import _C
+
+    v = _variants()
+    rows = [_row(v, x, arch) for x in v.all_variants() if arch >= x.min_arch]
+    table = _table(v, arch)
+    dt = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+    checked = 0
+    for call in _calls():
+        if call["keys"] and call["mask"] == "bool" or call["d"] in (16, 48):
+            continue  # fewer C++ calls; the mirror checks them all
+        p = _C.FlashParams()
+        p.dtype = getattr(_C.DType, dt[call["dtype"]])
+        p.fp32_precision = getattr(_C.Fp32Precision, call["prec"])
+        d, row = call["d"], call["d"] if call["aligned"] else call["d"] + 8
+        for sq, kind in ((300, "fwd"), (1, "decode")):
+            p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = 2, 4, 2, sq, 700, d, d
+            p.q_stride = p.y_stride = [4 * sq * row, sq * row, row]
+            p.k_stride = p.v_stride = [2 * 700 * row, 700 * row, row]
+            p.q = p.k = p.v = p.y = 1 << 20
+            p.scale = 0.1
+            p.mask_kind = getattr(_C.MaskKind, call["mask"])
+            if call["mask"] != "none":
+                p.mask, p.mask_len = 1 << 20, 700
+                p.mask_stride = [700 * sq, 0, 0 if call["keys"] else 700, 1]
+            if call["extras"]:
+                p.softcap = 30.0
+            if kind == "decode" and call["dtype"] == "fp32" and call["prec"] == "tf32":
+                continue
+            got_kind, name, *_ = _C.plan_with_table(p, rows, arch=arch, tensor_maps=False)
+            want, _ = _select(dict(call, keys=call["keys"] or sq == 1), table, kind)
+            assert got_kind == kind and name == want.name, (kind, call, got_kind, name, want.name)
+            checked += 1
+    assert checked > 300
+
+
+def test_info_says_when_no_cuda_kernels_are_compiled(monkeypatch):
+    """A CPU-only build's `ort-flash info` says in a sentence that no CUDA kernels are compiled
+    and how to build them (it stopped mid-sentence at 'for ')."""
+    import ort_flash._session as session
+    from ort_flash import info
+
+    fake = SimpleNamespace(kernels=lambda: [], triton_version=lambda: "3.6.0")
+    monkeypatch.setattr(session, "load_extension", lambda: fake)
+    text = info.format_info()
+    line = next(x for x in text.splitlines() if x.startswith("kernels:"))
+    assert "no CUDA kernels are compiled" in line and "ORT_FLASH_CUDA_ARCHS" in line
+    assert line.endswith(".") and "pip install ." in line and "for \n" not in text
+
+
+def _fake_compile(job):
+    import time as _time
+    v, arch, cfg, _ = job
+    return dict(variant=v.name, arch=arch, cached=job[3] == "cached", stage_s={"cubin": 0.01},
+                at=_time.monotonic())
+
+
+def test_compile_pool_runs_longest_first_and_reports_progress(build, capsys):
+    """The build starts the costliest kernels first (so the last to finish are short and no core
+    idles at the end), skips cached ones, returns metas in job order, and prints one progress line
+    per compiled kernel (done / total, elapsed, estimate)."""
+    import compile_pool
+    from variants import all_variants, get_fwd_config
+
+    vs = [v for v in all_variants() if v.kind in ("fwd", "combine")][:40]
+    fresh = [i % 5 != 0 for i in range(len(vs))]
+    jobs = [(v, 80, get_fwd_config(80, v), "new" if f else "cached") for v, f in zip(vs, fresh)]
+    metas = compile_pool.compile_all(jobs, fresh, _fake_compile, 1)
+    assert [m["variant"] for m in metas] == [v.name for v in vs] and all(m is not None for m in metas)
+    ran = sorted((m["at"], compile_pool.estimated_cost(v, 80, jobs[i][2]))
+                 for i, (m, v) in enumerate(zip(metas, vs)) if fresh[i])
+    assert [c for _, c in ran] == sorted((c for _, c in ran), reverse=True)
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("aot: [")]
+    n = sum(fresh)
+    assert len(lines) == n and lines[-1].startswith(f"aot: [{n}/{n}]") and "elapsed, ~" in lines[0]
+    assert f"compiling {n} CUDA kernels ({len(jobs) - n} cached)" in err
+    assert compile_pool.available_cpus() >= 1
+
+
+def test_hot_variants_keep_their_code():
+    """The hot shapes (fp16/bf16 at exact head dims 64 and 128, every TMA variant, the combine
+    kernels) are compiled exactly as without merging: every combination, the same tiles, no
+    EDGE_LOOP; merged classes are the others only."""
+    v = _variants()
+    now = {x.name: x for x in v.all_variants()}
+    for x in v.all_combinations():
+        hot = x.kind in ("fwd_tma", "combine") or (x.dtype != "fp32" and x.head_dim in (64, 128) and x.even_d)
+        assert hot <= (x.name in now), x.name
+        if hot:
+            assert not v.edge_loop(x) and all(v.get_fwd_config(a, x) == v.get_fwd_config(a, now[x.name])
+                                              for a in (80, 90))
+        elif x.name in now:
+            assert v.edge_loop(x) and x.extras, x.name

@@ -77,6 +77,15 @@ CASES = [
     dict(tma=True, bm=16, bn=32, b=1, hq=2, hkv=1, sq=70, skv=75, d=64, causal=True, offset=5),
     dict(tma=True, bm=32, bn=16, b=1, hq=2, hkv=2, sq=45, skv=70, d=64, causal=True, offset=25, layout="bshd"),
     dict(bm=32, bn=32, b=1, hq=2, hkv=2, sq=70, skv=90, d=64),
+    # EDGE_LOOP (the superset variants of rare shapes, aot/variants.py edge_loop): the interior,
+    # then both boundary ranges through one loop: windows on both sides, offsets, masks, fp32.
+    dict(edge_loop=True, b=1, hq=2, hkv=2, sq=50, skv=90, d=64, window=(7, 3), softcap=5.0),
+    dict(edge_loop=True, b=1, hq=2, hkv=2, sq=20, skv=45, d=40, dv=24, causal=True, offset=25, mask="bool"),
+    dict(edge_loop=True, b=2, hq=2, hkv=1, sq=17, skv=29, d=64, dtype="float32", mask="add", lens=[20, 0]),
+    dict(edge_loop=True, kernel="decode", splits=3, b=1, hq=4, hkv=2, sq=5, skv=80, d=64, window=(20, 3),
+         softcap=4.0),
+    dict(edge_loop=True, kernel="decode", fused=True, splits=4, b=3, hq=4, hkv=1, sq=1, skv=96, d=64,
+         lens=[96, 17, 0], dtype="float32", mask="add"),
 ]
 
 
@@ -121,7 +130,7 @@ def check_case(case):
     from ort_flash.reference import attention_reference
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
                   lens=None, dtype="float16", kernel="fwd", splits=1, tma=False, layout="bhsd",
-                  nan_tail=False, bm=16, bn=16, fused=False), **case)
+                  nan_tail=False, bm=16, bn=16, fused=False, edge_loop=False), **case)
     rng = np.random.default_rng()
     b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
     dv = c["dv"] or d
@@ -172,7 +181,8 @@ def check_case(case):
     bm, bn = c["bm"], c["bn"]
     common = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bd, EVEN_D=(d == bd and dv == bd),
                   MASK_KIND=mask_kind, EXTRAS=extras,
-                  DOT_PRECISION="ieee" if c["dtype"] == "float32" else "tf32")
+                  DOT_PRECISION="ieee" if c["dtype"] == "float32" else "tf32",
+                  **({"EDGE_LOOP": True} if c["edge_loop"] else {}))
     fwd_only = dict(MASK_KEYS=True) if mask_keys else {}
     scalars = (hq, hq // hkv, sq, skv, d, dv, c["offset"], int(c["causal"]), c["window"][0],
                c["window"][1], skv, int(c["lens"] is not None), 1)
