@@ -43,7 +43,7 @@ TMA_HEAD_DIMS = (64, 128)
 # causal or not, any GQA group and offset. Every other call keeps the kinds above. GLUON_ENABLED
 # False builds no such cubin (the dispatch is then exactly the one without it). GLUON_MODULE is
 # the module under aot/ that build.py compiles it from (tests point it at a stand-in).
-GLUON_ENABLED = False
+GLUON_ENABLED = True
 GLUON_MODULE = "flash_fwd_gluon"
 GLUON_MIN_ARCH = 90
 GLUON_DTYPES = ("fp16", "bf16")
