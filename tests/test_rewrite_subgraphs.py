@@ -20,7 +20,9 @@ from onnx import TensorProto, helper
 
 import _subgraph_models as models
 from ort_flash.cli import main
-from ort_flash.rewriter import RewriteRefusedError, RewriteReport, matmul_softmax_attention, rewrite, shapes
+from ort_flash.rewriter import (
+    RewriteRefusedError, RewriteReport, matmul_softmax_attention, output_check, rewrite, shapes,
+)
 from ort_flash.rewriter.subgraphs import subgraphs
 from ort_flash.verify import verify
 from test_verify import needs_library
@@ -117,18 +119,24 @@ def test_value_info_of_the_original_is_kept_in_its_branch():
     assert list(branches["then_branch"].value_info) == []
 
 
-def _broken_rewrite(monkeypatch):
-    """Every eager-attention fusion emits a Transpose whose perm does not fit its input."""
+def _broken_rewrite(monkeypatch, op_type="Transpose"):
+    """Every eager-attention fusion emits a Transpose whose perm does not fit its input (ONNX
+    Runtime refuses it; onnx cannot tell, the fused op's output type being unknown to it), or
+    an op onnx does not know."""
     real = matmul_softmax_attention.MatMulSoftmaxAttention.rewrite
 
     def broken(self, op, **bindings):
-        return op.Transpose(real(self, op, **bindings), perm=[0, 1, 2, 3, 4])
+        return getattr(op, op_type)(real(self, op, **bindings), perm=[0, 1, 2, 3, 4])
 
     monkeypatch.setattr(matmul_softmax_attention.MatMulSoftmaxAttention, "rewrite", broken)
 
 
 @needs_library
-def test_gate_refuses_a_broken_rewrite(monkeypatch):
+@pytest.mark.parametrize("form", ["bytes", "path"])
+def test_gate_refuses_a_broken_rewrite(monkeypatch, form):
+    if form == "path":  # as for a model of more than PATH_FORM_BYTES: from a file, external data
+        monkeypatch.setattr(output_check, "PATH_FORM_BYTES", 0)
+        rewrite(models.merged_decoder())  # a good one passes that way too
     _broken_rewrite(monkeypatch)
     with pytest.raises(RewriteRefusedError) as refused:
         rewrite(models.loop_model())
@@ -159,3 +167,18 @@ def test_gate_accepts_a_good_rewrite_unchanged(tmp_path):
     assert main(["rewrite", str(source), "-o", str(out)]) == 0
     written = onnx.load(out)
     assert written == rewrite(str(source)).model
+
+
+def test_gate_without_the_library_checks_with_onnx_only(monkeypatch, caplog):
+    """A source tree not built: the checker still runs (and still refuses), ORT is skipped."""
+    import ort_flash
+
+    def missing(so=None):
+        raise FileNotFoundError("libort_flash.so not found")
+
+    monkeypatch.setattr(ort_flash, "session_options", missing)
+    assert rewrite(models.loop_model()).report.total_fused == 1
+    assert "was not loaded in ONNX Runtime: libort_flash.so not found" in caplog.text
+    _broken_rewrite(monkeypatch, "NoSuchOp")
+    with pytest.raises(RewriteRefusedError, match="fails onnx.checker"):
+        rewrite(models.loop_model())

@@ -8,11 +8,14 @@ inference (where inferred ``value_info`` that contradicts the graph is found); n
 A model with no CPU kernel for some node (float16 or bfloat16 ops, a CUDA-only contrib op) has
 passed those checks when ONNX Runtime says so, and is accepted. Where the input itself fails
 the checker (ops ONNX Runtime's optimizer writes into the ONNX domain, which onnx does not
-know), the checker cannot judge the output either, and ONNX Runtime alone does.
+know), the checker cannot judge the output either, and ONNX Runtime alone does. Where the
+ort_flash library itself cannot be loaded (a source tree not built), only the checker runs, with
+a warning.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -21,6 +24,7 @@ import onnx
 # Above this size the model is checked from a file (external data), as protobuf cannot hold
 # more than 2 GB and serializing a large model twice costs memory.
 PATH_FORM_BYTES = 256 << 20
+_log = logging.getLogger(__name__)
 
 
 class RewriteRefusedError(ValueError):
@@ -57,7 +61,11 @@ def _check(checked: onnx.ModelProto | str, source: bytes | str,
         if original is None or _passes_checker(original):
             raise RewriteRefusedError(f"the rewritten model fails onnx.checker: "
                                       f"{_first_line(e)}") from e
-    options = ort_flash.session_options()
+    try:
+        options = ort_flash.session_options()
+    except OSError as e:  # FileNotFoundError included: no library to load the fused op with
+        _log.warning("the rewritten model was not loaded in ONNX Runtime: %s", e)
+        return
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3  # the refusal below is the message; no ORT warnings
     try:
