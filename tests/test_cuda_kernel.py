@@ -366,7 +366,7 @@ GLUON_CASES = [
     dict(b=2, hq=4, hkv=2, sq=113, skv=203, d=128, causal=True, offset=90),
     dict(b=1, hq=8, hkv=2, sq=1000, skv=1000, d=128),
     dict(b=1, hq=8, hkv=2, sq=1000, skv=1000, d=64, causal=True),
-    dict(b=2, hq=6, hkv=1, sq=1000, skv=1300, d=128, causal=True, offset=300),
+    dict(b=1, hq=6, hkv=1, sq=1000, skv=1300, d=128, causal=True, offset=300),
     dict(b=1, hq=2, hkv=2, sq=17, skv=4000, d=128),
     dict(b=2, hq=8, hkv=2, sq=300, skv=333, d=64, layout="bshd"),
     dict(b=1, hq=2, hkv=1, sq=2100, skv=2101, d=128, causal=True, offset=1, layout="bshd"),
