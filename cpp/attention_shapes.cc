@@ -204,12 +204,12 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
     ORT_FLASH_RETURN_IF_ERROR(c.dim_eq(kNonpad, 0, r.batch, "batch"));
   }
 
-  // Mask: rank 2-4, right-aligned broadcast to (B, Hq, Sq, total); a shorter last dim is padded
-  // with -inf/false (ONNX Attention).
+  // Mask: rank 1-4, right-aligned broadcast to (B, Hq, Sq, total) (rank 1: one row of keys for
+  // every query, as ONNX Attention broadcasts it); a shorter last dim is padded with -inf/false.
   if (in[kMask].present && in[kMask].rank_known) {
     const auto& ms = in[kMask].shape;
-    if (ms.size() < 2 || ms.size() > 4) {
-      return c.fail(kMask, "has shape " + shape_str(ms) + "; expected rank 2 to 4, broadcastable to (B, Hq, Sq, total_kv)");
+    if (ms.size() < 1 || ms.size() > 4) {
+      return c.fail(kMask, "has shape " + shape_str(ms) + "; expected rank 1 to 4, broadcastable to (B, Hq, Sq, total_kv)");
     }
     r.mask_shape.assign(4 - ms.size(), 1);
     r.mask_shape.insert(r.mask_shape.end(), ms.begin(), ms.end());

@@ -55,8 +55,7 @@ BAD = [
     ("mask_head_axis", qkv(attn_mask=(BOOL, (1, 3, 5, 7))), {}, ["input 'attn_mask'", "does not broadcast", "q heads axis is 3, expected 1 or 4"], False),
     ("mask_batch_axis", qkv(attn_mask=(F32, (2, 1, 5, 7))), {}, ["input 'attn_mask'", "batch axis is 2, expected 1 or 1"], False),
     ("mask_key_axis_too_long", qkv(attn_mask=(F32, (5, 9))), {}, ["input 'attn_mask'", "key axis (9) is longer than the keys attended (7)"], False),
-    ("mask_rank_1", qkv(attn_mask=(BOOL, (7,))), {}, ["input 'attn_mask'", "expected rank 2 to 4"], True),
-    ("mask_rank_5", qkv(attn_mask=(F32, (1, 1, 1, 5, 7))), {}, ["input 'attn_mask'", "expected rank 2 to 4"], True),
+    ("mask_rank_5", qkv(attn_mask=(F32, (1, 1, 1, 5, 7))), {}, ["input 'attn_mask'", "expected rank 1 to 4"], True),
     # layouts
     ("3d_without_head_counts", qkv(q=(1, 5, 32), k=(1, 7, 32), v=(1, 7, 32)), {},
      ["3-D Q, K, V need the attributes q_num_heads and kv_num_heads"], True),

@@ -127,9 +127,8 @@ def _break(kind, case, feeds, attrs, data):
         feeds["attn_mask"] = np.zeros((1, 1), data.draw(st.sampled_from([np.int64, np.int32, _other_float(q.dtype)])))
         return ["input 'attn_mask'", "expected bool or"]
     if kind == "mask_rank":
-        rank = data.draw(st.sampled_from([1, 5]))
-        feeds["attn_mask"] = np.zeros((1,) * rank, bool)
-        return ["input 'attn_mask'", "expected rank 2 to 4"]
+        feeds["attn_mask"] = np.zeros((1,) * 5, bool)  # rank 1 broadcasts (ONNX Attention)
+        return ["input 'attn_mask'", "expected rank 1 to 4"]
     if kind == "past_rank":
         feeds["past_key"] = np.zeros((1, 1, q.shape[-1] if four_d else 4), q.dtype)
         feeds["past_value"] = np.zeros((1, 1, 1, 4), q.dtype)

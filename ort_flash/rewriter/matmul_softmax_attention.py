@@ -7,7 +7,7 @@
 #       Mul(Tanh(Div(S, c)), c) | —              [softcap: Gemma 2's soft-capping, c a constant]
 #       Add(S, A) | —                            [masks=2: a second additive term, e.g. T5's
 #                                                 relative position bias (1, H, Sq, Skv)]
-#       Add(S, M) | —                            [masks>=1: M rank 2-4, broadcasts to S]
+#       Add(S, M) | —                            [masks>=1: M rank 1-4, broadcasts to S]
 #       Cast(S, to = its own dtype) | —          [after any step above: softmax(scores.float())
 #                                                 in a float32 model; right before the Softmax
 #                                                 also float16/bfloat16 -> float32 when the tail
@@ -312,8 +312,8 @@ def check_mask(mask_dims: tuple | None, scores: tuple) -> None:
     rank = len(mask_dims)
     if rank > 4:
         fail(f"mask rank {rank} does not broadcast to (B, H, Sq, Skv)")
-    if rank < 2:
-        fail(f"mask rank {rank}: FlashAttention takes a mask of rank 2-4")
+    if rank < 1:
+        fail(f"mask rank {rank}: FlashAttention takes a mask of rank 1-4")
     for i, (m, s) in enumerate(zip(mask_dims, scores[4 - rank:])):
         if known_int(m) == 1 or same_dim(m, s):
             continue
