@@ -77,6 +77,10 @@ def test_rewritten_subgraph_model_loads_and_verifies_on_every_branch(case, infer
                    for f in cross), report.format_table()
     for key, infos in _value_info(result.model).items():  # nothing inferred left, anywhere
         assert infos.items() <= _value_info(original).get(key, {}).items(), key
+    given = dict(subgraphs(original.graph))
+    for key, graph in subgraphs(result.model.graph):  # every graph's interface as given
+        for field in ("input", "output"):
+            assert getattr(graph, field) == getattr(given[key], field), (key, field)
     assert RewriteReport.from_json(report.to_json()) == report
 
     checked = verify(original, result.model, seed=0, seq_len=5)  # loads it and runs each branch
