@@ -57,9 +57,6 @@ GAPS: list[tuple[str, dict, str]] = [
     ("masks", dict(families=("mistral",)),
      "causal_mask: the sliding-window term (key > query - 4096, Mistral's default "
      "sliding_window) is neither causal nor key padding; the op has window_left"),
-    ("masks", dict(families=("bart",), files=("decoder_model_merged",)),
-     "causal_mask: internal error in the check (StopIteration) on the cross-attention masks "
-     "inside the If branches"),
     ("masks", dict(families=("clip",)),
      "causal_mask: CLIP's text mask (causal + padding) is an Add of Select and Select, not modelled"),
 ]
