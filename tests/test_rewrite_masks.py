@@ -448,3 +448,26 @@ def test_triu_greater_scatternd_forms_verify_in_ort(build):
     assert result.report.fused[0].causal
     check = verify(model, result.model, seq_len=7, seed=0)
     assert check.passed, check.format_table()
+
+
+def mask_causal_plus_padding(g):  # CLIP: Where(causal, 0, min) + Where(padding, 0, min): -inf
+    causal = g.op("Where", _causal(g), g.const(0.0, np.float32), g.const(FMIN, np.float32))
+    return g.op("Add", causal, g.op("Where", _padding(g), g.const(0.0, np.float32),
+                                    g.const(FMIN, np.float32)))
+
+
+def test_hidden_values_summed_to_minus_inf_are_merged_only_when_asked():
+    """min + min = -inf where both hide a key: one hidden value (min) is the same function in
+    every row that keeps a visible key; only exact_masked_rows=False merges them."""
+    from ort_flash.verify import verify
+
+    model = masked_model(mask_causal_plus_padding)
+    exact = rewrite(model)
+    node = exact.report.fused[0].fused_node
+    assert "several values" in exact.report.declined[node]["causal_mask"]
+    result = rewrite(model, exact_masked_rows=False)
+    (entry,) = result.report.fused
+    assert (entry.causal, entry.mask) == (True, "additive (B,1,1,Skv)")
+    assert "several mask values" in entry.note
+    check = verify(model, result.model, seq_len=7, seed=0)  # right padding: every row keeps a key
+    assert check.passed, check.format_table()

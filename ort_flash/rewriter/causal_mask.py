@@ -42,6 +42,8 @@ from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.refinement import Refinement, attr, fail, flash_pattern
 
 FAMILY = "causal_mask"
+NOTE_MERGED = ("hidden keys had several mask values (min and -inf), now one: equal except at query "
+               "rows with no visible key, where the original averages over some keys")
 NOTE = ("causal + key padding with a finite mask value: equal except at query rows whose every "
         "visible key is padding (left-padded positions), where the original averages over all keys")
 
@@ -91,7 +93,12 @@ class CausalMask(Refinement):
             if c is not None and not (c == int(c) and abs(c) <= 256):  # Equal sees the same
                 fail(f"padding compared with {c:g}, which not every float type holds exactly")
         note = ""
-        if form.causal and form.padding is not None and form.additive and np.isfinite(form.masked_value):
+        if form.merged and np.isfinite(form.masked_value):
+            if self.exact_masked_rows:
+                fail("the mask hides keys with several values (e.g. min and -inf): rows with no "
+                     "visible key differ (exact_masked_rows=True)")
+            note = NOTE_MERGED
+        elif form.causal and form.padding is not None and form.additive and np.isfinite(form.masked_value):
             if self.exact_masked_rows:
                 fail("causal + key padding with a finite mask value differs in fully masked rows "
                      "(exact_masked_rows=True)")

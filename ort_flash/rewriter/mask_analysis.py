@@ -32,13 +32,13 @@ import onnx_ir as ir
 import sympy as sp
 
 from ort_flash.rewriter.mask_domain import (
-    All, AnyOf, Eq, Le, Not, Nonzero, Select, Unprovable, aff_index, broadcast_to, equal, is_pred,
+    MIN_MASKED, All, AnyOf, Eq, Le, Not, Nonzero, Select, Unprovable, aff_index, broadcast_to,
+    equal, is_pred,
 )
 from ort_flash.rewriter.mask_eval import Evaluator
 
 __all__ = ["MIN_MASKED", "MaskForm", "Unprovable", "analyze_mask"]
 
-MIN_MASKED = -1.0e4  # an additive mask value at or below this hides a key (exp underflows to 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,7 @@ class MaskForm:
     additive: bool  # an additive float mask (else bool)
     masked_value: float  # the additive value of hidden keys (-inf for bool)
     padding_equals: float | None = None  # visible where padding == this (None: where != 0)
+    merged: bool = False  # several hidden values merged (see mask_domain.Select.merged)
 
 
 def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
@@ -61,7 +62,8 @@ def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
         raise Unprovable(f"mask rank {len(av.dims)}")
     c = broadcast_to(av, scores_dims)
     if isinstance(c, Select) and c.a != 0.0 and c.b == 0.0:  # Where(hidden, c, 0)
-        c = Select(Not(c.pred), 0.0, c.a)
+        c = Select(Not(c.pred), 0.0, c.a, c.merged)
+    merged = isinstance(c, Select) and c.merged
     if isinstance(c, Select):
         if c.a != 0.0:
             raise Unprovable(f"the mask's value for visible keys is {c.a}, not 0")
@@ -96,7 +98,7 @@ def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
             continue
         raise Unprovable(f"the mask has a term that is neither causal nor key padding ({_text(term)})")
     return MaskForm(causal=causal, padding=padding, additive=additive, masked_value=masked,
-                    padding_equals=equals)
+                    padding_equals=equals, merged=merged)
 
 
 def _conjuncts(pred) -> list:

@@ -8,14 +8,18 @@ those predicates (at most four: comparisons and lookups, And / Or / Not evaluate
 boolean results, the predicate) that gives them, in the smallest form that this module can name
 (a literal, a conjunction, a disjunction, else a sum of minterms). An assignment that no element
 can have is evaluated too, so the result is right for every element whatever the predicates'
-dependence; it is only less often two-valued.
+dependence; it is only less often two-valued. Where the results are one visible value and several
+hidden ones (<= MIN_MASKED: CLIP's causal min + padding min = -inf), the hidden ones become the
+largest of them, marked ``merged``: equal in every row that keeps a visible key.
 """
 
 from __future__ import annotations
 
 import itertools
 
-from ort_flash.rewriter.mask_domain import TRUE, All, AnyOf, Not, Select, is_const, is_pred
+from ort_flash.rewriter.mask_domain import (
+    MIN_MASKED, TRUE, All, AnyOf, Not, Select, is_const, is_pred,
+)
 
 _MAX_VARIABLES = 4
 
@@ -41,13 +45,21 @@ def combine(fn, *args):
     results = list(dict.fromkeys(table.values()))
     if all(isinstance(r, bool) for r in results):
         return _pred([b for b, r in table.items() if r], variables)
-    if len(results) > 2 or any(isinstance(r, bool) for r in results):
+    if any(isinstance(r, bool) for r in results):
+        return None
+    merged = any(isinstance(a, Select) and a.merged for a in args)
+    visible = [r for r in results if not r <= MIN_MASKED]
+    if len(results) > 2 and len(visible) == 1:  # several hidden values (min + min = -inf)
+        hidden = max(r for r in results if r <= MIN_MASKED)
+        table = {b: (r if r in visible else hidden) for b, r in table.items()}
+        results, merged = [visible[0], hidden], True
+    if len(results) > 2:
         return None
     first = results[0]
     if len(results) == 1:
-        return Select(TRUE, float(first), float(first))
+        return Select(TRUE, float(first), float(first), merged)
     return Select(_pred([b for b, r in table.items() if r == first], variables), float(first),
-                  float(results[1]))
+                  float(results[1]), merged)
 
 
 def _atoms(p) -> list:

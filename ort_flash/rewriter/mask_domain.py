@@ -108,6 +108,12 @@ class Select:
     pred: Any
     a: float
     b: float
+    # hidden keys had several mask values (causal min + padding min = -inf), merged into ``b``
+    # (or ``a``): equal wherever a row keeps a visible key, not in rows that have none
+    merged: bool = False
+
+
+MIN_MASKED = -1.0e4  # an additive mask value at or below this hides a key (exp underflows to 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +205,7 @@ def remap(c, mapping: list, rank: int):
     if isinstance(c, Not):
         return Not(remap(c.term, mapping, rank))
     if isinstance(c, Select):
-        return Select(remap(c.pred, mapping, rank), c.a, c.b)
+        return dataclasses.replace(c, pred=remap(c.pred, mapping, rank))
     raise Unprovable(f"cannot re-index a {type(c).__name__}")
 
 
@@ -233,7 +239,7 @@ def shift(c, by: list):
     if isinstance(c, Not):
         return Not(shift(c.term, by))
     if isinstance(c, Select):
-        return Select(shift(c.pred, by), c.a, c.b)
+        return dataclasses.replace(c, pred=shift(c.pred, by))
     raise Unprovable(f"cannot slice a {type(c).__name__}")
 
 

@@ -78,7 +78,7 @@ class Evaluator:
             if isinstance(c, Select):
                 dtype = to.numpy()
                 return AV(x.dims, Select(c.pred, float(np.array(c.a).astype(dtype)),
-                                         float(np.array(c.b).astype(dtype))))
+                                         float(np.array(c.b).astype(dtype)), c.merged))
         elif isinstance(c, (Aff, Vec, Val)):
             return x
         raise Unprovable(f"Cast of a {type(c).__name__} to {to} is not modelled")
@@ -291,9 +291,9 @@ class Evaluator:
                 return AV(dims, Aff(other.const * const.const, tuple(c * const.const for c in other.coefs)))
         if isinstance(a, Select) and isinstance(b, Select):
             if b.pred == TRUE and b.a == b.b:
-                return AV(dims, Select(a.pred, fl(fn, a.a, b.a), fl(fn, a.b, b.a)))
+                return AV(dims, Select(a.pred, fl(fn, a.a, b.a), fl(fn, a.b, b.a), a.merged))
             if a.pred == TRUE and a.a == a.b:
-                return AV(dims, Select(b.pred, fl(fn, a.a, b.a), fl(fn, a.a, b.b)))
+                return AV(dims, Select(b.pred, fl(fn, a.a, b.a), fl(fn, a.a, b.b), b.merged))
         value = mask_values.arith(node.op_type, a, b)
         if value is None and isinstance(a, Select) and isinstance(b, Select):
             value = combine(lambda p, q: fl(fn, p, q), a, b)
