@@ -1,10 +1,11 @@
 """Rule tables for the mask, GQA and node-level rules on small hand-built graphs.
 
 Masks as exporters spell them (Trilu on ones, Range + Less, a constant table, key padding with
-bool or additive values) must become ``is_causal`` and/or a (B, 1, 1, S) mask; look-alikes
-(a shifted diagonal, a sliding window, a mask value that does not hide, query-axis padding) must
-keep their mask, with the reason in the report. Every rewritten graph is evaluated with
-onnx.reference (FlashAttention = the package's reference attention) against the original.
+bool or additive values, a sliding window) must become ``is_causal`` (and ``left_window_size``)
+and/or a (B, 1, 1, S) mask; look-alikes (a shifted diagonal, a mask value that does not hide,
+query-axis padding) must keep their mask, with the reason in the report. Every rewritten graph is
+evaluated with onnx.reference (FlashAttention = the package's reference attention) against the
+original.
 """
 
 from __future__ import annotations
@@ -228,12 +229,12 @@ MAPPED = [
     ("padding_inverted_masked_fill", mask_inverted_masked_fill, "S",
      (False, "additive (B,1,1,Skv)")),
     ("triu_times_greater", mask_triu_greater, "S", (True, "none")),
+    ("sliding_window", mask_window, "S", (True, "none, left window 2")),
     ("scatternd_padding_of_ones", mask_scatternd_ones, "S", (True, "none")),
 ]
 # id, mask builder, reason substring
 KEPT = [
     ("shifted_diagonal", mask_shifted, "causal window is offset by 1"),
-    ("sliding_window", mask_window, "neither causal nor key padding"),
     ("mask_value_too_small", mask_small_value, "not a mask value"),
     ("query_axis_padding", mask_query_padding, "neither causal nor key padding"),
     ("padding_times_min", mask_inverted_product, "input's values is not modelled"),
@@ -470,4 +471,16 @@ def test_hidden_values_summed_to_minus_inf_are_merged_only_when_asked():
     assert (entry.causal, entry.mask) == (True, "additive (B,1,1,Skv)")
     assert "several mask values" in entry.note
     check = verify(model, result.model, seq_len=7, seed=0)  # right padding: every row keeps a key
+    assert check.passed, check.format_table()
+
+
+def test_sliding_window_runs_as_the_ops_left_window_in_ort():
+    from ort_flash.verify import verify
+
+    model = masked_model(mask_window)
+    result = rewrite(model)
+    (node,) = [n for n in result.model.graph.node if n.op_type == "FlashAttention"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["is_causal"], attrs["left_window_size"]) == (1, 2)
+    check = verify(model, result.model, seq_len=7, seed=0)
     assert check.passed, check.format_table()

@@ -14,7 +14,8 @@
 #
 #   P = Where(Unsqueeze(m != 0, [1, 2]), 0, c) (B, 1, 1, Skv)   [additive; bool: the Unsqueeze]
 #   Y = ort_flash.FlashAttention(Q, K, V[, P][ + A][, past_k, past_v],
-#                                is_causal = (j <= i + offset) in M)
+#                                is_causal = (j <= i + offset) in M
+#                                [, left_window_size = W where M has j >= i + offset - W])
 #
 # The causal term must have the op's offset: 0 without a past, the past length (past_k's axis 2)
 # with one (query i of a cached step is position past + i: bottom-right). Skv counts the past
@@ -63,6 +64,8 @@ class CausalMask(Refinement):
     def analyze(self, context, node, q, k, v, mask, **_):
         if attr(node, "is_causal", 0):
             fail("the node is already causal")
+        if attr(node, "left_window_size", -1) != -1 or attr(node, "right_window_size", -1) != -1:
+            fail("the node already has a window")
         if len(node.inputs) > 6 and node.inputs[6] is not None:
             fail("the node has a nonpad_kv_seqlen input")
         past = node.inputs[4] if len(node.inputs) > 4 else None
@@ -150,10 +153,14 @@ class CausalMask(Refinement):
                 _name(new_mask, prefix + "bias_and_padding")
                 new_mask.type = ir.TensorType(plan["dtype"])
                 text = "additive bias + " + text
+        attrs = {"is_causal": int(form.causal)}
+        if form.left_window is not None:
+            attrs["left_window_size"] = form.left_window
+            text += f", left window {form.left_window}"
         report = {"causal": form.causal, "mask": text}
         if plan["note"]:
             report["note"] = plan["note"]
-        return self.emit(op, node, {"attn_mask": new_mask}, {"is_causal": int(form.causal)}, report)
+        return self.emit(op, node, {"attn_mask": new_mask}, attrs, report)
 
 
 def rules(*, exact_masked_rows: bool = False) -> list[CausalMask]:

@@ -19,7 +19,7 @@ is proven, never assumed from example sizes. Any op or form outside the domain r
 ``Unprovable`` with the reason; the caller keeps the mask as it is.
 
 ``analyze_mask`` then reads the final formula, aligned to the scores (B, H, Sq, Skv), as a
-conjunction of: causal (``x3 <= x2``), key padding (``m[x0, x3] != 0``, or ``m[x0, x3] == c``,
+conjunction of: causal (``x3 <= x2``), a left window (``x3 >= x2 - W``), key padding (``m[x0, x3] != 0``, or ``m[x0, x3] == c``,
 for a rank-2 graph input ``m`` of dims (B, Skv)), and terms that are always true.
 """
 
@@ -50,6 +50,7 @@ class MaskForm:
     masked_value: float  # the additive value of hidden keys (-inf for bool)
     padding_equals: float | None = None  # visible where padding == this (None: where != 0)
     merged: bool = False  # several hidden values merged (see mask_domain.Select.merged)
+    left_window: int | None = None  # keys at most this many positions before the query's
 
 
 def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
@@ -79,12 +80,16 @@ def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
                 "Aff": "an integer index tensor"}.get(
             type(c).__name__, f"a {type(c).__name__}")
         raise Unprovable(f"the mask is {what}, not a choice between visible and hidden keys")
-    causal, padding, equals = False, None, None
+    causal, padding, equals, window = False, None, None, None
     for term in _conjuncts(pred):
         if isinstance(term, Le) and _always_true(term):
             continue
         if isinstance(term, Le) and _is_causal(term, causal_offset):
             causal = True
+            continue
+        w = _left_window(term, causal_offset) if isinstance(term, Le) else None
+        if w is not None:
+            window = w if window is None else min(window, w)
             continue
         if isinstance(term, Le) and _is_causal(term, -term.const):
             raise Unprovable(f"the mask's causal window is offset by {-term.const} (key <= query + "
@@ -98,7 +103,7 @@ def analyze_mask(mask: ir.Value, scores_dims: tuple, graph_inputs: set[str], *,
             continue
         raise Unprovable(f"the mask has a term that is neither causal nor key padding ({_text(term)})")
     return MaskForm(causal=causal, padding=padding, additive=additive, masked_value=masked,
-                    padding_equals=equals, merged=merged)
+                    padding_equals=equals, merged=merged, left_window=window)
 
 
 def _conjuncts(pred) -> list:
@@ -150,6 +155,16 @@ def _is_causal(le: Le, offset) -> bool:
     c = le.coefs
     return (equal(c[0], 0) and equal(c[1], 0) and equal(c[2], -1) and equal(c[3], 1)
             and equal(le.const, -sp.sympify(offset)))
+
+
+def _left_window(le: Le, offset) -> int | None:
+    """W for x2 - x3 + c <= 0 (key j >= query i + c) with c = offset - W, W a number >= 0: the
+    op's left_window_size (pos - j <= W, pos = i + offset; Mistral's sliding window)."""
+    c = le.coefs
+    if not (equal(c[0], 0) and equal(c[1], 0) and equal(c[2], 1) and equal(c[3], -1)):
+        return None
+    w = sp.simplify(sp.sympify(offset) - le.const)
+    return int(w) if w.is_Integer and w >= 0 else None
 
 
 def _text(term) -> str:
