@@ -21,8 +21,8 @@ a failure until its line here is removed. The float32 exports with the attention
 picks (sdpa where it has it) run by default; eager attention and float16 on the CPU are ``slow``;
 the float16 files run on CUDA in the GPU suite (``gpu``). The export failures Optimum itself has
 are skipped with its message (recorded by ``models.optimum_family``). ``verify`` runs a merged
-decoder once per ``use_cache_branch`` value and ViT/CLIP with their (B, 3, 32, 32) pixel_values
-(``models.optimum_coverage.verify_pairs``). The first run builds the pinned environment and
+decoder once per ``use_cache_branch`` value, and ViT/CLIP with their (B, 3, 32, 32) pixel_values
+(``shapes``). The first run builds the pinned environment and
 exports what the model cache lacks (minutes); the cache makes later runs quick.
 """
 
@@ -36,7 +36,9 @@ import onnx
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
-from models.optimum_coverage import compact, count_sites, load_error, verify_pairs  # noqa: E402
+from models.optimum_coverage import (  # noqa: E402
+    branches, compact, count_sites, load_error, verify_options,
+)
 from models.optimum_family import (  # noqa: E402
     ExportFailure, OptimumSpec, attention_sites, export, export_all, specs,
 )
@@ -157,9 +159,10 @@ def test_cache_is_the_ops_past(spec, name, rewritten):
 @pytest.mark.parametrize("spec, name", list(_params("verify")))
 def test_same_function(spec, name, rewritten):
     model, result = rewritten(spec, name)
-    for original, fast in verify_pairs(model, result.model, spec):
-        check = verify(original, fast, seed=0)
-        assert check.passed, check.format_table()
+    check = verify(model, result.model, seed=0, **verify_options(spec))
+    assert check.passed, check.format_table()
+    # a merged decoder: each use_cache_branch value ran (each If branch)
+    assert branches(check) == (2 if name == "decoder_model_merged" else 1), check.format_table()
 
 
 @pytest.mark.parametrize("spec, name", list(_params("verify", gpu=True)))
@@ -175,10 +178,9 @@ def test_rewritten_on_cuda(spec, name):
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     for exact in (True, False):
         result = rewrite(model, exact_masked_rows=exact)
-        for original, fast in verify_pairs(model, result.model, spec):
-            check = verify(original, fast, providers=providers, seed=2)
-            assert check.passed, check.format_table()
-            assert check.rewritten_providers[0] == "CUDAExecutionProvider"
+        check = verify(model, result.model, providers=providers, seed=2, **verify_options(spec))
+        assert check.passed, check.format_table()
+        assert check.rewritten_providers[0] == "CUDAExecutionProvider"
 
 
 def test_a_failed_export_is_recorded_and_not_retried(tmp_path, monkeypatch):
