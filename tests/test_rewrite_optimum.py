@@ -56,11 +56,6 @@ GAPS: list[tuple[str, dict, str]] = [
     ("fused", dict(families=("gpt2", "distilbert"), attn="eager"), _NOT_FUSED),
     ("masks", dict(families=("gpt2",), attn="eager"), "not fused: " + _NOT_FUSED),
     ("cache", dict(families=("gpt2",), attn="eager", past=True), "not fused: " + _NOT_FUSED),
-    ("masks", dict(families=("mistral",)),
-     "causal_mask: the sliding-window term (key > query - 4096, Mistral's default "
-     "sliding_window) is neither causal nor key padding; the op has window_left"),
-    ("masks", dict(families=("clip",)),
-     "causal_mask: CLIP's text mask (causal + padding) is an Add of Select and Select, not modelled"),
 ]
 
 
