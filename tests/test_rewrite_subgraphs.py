@@ -186,3 +186,10 @@ def test_gate_without_the_library_checks_with_onnx_only(monkeypatch, caplog):
     _broken_rewrite(monkeypatch, "NoSuchOp")
     with pytest.raises(RewriteRefusedError, match="fails onnx.checker"):
         rewrite(models.loop_model())
+
+
+def test_fp32_precision_reaches_the_fused_nodes_in_subgraphs():
+    out = rewrite(models.merged_decoder(), fp32_precision="tf32").model
+    flash = [n for _, g in subgraphs(out.graph) for n in g.node if n.op_type == "FlashAttention"]
+    assert len(flash) == 4
+    assert all(helper.get_node_attr_value(n, "fp32_precision") == b"tf32" for n in flash)

@@ -123,7 +123,7 @@ def rewrite(
     if count:
         _ensure_opset(out, flash_op.DOMAIN, flash_op.VERSION)
     if fp32_precision != "ieee":
-        for node in out.graph.node:
+        for node in (n for _, graph in subgraphs(out.graph) for n in graph.node):
             if node.domain == flash_op.DOMAIN and node.op_type == flash_op.OP_TYPE:
                 node.attribute.append(onnx.helper.make_attribute("fp32_precision", fp32_precision))
     check_output(out, original)
