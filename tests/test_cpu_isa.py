@@ -40,7 +40,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 import ort_flash._C as C
 from cases import CASES, case_id, run_case
-from test_cpu_op import run_interval_mask_case
+from test_cpu_op import TIES, run_interval_mask_case, test_output_rounds_to_nearest_even
 names = set(json.loads(sys.argv[1]))
 picked = [c for c in CASES if c["name"] in names]
 assert {{c["name"] for c in picked}} == names, "unknown case names"
@@ -50,6 +50,9 @@ ran = [case_id(c) for c in picked]
 for args in json.loads(sys.argv[2]):
     run_interval_mask_case(*args)
     ran.append("interval_mask-" + "-".join(map(str, args)))
+for dtype in TIES:  # the vector fp16 / bf16 stores of this build round ties to even
+    test_output_rounds_to_nearest_even(dtype)
+    ran.append("rounds_to_nearest_even-" + dtype)
 print(json.dumps({{"isa": C.cpu_isa(), "ran": ran}}))
 """
 
@@ -82,7 +85,7 @@ def test_cases_under_isa(isa):
     assert proc.returncode == 0, f"ORT_FLASH_CPU_ISA={isa}:\n{proc.stderr[-4000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["isa"] == isa
-    assert len(result["ran"]) >= len(SUBSET) + len(MASK_SUBSET)
+    assert len(result["ran"]) >= len(SUBSET) + len(MASK_SUBSET) + 2
 
 
 def test_default_is_the_widest_supported():

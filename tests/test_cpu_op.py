@@ -28,7 +28,8 @@ TIES = {  # dtype: [(v0, v1, expected), ...] with ulp(1) = 2^-10 (fp16) or 2^-7 
 
 @pytest.mark.parametrize("dtype", TIES)
 def test_output_rounds_to_nearest_even(dtype):
-    ties = TIES[dtype]
+    # 37 output columns: the vector stores (16 / 8 / 4 lanes by ISA build) and the scalar tail.
+    ties = (TIES[dtype] * 13)[:37]
     dt = DTYPES[dtype]
     q = np.zeros((1, 1, 1, 8), dt)
     k = np.ones((1, 1, 2, 8), dt)
