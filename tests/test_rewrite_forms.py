@@ -24,12 +24,14 @@ F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
 def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None,
-                scale="constant", head_dim=D, softcap=None) -> onnx.ModelProto:
+                scale="constant", head_dim=D, softcap=None, fill=None) -> onnx.ModelProto:
     """MatMul(q, kᵀ) → Div → [Add(bias)] → Add(mask) → Softmax → [Cast(tail)] → MatMul(v), with
     ``casts`` (position, to) inserted: positions "qk" (after the MatMul), "scaled" (after the
     Div), "bias" (after the bias Add), "masked" (right before the Softmax). ``scale="shape"``
     divides by Sqrt(Cast(Shape(q)[3])) instead of a constant (``head_dim`` may be a name).
-    ``softcap=(a, b)`` adds Mul(Tanh(Div(scores, a)), b) after the scale."""
+    ``softcap=(a, b)`` adds Mul(Tanh(Div(scores, a)), b) after the scale; ``fill=(side, c)``
+    a masked_fill before the mask: Where(keep, S, c) ("keep") or Where(hide, c, S) ("hide"),
+    the condition Greater(pick, 0) of a float input pick (B, 1, S, S)."""
     g = Graph()
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     where = dict(casts)
@@ -49,6 +51,11 @@ def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None,
         a, b = softcap
         scores = g.op("Mul", g.op("Tanh", g.op("Div", scores, g.const(a, np_dtype))),
                       g.const(b, np_dtype))
+    if fill is not None:
+        side, c = fill
+        cond = g.op("Greater", "pick", g.const(0.0, np.float32))
+        c = g.const(c, np_dtype)
+        scores = g.op("Where", cond, scores, c) if side == "keep" else g.op("Where", cond, c, scores)
     if bias:
         scores = cast(g.op("Add", scores, "bias"), "bias")
     scores = cast(g.op("Add", scores, "mask"), "masked")
@@ -61,6 +68,8 @@ def eager_model(*, dtype=F32, bias=False, casts=(), tail=None, mask_dtype=None,
     inputs.append(info("mask", ["B", 1, 1, "S"], mask_dtype or dtype))
     if bias:
         inputs.append(info("bias", [1, H, "S", "S"]))
+    if fill is not None:
+        inputs.append(info("pick", ["B", 1, "S", "S"], F32))
     output = info("y", ["B", H, "S", head_dim], dtype if tail is None else tail)
     graph = helper.make_graph(g.nodes, "eager", inputs, [output], g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -143,6 +152,40 @@ def test_softcap_that_is_not_the_ops_kept(cap, reason):
     assert result.report.total_fused == 0
     (unfused,) = result.report.unfused
     assert reason in unfused.reason, unfused.reason
+
+
+# ---------------------------------------------------------------- masked_fill
+
+
+@pytest.mark.parametrize("side", ["keep", "hide"])
+def test_masked_fill_with_float32_min_becomes_an_additive_mask(side):
+    """Where(keep, S, min) then + mask: exact, fully hidden rows included (s + min == min in
+    float32), which random conditions over 7 keys produce now and then."""
+    model = eager_model(fill=(side, float(np.finfo(np.float32).min)))
+    result = _fused_and_verified(model, {"Greater": 1, "Constant": 2, "Where": 1, "Add": 1, "FlashAttention": 1})
+    assert "fill" in result.report.fused[0].variant
+
+
+def test_masked_fill_with_minus_inf_fuses():
+    model = eager_model(fill=("keep", -np.inf))
+    result = rewrite(model)
+    assert result.report.total_fused == 1
+    # rows with a visible key agree (a fully hidden row is NaN in the original, 0 in the op)
+    from onnx_reference import run_reference
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((2, H, 5, D)).astype(np.float32) for n in "qkv"}
+    feeds["mask"] = np.zeros((2, 1, 1, 5), np.float32)
+    feeds["pick"] = rng.standard_normal((2, 1, 5, 5)).astype(np.float32)
+    feeds["pick"][..., 0] = 1.0
+    np.testing.assert_allclose(run_reference(result.model, feeds)[0], run_reference(model, feeds)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_masked_fill_with_float16_min_is_kept():
+    result = rewrite(eager_model(dtype=F16, fill=("keep", -65504.0)))
+    assert result.report.total_fused == 0
+    (unfused,) = result.report.unfused
+    assert "does not absorb the scores" in unfused.reason, unfused.reason
 
 
 # ---------------------------------------------------------------- a scale computed from the shape

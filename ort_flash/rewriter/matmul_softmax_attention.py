@@ -5,6 +5,9 @@
 #   └─► MatMul(Q, Kᵀ) ─────────────────────────► S (B, Hq, Sq, Skv)
 #       Mul(S, c) | Div(S, c) | —                [scale="mul" | "div" | None; c a constant scalar]
 #       Mul(Tanh(Div(S, c)), c) | —              [softcap: Gemma 2's soft-capping, c a constant]
+#       Where(keep, S, f) | Where(hide, f, S) | — [fill: eager masked_fill, f = float32 min or
+#                                                 -inf; becomes the additive Where(keep, 0, f)
+#                                                 (masked_fill.py says why that is exact)]
 #       Add(S, A) | —                            [masks=2: a second additive term, e.g. T5's
 #                                                 relative position bias (1, H, Sq, Skv)]
 #       Add(S, M) | —                            [masks>=1: M rank 1-4, broadcasts to S]
@@ -37,7 +40,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
-from ort_flash.rewriter import flash_op, shape_scalar
+from ort_flash.rewriter import flash_op, masked_fill, shape_scalar
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dim_text, dims, known_int, report_int, same_dim
@@ -54,11 +57,12 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     family = FAMILY
 
     def __init__(self, *, scale: str | None, masks: int, upcast: bool = False,
-                 softcap: bool = False) -> None:
+                 softcap: bool = False, fill: bool = False) -> None:
         self.variant = (f"scale={scale or 'none'},masks={masks}" + (",upcast" if upcast else "")
-                        + (",softcap" if softcap else ""))
+                        + (",softcap" if softcap else "") + (",fill" if fill else ""))
         super().__init__(name=f"{self.family}[{self.variant}]")
         self.scale_op, self.masks, self.upcast, self.softcap = scale, masks, upcast, softcap
+        self.fill = fill
         # Softmax node -> (number of matched nodes, reason) for matches whose check failed.
         self.failures: dict[ir.Node, tuple[int, str]] = {}
         self.fused: list[FusedSubgraph] = []
@@ -74,10 +78,12 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             scores = op.Div(scores, scale)
         return scores
 
-    def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero, cap, cap_out):
+    def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero, cap, cap_out, cond, fill):
         scores = maybe_cast(op, self.qk_pattern(op, q, kt, scale, scale_k), "cast_scaled")
         if self.softcap:  # Gemma 2: scores = tanh(scores / c) * c
             scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap_out)
+        if self.fill:  # eager masked_fill: Where(keep, S, c) | Where(hide, c, S)
+            scores = masked_fill.fill_pattern(op, scores, cond, fill)
         if self.upcast:
             scores = op.Cast(scores, to=ir.DataType.FLOAT)
         if self.masks >= 2:
@@ -94,7 +100,7 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     # ---- check
 
     def check(self, context, q, kt, v, scale=None, scale_k=None, bias=None, mask=None, zero=None,
-              tail="none", cap=None, cap_out=None, **_):
+              tail="none", cap=None, cap_out=None, cond=None, fill=None, fill_side="keep", **_):
         nodes = list(context.nodes)
         softmax = next(n for n in nodes if n.op_type == "Softmax")
         try:
@@ -102,6 +108,11 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
                                        mask, zero, tail)
             if self.softcap:
                 self._plan["softcap"] = softcap_value(cap, cap_out)
+            if self.fill:
+                self._plan["fill"] = (masked_fill.fill_value(cond, fill), fill_side)
+                check_mask(dims(cond), dims(softmax.inputs[0]))
+                self._plan["mask"] = ("additive " + shape_text(cond) + (
+                    "" if mask is None else " + " + self._plan["mask"].split(" ", 1)[1]))
         except Exception as e:  # noqa: BLE001 - a bug in a check must decline, not crash
             e = as_failure(e)
             best = self.failures.get(softmax)
@@ -162,8 +173,18 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
 
     # ---- rewrite
 
-    def rewrite(self, op, q, kt, v, bias=None, mask=None, **_):
+    def rewrite(self, op, q, kt, v, bias=None, mask=None, cond=None, **_):
         plan, self._plan = self._plan, None
+        if "fill" in plan:
+            c, side = plan["fill"]
+            filled = masked_fill.fill_mask(op, cond, c, side, q.dtype, plan["scope"] + "FlashAttention_")
+            if mask is not None:
+                shape = masked_fill.broadcast_shape(filled.shape, mask.shape)
+                mask_type, filled = mask.type, op.Add(filled, mask)
+                filled.producer().name = f"{plan['scope']}FlashAttention_fill_and_mask"
+                filled.name = f"{plan['scope']}FlashAttention_fill_and_mask_output_0"
+                filled.type, filled.shape = mask_type, shape
+            mask = filled
         key = plan["key"]
         if plan["key_perm"] is not None:
             source_dims = dims(key)
@@ -208,8 +229,9 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
 
 def rules() -> list[MatMulSoftmaxAttention]:
     """Every variant, longest chains first (so two-mask chains are not split)."""
-    return [MatMulSoftmaxAttention(scale=s, masks=m, softcap=c)
-            for c, m, s in itertools.product((True, False), (2, 1, 0), ("mul", "div", None))]
+    return [MatMulSoftmaxAttention(scale=s, masks=m, softcap=c, fill=f)
+            for f, c, m, s in itertools.product((True, False), (True, False), (2, 1, 0),
+                                                ("mul", "div", None))]
 
 
 def softcap_value(cap: ir.Value | None, cap_out: ir.Value | None) -> float:

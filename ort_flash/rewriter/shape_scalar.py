@@ -92,6 +92,12 @@ def _slice(node, data, starts, ends, axes=None, steps=None):
     return data[tuple(index)]
 
 
+def _constant_of_shape(node, shape):
+    attr = node.attributes.get("value")
+    fill = attr.as_tensor().numpy().reshape(-1)[0] if attr is not None else np.float32(0)
+    return np.full([int(d) for d in shape], fill, dtype=np.asarray(fill).dtype)
+
+
 def _axes(node, axes):
     return tuple(int(a) for a in (axes if axes is not None else _attr(node, "axes", [])))
 
@@ -113,4 +119,5 @@ _OPS = {
     "Unsqueeze": lambda node, x, axes=None: np.expand_dims(x, _axes(node, axes)),
     "Reshape": lambda node, x, shape: x.reshape([int(s) for s in shape]),
     "Concat": lambda node, *xs: np.concatenate(xs, axis=_attr(node, "axis", 0)),
+    "ConstantOfShape": _constant_of_shape,
 }
