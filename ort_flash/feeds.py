@@ -6,8 +6,9 @@ Sizes: axis 0 of every input is the batch, a named dim whose name contains "past
 length) is ``past_len``, every other dim is ``seq_len``; the same name gets the same size
 everywhere, and a dim named by an expression of other names ("past_sequence + sequence", the
 attention mask of a cached decoding step) gets its value. An image input (rank 4, feeding a
-Conv) gets the Conv's input channels and IMAGE_SIZE x IMAGE_SIZE pixels where its dims are
-dynamic. ``shapes`` (``--shape NAME=d0,d1,...``) sets one input's shape outright, and the
+Conv) gets the Conv's input channels and square pixels where its dims are dynamic: for a patch
+embedding (a Conv whose kernel is its stride, as ViT's and CLIP's) the size its position table
+holds ((rows - 1) = (size / patch)², one row the class token's), else IMAGE_SIZE. ``shapes`` (``--shape NAME=d0,d1,...``) sets one input's shape outright, and the
 names of its dims take those sizes everywhere else.
 """
 
@@ -140,17 +141,18 @@ def _fixed_shapes(model: onnx.ModelProto, inputs: list, shapes: dict[str, Sequen
                 raise InputShapeError(f"--shape {name}: dim {axis} is {dim.dim_value} in the "
                                       f"model, not {size}")
         fixed[name] = list(shape)
-    for name, channels in _image_inputs(model).items():
+    for name, (channels, size) in _image_inputs(model).items():
         if name in by_name and name not in fixed:
             static = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                       for d in by_name[name].type.tensor_type.shape.dim]
-            default = [batch, channels, IMAGE_SIZE, IMAGE_SIZE]
+            default = [batch, channels, size, size]
             fixed[name] = [s or d for s, d in zip(static, default)]
     return fixed
 
 
-def _image_inputs(model: onnx.ModelProto) -> dict[str, int]:
-    """Float inputs of rank 4 that a Conv reads (through Cast/Identity) -> its input channels."""
+def _image_inputs(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """Float inputs of rank 4 that a Conv reads (through Cast/Identity) -> (its input channels,
+    the image size: module docstring)."""
     weights = {i.name: list(i.dims) for i in model.graph.initializer}
     consumers = _consumers(model.graph)
     found = {}
@@ -163,10 +165,28 @@ def _image_inputs(model: onnx.ModelProto) -> dict[str, int]:
             for node in consumers.get(frontier.pop(), []):
                 if node.op_type == "Conv" and len(weights.get(node.input[1], ())) == 4:
                     group = next((a.i for a in node.attribute if a.name == "group"), 1)
-                    found[value.name] = weights[node.input[1]][1] * group
+                    found[value.name] = (weights[node.input[1]][1] * group,
+                                         _patch_image_size(node, weights))
                 elif node.op_type in ("Cast", "Identity"):
                     frontier += list(node.output)
     return found
+
+
+def _patch_image_size(conv: onnx.NodeProto, weights: dict[str, list[int]]) -> int:
+    """The image size a patch-embedding Conv's position table was made for, else IMAGE_SIZE."""
+    attrs = {a.name: list(a.ints) for a in conv.attribute}
+    width, kernel = weights[conv.input[1]][0], weights[conv.input[1]][2:]
+    patch = attrs.get("strides", [1, 1])
+    if kernel != patch or len(set(patch)) != 1 or any(attrs.get("pads", [0])):
+        return IMAGE_SIZE
+    rows = [dims[-2] for dims in weights.values()
+            if dims[-1:] == [width] and (len(dims) == 2 or dims[:-2] == [1])]
+    for extra in (1, 0):  # a class token's row first
+        sides = {round((n - extra) ** 0.5) for n in rows if n > extra
+                 and round((n - extra) ** 0.5) ** 2 == n - extra}
+        if len(sides) == 1:
+            return sides.pop() * patch[0]
+    return IMAGE_SIZE
 
 
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,

@@ -190,6 +190,32 @@ def test_image_input_defaults_to_conv_channels_and_square_pixels():
     assert feeds["bias"].shape == (2, 1, 1, 1)
 
 
+def patch_model(patch=4, side=6, cls=True) -> onnx.ModelProto:
+    """ViT's embedding: Conv(kernel = stride = patch) -> (B, E, side, side) -> + position table."""
+    e = 8
+    w = numpy_helper.from_array(np.ones((e, 3, patch, patch), np.float32), "w")
+    table = numpy_helper.from_array(np.zeros((1, side * side + cls, e), np.float32), "pos")
+    text = numpy_helper.from_array(np.zeros((64, e), np.float32), "text_pos")  # 64 = 8²: not it
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["pixel_values", "w"], ["c"], kernel_shape=[patch, patch],
+                          strides=[patch, patch]),
+         helper.make_node("Identity", ["pos"], ["pos_out"]), helper.make_node("Identity", ["text_pos"], ["t"])],
+        "patches", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT,
+                                                  ["batch_size", "num_channels", "height", "width"])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("c", "pos_out", "t")],
+        [w, table, text])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("patch, side, cls, size", [
+    (4, 6, True, 24), (8, 2, True, 16),
+    (4, 5, False, IMAGE_SIZE),  # no class row: 25 = 5² and the text table's 64 = 8² both fit
+])
+def test_patch_embedding_input_gets_the_size_its_position_table_holds(patch, side, cls, size):
+    feeds = make_inputs(patch_model(patch, side, cls), batch=1, seq_len=37, seed=0)
+    assert feeds["pixel_values"].shape == (1, 3, size, size)
+
+
 def test_shape_sets_one_input_and_its_named_dims_elsewhere():
     feeds = make_inputs(image_model(), batch=2, seq_len=37, seed=0,
                         shapes={"pixel_values": [1, 3, 20, 24]})
