@@ -45,6 +45,7 @@ CONSTRAINTS = ROOT / ".ci" / "optimum-constraints.txt"
 WORKER = ROOT / "models" / "optimum_worker.py"
 SEED = 0
 REVISION = 1  # bump when the worker or a builder changes in a way the key does not show
+TIMEOUT = 1800  # seconds for one worker run (every export) or one step of the venv build
 
 _TEXT = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
              intermediate_size=128)
@@ -192,7 +193,7 @@ def export_all(wanted: list[OptimumSpec], *, refresh: bool = False) -> None:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
         run = subprocess.run([str(python), str(WORKER), str(job_file)], env=env,
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, timeout=TIMEOUT)
         if run.returncode != 0:
             raise RuntimeError(f"{WORKER.name} exited {run.returncode}: {run.stderr[-2000:]}")
         for spec, job in zip(missing, jobs):
@@ -294,7 +295,7 @@ def venv_python() -> pathlib.Path:
         env.setdefault("PIP_TIMEOUT", "60")
         for command in ([sys.executable, "-m", "venv", str(root)],
                         [str(python), "-m", "pip", "install", "-q", "-r", str(CONSTRAINTS)]):
-            run = subprocess.run(command, env=env, capture_output=True, text=True)
+            run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT)
             if run.returncode != 0:
                 tail = "\n".join(line for line in (run.stdout + run.stderr).splitlines()
                                  if not line.startswith("WARNING: Location"))[-2000:]
