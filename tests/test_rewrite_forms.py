@@ -188,6 +188,50 @@ def test_masked_fill_with_float16_min_is_kept():
     assert "does not absorb the scores" in unfused.reason, unfused.reason
 
 
+# ---------------------------------------------------------------- 3-D (B·H, S, D) views
+
+N = 6  # B·H
+
+
+def view3d_model(*, baddbmm=False, kv_n=N, reshape4d=False) -> onnx.ModelProto:
+    """nn.MultiheadAttention's bmm path: Mul(q, c) @ Transpose(k, [0, 2, 1]) → Softmax → @ v,
+    all (N, S, D); ``baddbmm``: Add(Mul(bias, beta), Mul(MatMul(q, kᵀ), alpha)) (BLOOM's alibi)."""
+    g = Graph()
+    kt = g.op("Transpose", "k", perm=[0, 2, 1])
+    if baddbmm:
+        scores = g.op("Add", g.op("Mul", "bias", g.const(1.0, np.float32)),
+                      g.op("Mul", g.op("MatMul", "q", kt), g.const(D ** -0.5, np.float32)))
+    else:
+        scores = g.op("MatMul", g.op("Mul", "q", g.const(D ** -0.5, np.float32)), kt)
+    g.nodes.append(helper.make_node("MatMul", [g.op("Softmax", scores, axis=-1), "v"], ["y"],
+                                    name="pv"))
+    info = lambda n, s: helper.make_tensor_value_info(n, F32, s)  # noqa: E731
+    inputs = [info("q", [N, "S", D]), info("k", [kv_n, "S", D]), info("v", [kv_n, "S", D])]
+    if baddbmm:
+        inputs.append(info("bias", [N, 1, "S"]))
+    graph = helper.make_graph(g.nodes, "view3d", inputs, [info("y", [N, "S", D])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("kwargs, ops_after", [
+    ({}, {"Mul": 1, "Constant": 4, "Unsqueeze": 3, "FlashAttention": 1, "Squeeze": 1}),
+    ({"baddbmm": True}, {"Mul": 1, "Constant": 5, "Unsqueeze": 4, "FlashAttention": 1, "Squeeze": 1}),
+], ids=["multihead_bmm", "baddbmm_bias"])
+def test_3d_view_runs_as_batch_one(kwargs, ops_after):
+    result = _fused_and_verified(view3d_model(**kwargs), ops_after)
+    (entry,) = result.report.fused
+    assert entry.heads == N
+
+
+def test_3d_view_with_a_shared_kv_slice_is_kept():
+    result = rewrite(view3d_model(kv_n=1))
+    assert result.report.total_fused == 0
+    (unfused,) = result.report.unfused
+    assert "differ in the 3-D view" in unfused.reason, unfused.reason
+
+
 # ---------------------------------------------------------------- a scale computed from the shape
 
 

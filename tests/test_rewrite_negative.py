@@ -150,7 +150,6 @@ NEGATIVE = [
     ("plain_classifier", classifier_model, "no MatMul(Q,Kᵀ) producer"),
     ("weights_also_output", dict(weights_output=True), "also used outside the attention"),
     ("cast_changes_dtype", dict(cast_to=TensorProto.FLOAT16), "Cast after Softmax changes the dtype"),
-    ("q_rank3", dict(q_rank=3, k_perm=None, mask_shape=None), "Q has rank 3, not 4"),
     ("mask_before_scale", dict(mask_first=True), "unsupported op chain MatMul → Add → Div → Softmax"),
     ("sdpa_softmax_axis_2", lambda: sdpa_model(softmax_axis=2), "softmax axis is 2, not the last"),
 ]

@@ -2,6 +2,7 @@
 # ViT, T5, BART, Whisper; both torch exporters).
 #
 #   Q (B, Hq, Sq, D)     Kᵀ (B, Hkv, D, Skv)                        V (B, Hkv, Skv, Dv)
+#   [or all three 3-D (B·H, S, D): run as batch 1, B·H heads, see view_3d]
 #   └─► MatMul(Q, Kᵀ) ─────────────────────────► S (B, Hq, Sq, Skv)
 #       Mul(S, c) | Div(S, c) | —                [scale="mul" | "div" | None; c a constant scalar]
 #       Mul(Tanh(Div(S, c)), c) | —              [softcap: Gemma 2's soft-capping, c a constant]
@@ -40,7 +41,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
-from ort_flash.rewriter import flash_op, masked_fill, shape_scalar
+from ort_flash.rewriter import flash_op, masked_fill, shape_scalar, view_3d
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dim_text, dims, known_int, report_int, same_dim
@@ -134,8 +135,12 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         for name, d in (("Q", qd), ("Kᵀ", ktd), ("V", vd)):
             if d is None:
                 fail(f"rank of {name} is unknown")
+        view3d = len(qd) == len(ktd) == len(vd) == 3  # (B·H, S, D): see view_3d
+        if view3d:
+            qd, ktd, vd = ((1, *d) for d in (qd, ktd, vd))
+        for name, d in (("Q", qd), ("Kᵀ", ktd), ("V", vd)):
             if len(d) != 4:
-                fail(f"{name} has rank {len(d)}, not 4 (B, H, S, D)")
+                fail(f"{name} has rank {len(d)}, not 4 (B, H, S, D) or 3 (B·H, S, D) like all")
         if q.dtype not in _FLOAT_TYPES:
             fail(f"dtype of Q is {q.dtype}, not float32/float16/bfloat16")
         if self.upcast and not (q.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
@@ -160,7 +165,9 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         elif tail == "nan_to_zero":
             if constant_scalar(zero, "the value that replaces NaN") != 0.0:
                 fail("NaN in the softmax is replaced by a value other than 0")
-        key, key_perm = key_source(kt)
+        key, key_perm = view_3d.key_source(kt) if view3d else key_source(kt)
+        if view3d and not same_dim(hq, hk):
+            fail(f"heads of Q ({dim_text(hq)}) and K ({dim_text(hk)}) differ in the 3-D view")
         mask_text = "none"
         if mask is not None:
             mask_text = "additive " + shape_text(mask) + (" + " + shape_text(bias) if bias else "")
@@ -168,7 +175,7 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             "scale": scale_value, "key": key, "key_perm": key_perm, "y": context.root.outputs[0],
             "nodes": [n.name or n.op_type for n in nodes], "scope": scope(softmax),
             "heads": report_int(hq), "kv_heads": report_int(hk), "head_dim": report_int(qd[3]),
-            "mask": mask_text,
+            "mask": mask_text, "view3d": view3d,
         }
 
     # ---- rewrite
@@ -194,6 +201,11 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             if source_dims is not None:
                 key.shape = ir.Shape([source_dims[p] for p in plan["key_perm"]])
             key.type = v.type
+        if plan["view3d"]:
+            q, key, v = (view_3d.unsqueeze(op, x, f"{plan['scope']}FlashAttention_{n}4d")
+                         for x, n in ((q, "q"), (key, "k"), (v, "v")))
+            bias = view_3d.lift(op, bias, f"{plan['scope']}FlashAttention_bias4d")
+            mask = view_3d.lift(op, mask, f"{plan['scope']}FlashAttention_mask4d")
         inputs = [q, key, v]
         if mask is not None and self.upcast:  # 0 / -inf (or a bias) in Q's dtype
             mask = op.Cast(mask, to=q.dtype)
@@ -215,11 +227,16 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         )
         y.producer().name = f"{plan['scope']}FlashAttention"
         y.shape, y.type = plan["y"].shape, ir.TensorType(q.dtype)
+        if plan["view3d"]:
+            y.shape = None if plan["y"].shape is None else ir.Shape([1, *plan["y"].shape.dims])
         self.fused.append(FusedSubgraph(
             rule=self.family, variant=self.variant, fused_node=y.producer().name,
             nodes=plan["nodes"], heads=plan["heads"], kv_heads=plan["kv_heads"],
             head_dim=plan["head_dim"], causal=False, mask=plan["mask"], scale=float(plan["scale"]),
         ))
+        if plan["view3d"]:
+            y = view_3d.squeeze(op, y, plan["y"], f"{plan['scope']}FlashAttention_3d")
+            y.type = ir.TensorType(q.dtype)
         if self.upcast:  # the exporter computed this attention in float32 and returns float32
             y = op.Cast(y, to=ir.DataType.FLOAT)
             y.producer().name = f"{plan['scope']}FlashAttention_float32"
