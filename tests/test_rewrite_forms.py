@@ -215,6 +215,57 @@ def view3d_model(*, baddbmm=False, kv_n=N, reshape4d=False) -> onnx.ModelProto:
     return model
 
 
+def bloom_model(*, heads=H, fill=True) -> onnx.ModelProto:
+    """BLOOM's attention: Add(Mul(alibi, 1), Mul(MatMul(q3, kᵀ3), alpha)) (B·H, S, S), viewed as
+    (B, H, S, S), masked_fill(causal, float32 min), Softmax, viewed back, bmm with v3."""
+    g = Graph()
+    kt = g.op("Transpose", "k", perm=[0, 2, 1])
+    scores = g.op("Add", g.op("Mul", g.op("MatMul", "q", kt), g.const(D ** -0.5, np.float32)),
+                  g.op("Mul", "alibi", g.const(1.0, np.float32)))
+    sizes = [g.op("Shape", "q", start=1, end=2), g.op("Shape", "k", start=1, end=2)]
+    shape4 = g.op("Concat", g.const([-1, heads], np.int64), *sizes, axis=0)
+    scores = g.op("Reshape", scores, shape4)
+    if fill:
+        keep = g.op("Greater", "pick", g.const(0.0, np.float32))
+        scores = g.op("Where", keep, scores, g.const(float(np.finfo(np.float32).min), np.float32))
+    probs = g.op("Softmax", scores, axis=-1)
+    shape3 = g.op("Concat", g.const([-1], np.int64), *sizes, axis=0)
+    g.nodes.append(helper.make_node("MatMul", [g.op("Reshape", probs, shape3), "v"], ["y"],
+                                    name="pv"))
+    info = lambda n, s: helper.make_tensor_value_info(n, F32, s)  # noqa: E731
+    inputs = [info("q", [f"{heads}*B", "S", D]), info("k", [f"{heads}*B", "S", D]),
+              info("v", [f"{heads}*B", "S", D]),
+              info("alibi", [f"{heads}*B", 1, "S"])]
+    if fill:
+        inputs.append(info("pick", ["B", 1, "S", "S"]))
+    graph = helper.make_graph(g.nodes, "bloom", inputs, [info("y", [f"{heads}*B", "S", D])],
+                              g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_bloom_4d_view_of_3d_scores_fuses():
+    model = bloom_model()
+    result = rewrite(model)
+    assert result.report.total_fused == 1, result.report.format_table()
+    (entry,) = result.report.fused
+    assert "view4d" in entry.variant and entry.heads == H
+    onnx.checker.check_model(result.model, full_check=True)
+    from onnx_reference import run_reference
+    rng = np.random.default_rng(0)
+    b, s = 2, 5
+    feeds = {n: rng.standard_normal((b * H, s, D)).astype(np.float32) for n in "qkv"}
+    feeds["alibi"] = rng.standard_normal((b * H, 1, s)).astype(np.float32)
+    feeds["pick"] = rng.standard_normal((b, 1, s, s)).astype(np.float32)
+    np.testing.assert_allclose(run_reference(result.model, feeds)[0], run_reference(model, feeds)[0],
+                               rtol=1e-5, atol=1e-5)
+    from ort_flash.verify import verify
+    check = verify(model, result.model, shapes={n: [b * H, s, D] for n in "qkv"} | {
+        "alibi": [b * H, 1, s], "pick": [b, 1, s, s]}, seed=0)
+    assert check.passed, check.format_table()
+
+
 @pytest.mark.parametrize("kwargs, ops_after", [
     ({}, {"Mul": 1, "Constant": 4, "Unsqueeze": 3, "FlashAttention": 1, "Squeeze": 1}),
     ({"baddbmm": True}, {"Mul": 1, "Constant": 5, "Unsqueeze": 4, "FlashAttention": 1, "Squeeze": 1}),

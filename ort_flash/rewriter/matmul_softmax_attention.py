@@ -41,7 +41,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
-from ort_flash.rewriter import flash_op, masked_fill, shape_scalar, view_3d
+from ort_flash.rewriter import flash_op, masked_fill, shape_scalar, view_3d, view_4d
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dim_text, dims, known_int, report_int, same_dim
@@ -58,12 +58,13 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     family = FAMILY
 
     def __init__(self, *, scale: str | None, masks: int, upcast: bool = False,
-                 softcap: bool = False, fill: bool = False) -> None:
+                 softcap: bool = False, fill: bool = False, view4d: bool = False) -> None:
         self.variant = (f"scale={scale or 'none'},masks={masks}" + (",upcast" if upcast else "")
-                        + (",softcap" if softcap else "") + (",fill" if fill else ""))
+                        + (",softcap" if softcap else "") + (",fill" if fill else "")
+                        + (",view4d" if view4d else ""))
         super().__init__(name=f"{self.family}[{self.variant}]")
         self.scale_op, self.masks, self.upcast, self.softcap = scale, masks, upcast, softcap
-        self.fill = fill
+        self.fill, self.view4d = fill, view4d
         # Softmax node -> (number of matched nodes, reason) for matches whose check failed.
         self.failures: dict[ir.Node, tuple[int, str]] = {}
         self.fused: list[FusedSubgraph] = []
@@ -79,8 +80,21 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             scores = op.Div(scores, scale)
         return scores
 
-    def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero, cap, cap_out, cond, fill):
+    def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero, cap, cap_out, cond, fill,
+                shape4, shape3):
         scores = maybe_cast(op, self.qk_pattern(op, q, kt, scale, scale_k), "cast_scaled")
+        if self.view4d:  # 3-D scores [+ bias], viewed as 4-D, [fill] [+ mask]: see view_4d
+            if self.masks >= 1:  # (here masks=1 is the 3-D bias, 2 adds a 4-D mask)
+                scores = op.Add(scores, bias)
+            scores = op.Reshape(scores, shape4, _allow_other_attributes=True)
+            if self.fill:
+                scores = masked_fill.fill_pattern(op, scores, cond, fill)
+            if self.masks >= 2:
+                scores = op.Add(scores, mask)
+            probs = op.Softmax(scores)
+            probs = pattern.OrValue([op.Cast(probs), probs], tag_var="tail",
+                                    tag_values=["cast", "none"])
+            return op.MatMul(op.Reshape(probs, shape3, _allow_other_attributes=True), v)
         if self.softcap:  # Gemma 2: scores = tanh(scores / c) * c
             scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap_out)
         if self.fill:  # eager masked_fill: Where(keep, S, c) | Where(hide, c, S)
@@ -135,9 +149,22 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         for name, d in (("Q", qd), ("Kᵀ", ktd), ("V", vd)):
             if d is None:
                 fail(f"rank of {name} is unknown")
-        view3d = len(qd) == len(ktd) == len(vd) == 3  # (B·H, S, D): see view_3d
+        view3d = len(qd) == len(ktd) == len(vd) == 3 and not self.view4d  # see view_3d
         if view3d:
             qd, ktd, vd = ((1, *d) for d in (qd, ktd, vd))
+        heads4 = None
+        if self.view4d:
+            if not len(qd) == len(ktd) == len(vd) == 3:
+                fail("the scores are viewed as 4-D, but Q, Kᵀ, V are not all 3-D")
+            reshape4 = next(n for n in nodes if n.op_type == "Reshape" and
+                            n.outputs[0].uses()[0].node.op_type != "MatMul")
+            reshape3 = next(n for n in nodes if n.op_type == "Reshape" and n is not reshape4)
+            heads4 = view_4d.check(reshape4.inputs[0], reshape4.outputs[0], reshape3.outputs[0])
+            if bias is not None:
+                view_4d.check_bias(bias, value_dims(q)[0])
+            b4 = dims(reshape4.outputs[0])[0]
+            qd, ktd, vd = ((b4, heads4, *d[1:]) for d in (qd, ktd, vd))
+            bias = None  # checked above, against the 3-D scores
         for name, d in (("Q", qd), ("Kᵀ", ktd), ("V", vd)):
             if len(d) != 4:
                 fail(f"{name} has rank {len(d)}, not 4 (B, H, S, D) or 3 (B·H, S, D) like all")
@@ -165,7 +192,7 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         elif tail == "nan_to_zero":
             if constant_scalar(zero, "the value that replaces NaN") != 0.0:
                 fail("NaN in the softmax is replaced by a value other than 0")
-        key, key_perm = view_3d.key_source(kt) if view3d else key_source(kt)
+        key, key_perm = view_3d.key_source(kt) if view3d or heads4 else key_source(kt)
         if view3d and not same_dim(hq, hk):
             fail(f"heads of Q ({dim_text(hq)}) and K ({dim_text(hk)}) differ in the 3-D view")
         mask_text = "none"
@@ -175,7 +202,7 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             "scale": scale_value, "key": key, "key_perm": key_perm, "y": context.root.outputs[0],
             "nodes": [n.name or n.op_type for n in nodes], "scope": scope(softmax),
             "heads": report_int(hq), "kv_heads": report_int(hk), "head_dim": report_int(qd[3]),
-            "mask": mask_text, "view3d": view3d,
+            "mask": mask_text, "view3d": view3d, "view4d": heads4,
         }
 
     # ---- rewrite
@@ -201,6 +228,11 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             if source_dims is not None:
                 key.shape = ir.Shape([source_dims[p] for p in plan["key_perm"]])
             key.type = v.type
+        if plan["view4d"]:
+            q, key, v, bias = (
+                None if x is None else view_4d.to_4d(
+                    op, x, plan["view4d"], f"{plan['scope']}FlashAttention_{n}4d")
+                for x, n in ((q, "q"), (key, "k"), (v, "v"), (bias, "bias")))
         if plan["view3d"]:
             q, key, v = (view_3d.unsqueeze(op, x, f"{plan['scope']}FlashAttention_{n}4d")
                          for x, n in ((q, "q"), (key, "k"), (v, "v")))
@@ -229,6 +261,8 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         y.shape, y.type = plan["y"].shape, ir.TensorType(q.dtype)
         if plan["view3d"]:
             y.shape = None if plan["y"].shape is None else ir.Shape([1, *plan["y"].shape.dims])
+        if plan["view4d"]:
+            y.shape = None
         self.fused.append(FusedSubgraph(
             rule=self.family, variant=self.variant, fused_node=y.producer().name,
             nodes=plan["nodes"], heads=plan["heads"], kv_heads=plan["kv_heads"],
@@ -237,6 +271,8 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         if plan["view3d"]:
             y = view_3d.squeeze(op, y, plan["y"], f"{plan['scope']}FlashAttention_3d")
             y.type = ir.TensorType(q.dtype)
+        if plan["view4d"]:
+            y = view_4d.to_3d(op, y, plan["y"], f"{plan['scope']}FlashAttention_3d")
         if self.upcast:  # the exporter computed this attention in float32 and returns float32
             y = op.Cast(y, to=ir.DataType.FLOAT)
             y.producer().name = f"{plan['scope']}FlashAttention_float32"
@@ -246,9 +282,10 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
 
 def rules() -> list[MatMulSoftmaxAttention]:
     """Every variant, longest chains first (so two-mask chains are not split)."""
-    return [MatMulSoftmaxAttention(scale=s, masks=m, softcap=c, fill=f)
-            for f, c, m, s in itertools.product((True, False), (True, False), (2, 1, 0),
-                                                ("mul", "div", None))]
+    return [MatMulSoftmaxAttention(scale=s, masks=m, softcap=c, fill=f, view4d=w)
+            for w, f, c, m, s in itertools.product((True, False), (True, False), (True, False),
+                                                   (2, 1, 0), ("mul", "div", None))
+            if not (w and c)]
 
 
 def softcap_value(cap: ir.Value | None, cap_out: ir.Value | None) -> float:
