@@ -12,18 +12,18 @@ from variants import TileConfig, Variant
 
 
 def estimated_cost(v: Variant, arch: int, cfg: TileConfig) -> float:
-    """Relative compile time of a job (about CPU-seconds), for the longest-first order and the
-    progress estimate: a rough fit of the per-kernel times in docs/build-time.md (fp32 dots on
-    CUDA cores, full mask tiles and the 256 head dim cost the most; TMA and combine the least)."""
-    if v.kind == "combine":
-        return 0.2
-    cost = {"fwd": 1.5, "fwd_tma": 1.0, "decode": 2.0}.get(v.kind, 2.0)
+    """CPU-seconds a job takes, roughly, for the longest-first order and the progress estimate:
+    fitted to the cold build's per-kernel times (docs/build-time.md: full mask tiles, fp32 dots
+    on CUDA cores and the 256 head dim cost the most; TMA, Gluon and combine the least)."""
+    cost = {"fwd": 1.2, "fwd_tma": 0.9, "fwd_gluon": 0.3, "decode": 1.5, "combine": 0.2}.get(v.kind, 1.0)
+    if v.kind in ("fwd_tma", "fwd_gluon", "combine"):
+        return cost
     if v.dtype == "fp32":
-        cost *= 0.8 if v.precision == "tf32" else (2.5 if v.kind == "decode" else 3.5)
+        cost *= 1.2 if v.kind == "decode" else (0.8 if v.precision == "tf32" else 1.6)
     if v.mask != "none" and not v.mask_keys:
-        cost *= 3.0 if v.head_dim <= 32 else 2.0
-    return cost * (1.2 if v.extras else 1.0) * (1.5 if v.head_dim >= 256 else 1.0) * (
-        1.0 if v.even_d else 1.3)
+        cost *= 1.6 if v.kind == "decode" else (3.0 if v.head_dim <= 32 else 2.0)
+    return cost * (1.1 if v.extras else 1.0) * (1.3 if v.head_dim >= 256 else 1.0) * (
+        1.0 if v.even_d else 1.1)
 
 
 def available_cpus() -> int:
