@@ -166,6 +166,35 @@ def test_masked_fill_with_float32_min_becomes_an_additive_mask(side):
     assert "fill" in result.report.fused[0].variant
 
 
+def distilbert_model() -> onnx.ModelProto:
+    """DistilBERT's eager attention: (q / √D) @ kᵀ, masked_fill((mask == 0).view(B, 1, 1, S)
+    .expand_as(scores), min), Softmax, @ v: the condition is expanded to Shape(scores)."""
+    g = Graph()
+    scores = g.op("MatMul", g.op("Div", "q", g.const(D ** 0.5, np.float32)),
+                  g.op("Transpose", "k", perm=[0, 1, 3, 2]))
+    hide = g.op("Unsqueeze", g.op("Equal", "attention_mask", g.const(0, np.int64)),
+                g.const([1, 2], np.int64))
+    hide = g.op("Cast", g.op("Expand", hide, g.op("Shape", scores)), to=TensorProto.BOOL)
+    scores = g.op("Where", hide, g.const(float(np.finfo(np.float32).min), np.float32), scores)
+    g.nodes.append(helper.make_node("MatMul", [g.op("Softmax", scores, axis=-1), "v"], ["y"],
+                                    name="pv"))
+    info = lambda n: helper.make_tensor_value_info(n, F32, ["B", H, "S", D])  # noqa: E731
+    inputs = [info("q"), info("k"), info("v"),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "S"])]
+    graph = helper.make_graph(g.nodes, "distilbert", inputs, [info("y")], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_masked_fill_expanded_to_the_scores_shape_fuses_with_a_key_mask():
+    result = _fused_and_verified(distilbert_model(), {
+        "Div": 1, "Equal": 1, "Constant": 2, "Unsqueeze": 1, "Where": 1, "FlashAttention": 1})
+    (entry,) = result.report.fused
+    assert entry.mask == "additive (B,1,1,S)", entry.mask
+    assert not result.report.declined, result.report.format_table()
+
+
 def test_masked_fill_with_minus_inf_fuses():
     model = eager_model(fill=("keep", -np.inf))
     result = rewrite(model)

@@ -341,6 +341,8 @@ class Evaluator:
             if b.b == c and b.a != c:
                 return AV(dims, Not(b.pred))
         value = combine(lambda p, q: p == q, a, b) if isinstance(a, Select) else None
+        if value is None:
+            value = mask_values.equal_const(a, b)
         if value is not None:
             return AV(dims, value)
         raise Unprovable("Equal of this form is not modelled")

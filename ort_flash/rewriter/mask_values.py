@@ -90,3 +90,15 @@ def sum_is_zero(evaluate, node, dims):
         return AnyOf((All((x.pred, Eq(f.name, f.index, -x.a))),
                       All((Not(x.pred), Eq(f.name, f.index, -x.b)))))
     return None
+
+
+def equal_const(a, b):
+    """Equal(input, c) (DistilBERT's ``mask == 0``) as Eq(input, c), or None."""
+    x, k = (a, b) if isinstance(a, Val) else (b, a)
+    if not isinstance(x, Val):
+        return None
+    if isinstance(k, Select) and k.pred == TRUE and k.a == k.b:
+        return Eq(x.name, x.index, float(k.a))
+    if type(k).__name__ == "Aff" and not any(k.coefs):
+        return Eq(x.name, x.index, float(k.const))
+    return None

@@ -23,9 +23,20 @@ from onnxscript.rewriter._basics import MatchFailureError
 ABSORBS = -1.0e30  # at or below: s + c == c in float32 for any score the op can see
 
 
-def fill_pattern(op, scores, cond, fill):
-    return pattern.OrValue([op.Where(cond, scores, fill), op.Where(cond, fill, scores)],
-                           tag_var="fill_side", tag_values=["keep", "hide"])
+def fill_pattern(op, scores, cond, fill, cond_x, shaped):
+    """Also DistilBERT's Where(Cast(Expand(x, Shape(S)), bool), c, S) (``expand_as(scores)``):
+    the Shape of the scores is then part of the match (``shaped`` must be S: checked), and the
+    op gets x, which broadcasts."""
+    expanded = op.Cast(op.Expand(cond_x, op.Shape(shaped)), to=ir.DataType.BOOL)
+    return pattern.OrValue(  # the longer forms first: the first that matches is kept
+        [op.Where(expanded, scores, fill), op.Where(expanded, fill, scores),
+         op.Where(cond, scores, fill), op.Where(cond, fill, scores)],
+        tag_var="fill_side", tag_values=["keep_expanded", "hide_expanded", "keep", "hide"])
+
+
+def condition(cond: ir.Value | None, cond_x: ir.Value | None, side: str) -> ir.Value | None:
+    """The condition the op's mask uses: cond, or the unexpanded x of an expanded one."""
+    return cond_x if side.endswith("_expanded") else cond
 
 
 def fill_value(cond: ir.Value | None, fill: ir.Value | None) -> float:
@@ -50,7 +61,8 @@ def fill_mask(op, cond: ir.Value, c: float, side: str, dtype: ir.DataType, prefi
     for value, name in ((zero, "fill_zero"), (hidden, "fill_hidden")):
         value.producer().name = prefix + name
         value.name = prefix + name + "_output_0"
-    mask = op.Where(cond, zero, hidden) if side == "keep" else op.Where(cond, hidden, zero)
+    keep = side.startswith("keep")
+    mask = op.Where(cond, zero, hidden) if keep else op.Where(cond, hidden, zero)
     mask.producer().name = prefix + "fill_mask"
     mask.name = prefix + "fill_mask_output_0"
     mask.type = ir.TensorType(dtype)

@@ -80,14 +80,16 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         return scores
 
     def pattern(self, op, q, kt, v, scale, scale_k, bias, mask, zero, cap, cap_out, cond, fill,
-                shape4, shape3):
-        scores = maybe_cast(op, self.qk_pattern(op, q, kt, scale, scale_k), "cast_scaled")
+                cond_x, shaped, shape4, shape3):
+        scores = self.qk_pattern(op, q, kt, scale, scale_k)
+        if self.scale_op is not None:  # (without a scale, qk_pattern's own Cast is this one:
+            scores = maybe_cast(op, scores, "cast_scaled")  # nested OrValues do not match)
         if self.view4d:  # 3-D scores [+ bias], viewed as 4-D, [fill] [+ mask]: see view_4d
             if self.masks >= 1:  # (here masks=1 is the 3-D bias, 2 adds a 4-D mask)
                 scores = op.Add(scores, bias)
             scores = op.Reshape(scores, shape4, _allow_other_attributes=True)
             if self.fill:
-                scores = masked_fill.fill_pattern(op, scores, cond, fill)
+                scores = masked_fill.fill_pattern(op, scores, cond, fill, cond_x, shaped)
             if self.masks >= 2:
                 scores = op.Add(scores, mask)
             probs = op.Softmax(scores)
@@ -97,7 +99,7 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         if self.softcap:  # Gemma 2: scores = tanh(scores / c) * c
             scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap_out)
         if self.fill:  # eager masked_fill: Where(keep, S, c) | Where(hide, c, S)
-            scores = masked_fill.fill_pattern(op, scores, cond, fill)
+            scores = masked_fill.fill_pattern(op, scores, cond, fill, cond_x, shaped)
         if self.upcast:
             scores = op.Cast(scores, to=ir.DataType.FLOAT)
         if self.masks >= 2:
@@ -114,7 +116,8 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     # ---- check
 
     def check(self, context, q, kt, v, scale=None, scale_k=None, bias=None, mask=None, zero=None,
-              tail="none", cap=None, cap_out=None, cond=None, fill=None, fill_side="keep", **_):
+              tail="none", cap=None, cap_out=None, cond=None, fill=None, fill_side="keep",
+              cond_x=None, shaped=None, **_):
         nodes = list(context.nodes)
         softmax = next(n for n in nodes if n.op_type == "Softmax")
         try:
@@ -123,7 +126,10 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             if self.softcap:
                 self._plan["softcap"] = softcap_value(cap, cap_out)
             if self.fill:
-                self._plan["fill"] = (masked_fill.fill_value(cond, fill), fill_side)
+                if fill_side.endswith("_expanded") and shaped is not softmax_scores(softmax, nodes):
+                    fail("the masked_fill condition is expanded to the shape of another tensor")
+                cond = masked_fill.condition(cond, cond_x, fill_side)
+                self._plan["fill"] = (masked_fill.fill_value(cond, fill), fill_side, cond)
                 check_mask(dims(cond), dims(softmax.inputs[0]))
                 self._plan["mask"] = ("additive " + shape_text(cond) + (
                     "" if mask is None else " + " + self._plan["mask"].split(" ", 1)[1]))
@@ -209,7 +215,7 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     def rewrite(self, op, q, kt, v, bias=None, mask=None, cond=None, **_):
         plan, self._plan = self._plan, None
         if "fill" in plan:
-            c, side = plan["fill"]
+            c, side, cond = plan["fill"]
             filled = masked_fill.fill_mask(op, cond, c, side, q.dtype, plan["scope"] + "FlashAttention_")
             if mask is not None:
                 shape = masked_fill.broadcast_shape(filled.shape, mask.shape)
@@ -396,6 +402,14 @@ def check_mask(mask_dims: tuple | None, scores: tuple) -> None:
             continue  # Add itself forces m to be 1 or s
         fail(f"mask dim {i} ({dim_text(m)}) does not provably broadcast to "
              f"scores dim ({dim_text(s)})")
+
+
+def softmax_scores(softmax: ir.Node, nodes: list) -> ir.Value | None:
+    """The scores the masked_fill Where replaces: its input that comes from the matched chain."""
+    where = next((n for n in nodes if n.op_type == "Where"), None)
+    matched = set(nodes)
+    return None if where is None else next(
+        (i for i in where.inputs[1:] if i.producer() is not None and i.producer() in matched), None)
 
 
 def shape_text(value: ir.Value | None) -> str:
