@@ -387,8 +387,11 @@ def main(argv=None) -> int:
                                     "num_stages", "block_m", "block_n")} for m in metas], indent=1))
     fresh = sum(not m.pop("cached") for m in metas)
     write_outputs(args.out, metas, variants)
-    print(f"aot/build.py: {len(metas)} kernels for sm_{', sm_'.join(map(str, archs))} "
-          f"({fresh} compiled, {len(metas) - fresh} from cache {args.cache})")
+    if archs:
+        print(f"aot/build.py: {len(metas)} kernels for sm_{', sm_'.join(map(str, archs))} "
+              f"({fresh} compiled, {len(metas) - fresh} from cache {args.cache})")
+    else:
+        print("aot/build.py: wrote an empty kernel table: no CUDA kernels are compiled")
     return 0
 
 
