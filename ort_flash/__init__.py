@@ -9,11 +9,11 @@ C or C++); `session_options()` does that for Python sessions.
 """
 from __future__ import annotations
 
-from ._session import InferenceSession, library_path, session_options
+from ._session import InferenceSession, check_op_version, library_path, session_options
 
 __version__ = "0.1.0"
 
-__all__ = ["InferenceSession", "library_path", "session_options", "rewrite", "RewriteResult",
+__all__ = ["InferenceSession", "check_op_version", "library_path", "session_options", "rewrite", "RewriteResult",
            "__version__"]
 
 

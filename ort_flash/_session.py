@@ -119,6 +119,31 @@ def _preload_cuda(providers) -> None:
             pass
 
 
+# The op versions the library implements. ONNX Runtime matches a custom op to the newest schema
+# at or below the model's import and gives the kernel no way to see the import, so a model that
+# asks for a later ort_flash opset would run the version-1 op: this is checked here instead.
+OP_VERSIONS = (1,)
+
+
+def check_op_version(model) -> None:
+    """Raise ValueError when the model imports an ort_flash opset the library does not implement.
+
+    `model` is a path, serialized bytes or an `onnx.ModelProto` (external data is not read)."""
+    import onnx
+
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model), load_external_data=False)
+    elif isinstance(model, (bytes, bytearray)):
+        model = onnx.load_from_string(bytes(model))
+    for imp in getattr(model, "opset_import", ()):
+        if imp.domain == "ort_flash" and imp.version not in OP_VERSIONS:
+            raise ValueError(
+                f"the model imports opset ('ort_flash', {imp.version}); this ort_flash library "
+                f"implements version {', '.join(map(str, OP_VERSIONS))} of FlashAttention only: "
+                f"rewrite the original model with this ort_flash, or install the version that "
+                f"wrote it")
+
+
 def InferenceSession(model, providers=None, sess_options=None, **kwargs):
     """`onnxruntime.InferenceSession` with ort_flash registered.
 
@@ -135,6 +160,7 @@ def InferenceSession(model, providers=None, sess_options=None, **kwargs):
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available
                      and (p != "CUDAExecutionProvider" or cuda_device_arch() is not None)]
     _preload_cuda(providers)
+    check_op_version(model)
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()
     elif isinstance(model, Path):

@@ -140,6 +140,7 @@ def verify(
     base_opts = ort.SessionOptions()
     base_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     base = ort.InferenceSession(_source(original), base_opts, providers=providers)
+    ort_flash.check_op_version(_source(rewritten))
     fast = ort.InferenceSession(_source(rewritten), ort_flash.session_options(), providers=providers)
 
     names = [o.name for o in base.get_outputs()]

@@ -101,3 +101,21 @@ def test_onnx_backend_windowed_gqa_rank4_case_is_not_the_ops_function():
     assert pattern.RewriteRuleSet([as_rule(r) for r in rules]).apply_to_model(model) == 0
     reasons = [reason for r in rules for _, reason in r.failures.values()]
     assert reasons and all("qk_matmul_output is used" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("version", [2, 99])
+def test_an_ort_flash_opset_the_library_lacks_is_refused(version, tmp_path):
+    import onnx
+
+    import ort_flash
+
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal((1, 2, 5, 8), dtype=np.float32) for n in "QKV"}
+    model = onnx.load_from_string(flash_attention_model(feeds, {"Y": np.float32}))
+    ort_flash.InferenceSession(model, providers=PROVIDERS)  # version 1 loads
+    next(i for i in model.opset_import if i.domain == "ort_flash").version = version
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    for source in (model, model.SerializeToString(), path, str(path)):
+        with pytest.raises(ValueError, match=rf"\('ort_flash', {version}\).*implements version 1"):
+            ort_flash.InferenceSession(source, providers=PROVIDERS)
