@@ -16,9 +16,9 @@ if [ -f .gpucache/aot90.tgz ]; then
   mkdir -p /tmp/ort_flash_cache/aot && tar xzf .gpucache/aot90.tgz -C /tmp/ort_flash_cache/aot
 fi
 [ -d /tmp/ort_flash_cache/aot ] && export ORT_FLASH_CACHE_DIR=/tmp/ort_flash_cache
-if [ -f .gpumodels/models-fp16.tgz ]; then
-  mkdir -p /tmp/ort_flash_prebuilt && tar xzf .gpumodels/models-fp16.tgz -C /tmp/ort_flash_prebuilt
-fi
+for t in .gpumodels/models-fp16.tgz .gpuoptimum/optimum-fp16.tgz; do
+  [ -f $t ] && mkdir -p /tmp/ort_flash_prebuilt && tar xzf $t -C /tmp/ort_flash_prebuilt
+done
 [ -d /tmp/ort_flash_prebuilt ] && export ORT_FLASH_MODEL_PREBUILT=/tmp/ort_flash_prebuilt
 # The editable install of ort_flash with this machine's Python (the AOT build; log in $OUT/build.log).
 build_ort_flash() {

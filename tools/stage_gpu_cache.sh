@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs, into git-ignored folders to carry in `run` calls (64 MiB a call, the tree included):
+# Packs, into git-ignored folders (the Optimum fp16 exports too: .gpuoptimum/optimum-fp16.tgz) to carry in `run` calls (64 MiB a call, the tree included):
 # - .gpucache/aot90.tgz (~40 MB; a call of its own with .orth): this machine's compiled sm_90
 #   cubins for the current kernel sources (from the AOT cache, filled by a local
 #   `ORT_FLASH_CUDA_ARCHS=90` build), so the GPU machine's build
@@ -32,4 +32,12 @@ models=${ORT_FLASH_MODEL_CACHE:-$HOME/.cache/ort_flash/models}
 if ls "$models"/*-fp16-*.* >/dev/null 2>&1; then
   (cd "$models" && tar czf - *-fp16-*.onnx *-fp16-*.failed 2>/dev/null) > .gpumodels/models-fp16.tgz
   echo "packed $(cd "$models" && ls *-fp16-* | wc -l) fp16 model exports: .gpumodels/models-fp16.tgz ($(du -h .gpumodels/models-fp16.tgz | cut -f1))"
+fi
+# The Optimum family's fp16 exports (folders), in a folder of their own: carried in a call of its own
+# (they do not fit beside .ortgpu4), else their GPU tests skip (the GPU machine cannot export).
+if ls -d "$models"/optimum-*-fp16-* >/dev/null 2>&1; then
+  grep -qx "/.gpuoptimum/" "$exclude" 2>/dev/null || echo "/.gpuoptimum/" >>"$exclude"
+  mkdir -p .gpuoptimum
+  (cd "$models" && tar czf - optimum-*-fp16-*) > .gpuoptimum/optimum-fp16.tgz
+  echo "packed the Optimum fp16 exports: .gpuoptimum/optimum-fp16.tgz ($(du -h .gpuoptimum/optimum-fp16.tgz | cut -f1))"
 fi
