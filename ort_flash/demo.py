@@ -33,7 +33,7 @@ def run_demo(provider: str = "auto", seq_lens=None, repeat=None, batches=None) -
     import onnxruntime as ort
 
     import ort_flash
-    from ort_flash.timing import SessionTimer, node_placements
+    from ort_flash.timing import SessionTimer, interleaved_medians, node_placements
     from ort_flash.verify import make_inputs, verify
 
     device = pick_device(provider)
@@ -41,7 +41,7 @@ def run_demo(provider: str = "auto", seq_lens=None, repeat=None, batches=None) -
     if device == "cuda":
         ort.preload_dlls()
     seq_lens = seq_lens or ([512, 1024, 2048] if device == "cuda" else [256, 1024])
-    repeat = repeat or (50 if device == "cuda" else 5)
+    repeat = repeat or (50 if device == "cuda" else 30)
     batches = batches or ([1, 8] if device == "cuda" else [1])
     path = demo_model_path(device)
     print(f"== ort-flash demo on {device.upper()} ({providers[0]}), model {path}")
@@ -77,9 +77,10 @@ def run_demo(provider: str = "auto", seq_lens=None, repeat=None, batches=None) -
     for batch in batches:
         for s in seq_lens:
             sets = [make_inputs(original, batch=batch, seq_len=s, seed=i) for i in range(3)]
-            rows.append((batch, s) + tuple(SessionTimer(sess, sets, device).median_ms(repeat)
-                                           for sess in (base, fused, fused_fast)))
-    print(f"\nlatency in ms, median of {repeat} runs (ORT default graph optimizations for all):")
+            timers = [SessionTimer(sess, sets, device) for sess in (base, fused, fused_fast)]
+            rows.append((batch, s) + tuple(interleaved_medians(timers, repeat)))
+    print(f"\nlatency in ms, median of {repeat} runs, the three models in turn (ORT default graph "
+          f"optimizations for all):")
     print(f"  {'batch':>5}  {'seq':>6}  {'original':>9}  {'ort_flash':>9}  {'speedup':>8}"
           f"  {'--fast-padded-rows':>18}  {'speedup':>8}")
     for batch, s, a, b, c in rows:

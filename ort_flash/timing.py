@@ -50,6 +50,23 @@ class SessionTimer:
         return statistics.median(times)
 
 
+def interleaved_medians(timers: list[SessionTimer], repeat: int, warmup: int = 3) -> list[float]:
+    """The median ms of each timer, timed in rounds of one run each (the order rotating per round),
+    so that a drift of the machine's speed (other load, clocks) hits every session alike instead
+    of whichever ran last."""
+    for i in range(warmup):
+        for t in timers:
+            t.run_once(i)
+    times: list[list[float]] = [[] for _ in timers]
+    for r in range(repeat):
+        for k in range(len(timers)):
+            j = (r + k) % len(timers)
+            t0 = time.perf_counter()
+            timers[j].run_once(r)
+            times[j].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(ts) for ts in times]
+
+
 def node_placements(model, feeds: dict, providers, sess_options) -> dict[tuple[str, str], int]:
     """{(op type, execution provider): count} of the nodes ONNX Runtime actually ran, read from
     its profiler (the proof of where the fused op executes)."""

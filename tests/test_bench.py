@@ -343,3 +343,30 @@ def test_decode_e2e_suite_on_cpu_with_a_tiny_model(tmp_path):
     suite["status"] = "complete"
     doc["suites"]["decode_e2e"] = suite
     assert results.validate(doc) == []
+
+
+def test_interleaved_medians_time_every_session_in_each_round():
+    """The demo's timing: one run of each session per round, the order rotating, so a slow spell
+    of the machine lands on every session; each gets the median of its own runs."""
+    import time
+
+    from ort_flash.timing import interleaved_medians
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name, ms):
+            self.name, self.ms = name, ms
+
+        def run_once(self, i=0):
+            calls.append(self.name)
+            time.sleep(self.ms / 1e3)
+
+    timers = [Fake("a", 1.0), Fake("b", 6.0), Fake("c", 3.0)]
+    medians = interleaved_medians(timers, repeat=6, warmup=1)
+    assert calls[:3] == ["a", "b", "c"]                  # warm-up
+    rounds = [calls[3 + 3 * r: 6 + 3 * r] for r in range(6)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    assert rounds[0][0] == "a" and rounds[1][0] == "b" and rounds[2][0] == "c"
+    assert medians[0] < medians[2] < medians[1]
+    assert 0.9 <= medians[0] and 5.5 <= medians[1]
