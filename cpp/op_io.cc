@@ -80,10 +80,11 @@ Status read_attributes(const OrtApi& api, const OrtKernelInfo* info, const std::
     std::string s(size, '\0');
     take_error(api, api.KernelInfoGetAttribute_string(info, "fp32_precision", &s[0], &size));
     s.resize(size - 1);
+    // No kernel offers 'tf32x3' (its enum value stays for the table's codes), so it is refused
+    // here rather than failing later on CUDA only.
     if (s == "ieee") a->fp32_precision = Fp32Precision::kIeee;
-    else if (s == "tf32x3") a->fp32_precision = Fp32Precision::kTf32x3;
     else if (s == "tf32") a->fp32_precision = Fp32Precision::kTf32;
-    else return Status::Error("FlashAttention node '" + node + "': attribute fp32_precision is '" + s + "'; expected 'ieee', 'tf32x3' or 'tf32'");
+    else return Status::Error("FlashAttention node '" + node + "': attribute fp32_precision is '" + s + "'; expected 'ieee' or 'tf32'");
   }
   return Status::Ok();
 }

@@ -40,7 +40,7 @@ def test_output_rounds_to_nearest_even(dtype):
     np.testing.assert_array_equal(y.astype(np.float32)[0, 0, 0], [t[2] for t in ties])
 
 
-@pytest.mark.parametrize("precision", ["ieee", "tf32x3", "tf32"])
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
 def test_fp32_precision_is_ignored_on_cpu(precision):
     rng = np.random.default_rng()
     feeds = {n: rng.standard_normal(s, dtype=np.float32)
