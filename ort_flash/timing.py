@@ -40,14 +40,7 @@ class SessionTimer:
             self.session.run(None, self.feed_sets[i % len(self.feed_sets)])
 
     def median_ms(self, repeat: int, warmup: int = 3) -> float:
-        for i in range(warmup):
-            self.run_once(i)
-        times = []
-        for i in range(repeat):
-            t0 = time.perf_counter()
-            self.run_once(i)
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return interleaved_medians([self], repeat, warmup)[0]
 
 
 def interleaved_medians(timers: list[SessionTimer], repeat: int, warmup: int = 3) -> list[float]:
