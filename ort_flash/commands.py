@@ -58,7 +58,9 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
         "--fast-padded-rows", action="store_true",
         help="map causal + key-padding masks with a finite mask value (eager finfo.min) to "
              "is_causal + a (B,1,1,S) mask: much faster, but query rows whose visible keys are all "
-             "padding (left padding) then average over their causal window instead of all keys")
+             "padding (left padding) then average over their causal window instead of all keys; "
+             "and fuse eager masked_fill with float16's finfo.min (-65504) as -inf, so a query "
+             "row whose every key is hidden gives 0 instead of the average of V")
     parser.add_argument(
         "--fp32-precision", choices=("ieee", "tf32"), default="ieee",
         help="float32 models on the GPU: exact IEEE dots (default) or faster TF32 dots (opt-in)")

@@ -47,17 +47,10 @@ pytest.importorskip("onnxruntime")
 from ort_flash.rewriter import rewrite  # noqa: E402
 from ort_flash.verify import verify  # noqa: E402
 
-_FP16_FILL = ("the masked_fill value -65504 (float16's finfo.min) does not absorb the scores "
-              "(s + c != c in float32): rows whose every key is hidden would differ")
 # (check, where, the rewriter's reason) for every gap today: check is one of "loads", "fused",
 # "masks", "cache", "verify"; where holds families / files / dtype / attn / past (each optional,
 # all must match). A fix makes its strict xfails fail: then delete its line.
-GAPS: list[tuple[str, dict, str]] = [
-    ("fused", dict(families=("distilbert", "gpt2"), attn="eager", dtype="float16"), _FP16_FILL),
-    ("masks", dict(families=("gpt2",), attn="eager", dtype="float16"), "not fused: " + _FP16_FILL),
-    ("cache", dict(families=("gpt2",), attn="eager", dtype="float16", past=True),
-     "not fused: " + _FP16_FILL),
-]
+GAPS: list[tuple[str, dict, str]] = []
 
 
 def _applies(where: dict, spec: OptimumSpec, name: str) -> bool:

@@ -61,6 +61,8 @@ FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihea
 # Refinements, applied in this order to every FlashAttention node: each proves a cheaper form
 # (fewer K/V heads, is_causal instead of a materialized mask, no transposes) of the same function.
 REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d)
+# The families whose rules() take exact_masked_rows (rewrite's option of the same name).
+_EXACT_OPTION = (matmul_softmax_attention, causal_mask)
 
 
 @dataclasses.dataclass
@@ -77,9 +79,11 @@ def rewrite(
 
     ``exact_masked_rows`` (default True): keep causal + key-padding masks with a finite mask
     value (eager attention's finfo.min) materialized, so that every output row, including query
-    rows with no visible key (left-padded positions), is the same function. False turns them
-    into is_causal + a (B, 1, 1, S) mask (much faster); then those padding rows average over
-    their causal window instead of over all keys, and the report says which nodes that affects.
+    rows with no visible key (left-padded positions), is the same function, and leave eager
+    masked_fill with float16's finfo.min (-65504) unfused. False turns such masks into
+    is_causal + a (B, 1, 1, S) mask (much faster), and fuses that masked_fill as -inf; then
+    query rows with no visible key differ (they average over their causal window instead of over
+    all keys; a masked_fill row gives 0), and the report's notes say which nodes that affects.
 
     ``fp32_precision``: how float32 attention multiplies on the GPU. "ieee" (default) keeps
     float32 accuracy; "tf32" opts in to TF32 tensor-core dots (about 1e-3 relative error),
@@ -100,15 +104,16 @@ def rewrite(
     graphs = list(where.labels)
     dead_before = {n for g in graphs for n in _dead_nodes(g)}
     used_initializers = {g: {n for n, v in g.initializers.items() if v.uses()} for g in graphs}
-    fusions = [inst for family in FUSIONS for inst in family.rules()]
+    options = {"exact_masked_rows": exact_masked_rows}
+    fusions = [inst for family in FUSIONS
+               for inst in family.rules(**(options if family in _EXACT_OPTION else {}))]
     count = pattern.RewriteRuleSet([_as_rule(i, where) for i in fusions],
                                    commute=True).apply_to_model(model)
     refinements = []
     for family in REFINEMENTS:
         # What the previous rules left dead would look like other uses of the values they read.
         _remove_new_dead_nodes(model, dead_before, used_initializers)
-        kwargs = {"exact_masked_rows": exact_masked_rows} if family is causal_mask else {}
-        for inst in family.rules(**kwargs):  # in order: a family's first rules prepare the next
+        for inst in family.rules(**(options if family in _EXACT_OPTION else {})):  # in order: a family's first rules prepare the next
             pattern.RewriteRuleSet([_as_rule(inst, where)]).apply_to_model(model)
             _remove_new_dead_nodes(model, dead_before, used_initializers)
             if inst.family == family.FAMILY:
@@ -199,6 +204,8 @@ def _report(model: ir.Model, fusions: list, refinements: list, where: _Where) ->
             report.counts[inst.family] += 1
             entry = by_node[node_key]
             for key, value in changes.items():
+                if key == "note" and entry.note:  # a fusion's note stays beside a refinement's
+                    value = f"{entry.note}; {value}"
                 setattr(entry, key, value)
             entry.refined_by.append(inst.family)
         for node_key, reason in where.declined.get(id(inst), {}).items():

@@ -8,7 +8,8 @@
 #       Mul(Tanh(Div(S, c)), c) | —              [softcap: Gemma 2's soft-capping, c a constant]
 #       Where(keep, S, f) | Where(hide, f, S) | — [fill: eager masked_fill, f = float32 min or
 #                                                 -inf; becomes the additive Where(keep, 0, f)
-#                                                 (masked_fill.py says why that is exact)]
+#                                                 (masked_fill.py says why that is exact; float16's
+#                                                 -65504 only with exact_masked_rows=False, as -inf)]
 #       Add(S, A) | —                            [masks=2: a second additive term, e.g. T5's
 #                                                 relative position bias (1, H, Sq, Skv)]
 #       Add(S, M) | —                            [masks>=1: M rank 1-4, broadcasts to S]
@@ -57,13 +58,14 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
     family = FAMILY
 
     def __init__(self, *, scale: str | None, masks: int, upcast: bool = False,
-                 softcap: bool = False, fill: bool = False, view4d: bool = False) -> None:
+                 softcap: bool = False, fill: bool = False, view4d: bool = False,
+                 exact_masked_rows: bool = True) -> None:
         self.variant = (f"scale={scale or 'none'},masks={masks}" + (",upcast" if upcast else "")
                         + (",softcap" if softcap else "") + (",fill" if fill else "")
                         + (",view4d" if view4d else ""))
         super().__init__(name=f"{self.family}[{self.variant}]")
         self.scale_op, self.masks, self.upcast, self.softcap = scale, masks, upcast, softcap
-        self.fill, self.view4d = fill, view4d
+        self.fill, self.view4d, self.exact_masked_rows = fill, view4d, exact_masked_rows
         # Softmax node -> (number of matched nodes, reason) for matches whose check failed.
         self.failures: dict[ir.Node, tuple[int, str]] = {}
         self.fused: list[FusedSubgraph] = []
@@ -129,7 +131,9 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
                 if fill_side.endswith("_expanded") and shaped is not softmax_scores(softmax, nodes):
                     fail("the masked_fill condition is expanded to the shape of another tensor")
                 cond = masked_fill.condition(cond, cond_x, fill_side)
-                self._plan["fill"] = (masked_fill.fill_value(cond, fill), fill_side, cond)
+                c, hidden = masked_fill.fill_value(cond, fill, exact_masked_rows=self.exact_masked_rows)
+                self._plan["fill"] = (hidden, fill_side, cond)
+                self._plan["note"] = masked_fill.note(c) if hidden != c else ""
                 check_mask(dims(cond), dims(softmax.inputs[0]))
                 self._plan["mask"] = ("additive " + shape_text(cond) + (
                     "" if mask is None else " + " + self._plan["mask"].split(" ", 1)[1]))
@@ -272,6 +276,7 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
             rule=self.family, variant=self.variant, fused_node=y.producer().name,
             nodes=plan["nodes"], heads=plan["heads"], kv_heads=plan["kv_heads"],
             head_dim=plan["head_dim"], causal=False, mask=plan["mask"], scale=float(plan["scale"]),
+            note=plan.get("note", ""),
         ))
         if plan["view3d"]:
             y = view_3d.squeeze(op, y, plan["y"], f"{plan['scope']}FlashAttention_3d")
@@ -285,9 +290,10 @@ class MatMulSoftmaxAttention(pattern.RewriteRuleClassBase):
         return y
 
 
-def rules() -> list[MatMulSoftmaxAttention]:
+def rules(*, exact_masked_rows: bool = True) -> list[MatMulSoftmaxAttention]:
     """Every variant, longest chains first (so two-mask chains are not split)."""
-    return [MatMulSoftmaxAttention(scale=s, masks=m, softcap=c, fill=f, view4d=w)
+    return [MatMulSoftmaxAttention(scale=s, masks=m, softcap=c, fill=f, view4d=w,
+                                   exact_masked_rows=exact_masked_rows)
             for w, f, c, m, s in itertools.product((True, False), (True, False), (True, False),
                                                    (2, 1, 0), ("mul", "div", None))
             if not (w and c)]

@@ -13,6 +13,8 @@ WIDTH = 100  # the printed report fits a 100-column terminal
 CLI_WORDS = {
     "(exact_masked_rows=True)": "(kept by default; `ort-flash rewrite --fast-padded-rows`, "
                                 "exact_masked_rows=False in Python, maps it to is_causal)",
+    "exact_masked_rows=False takes it as -inf": "`ort-flash rewrite --fast-padded-rows` "
+                                                 "(exact_masked_rows=False in Python) takes it as -inf",
 }
 
 
