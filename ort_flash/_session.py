@@ -119,9 +119,11 @@ def _preload_cuda(providers) -> None:
             pass
 
 
-# The op versions the library implements. ONNX Runtime matches a custom op to the newest schema
-# at or below the model's import and gives the kernel no way to see the import, so a model that
-# asks for a later ort_flash opset would run the version-1 op: this is checked here instead.
+# The op versions the library implements. A plain onnxruntime session cannot refuse a later
+# import: ORT registers a custom-op domain for opsets 1-1000 with one schema per op name (since
+# its start version), so ("ort_flash", 2 or 99) resolves to the version-1 schema and kernel, even
+# with the op's end version set to 1 (tried on onnxruntime 1.31.1: versions 1, 2, 99 all load and
+# run); the kernel sees only that since-version, not the import. So it is checked here instead.
 OP_VERSIONS = (1,)
 
 
