@@ -57,9 +57,11 @@ GLUON_ARG_COUNT_NAME = "kGluonLaunchArgCount"
 TMA_ELEM_TYPES = {"fp16": (6, 6), "bf16": (10, 9)}
 
 
-def kernel_fn(kind: str):
-    """The (Triton or Gluon) JIT function a kind compiles."""
-    return variants.gluon_module().flash_fwd_gluon if kind == "fwd_gluon" else KERNELS[kind]
+def kernel_fn(kind: str, ws: bool = False):
+    """The (Triton or Gluon) JIT function a kind compiles (ws: the warp-specialized Gluon one)."""
+    if kind == "fwd_gluon":
+        return variants.gluon_module(ws).flash_fwd_gluon_ws if ws else variants.gluon_module().flash_fwd_gluon
+    return KERNELS[kind]
 
 
 def _runtime_arg_count(kind: str) -> int:
@@ -75,16 +77,16 @@ def _dtype_sig(dtype: str) -> str:
 
 def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
     """(signature, attrs, argument names) for ASTSource."""
-    params = inspect.signature(kernel_fn(v.kind).fn).parameters
+    params = inspect.signature(kernel_fn(v.kind, v.ws).fn).parameters
     arg_names = params.keys()
     t = _dtype_sig(v.dtype)
     mask_t = {"none": "*i8", "bool": "*i8", "add": t}[v.mask]
     sig = {}
     for name in arg_names:
         if v.kind in TMA_KINDS and name in TMA_ARGS:
-            rows = cfg.block_n if name in ("K", "V") else cfg.block_m
+            rows = cfg.desc_rows[name in ("K", "V")]
             # A Gluon descriptor's type names its shared layout, which the kernel's module picks.
-            sig[name] = (variants.gluon_module().desc_signature(v.dtype, rows, v.head_dim)
+            sig[name] = (variants.gluon_module(v.ws).desc_signature(v.dtype, rows, v.head_dim)
                          if v.kind == "fwd_gluon" else f"tensordesc<{v.dtype}[1,1,{rows},{v.head_dim}]>")
         elif name in ("Q", "K", "V", "Y"):
             sig[name] = t
@@ -128,9 +130,14 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         meta.update(cached=True, cubin=str(cached / "kernel.cubin"))
         return meta
     sig, attrs, names = signature(v, cfg)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if v.kind == "fwd_gluon":
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
                       "NUM_STAGES": cfg.num_stages}
+        if v.ws:
+            constexprs.update(NUM_CONSUMERS=cfg.consumers, CONSUMER_REGS=cfg.consumer_regs,
+                              PINGPONG=cfg.pingpong)
+            options["maxnreg"] = cfg.maxnreg
     elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
     else:
@@ -149,7 +156,7 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
             constexprs["EDGE_LOOP"] = True
     if v.kind == "fwd_gluon":
         from triton.experimental.gluon._runtime import GluonASTSource
-        src = GluonASTSource(fn=kernel_fn(v.kind), signature=sig, constexprs=constexprs, attrs=attrs)
+        src = GluonASTSource(fn=kernel_fn(v.kind, v.ws), signature=sig, constexprs=constexprs, attrs=attrs)
     else:
         src = ASTSource(fn=KERNELS[v.kind], signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
@@ -157,8 +164,7 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
     start = cpu_seconds()
     try:
         with _timed_stages(stage_s):
-            compiled = triton.compile(src, target=target,
-                                      options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+            compiled = triton.compile(src, target=target, options=options)
     except Exception as e:
         raise RuntimeError(f"{v.name} sm_{arch} {cfg}: Triton failed: {e}") from None
     # The front end (Python AST to TTIR) and Triton's own cache writes: what the stages leave.
@@ -241,9 +247,13 @@ def _tma_boxes(v: Variant, md) -> list[dict]:
 
 
 def gluon_sources() -> list[str]:
-    """The Gluon kernel's module and its pieces (aot/gluon_*.py)."""
+    """The Gluon kernels' modules (the warp-specialized one where it takes calls) and their
+    pieces (aot/gluon_*.py)."""
     here = Path(__file__).resolve().parent
-    return [variants.gluon_module().__file__] + [str(f) for f in sorted(here.glob("gluon_*.py"))]
+    mods = [variants.gluon_module().__file__]
+    if variants.GLUON_WS_LENGTHS:
+        mods.append(variants.gluon_module(ws=True).__file__)
+    return mods + [str(f) for f in sorted(here.glob("gluon_*.py"))]
 
 
 def source_hash(kind: str | None = None) -> str:
@@ -270,6 +280,8 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
     tile = f"tile({v.tile_causal},{v.tile_min_len})" if (v.tile_causal, v.tile_min_len) != (-1, 0) else ""
     tile += f"below({v.tile_max_len})" if v.tile_max_len else ""
     tile += "edge_loop" if edge_loop(v) else ""
+    if v.ws:
+        tile += f"ws({cfg.consumers},{cfg.maxnreg},{cfg.consumer_regs},{cfg.pingpong})"
     for part in (source_hash(v.kind), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"

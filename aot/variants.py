@@ -48,15 +48,21 @@ GLUON_MODULE = "flash_fwd_gluon"
 GLUON_MIN_ARCH = 90
 GLUON_DTYPES = ("fp16", "bf16")
 GLUON_HEAD_DIMS = (64, 128)
-# Where the Gluon kernel takes a call: min(Sq, Skv) in [lo, hi) (hi 0: unbounded), per (dtype,
-# head dim, causal); (0, 0) where not listed; elsewhere the TMA_TILES kernels run. Each Gluon cubin
-# carries its range as tile_min_len / tile_max_len, which cpp/cuda_launch.cc's pick_tile reads from
-# the generated table, so it is stated here only. Listed: where the Gluon kernel measured at most
-# even with the TMA kernel at N 8192 and 16384 (fp16 d128 causal 0.96-0.98x, d64 non-causal
-# 0.97-1.01x; experiments/gluon_attn.py on the H200, JIT, one run with 3-4 % run-to-run noise:
-# docs/measurements/prefill/gluon-v6-grid.json, perf-notes prefill v6).
-GLUON_LENGTHS = {("fp16", 128, True): (0, 8192), ("fp16", 64, False): (0, 8192),
-                 ("bf16", 64, False): (0, 8192)}
+# Where the Gluon kernels take a call: min(Sq, Skv) in [lo, hi) (hi 0: unbounded), per (dtype,
+# head dim, causal). GLUON_WS_LENGTHS: the warp-specialized kernel (GLUON_WS_MODULE: a TMA producer
+# warp and two or three consumer warpgroups, FA3's CTA layout), listed only where it takes calls;
+# GLUON_LENGTHS: the one-partition kernel (GLUON_MODULE), (0, 0) where not listed, cut below the
+# warp-specialized kernel's lower bound (none where that is 0); elsewhere the TMA_TILES kernels
+# run. Each cubin carries its range as tile_min_len / tile_max_len, which cpp/cuda_launch.cc's
+# pick_tile reads from the generated table, so it is stated here only. From experiments/gluon_attn.py
+# on the H200 (JIT, every kernel in one run, docs/measurements/prefill/gluon-v7-ws.json, perf-notes
+# prefill v7): at d128 the warp-specialized kernel was faster than the one-partition kernel at
+# every length measured (1.09-1.18x from N 4096; even at N 1024 causal); at d64 (three consumers,
+# 192 rows) 1.05-1.18x from N 4096 and 0.67-0.91x at N 1024.
+GLUON_WS_MODULE = "flash_fwd_gluon_ws"
+GLUON_WS_LENGTHS = {(dt, hd, c): (0 if hd == 128 else 4096, 0)
+                    for dt in ("fp16", "bf16") for hd in (64, 128) for c in (False, True)}
+GLUON_LENGTHS: dict = {}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
 DECODE_DTYPES = ("fp16", "bf16", "fp32")
@@ -112,6 +118,7 @@ class Variant:
     tile_causal: int = field(default=-1, repr=False)
     tile_min_len: int = field(default=0, repr=False)
     tile_max_len: int = field(default=0, repr=False)  # fwd_gluon: min(Sq, Skv) below it (0: any)
+    ws: bool = field(default=False, repr=False)  # fwd_gluon: the warp-specialized kernel
 
     @property
     def min_arch(self) -> int:
@@ -129,7 +136,8 @@ class Variant:
         tile = ("" if self.tile_causal < 0 else ("_c" if self.tile_causal else "_nc")) + (
             (f"_w{self.tile_min_len}" if self.kind == "decode" else f"_k{self.tile_min_len}")
             if self.tile_min_len else "") + (f"_lt{self.tile_max_len}" if self.tile_max_len else "")
-        return (f"flash_{self.kind}_{self.dtype}{prec}_d{self.head_dim}{'' if self.even_d else 'm'}"
+        kind = self.kind + ("_ws" if self.ws else "")
+        return (f"flash_{kind}_{self.dtype}{prec}_d{self.head_dim}{'' if self.even_d else 'm'}"
                 f"_{self.mask}{'k' if self.mask_keys else ''}{tile}{'_x' if self.extras else ''}")
 
 
@@ -139,6 +147,17 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    # The warp-specialized Gluon kernel's knobs (0: the other kernels). Out of repr, so the other
+    # cubins' cache keys stay; build.cache_key adds them where set.
+    consumers: int = field(default=0, repr=False)      # consumer warpgroups (block_m / consumers rows each)
+    maxnreg: int = field(default=0, repr=False)        # registers per thread outside the partitions
+    consumer_regs: int = field(default=0, repr=False)  # registers per thread of a consumer partition
+    pingpong: bool = field(default=False, repr=False)  # the consumers take turns issuing their GEMMs
+
+    @property
+    def desc_rows(self) -> tuple[int, int]:
+        """Box rows of (the Q and Y, the K and V) TMA descriptors."""
+        return self.block_m // max(self.consumers, 1), self.block_n
 
 
 def get_fwd_config(arch: int, v: Variant) -> TileConfig:
@@ -156,7 +175,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
             return TileConfig(DECODE_BLOCK_M, 64, 4, 3)
         return TileConfig(DECODE_BLOCK_M, 64, 4, 4 if arch >= 90 else 3)
     if v.kind == "fwd_gluon":
-        return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
+        return (gluon_ws_tile if v.ws else gluon_tile)(v.dtype, v.head_dim, v.tile_causal == 1)
     if v.dtype == "fp32":
         if v.head_dim >= 256:
             return TileConfig(32, 32, 4, 1)
@@ -192,35 +211,54 @@ def tma_tile(head_dim: int, causal: bool, length: int, extras: bool = False) -> 
     return TileConfig(*max(entries)[1])
 
 
-def gluon_module():
-    """The Gluon kernel's module (GLUON_MODULE), imported on first use: it needs
+def gluon_module(ws: bool = False):
+    """A Gluon kernel's module (GLUON_MODULE, or GLUON_WS_MODULE), imported on first use: it needs
     triton.experimental.gluon, and the table without Gluon variants never imports it."""
     import importlib
-    return importlib.import_module(GLUON_MODULE)
+    return importlib.import_module(GLUON_WS_MODULE if ws else GLUON_MODULE)
 
 
 def gluon_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
-    """The Gluon kernel's tile for a call, from its module's get_gluon_config (BLOCK_M, BLOCK_N,
-    NUM_STAGES and num_warps: the default partition's warps)."""
+    """The one-partition Gluon kernel's tile for a call, from its module's get_gluon_config
+    (BLOCK_M, BLOCK_N, NUM_STAGES and num_warps: the default partition's warps)."""
     c = gluon_module().get_gluon_config(dtype, head_dim, causal)
     return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"])
 
 
-def gluon_lengths(dtype: str, head_dim: int, causal: bool) -> tuple[int, int]:
-    """The min(Sq, Skv) range [lo, hi) (hi 0: unbounded) where the Gluon kernel takes a call."""
-    return GLUON_LENGTHS.get((dtype, head_dim, bool(causal)), (0, 0))
+def gluon_ws_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
+    """The warp-specialized kernel's tile for a call, from its module's get_ws_config."""
+    c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal)
+    return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
+                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"])
+
+
+def gluon_lengths(dtype: str, head_dim: int, causal: bool, ws: bool = False) -> tuple[int, int] | None:
+    """The min(Sq, Skv) range [lo, hi) (hi 0: unbounded) where a Gluon kernel takes a call; None
+    where it takes none."""
+    ws_range = GLUON_WS_LENGTHS.get((dtype, head_dim, bool(causal)))
+    if ws:
+        return ws_range
+    lo, hi = GLUON_LENGTHS.get((dtype, head_dim, bool(causal)), (0, 0))
+    if ws_range is not None:
+        if ws_range[0] <= lo:
+            return None
+        hi = min(hi, ws_range[0]) if hi else ws_range[0]
+    return (lo, hi) if hi == 0 or hi > lo else None
 
 
 def gluon_variants() -> list[Variant]:
-    """One cubin per (dtype, head dim) where causal and non-causal calls share tile and range,
-    else one per causal flag (tile_causal 0 / 1)."""
+    """Per (dtype, head dim) and kernel: one cubin where causal and non-causal calls share tile
+    and range, else one per causal flag (tile_causal 0 / 1)."""
     out = []
-    for dtype, hd in itertools.product(GLUON_DTYPES, GLUON_HEAD_DIMS):
-        per = {c: (gluon_tile(dtype, hd, bool(c)), gluon_lengths(dtype, hd, bool(c))) for c in (0, 1)}
-        for causal in ((-1,) if per[0] == per[1] else (0, 1)):
+    for dtype, hd, ws in itertools.product(GLUON_DTYPES, GLUON_HEAD_DIMS, (False, True)):
+        tile = gluon_ws_tile if ws else gluon_tile
+        per = {c: gluon_lengths(dtype, hd, bool(c), ws) for c in (0, 1)}
+        per = {c: (tile(dtype, hd, bool(c)), r) for c, r in per.items() if r is not None}
+        shared = len(per) == 2 and per[0] == per[1]
+        for causal in ((-1,) if shared else sorted(per)):
             lo, hi = per[max(causal, 0)][1]
             out.append(Variant(dtype, hd, True, "none", False, "tf32", "fwd_gluon",
-                               tile_causal=causal, tile_min_len=lo, tile_max_len=hi))
+                               tile_causal=causal, tile_min_len=lo, tile_max_len=hi, ws=ws))
     return out
 
 

@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 import flash_fwd_gluon as fg  # noqa: E402
+import flash_fwd_gluon_ws as fws  # noqa: E402
 from tune import _shipped, bench, launch, save  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -53,6 +54,33 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
         OVERLAP_PV=c.get("OVERLAP_PV", False), num_warps=c["num_warps"])
+
+
+def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
+    """One launch of the warp-specialized kernel (aot/flash_fwd_gluon_ws.py); `cfg` overrides its
+    tile table (BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, maxnreg)."""
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    c = dict(fws.get_ws_config(str(q.dtype), d, causal), **(cfg or {}))
+    lay = fg.desc_layout()
+    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d], lay)
+             for t, r in zip((q, k, v, y), fws.desc_rows(c))]
+    grid = (triton.cdiv(sq, c["BLOCK_M"]), b * hq)
+    fws.flash_fwd_gluon_ws[grid](
+        *descs, lse, lse, lse, 1.0 / math.sqrt(d), 0.0,
+        hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, -1, skv, 0, int(store_lse),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
+        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
+        PINGPONG=c["PINGPONG"], NUM_CONSUMERS=c.get("NUM_CONSUMERS", 2),
+        CONSUMER_REGS=c.get("CONSUMER_REGS", 240), num_warps=c["num_warps"], maxnreg=c["maxnreg"])
+
+
+def run_any(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
+    """run_ws for a cfg with WS set (the flag itself is not a kernel argument), else run_gluon."""
+    if cfg and cfg.get("WS"):
+        return run_ws(q, k, v, y, lse, causal, offset, {key: val for key, val in cfg.items() if key != "WS"},
+                      store_lse)
+    return run_gluon(q, k, v, y, lse, causal, offset, cfg, store_lse)
 
 
 def reference(q, k, v, causal, offset):
@@ -90,7 +118,7 @@ def check(dtypes, head_dims, cfgs) -> list:
         v = torch.randn(b, hkv, skv, d, device="cuda", dtype=DTYPES[dt])
         y = torch.full_like(q, float("nan"))
         lse = torch.full((b, hq, sq), float("nan"), device="cuda")
-        run_gluon(q, k, v, y, lse, causal, off, cfg)
+        run_any(q, k, v, y, lse, causal, off, cfg)
         torch.cuda.synchronize()
         ref, ref_lse = reference(q, k, v, causal, off)
         err = float((y.float() - ref).norm() / ref.norm().clamp_min(1e-6))
@@ -131,10 +159,10 @@ def grid(dtypes, head_dims, seqs, cfgs) -> list:
                     continue
                 cfg = {key: val for key, val in (cfg or {}).items() if key != "BLOCK_D"} or None
                 y.fill_(float("nan"))
-                run_gluon(q, k, v, y, lse, causal, 0, cfg)
+                run_any(q, k, v, y, lse, causal, 0, cfg)
                 err = float((y.float() - ref.float()).abs().max())
                 name = "gluon" + "".join(f" {key}={val}" for key, val in (cfg or {}).items())
-                row[name] = flops / bench(lambda: run_gluon(q, k, v, y, lse, causal, 0, cfg)) / 1e9
+                row[name] = flops / bench(lambda: run_any(q, k, v, y, lse, causal, 0, cfg)) / 1e9
                 row[name + " max_err"] = err
             gl_best = max(val for key, val in row.items() if key.startswith("gluon") and "err" not in key)
             peer = max(row["cudnn"], row["triton"])
@@ -154,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--configs", default="", help="extra tiles, head_dim:BM,BN,stages,warps;...")
+    ap.add_argument("--ws", default="", help="warp-specialized tiles, head_dim:BM,BN,stages,pingpong[,maxnreg[,consumers[,consumer regs]]];...")
+    ap.add_argument("--no-plain", action="store_true", help="leave out the one-partition kernel's own tile")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--sass", action="store_true", help="AOT-compile on the CPU, read registers and SASS order")
     ap.add_argument("--out", default="gluon_attn.json")
@@ -168,6 +198,13 @@ def main(argv=None) -> int:
         bm, bn, st, nw, *overlap = map(int, tile.split(","))
         cfgs.append(dict(BLOCK_D=int(d), BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=st, num_warps=nw,
                          **(dict(OVERLAP_PV=bool(overlap[0])) if overlap else {})))
+    for item in filter(None, args.ws.split(";")):
+        d, tile = item.split(":")
+        bm, bn, st, pp, *more = map(int, tile.split(","))
+        extra = dict(zip(("maxnreg", "NUM_CONSUMERS", "CONSUMER_REGS"), more))
+        cfgs.append(dict(BLOCK_D=int(d), WS=True, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=st, PINGPONG=bool(pp), **extra))
+    if args.no_plain:
+        cfgs.remove(None)
     if args.sass:
         from gluon_sass import report
         return report(dtypes, head_dims, cfgs)

@@ -37,6 +37,7 @@ def fixture_gluon(monkeypatch):
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
     monkeypatch.setattr(variants, "GLUON_MODULE", "_gluon_fixture")
     monkeypatch.setattr(variants, "GLUON_LENGTHS", {})
+    monkeypatch.setattr(variants, "GLUON_WS_LENGTHS", {})
     return variants
 
 
@@ -98,7 +99,8 @@ def test_gluon_runtime_parameters_are_flash_fwds(fixture_gluon):
 def test_gluon_signature_is_the_jit_paths(monkeypatch, module):
     """AOT names each descriptor's type as the JIT does for a host TensorDescriptor of the same
     block with the default 128-byte-swizzle layout (the type carries the NVMMASharedLayout): rows
-    BLOCK_M for Q/Y, BLOCK_N for K/V; for the stand-in and the shipped kernel."""
+    BLOCK_M for Q/Y (a consumer warpgroup's rows in the warp-specialized kernel), BLOCK_N for K/V;
+    for the stand-in and the shipped kernels."""
     import triton.language as tl
     from triton.experimental.gluon.language import NVMMASharedLayout
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -119,7 +121,7 @@ def test_gluon_signature_is_the_jit_paths(monkeypatch, module):
         sig, attrs, names = build.signature(x, cfg)
         dtype = {"fp16": tl.float16, "bf16": tl.bfloat16}[x.dtype]
         for name in build.TMA_ARGS:
-            block = [1, 1, cfg.block_n if name in "KV" else cfg.block_m, x.head_dim]
+            block = [1, 1, cfg.desc_rows[name in "KV"], x.head_dim]
             layout = NVMMASharedLayout.get_default_for(block, dtype)
             assert layout.swizzle_byte_width == 128
             d = x.head_dim
@@ -134,7 +136,7 @@ def _compiled(v, cfg, cache: Path):
 
 
 def _check_meta(m, v, cfg):
-    rows = {"Q": cfg.block_m, "K": cfg.block_n, "V": cfg.block_n, "Y": cfg.block_m}
+    rows = {"Q": cfg.desc_rows[0], "K": cfg.block_n, "V": cfg.block_n, "Y": cfg.desc_rows[0]}
     assert [b["arg"] for b in m["tma"]] == list(build.TMA_ARGS)
     for b in m["tma"]:
         assert b["swizzle"] == 3 and b["rows"] == rows[b["arg"]] and v.head_dim % b["cols"] == 0
@@ -182,17 +184,40 @@ def test_gluon_cache_key_follows_the_gluon_sources_only(fixture_gluon, monkeypat
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("pick", [("fp16", 128, 0), ("bf16", 64, 1)], ids=lambda p: f"{p[0]}-d{p[1]}-c{p[2]}")
+@pytest.mark.parametrize("pick", [("fp16", 128, 0, True), ("bf16", 64, 1, False), ("bf16", 64, 0, True)],
+                         ids=lambda p: f"{p[0]}-d{p[1]}-c{p[2]}-{'ws' if p[3] else 'one'}")
 def test_shipped_gluon_kernel_compiles_for_sm90(monkeypatch, tmp_path, pick):
-    """Representative shipped Gluon variants compile for sm_90 on this GPU-less machine, with
-    metadata the launcher can use (every variant compiles in the full build; these two quickly)."""
+    """Representative shipped Gluon variants (the one-partition and the warp-specialized kernel)
+    compile for sm_90 on this GPU-less machine, with metadata the launcher can use (every variant
+    compiles in the full build; these quickly): the warp-specialized one launches its consumer
+    warpgroups and the producer warp's warpgroup (12 or 16 warps), its Q/Y boxes one consumer's rows."""
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
-    dtype, hd, causal = pick
-    g = [x for x in variants.gluon_variants() if (x.dtype, x.head_dim) == (dtype, hd)
+    dtype, hd, causal, ws = pick
+    g = [x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws) == (dtype, hd, ws)
          and x.tile_causal in (-1, causal)]
     assert len(g) == 1
     cfg = variants.get_fwd_config(90, g[0])
-    _check_meta(_compiled(g[0], cfg, tmp_path), g[0], cfg)
+    m = _compiled(g[0], cfg, tmp_path)
+    _check_meta(m, g[0], cfg)
+    if ws:
+        assert m["kernel_name"] == "flash_fwd_gluon_ws" and cfg.consumers in (2, 3)
+        assert m["num_warps"] == 4 * (cfg.consumers + 1) and cfg.block_m == 64 * cfg.consumers
+        assert {b["rows"] for b in m["tma"] if b["arg"] in "QY"} == {64}
+
+
+def test_shipped_gluon_ranges_split_the_lengths():
+    """Per (dtype, head dim, causal flag) the shipped Gluon cubins' min(Sq, Skv) ranges do not
+    overlap, and together with the TMA kernel's they cover every length once (pick_tile takes the
+    entry whose range holds the call)."""
+    g = _gluon(variants.all_variants())
+    for dtype, hd, causal in [(d, h, c) for d in variants.GLUON_DTYPES for h in variants.GLUON_HEAD_DIMS for c in (0, 1)]:
+        spans = sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g
+                       if (x.dtype, x.head_dim) == (dtype, hd) and x.tile_causal in (-1, causal))
+        assert spans, (dtype, hd, causal)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+        ws = variants.gluon_lengths(dtype, hd, causal, ws=True)
+        if ws is not None:
+            assert (ws[0], ws[1] or 1 << 40) in spans
 
 
 # The dispatcher, over tables built from aot/variants.py as the build would compile them.
