@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("tune", "tune_decode", "levers", "decode_floor", "decode_flat", "gluon_attn")
+SCRIPTS = ("tune", "tune_decode", "levers", "decode_floor", "decode_flat", "gluon_attn", "merged_variants")
 
 # One interpreter for all five (torch and triton load once); each script runs as __main__ with
 # --help, which must end in exit status 0 after its module-level imports ran.
@@ -45,5 +45,5 @@ def test_aot_holds_only_what_the_build_compiles():
     """aot/ is the product: the kernels, the variant table and the build. Measurement scripts
     live in experiments/."""
     names = {p.name for p in (ROOT / "aot").glob("*.py")}
-    assert not names & {f"{s}.py" for s in SCRIPTS + ("gluon_sass",)}, names
+    assert not names & {f"{s}.py" for s in SCRIPTS + ("gluon_sass", "merged_pairs")}, names
     assert {"build.py", "variants.py", "flash_fwd.py", "flash_decode.py"} <= names

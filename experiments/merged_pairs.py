@@ -1,0 +1,153 @@
+"""The calls experiments/merged_variants.py times, and for each the variant the build compiled for
+it before the merge of issue #23 and the one it compiles now, checked against the variant tables
+(aot/variants.py), and compiled exactly as aot/build.py compiles them. No GPU and no torch needed.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "aot"))
+
+import build  # noqa: E402
+import variants as V  # noqa: E402
+
+ARCH = 90                  # the H200's build
+MAX_DECODE_SQ, MAX_DECODE_ROWS = 16, 64  # cpp/cuda_launch.cc kMaxDecodeSq, kMaxDecodeRows
+
+
+@dataclass(frozen=True)
+class Call:
+    """One op call: (B, Hq, Sq, D) queries against (B, Hkv, Skv, D) keys, offset Skv - Sq."""
+    label: str
+    dtype: str
+    b: int
+    hq: int
+    hkv: int
+    sq: int
+    skv: int
+    d: int
+    causal: bool = False
+    mask: str = "none"        # none / bool / add
+    mask_rows: bool = False   # a (B, 1, Sq, Skv) mask; else a (B, 1, 1, Skv) key vector
+    layout: str = "bhsd"      # bhsd, bshd (the 3-D layout's storage), pad (rows 8 elements wider)
+    prec: str = "ieee"        # fp32 dots: ieee or tf32
+
+    @property
+    def kind(self) -> str:
+        return "decode" if self.sq <= MAX_DECODE_SQ and self.hq // self.hkv * self.sq <= MAX_DECODE_ROWS else "fwd"
+
+    @property
+    def aligned(self) -> bool:
+        return self.layout != "pad" or (self.d + 8) % 16 == 0
+
+
+# Rare-class calls: fp32 (the tiny model families export d32 fp32 with masks), fp16 d32/d256
+# (MiniLM, Gemma), inexact head dims, decode steps. Odd lengths, so every boundary range runs.
+CALLS = [
+    Call("fp32 d64", "fp32", 2, 8, 8, 1000, 1000, 64),
+    Call("fp32 d64 causal", "fp32", 2, 8, 8, 1000, 1000, 64, causal=True),
+    Call("fp32 tf32 d128 causal gqa", "fp32", 2, 8, 2, 777, 777, 128, causal=True, prec="tf32"),
+    Call("fp32 d32 key mask bshd", "fp32", 8, 8, 8, 509, 509, 32, mask="add", layout="bshd"),
+    Call("fp32 d32 full mask causal", "fp32", 8, 8, 8, 509, 509, 32, causal=True, mask="add", mask_rows=True),
+    Call("fp16 d32", "fp16", 4, 16, 16, 1531, 1531, 32),
+    Call("fp16 d32 causal", "fp16", 4, 16, 16, 1531, 1531, 32, causal=True),
+    Call("fp16 d32 key mask bshd", "fp16", 4, 16, 16, 1531, 1531, 32, mask="add", layout="bshd"),
+    Call("fp16 d256 gqa", "fp16", 2, 8, 4, 1531, 1531, 256),
+    Call("fp16 d256 causal chunk", "fp16", 2, 8, 4, 509, 1531, 256, causal=True),
+    Call("fp16 d256 bool key mask", "fp16", 2, 8, 4, 1531, 1531, 256, mask="bool"),
+    Call("fp16 d80 causal bshd", "fp16", 4, 12, 12, 1531, 1531, 80, causal=True, layout="bshd"),
+    Call("fp16 d80 key mask", "fp16", 4, 12, 12, 1531, 1531, 80, mask="add"),
+    Call("bf16 d96 pad", "bf16", 4, 8, 8, 1531, 1531, 96, layout="pad"),
+    Call("decode fp32 d64", "fp32", 8, 16, 4, 1, 4099, 64, causal=True),
+    Call("decode fp16 d32", "fp16", 16, 16, 4, 1, 4099, 32, causal=True),
+    Call("decode fp16 d256", "fp16", 8, 16, 4, 1, 4099, 256, causal=True),
+    Call("decode fp16 d80 key mask", "fp16", 8, 16, 4, 1, 4099, 80, causal=True, mask="add"),
+]
+
+
+def _table(variant_list, arch: int) -> dict:
+    """{(kind, dtype, fp32 precision, head dim, even, mask, mask_keys, extras): Variant}, base tiles."""
+    return {(v.kind, v.dtype, v.precision if v.dtype == "fp32" else "", v.head_dim, v.even_d, v.mask,
+             v.mask_keys, v.extras): v
+            for v in variant_list if v.kind in ("fwd", "decode") and not v.tile_min_len and arch >= v.min_arch}
+
+
+def pick(call: Call, table: dict):
+    """The variant cpp/cuda_launch.cc launches for `call` from `table` (select_variant / decode_key,
+    find_fwd_kernel, find_superset: exact, with extras, with a masked head dim, with both)."""
+    buckets = (32, 64, 128, 256) if call.kind == "fwd" else (64, 128, 256)
+    hd = next((b for b in buckets if call.d <= b), 0)
+    even = call.d == hd and call.aligned and (call.kind == "decode" or hd != 32)
+    prec = "" if call.dtype != "fp32" else (call.prec if call.kind == "fwd" else "ieee")
+    keys = call.kind == "fwd" and call.mask != "none" and (not call.mask_rows or call.sq == 1)
+    for mk in ((True, False) if keys else (False,)):
+        for extras, ev in ((False, even), (True, even), (False, False), (True, False)):
+            v = table.get((call.kind, call.dtype, prec, hd, ev, call.mask, mk, extras))
+            if v is not None:
+                return v
+    raise ValueError(f"{call.label}: no variant in the table")
+
+
+@dataclass(frozen=True)
+class Pair:
+    call: Call
+    before: V.Variant
+    after: V.Variant
+
+    @property
+    def jobs(self):  # (variant, EDGE_LOOP): EDGE_LOOP did not exist before the merge
+        return [(self.before, False), (self.after, V.edge_loop(self.after))]
+
+
+def make_pairs(calls=CALLS, arch: int = ARCH) -> list[Pair]:
+    """Each call's variant before and after the merge, checked: the before one in the unmerged
+    product and merged away now, the after one in today's table and a superset of it."""
+    before_t, after_t = _table(V.all_combinations(), arch), _table(V.all_variants(), arch)
+    now, unmerged = set(V.all_variants()), set(V.all_combinations())
+    pairs = []
+    for c in calls:
+        p = Pair(c, pick(c, before_t), pick(c, after_t))
+        b, a = p.before, p.after
+        problems = [msg for bad, msg in (
+            (b not in unmerged, f"{b.name} is not in the unmerged product"),
+            (b in now, f"{b.name} is still compiled: this call is not merged"),
+            (a not in now, f"{a.name} is not in today's variant table"),
+            ((a.kind, a.dtype, a.precision, a.head_dim, a.mask, a.mask_keys) !=
+             (b.kind, b.dtype, b.precision, b.head_dim, b.mask, b.mask_keys), f"{a.name} is another class than {b.name}"),
+            (not a.extras or a.even_d > b.even_d, f"{a.name} is no superset of {b.name}"))
+            if bad]
+        if problems:
+            raise ValueError(f"{c.label}: " + "; ".join(problems))
+        pairs.append(p)
+    return pairs
+
+
+def constexprs(v: V.Variant, arch: int, edge: bool) -> dict:
+    """The constexprs aot/build.py's _compile_one gives v (tests check they match), EDGE_LOOP as asked."""
+    cfg = V.get_fwd_config(arch, v)
+    if v.kind == "combine":
+        return {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
+    c = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim, "BLOCK_DV": v.head_dim,
+         "EVEN_D": v.even_d, "MASK_KIND": V.MASK_KINDS[v.mask], "EXTRAS": v.extras, "DOT_PRECISION": v.precision}
+    if v.kind == "decode":
+        c["PDL"] = build.decode_pdl(arch)
+    if v.mask_keys:
+        c["MASK_KEYS"] = True
+    if edge:
+        c["EDGE_LOOP"] = True
+    return c
+
+
+def source(v: V.Variant, arch: int, edge: bool):
+    """(ASTSource, compile options, parameter names, signature) as aot/build.py compiles v."""
+    from triton.compiler import ASTSource
+    cfg = V.get_fwd_config(arch, v)
+    sig, attrs, names = build.signature(v, cfg)
+    src = ASTSource(fn=build.KERNELS[v.kind], signature=sig, constexprs=constexprs(v, arch, edge), attrs=attrs)
+    return src, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, names, sig
+
+
+def combine_variant(v: V.Variant) -> V.Variant:
+    return V.Variant(v.dtype, v.head_dim, False, "none", False, v.precision, "combine")
