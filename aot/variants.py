@@ -55,13 +55,15 @@ GLUON_HEAD_DIMS = (64, 128)
 # warp-specialized kernel's lower bound (none where that is 0); elsewhere the TMA_TILES kernels
 # run. Each cubin carries its range as tile_min_len / tile_max_len, which cpp/cuda_launch.cc's
 # pick_tile reads from the generated table, so it is stated here only. From experiments/gluon_attn.py
-# on the H200 (JIT, every kernel in one run, docs/measurements/prefill/gluon-v7-ws.json, perf-notes
-# prefill v7): at d128 the warp-specialized kernel was faster than the one-partition kernel at
-# every length measured (1.09-1.18x from N 4096; even at N 1024 causal); at d64 (three consumers,
-# 192 rows) 1.05-1.18x from N 4096 and 0.67-0.91x at N 1024.
+# on the H200 (JIT, both Gluon kernels, the TMA kernel and cuDNN in one run per file:
+# docs/measurements/prefill/gluon-v7-ws.json, gluon-v7-ws-short.json; perf-notes prefill v7): the
+# warp-specialized kernel at d128 was 1.02-1.18x the one-partition kernel from N 1024 non-causal
+# and from N 2048 causal, even with it at N 512 non-causal and behind it at N 512 causal (bf16
+# 254 vs 268); at d64 (three consumers, 192 rows) 1.05-1.18x from N 2048 non-causal and N 4096
+# causal, 0.37-0.92x below.
 GLUON_WS_MODULE = "flash_fwd_gluon_ws"
-GLUON_WS_LENGTHS = {(dt, hd, c): (0 if hd == 128 else 4096, 0)
-                    for dt in ("fp16", "bf16") for hd in (64, 128) for c in (False, True)}
+_WS_FROM = {(128, False): 0, (128, True): 1024, (64, False): 2048, (64, True): 4096}
+GLUON_WS_LENGTHS = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c), lo in _WS_FROM.items()}
 GLUON_LENGTHS: dict = {}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.

@@ -64,14 +64,17 @@ def test_gluon_variants_are_the_calls_it_takes(fixture_gluon):
 
 def test_shipped_table_keeps_gluon_small_and_sm90_only():
     """What the build compiles as committed: no Gluon variant unless GLUON_ENABLED, and then at
-    most one per (dtype, head dim, causal flag) (the #23 build-time budget), each range of
-    GLUON_LENGTHS non-empty."""
+    most one per (kernel, dtype, head dim, causal flag) (the #23 build-time budget), each range of
+    GLUON_LENGTHS and GLUON_WS_LENGTHS non-empty."""
     g = _gluon(variants.all_variants())
     for (dtype, hd, causal), (lo, hi) in variants.GLUON_LENGTHS.items():
         assert dtype in variants.GLUON_DTYPES and hd in variants.GLUON_HEAD_DIMS and causal in (False, True)
         assert lo >= 0 and (hi == 0 or hi > lo)
+    for (dtype, hd, causal), (lo, hi) in variants.GLUON_WS_LENGTHS.items():
+        assert dtype in variants.GLUON_DTYPES and hd in variants.GLUON_HEAD_DIMS and causal in (False, True)
+        assert lo >= 0 and (hi == 0 or hi > lo)
     assert bool(g) == variants.GLUON_ENABLED
-    assert len(g) <= 2 * len(variants.GLUON_DTYPES) * len(variants.GLUON_HEAD_DIMS)
+    assert len(g) <= 2 * 2 * len(variants.GLUON_DTYPES) * len(variants.GLUON_HEAD_DIMS)
     assert all(x.min_arch == 90 for x in g)
     jobs80 = [x for x in variants.all_variants() if 80 >= x.min_arch]
     assert not _gluon(jobs80)
