@@ -231,10 +231,16 @@ def flash_fwd(
         # Shapes compiled as superset variants (aot/variants.py edge_loop): the interior, then both
         # boundary ranges through one compiled loop, for about half the code to compile; the
         # same scores, summed in another order.
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
-                                row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                                scale, cap, cap_on, left, right, b, hk,
-                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
+        if EXTRAS and not cap_on:  # see the interior below
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
+                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                    scale, cap, cap_on, left, right, b, hk,
+                                    BLOCK_N, EVEN_D, MASK_KIND, False, DOT_PRECISION, False, TMA, MASK_KEYS)
+        else:
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
+                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                    scale, cap, cap_on, left, right, b, hk,
+                                    BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
         for edge in range(2):
             e_lo = tl.where(edge == 0, lo, hi_full)
             e_hi = tl.where(edge == 0, lo_full, hi)
@@ -248,10 +254,19 @@ def flash_fwd(
                                 offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                                 scale, cap, cap_on, left, right, b, hk,
                                 BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos, row_ok,
-                                offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                                scale, cap, cap_on, left, right, b, hk,
-                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
+        if EXTRAS and not cap_on:
+            # The interior without a softcap (windows and key lengths only move its bounds): the
+            # loop of the variant without extras, so a call without softcap does not pay the
+            # capped scores' exp and divide that the select below computes for every score.
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
+                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                    scale, cap, cap_on, left, right, b, hk,
+                                    BLOCK_N, EVEN_D, MASK_KIND, False, DOT_PRECISION, False, TMA, MASK_KEYS)
+        else:
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
+                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                    scale, cap, cap_on, left, right, b, hk,
+                                    BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, hi_full, hi, hi, pos, row_ok,
                                 offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                                 scale, cap, cap_on, left, right, b, hk,
