@@ -131,6 +131,28 @@ def _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_o
 
 
 @triton.jit
+def _interior(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_ok,
+              offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+              scale, cap, cap_on, left, right, kv_b, kv_h,
+              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASK_KIND: tl.constexpr,
+              EXTRAS: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, MASK_KEYS: tl.constexpr):
+    """The interior blocks. Without a softcap (windows and key lengths only move its bounds) an
+    extras variant runs the loop of the variant without extras, so such a call does not pay the
+    capped scores' exp and divide that _attend's select computes for every score."""
+    if EXTRAS and not cap_on:
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_ok,
+                                offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                scale, cap, cap_on, left, right, kv_b, kv_h,
+                                BLOCK_N, EVEN_D, MASK_KIND, False, DOT_PRECISION, False, TMA, MASK_KEYS)
+    else:
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, start, end, hi, pos, row_ok,
+                                offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                scale, cap, cap_on, left, right, kv_b, kv_h,
+                                BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _visibility(SeqlensK, b, Sq, Skv, offset, causal, window_left, window_right, mask_len,
                 has_seqlens, softcap, row_lo, row_hi,
                 BLOCK_N: tl.constexpr, MASK_KIND: tl.constexpr, EXTRAS: tl.constexpr):
@@ -231,16 +253,10 @@ def flash_fwd(
         # Shapes compiled as superset variants (aot/variants.py edge_loop): the interior, then both
         # boundary ranges through one compiled loop, for about half the code to compile; the
         # same scores, summed in another order.
-        if EXTRAS and not cap_on:  # see the interior below
-            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
-                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                                    scale, cap, cap_on, left, right, b, hk,
-                                    BLOCK_N, EVEN_D, MASK_KIND, False, DOT_PRECISION, False, TMA, MASK_KEYS)
-        else:
-            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
-                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                                    scale, cap, cap_on, left, right, b, hk,
-                                    BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
+        acc, l_i, m_i = _interior(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
+                                  row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                  scale, cap, cap_on, left, right, b, hk,
+                                  BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, TMA, MASK_KEYS)
         for edge in range(2):
             e_lo = tl.where(edge == 0, lo, hi_full)
             e_hi = tl.where(edge == 0, lo_full, hi)
@@ -254,19 +270,10 @@ def flash_fwd(
                                 offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                                 scale, cap, cap_on, left, right, b, hk,
                                 BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, True, TMA, MASK_KEYS)
-        if EXTRAS and not cap_on:
-            # The interior without a softcap (windows and key lengths only move its bounds): the
-            # loop of the variant without extras, so a call without softcap does not pay the
-            # capped scores' exp and divide that the select below computes for every score.
-            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
-                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                                    scale, cap, cap_on, left, right, b, hk,
-                                    BLOCK_N, EVEN_D, MASK_KIND, False, DOT_PRECISION, False, TMA, MASK_KEYS)
-        else:
-            acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
-                                    row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
-                                    scale, cap, cap_on, left, right, b, hk,
-                                    BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, False, TMA, MASK_KEYS)
+        acc, l_i, m_i = _interior(acc, l_i, m_i, q, k_base, v_base, m_base, lo_full, hi_full, hi, pos,
+                                  row_ok, offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
+                                  scale, cap, cap_on, left, right, b, hk,
+                                  BLOCK_N, EVEN_D, MASK_KIND, EXTRAS, DOT_PRECISION, TMA, MASK_KEYS)
         acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, hi_full, hi, hi, pos, row_ok,
                                 offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,
                                 scale, cap, cap_on, left, right, b, hk,
