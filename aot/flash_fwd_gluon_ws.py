@@ -16,7 +16,16 @@ retires P V. With PINGPONG the two consumers take turns issuing their GEMMs (two
 one's softmax runs under the other's tensor-core work (FA3's inter-warpgroup schedule).
 
 Q and Y are TMA descriptors with a (1, 1, BLOCK_M / 2, D) box, K and V (1, 1, BLOCK_N, D); grid
-(cdiv(Sq, BLOCK_M), B * Hq), query blocks in reverse so the longest causal blocks start first.
+(cdiv(Sq, BLOCK_M * TILES_PER_CTA), B * Hq), query blocks in reverse so the longest causal blocks
+start first.
+
+With TILES_PER_CTA > 1 a CTA takes that many consecutive BLOCK_M tiles of one (batch, head), the
+last first (tiles starting at or past Sq are skipped by every partition alike), so that a short
+sequence's prologue and epilogue overlap the neighbouring tile's work: Q is double-buffered
+(ready/empty barriers per consumer and buffer; a consumer frees its slot once the TMA store of
+its output from that slot has read it), the producer streams the next tile's Q and K/V while the
+consumers finish the current one, and the ring phases and turns follow running counts over the
+CTA's tiles. TILES_PER_CTA = 1 compiles to the same code as before it existed.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -48,15 +57,51 @@ def desc_rows(cfg: dict) -> tuple:
 
 
 @gluon.jit
-def _producer(Q, K, V, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty,
-              b, h, hk, m0, n_blocks,
-              WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr):
+def _tile_span(tile, Sq, Skv, offset, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Query tile `tile`'s first row and the keys it sees, [0, hi) in n_blocks >= 1 blocks: the
+    producer and every consumer derive a tile's block count here, so they agree on the ring."""
+    m0 = tile * BLOCK_M
+    row_hi = gl.minimum(m0 + BLOCK_M, Sq) - 1
+    hi = Skv
+    if causal != 0:
+        hi = gl.minimum(Skv, row_hi + offset + 1)
+    n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+    return m0, hi, n_blocks
+
+
+@gluon.jit
+def _softmax_lim(s, m_i, l_i, start_n, mask_from, lim, qk_scale,
+                 s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """_softmax with the two masks folded into one bound per row (key j kept iff j <= lim =
+    min(pos, hi - 1)): one compare an element, fewer registers where the loop over tiles adds its own."""
+    if start_n + BLOCK_N > mask_from:
+        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(cols[None, :] <= lim[:, None], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2 gives 0
+    p = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   b, h, hk, m0, n_blocks, t, c0,
+                   WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
+                   QB: gl.constexpr):
+    """Loads of one tile: its Q into Q buffer t % QB, then its K/V blocks, ring blocks c0 + j."""
+    qb = t % QB
     for w in gl.static_range(NC):
-        mbarrier.expect(q_bars.index(w), Q.block_type.nbytes)
-        tma.async_copy_global_to_shared(Q, [b, h, m0 + w * WG_M, 0], q_bars.index(w), q_smem.index(w))
+        if QB > 1:  # the buffer's last tile has been stored (a fresh barrier passes phase 1)
+            mbarrier.wait(q_empty.index(qb * NC + w), ((t // QB) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qb * NC + w), Q.block_type.nbytes)
+        tma.async_copy_global_to_shared(Q, [b, h, m0 + w * WG_M, 0], q_ready.index(qb * NC + w),
+                                        q_smem.index(qb * NC + w))
     for j in range(n_blocks):
-        st = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
+        c = c0 + j
+        st = c % NUM_STAGES
+        phase = (c // NUM_STAGES) & 1
         # A fresh barrier counts as having completed the phase before 0: the first round passes.
         mbarrier.wait(k_empty.index(st), phase ^ 1)
         mbarrier.expect(k_ready.index(st), K.block_type.nbytes)
@@ -67,10 +112,30 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty
 
 
 @gluon.jit
-def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-              WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr):
+def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+              b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
+              WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
+              TILES: gl.constexpr):
+    if TILES == 1:
+        _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                       b, h, hk, m0, n_blocks, 0, 0, WG_M, BLOCK_N, NUM_STAGES, NC, 1)
+    else:
+        # Runs ahead into the next tile: its Q into the other buffer, its blocks through the ring.
+        c0 = n_valid * 0
+        for t in range(n_valid):
+            m0_t, hi_t, nb_t = _tile_span(g0 + n_valid - 1 - t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
+            _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                           b, h, hk, m0_t, nb_t, t, c0, WG_M, BLOCK_N, NUM_STAGES, NC, 2)
+            c0 += nb_t
+
+
+@gluon.jit
+def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+                   t, c0, i0,
+                   WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr):
+    """One consumer's rows of one tile: Q from buffer t % QB, ring blocks c0 + j, turns i0 + j - 1."""
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -88,32 +153,39 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty,
         mask_from = gl.minimum(Skv, r0 + offset + 1)
     else:
         pos = rows * 0 + Skv
-    q_slot = q_smem.index(WG)
+    q_idx = (t % QB) * NC + WG
+    q_slot = q_smem.index(q_idx)
     q = q_slot.reshape([WG_M, BLOCK_D])
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
 
-    mbarrier.wait(q_bars.index(WG), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    k0 = k_ring.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+    mbarrier.wait(q_ready.index(q_idx), (t // QB) & 1)
+    st0 = c0 % NUM_STAGES
+    mbarrier.wait(k_ready.index(st0), (c0 // NUM_STAGES) & 1)
+    k0 = k_ring.index(st0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s])
-    mbarrier.arrive(k_empty.index(0))
+    mbarrier.arrive(k_empty.index(st0))
     m_i = gl.full([WG_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([WG_M], gl.float32, row_layout)
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, mask_from, hi, pos, qk_scale, s_layout, BLOCK_N)
+    if QB > 1:
+        lim = gl.minimum(pos, hi - 1)
+        p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, 0, mask_from, lim, qk_scale, s_layout, BLOCK_N)
+    else:
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, mask_from, hi, pos, qk_scale, s_layout, BLOCK_N)
     p = gl.convert_layout(p.to(dtype), p_layout)
 
     acc = gl.zeros([WG_M, BLOCK_D], gl.float32, o_layout)
     for j in range(1, n_blocks):
-        st = j % NUM_STAGES
-        prev = (j - 1) % NUM_STAGES
-        mbarrier.wait(k_ready.index(st), (j // NUM_STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+        c = c0 + j
+        st = c % NUM_STAGES
+        prev = (c - 1) % NUM_STAGES
+        mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
         if PINGPONG:
-            # Round robin: turn i of consumer 0 follows the last consumer's turn i - 1, turn i of
-            # consumer c > 0 follows consumer c - 1's turn i (a fresh barrier reads as having
-            # completed the phase before 0, so consumer 0 starts).
-            mbarrier.wait(turns.index(WG), ((j - 1) & 1) ^ (1 if WG == 0 else 0))
+            # Round robin over the running turn count i: turn i of consumer 0 follows the last
+            # consumer's turn i - 1, turn i of consumer c > 0 follows consumer c - 1's turn i (a
+            # fresh barrier reads as having completed the phase before 0, so consumer 0 starts).
+            mbarrier.wait(turns.index(WG), ((i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))
         k_j = k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
         s_tok = warpgroup_mma(q, k_j, s_zero, use_acc=False, is_async=True)
         v_prev = v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
@@ -122,18 +194,25 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty,
             mbarrier.arrive(turns.index((WG + 1) % NC))
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(st))
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, mask_from, hi, pos, qk_scale,
-                                      s_layout, BLOCK_N)
+        if QB > 1:
+            p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, j * BLOCK_N, mask_from, lim, qk_scale,
+                                              s_layout, BLOCK_N)
+        else:
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, mask_from, hi, pos, qk_scale,
+                                          s_layout, BLOCK_N)
         acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
         mbarrier.arrive(v_empty.index(prev))
         p = gl.convert_layout(p.to(dtype), p_layout)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
 
-    last = (n_blocks - 1) % NUM_STAGES
-    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)
+    c_last = c0 + n_blocks - 1
+    last = c_last % NUM_STAGES
+    mbarrier.wait(v_ready.index(last), (c_last // NUM_STAGES) & 1)
     v_last = v_ring.index(last).reshape([BLOCK_N, BLOCK_D])
     acc = warpgroup_mma(p, v_last, acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc])
+    if QB > 1:  # the next tile's blocks come through this slot
+        mbarrier.arrive(v_empty.index(last))
 
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)
     out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
@@ -145,26 +224,49 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty,
         lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
         gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
     tma.store_wait(0)
+    if QB > 1:  # the store has read the slot: the producer may load a later tile's Q there
+        mbarrier.arrive(q_empty.index(q_idx))
 
 
 @gluon.jit
-def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-               WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr):
-    _consumer(Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-              1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)
+def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+              WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+              NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr):
+    if TILES == 1:
+        _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                       turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+                       0, 0, 0, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1)
+    else:
+        # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
+        # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
+        c0 = n_valid * 0
+        for t in range(n_valid):
+            m0_t, hi_t, nb_t = _tile_span(g0 + n_valid - 1 - t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
+            _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                           turns, b, h, pid_bh, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
+                           t, c0, c0 - t, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 2)
+            c0 += nb_t
 
 
 @gluon.jit
-def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr):
-    _consumer(Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-              2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)
+               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr):
+    _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+              1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)
+
+
+@gluon.jit
+def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+               WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr):
+    _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+              2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)
 
 
 @gluon.jit
@@ -180,11 +282,16 @@ def flash_fwd_gluon_ws(
     stride_mb, stride_mh, stride_mm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
+    TILES_PER_CTA: gl.constexpr = 1,
 ):
     gl.static_assert(gl.num_warps() == CONSUMER_WARPS, "the default partition is one consumer warpgroup")
     gl.static_assert((NUM_CONSUMERS == 2) | (NUM_CONSUMERS == 3), "two or three consumer warpgroups")
+    # An AOT source that does not name a constexpr passes None, not the default.
+    TILES: gl.constexpr = 1 if TILES_PER_CTA is None else TILES_PER_CTA
+    gl.static_assert(TILES >= 1, "at least one query tile per CTA")
     NC: gl.constexpr = NUM_CONSUMERS
     WG_M: gl.constexpr = BLOCK_M // NUM_CONSUMERS
+    QB: gl.constexpr = 1 if TILES == 1 else 2  # Q buffers: the next tile's loads run under this one
     dtype: gl.constexpr = Q.dtype
 
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -192,28 +299,41 @@ def flash_fwd_gluon_ws(
     b = pid_bh // Hq
     h = pid_bh % Hq
     hk = h // group
-    m0 = pid_m * BLOCK_M
 
-    # Keys the CTA sees: [0, hi). Both consumers run every block (the upper one masks the tail of
-    # the diagonal), so the two stay in step on the ring and the turns.
-    row_hi = gl.minimum(m0 + BLOCK_M, Sq) - 1
-    hi = Skv
-    if causal != 0:
-        hi = gl.minimum(Skv, row_hi + offset + 1)
-    n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+    # Keys a tile sees: [0, hi). Every consumer runs every block of its tile (the upper one masks
+    # the tail of the diagonal), so they stay in step on the ring and the turns.
+    if TILES == 1:
+        m0, hi, n_blocks = _tile_span(pid_m, Sq, Skv, offset, causal, BLOCK_M, BLOCK_N)
+        g0 = 0
+        n_valid = 1
+    else:
+        # Tiles g0 .. g0 + n_valid - 1 (those starting below Sq), longest first; the partitions
+        # derive each tile's span themselves.
+        m0 = 0
+        hi = 0
+        n_blocks = 0
+        g0 = pid_m * TILES
+        n_valid = gl.minimum(gl.cdiv(Sq, BLOCK_M) - g0, TILES)
     qk_scale = scale * LOG2E
 
-    q_smem = gl.allocate_shared_memory(dtype, [NC, 1, 1, WG_M, BLOCK_D], Q.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [QB * NC, 1, 1, WG_M, BLOCK_D], Q.layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, BLOCK_D], K.layout)
     v_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, BLOCK_D], V.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [QB * NC, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    if QB > 1:
+        q_empty = gl.allocate_shared_memory(gl.int64, [QB * NC, 1], mbarrier.MBarrierLayout())
+    else:
+        q_empty = q_ready  # never used with one tile
     for i in gl.static_range(NC):
-        mbarrier.init(q_bars.index(i), count=1)
+        for qb in gl.static_range(QB):
+            mbarrier.init(q_ready.index(qb * NC + i), count=1)
+            if QB > 1:
+                mbarrier.init(q_empty.index(qb * NC + i), count=1)  # the consumer that reads the slot
         mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
@@ -225,27 +345,37 @@ def flash_fwd_gluon_ws(
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
     if NC == 2:
         gl.warp_specialize([
-            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-                      b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)),
-            (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-                      b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)),
-            (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty,
-                         b, h, hk, m0, n_blocks, WG_M, BLOCK_N, NUM_STAGES, NC)),
+            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                         0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+            (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                          WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+            (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                         b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
+                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
-            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-                      b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)),
-            (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-                      b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)),
-            (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty, turns,
-                      b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)),
-            (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_bars, k_ready, v_ready, k_empty, v_empty,
-                         b, h, hk, m0, n_blocks, WG_M, BLOCK_N, NUM_STAGES, NC)),
+            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                         0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+            (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                          WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+            (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                          WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+            (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                         b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
+                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),
         ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
     for i in gl.static_range(NC):
-        mbarrier.invalidate(q_bars.index(i))
+        for qb in gl.static_range(QB):
+            mbarrier.invalidate(q_ready.index(qb * NC + i))
+            if QB > 1:
+                mbarrier.invalidate(q_empty.index(qb * NC + i))
         mbarrier.invalidate(turns.index(i))
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(i))

@@ -208,6 +208,51 @@ def test_shipped_gluon_kernel_compiles_for_sm90(monkeypatch, tmp_path, pick):
         assert {b["rows"] for b in m["tma"] if b["arg"] in "QY"} == {64}
 
 
+def _ws_sass(v, cfg, tiles=None) -> tuple:
+    """The warp-specialized kernel compiled as aot/build.py compiles it (its signature, hints,
+    constexprs and options), TILES_PER_CTA named when `tiles` is given: (shared bytes, cuobjdump
+    -res-usage, SASS)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig, attrs, _ = build.signature(v, cfg)
+    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=v.head_dim, NUM_STAGES=cfg.num_stages,
+                      NUM_CONSUMERS=cfg.consumers, CONSUMER_REGS=cfg.consumer_regs, PINGPONG=cfg.pingpong,
+                      **({} if tiles is None else {"TILES_PER_CTA": tiles}))
+    src = GluonASTSource(fn=build.kernel_fn(v.kind, True), signature=sig, constexprs=constexprs, attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg))
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        pytest.skip("no cuobjdump in the triton wheel")
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(ck.asm["cubin"])
+        res, sass = (subprocess.run([str(tool), flag, str(cubin)], capture_output=True, text=True, check=True).stdout
+                     for flag in ("-res-usage", "--dump-sass"))
+    return ck.metadata.shared, res, sass
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+@pytest.mark.parametrize("hd", [128, 64])
+def test_ws_tiles_per_cta_compiles_for_sm90(monkeypatch, hd):
+    """TILES_PER_CTA = 2 (two query tiles per CTA, the second's loads under the first's epilogue;
+    not in the shipped table) compiles for sm_90 at the shipped tile with no spills (cuobjdump
+    -res-usage: no local memory, no stack) and within the shared-memory limit; naming
+    TILES_PER_CTA = 1 gives the same SASS as the shipped variant, which leaves it out (d128)."""
+    monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    v = next(x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws) == ("fp16", hd, True))
+    cfg = variants.get_fwd_config(90, v)
+    shared, res, sass = _ws_sass(v, cfg, 2)
+    assert re.search(r"STACK:0 ", res) and re.search(r"LOCAL:0 ", res), res
+    assert 0 < shared <= build.SMEM_LIMIT[90]
+    assert sass.count("HGMMA") > 0 and "STL" not in sass
+    if hd == 128:
+        assert _ws_sass(v, cfg, 1)[2] == _ws_sass(v, cfg)[2]
+
+
 def test_shipped_gluon_ranges_split_the_lengths():
     """Per (dtype, head dim, causal flag) the shipped Gluon cubins' min(Sq, Skv) ranges do not
     overlap, and together with the TMA kernel's they cover every length once (pick_tile takes the
