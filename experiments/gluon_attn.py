@@ -5,9 +5,15 @@ run, on the benchmark grid (batch x seqlen = 16k tokens, hidden 2048). Prints a 
 
     python experiments/gluon_attn.py [--quick] [--dtypes fp16,bf16] [--head-dims 64,128]
         [--seqs 512,...,16384] [--configs "128:64,64,3,4;64:128,64,4,8"] [--check-only] [--out gluon.json]
+        [--ws "128:128,128,2,1,168,2,240,2;..."] [--runtime-ints] [--no-triton] [--no-plain]
 
 --configs times (and checks) the Gluon kernel at each tile given as head_dim:BLOCK_M,BLOCK_N,
-NUM_STAGES,num_warps[,OVERLAP_PV] besides the tile table's.
+NUM_STAGES,num_warps[,OVERLAP_PV] besides the tile table's; --ws the warp-specialized kernel at
+head_dim:BLOCK_M,BLOCK_N,NUM_STAGES,PINGPONG[,maxnreg[,consumers[,consumer regs[,TILES_PER_CTA]]]]
+(TILES_PER_CTA query tiles of BLOCK_M rows per CTA, grid cdiv(Sq, BLOCK_M * TILES_PER_CTA)).
+--runtime-ints compiles the Gluon kernels with their integer arguments unspecialized, as aot/build.py
+compiles them (JIT otherwise folds causal == 1 and compiles anew per Sq % 16, group == 1, ...): one
+compile per variant instead of one per shape class.
 --sass needs no GPU: it compiles each variant ahead of time for sm_90 (as aot/build.py would),
 prints registers, spills and shared memory, and reads the main loop's SASS for the overlap: how
 many MUFU.EX2 (the softmax) sit between the wait for S (WARPGROUP.DEPBAR.LE gsb0, 0x1) and the
@@ -58,21 +64,24 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
 
 def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     """One launch of the warp-specialized kernel (aot/flash_fwd_gluon_ws.py); `cfg` overrides its
-    tile table (BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, maxnreg)."""
+    tile table (BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, maxnreg, NUM_CONSUMERS, CONSUMER_REGS,
+    TILES_PER_CTA: a CTA takes that many consecutive BLOCK_M tiles)."""
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     c = dict(fws.get_ws_config(str(q.dtype), d, causal), **(cfg or {}))
     lay = fg.desc_layout()
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d], lay)
              for t, r in zip((q, k, v, y), fws.desc_rows(c))]
-    grid = (triton.cdiv(sq, c["BLOCK_M"]), b * hq)
+    tiles = c.get("TILES_PER_CTA", 1)
+    grid = (triton.cdiv(sq, c["BLOCK_M"] * tiles), b * hq)
     fws.flash_fwd_gluon_ws[grid](
         *descs, lse, lse, lse, 1.0 / math.sqrt(d), 0.0,
         hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, -1, skv, 0, int(store_lse),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
         PINGPONG=c["PINGPONG"], NUM_CONSUMERS=c.get("NUM_CONSUMERS", 2),
-        CONSUMER_REGS=c.get("CONSUMER_REGS", 240), num_warps=c["num_warps"], maxnreg=c["maxnreg"])
+        CONSUMER_REGS=c.get("CONSUMER_REGS", 240), TILES_PER_CTA=tiles, num_warps=c["num_warps"],
+        maxnreg=c["maxnreg"])
 
 
 def run_any(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
@@ -81,6 +90,17 @@ def run_any(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
         return run_ws(q, k, v, y, lse, causal, offset, {key: val for key, val in cfg.items() if key != "WS"},
                       store_lse)
     return run_gluon(q, k, v, y, lse, causal, offset, cfg, store_lse)
+
+
+def runtime_ints() -> None:
+    """Leave the Gluon kernels' integer arguments (all but the strides) unspecialized, as the AOT
+    build does: set before the first launch, when JIT builds its argument binder."""
+    for fn in (fg.flash_fwd_gluon, fws.flash_fwd_gluon_ws):
+        assert not fn.device_caches, "set before the first launch"
+        for p in fn.params:
+            if not p.is_constexpr and p.name not in ("scale", "softcap") and not p.name.startswith("stride_") \
+                    and p.name not in ("Q", "K", "V", "Y", "Lse", "Mask", "SeqlensK"):
+                p.do_not_specialize = True
 
 
 def reference(q, k, v, causal, offset):
@@ -103,6 +123,10 @@ CHECKS = [  # (B, Hq, Hkv, Sq, Skv, causal, offset)
     (1, 3, 1, 113, 203, True, 90), (1, 3, 1, 113, 203, False, 0),
     (1, 2, 2, 256, 128, True, -128), (2, 2, 1, 300, 700, True, 57),
     (1, 2, 2, 1024, 1024, True, 0), (1, 2, 1, 129, 1023, False, 0),
+    # Several query tiles per CTA (TILES_PER_CTA): a last CTA with fewer valid tiles, a tile whose
+    # upper consumer rows all lie past Sq, causal offsets both ways, K/V rings over many blocks.
+    (1, 3, 1, 300, 700, True, 57), (2, 2, 1, 777, 1999, False, 0), (1, 2, 1, 1000, 1500, True, 500),
+    (1, 2, 1, 300, 171, True, -129), (1, 2, 1, 129, 129, True, 0), (1, 4, 2, 2000, 2000, True, 0),
 ]
 
 
@@ -140,7 +164,7 @@ def cudnn(q, k, v, causal):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def grid(dtypes, head_dims, seqs, cfgs) -> list:
+def grid(dtypes, head_dims, seqs, cfgs, triton_peer=True) -> list:
     results = []
     for dt, d, s in itertools.product(dtypes, head_dims, seqs):
         h, b = 2048 // d, max(1, 16384 // s)
@@ -152,8 +176,9 @@ def grid(dtypes, head_dims, seqs, cfgs) -> list:
             ref = cudnn(q, k, v, causal)
             row = dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, causal=causal)
             row["cudnn"] = flops / bench(lambda: cudnn(q, k, v, causal)) / 1e9
-            tile = _shipped(dt, d, "fwd_tma", causal=causal, skv=s)
-            row["triton"] = flops / bench(lambda: launch(q, k, v, y, lse, causal, tile, tma=True)) / 1e9
+            if triton_peer:
+                tile = _shipped(dt, d, "fwd_tma", causal=causal, skv=s)
+                row["triton"] = flops / bench(lambda: launch(q, k, v, y, lse, causal, tile, tma=True)) / 1e9
             for cfg in cfgs:
                 if cfg and cfg.get("BLOCK_D", d) != d:
                     continue
@@ -165,9 +190,9 @@ def grid(dtypes, head_dims, seqs, cfgs) -> list:
                 row[name] = flops / bench(lambda: run_any(q, k, v, y, lse, causal, 0, cfg)) / 1e9
                 row[name + " max_err"] = err
             gl_best = max(val for key, val in row.items() if key.startswith("gluon") and "err" not in key)
-            peer = max(row["cudnn"], row["triton"])
+            peer = max(row["cudnn"], row.get("triton", 0.0))
             print(f"{dt} d{d:<3} N{s:<5} B{b:<2} causal={int(causal)}  gluon {gl_best:4.0f}  triton "
-                  f"{row['triton']:4.0f}  cudnn {row['cudnn']:4.0f}  gluon/cudnn {gl_best / row['cudnn']:.2f}x"
+                  f"{row.get('triton', float('nan')):4.0f}  cudnn {row['cudnn']:4.0f}  gluon/cudnn {gl_best / row['cudnn']:.2f}x"
                   f"  gluon/best {gl_best / peer:.2f}x" + "".join(
                       f"  [{key[6:]}: {val:.0f}]" for key, val in row.items()
                       if key.startswith("gluon ") and "err" not in key), flush=True)
@@ -182,7 +207,9 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--configs", default="", help="extra tiles, head_dim:BM,BN,stages,warps;...")
-    ap.add_argument("--ws", default="", help="warp-specialized tiles, head_dim:BM,BN,stages,pingpong[,maxnreg[,consumers[,consumer regs]]];...")
+    ap.add_argument("--ws", default="", help="warp-specialized tiles, head_dim:BM,BN,stages,pingpong[,maxnreg[,consumers[,consumer regs[,tiles per CTA]]]];...")
+    ap.add_argument("--runtime-ints", action="store_true", help="Gluon integer arguments unspecialized, as AOT")
+    ap.add_argument("--no-triton", action="store_true", help="leave out the shipped Triton kernel's timing")
     ap.add_argument("--no-plain", action="store_true", help="leave out the one-partition kernel's own tile")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--sass", action="store_true", help="AOT-compile on the CPU, read registers and SASS order")
@@ -201,15 +228,17 @@ def main(argv=None) -> int:
     for item in filter(None, args.ws.split(";")):
         d, tile = item.split(":")
         bm, bn, st, pp, *more = map(int, tile.split(","))
-        extra = dict(zip(("maxnreg", "NUM_CONSUMERS", "CONSUMER_REGS"), more))
+        extra = dict(zip(("maxnreg", "NUM_CONSUMERS", "CONSUMER_REGS", "TILES_PER_CTA"), more))
         cfgs.append(dict(BLOCK_D=int(d), WS=True, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=st, PINGPONG=bool(pp), **extra))
     if args.no_plain:
         cfgs.remove(None)
     if args.sass:
         from gluon_sass import report
         return report(dtypes, head_dims, cfgs)
+    if args.runtime_ints:
+        runtime_ints()
     checks = check(dtypes, head_dims, cfgs)
-    results = [] if args.check_only else grid(dtypes, head_dims, seqs, cfgs)
+    results = [] if args.check_only else grid(dtypes, head_dims, seqs, cfgs, not args.no_triton)
     save(args.out, results + [dict(kind="checks", checks=checks)])
     return 0 if all(c["ok"] for c in checks) else 1
 
