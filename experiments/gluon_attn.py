@@ -164,7 +164,18 @@ def cudnn(q, k, v, causal):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def grid(dtypes, head_dims, seqs, cfgs, triton_peer=True) -> list:
+def _label(cfg) -> str:
+    """A short printed name of a timed variant (the JSON keeps the full one)."""
+    if not cfg:
+        return "one-partition"
+    if cfg.get("WS"):
+        return f"ws M{cfg['BLOCK_M']} T{cfg.get('TILES_PER_CTA', 1)}"
+    return ",".join(f"{val}" for key, val in cfg.items())
+
+
+def grid(dtypes, head_dims, seqs, cfgs, triton_peer=True, save_to=None, checks=()) -> list:
+    """Every cell timed; with save_to, the JSON rewritten after each cell (a run cut short keeps
+    what it measured)."""
     results = []
     for dt, d, s in itertools.product(dtypes, head_dims, seqs):
         h, b = 2048 // d, max(1, 16384 // s)
@@ -175,6 +186,7 @@ def grid(dtypes, head_dims, seqs, cfgs, triton_peer=True) -> list:
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
             ref = cudnn(q, k, v, causal)
             row = dict(dtype=dt, head_dim=d, seq=s, batch=b, heads=h, causal=causal)
+            labels = {}  # row key -> short name for the printed line
             row["cudnn"] = flops / bench(lambda: cudnn(q, k, v, causal)) / 1e9
             if triton_peer:
                 tile = _shipped(dt, d, "fwd_tma", causal=causal, skv=s)
@@ -189,14 +201,16 @@ def grid(dtypes, head_dims, seqs, cfgs, triton_peer=True) -> list:
                 name = "gluon" + "".join(f" {key}={val}" for key, val in (cfg or {}).items())
                 row[name] = flops / bench(lambda: run_any(q, k, v, y, lse, causal, 0, cfg)) / 1e9
                 row[name + " max_err"] = err
+                labels[name] = _label(cfg) + ("" if err < 0.1 else " ERR")  # NaN included
             gl_best = max(val for key, val in row.items() if key.startswith("gluon") and "err" not in key)
             peer = max(row["cudnn"], row.get("triton", 0.0))
             print(f"{dt} d{d:<3} N{s:<5} B{b:<2} causal={int(causal)}  gluon {gl_best:4.0f}  triton "
                   f"{row.get('triton', float('nan')):4.0f}  cudnn {row['cudnn']:4.0f}  gluon/cudnn {gl_best / row['cudnn']:.2f}x"
                   f"  gluon/best {gl_best / peer:.2f}x" + "".join(
-                      f"  [{key[6:]}: {val:.0f}]" for key, val in row.items()
-                      if key.startswith("gluon ") and "err" not in key), flush=True)
+                      f"  [{label}: {row[key]:.0f}]" for key, label in labels.items()), flush=True)
             results.append(row)
+            if save_to:
+                save(save_to, results + [dict(kind="checks", checks=checks)])
     return results
 
 
@@ -238,7 +252,8 @@ def main(argv=None) -> int:
     if args.runtime_ints:
         runtime_ints()
     checks = check(dtypes, head_dims, cfgs)
-    results = [] if args.check_only else grid(dtypes, head_dims, seqs, cfgs, not args.no_triton)
+    save(args.out, [dict(kind="checks", checks=checks)])
+    results = [] if args.check_only else grid(dtypes, head_dims, seqs, cfgs, not args.no_triton, args.out, checks)
     save(args.out, results + [dict(kind="checks", checks=checks)])
     return 0 if all(c["ok"] for c in checks) else 1
 
