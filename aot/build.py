@@ -132,11 +132,13 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
     sig, attrs, names = signature(v, cfg)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if v.kind == "fwd_gluon":
-        constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
+        constexprs = {"BLOCK_M": cfg.block_m // cfg.tiles, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
                       "NUM_STAGES": cfg.num_stages}
         if v.ws:
             constexprs.update(NUM_CONSUMERS=cfg.consumers, CONSUMER_REGS=cfg.consumer_regs,
                               PINGPONG=cfg.pingpong)
+            if cfg.tiles > 1:
+                constexprs["TILES_PER_CTA"] = cfg.tiles
             options["maxnreg"] = cfg.maxnreg
     elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
@@ -282,6 +284,7 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
     tile += "edge_loop" if edge_loop(v) else ""
     if v.ws:
         tile += f"ws({cfg.consumers},{cfg.maxnreg},{cfg.consumer_regs},{cfg.pingpong})"
+        tile += f"tiles({cfg.tiles})" if cfg.tiles > 1 else ""
     for part in (source_hash(v.kind), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"

@@ -57,13 +57,18 @@ GLUON_HEAD_DIMS = (64, 128)
 # pick_tile reads from the generated table, so it is stated here only. From experiments/gluon_attn.py
 # on the H200 (JIT, both Gluon kernels, the TMA kernel and cuDNN in one run per file:
 # docs/measurements/prefill/gluon-v7-ws.json, gluon-v7-ws-short.json; perf-notes prefill v7): the
-# warp-specialized kernel at d128 was 1.02-1.18x the one-partition kernel from N 1024 non-causal
-# and from N 2048 causal, even with it at N 512 non-causal and behind it at N 512 causal (bf16
-# 254 vs 268); at d64 (three consumers, 192 rows) 1.05-1.18x from N 2048 non-causal and N 4096
-# causal, 0.37-0.92x below.
+# warp-specialized kernel at d128 was 1.09-1.18x the one-partition kernel from N 1024 non-causal
+# and 1.04-1.17x from N 2048 causal, even at N 512 non-causal, 0.95-0.99x causal at N 512-1024;
+# at d64 (three consumers, 192 rows) 1.05-1.18x from N 2048 non-causal, 1.03-1.13x from N 4096
+# causal, 0.58-0.92x below.
 GLUON_WS_MODULE = "flash_fwd_gluon_ws"
-_WS_FROM = {(128, False): 0, (128, True): 1024, (64, False): 2048, (64, True): 4096}
+_WS_FROM = {(128, False): 0, (128, True): 2048, (64, False): 2048, (64, True): 4096}
 GLUON_WS_LENGTHS = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c), lo in _WS_FROM.items()}
+# Query tiles per CTA of the warp-specialized kernel, from a min(Sq, Skv) on (1 elsewhere): a CTA
+# running two tiles in turn has the next tile's Q and K/V loads in flight under the last one's
+# epilogue. d128 non-causal, two tiles: 1.02-1.10x one tile at N 512-2048, 0.98-1.01x at N 8192
+# (experiments/gluon_attn.py --runtime-ints on the H200: docs/measurements/prefill/gluon-v7-tiles.json).
+GLUON_WS_TILES = {(128, False): {0: 2, 8192: 1}}
 GLUON_LENGTHS: dict = {}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
@@ -155,11 +160,12 @@ class TileConfig:
     maxnreg: int = field(default=0, repr=False)        # registers per thread outside the partitions
     consumer_regs: int = field(default=0, repr=False)  # registers per thread of a consumer partition
     pingpong: bool = field(default=False, repr=False)  # the consumers take turns issuing their GEMMs
+    tiles: int = field(default=1, repr=False)          # query tiles a CTA runs in turn (block_m: all of them)
 
     @property
     def desc_rows(self) -> tuple[int, int]:
         """Box rows of (the Q and Y, the K and V) TMA descriptors."""
-        return self.block_m // max(self.consumers, 1), self.block_n
+        return self.block_m // self.tiles // max(self.consumers, 1), self.block_n
 
 
 def get_fwd_config(arch: int, v: Variant) -> TileConfig:
@@ -177,7 +183,11 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
             return TileConfig(DECODE_BLOCK_M, 64, 4, 3)
         return TileConfig(DECODE_BLOCK_M, 64, 4, 4 if arch >= 90 else 3)
     if v.kind == "fwd_gluon":
-        return (gluon_ws_tile if v.ws else gluon_tile)(v.dtype, v.head_dim, v.tile_causal == 1)
+        if v.ws:
+            tiles = [t for lo, _, t in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1)
+                     if lo == v.tile_min_len]
+            return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, tiles[0] if tiles else 1)
+        return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
     if v.dtype == "fp32":
         if v.head_dim >= 256:
             return TileConfig(32, 32, 4, 1)
@@ -227,11 +237,25 @@ def gluon_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
     return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"])
 
 
-def gluon_ws_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
-    """The warp-specialized kernel's tile for a call, from its module's get_ws_config."""
+def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1) -> TileConfig:
+    """The warp-specialized kernel's tile for a call, from its module's get_ws_config; `tiles`
+    query tiles per CTA (block_m counts all of them: the launcher's grid is cdiv(Sq, block_m))."""
     c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal)
-    return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
-                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"])
+    return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
+                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles)
+
+
+def gluon_ws_entries(dtype: str, head_dim: int, causal: bool) -> list[tuple[int, int, int]]:
+    """The warp-specialized kernel's cubins for a call class: (lo, hi, tiles per CTA), GLUON_WS_LENGTHS'
+    range split where GLUON_WS_TILES changes the tiles per CTA."""
+    rng = GLUON_WS_LENGTHS.get((dtype, head_dim, bool(causal)))
+    if rng is None:
+        return []
+    lo, hi = rng
+    steps = sorted(GLUON_WS_TILES.get((head_dim, bool(causal)), {0: 1}).items())
+    cuts = [lo] + [k for k, _ in steps if lo < k and (hi == 0 or k < hi)]
+    tiles_at = lambda n: [t for k, t in steps if k <= n][-1] if any(k <= n for k, _ in steps) else 1  # noqa: E731
+    return [(a, b, tiles_at(a)) for a, b in zip(cuts, cuts[1:] + [hi])]
 
 
 def gluon_lengths(dtype: str, head_dim: int, causal: bool, ws: bool = False) -> tuple[int, int] | None:
@@ -249,18 +273,24 @@ def gluon_lengths(dtype: str, head_dim: int, causal: bool, ws: bool = False) -> 
 
 
 def gluon_variants() -> list[Variant]:
-    """Per (dtype, head dim) and kernel: one cubin where causal and non-causal calls share tile
-    and range, else one per causal flag (tile_causal 0 / 1)."""
+    """Per (dtype, head dim) and kernel: cubins for causal and non-causal calls together where
+    they share tiles and ranges, else one set per causal flag (tile_causal 0 / 1)."""
     out = []
     for dtype, hd, ws in itertools.product(GLUON_DTYPES, GLUON_HEAD_DIMS, (False, True)):
-        tile = gluon_ws_tile if ws else gluon_tile
-        per = {c: gluon_lengths(dtype, hd, bool(c), ws) for c in (0, 1)}
-        per = {c: (tile(dtype, hd, bool(c)), r) for c, r in per.items() if r is not None}
+        per = {}
+        for c in (0, 1):
+            if ws:
+                entries = [(lo, hi, gluon_ws_tile(dtype, hd, bool(c), t)) for lo, hi, t in gluon_ws_entries(dtype, hd, bool(c))]
+            else:
+                r = gluon_lengths(dtype, hd, bool(c))
+                entries = [] if r is None else [(r[0], r[1], gluon_tile(dtype, hd, bool(c)))]
+            if entries:
+                per[c] = entries
         shared = len(per) == 2 and per[0] == per[1]
         for causal in ((-1,) if shared else sorted(per)):
-            lo, hi = per[max(causal, 0)][1]
-            out.append(Variant(dtype, hd, True, "none", False, "tf32", "fwd_gluon",
-                               tile_causal=causal, tile_min_len=lo, tile_max_len=hi, ws=ws))
+            for lo, hi, _ in per[max(causal, 0)]:
+                out.append(Variant(dtype, hd, True, "none", False, "tf32", "fwd_gluon",
+                                   tile_causal=causal, tile_min_len=lo, tile_max_len=hi, ws=ws))
     return out
 
 
@@ -286,15 +316,28 @@ def superset_only(kind: str, dtype: str, head_dim: int, even_d: bool) -> tuple[b
     return True, dtype == "fp32" and kind == "fwd"
 
 
+def kept_exact(v: Variant) -> bool:
+    """Rare-class prefill variants compiled as before the merge all the same: fp16/bf16 without
+    extras, unmasked at every head dim and masked at head dim 256 (Gemma). Their superset
+    measured 1.05-1.83x their time on the H200 (experiments/merged_variants.py:
+    docs/measurements/build/merged-variants-gpu.json, -after.json), against 0.93-1.03x for the
+    other merged calls (fp32, decode, masks at head dims 32-128)."""
+    return (v.kind == "fwd" and v.dtype != "fp32" and not v.extras and not v.mask_keys
+            and (v.mask == "none" or (v.head_dim == 256 and v.even_d)))
+
+
 def edge_loop(v: Variant) -> bool:
     """Whether v compiles its two boundary key ranges through one loop (the kernels' EDGE_LOOP):
     every shape class but the hot ones, for about half their compile time (the interior loop, and
     so the speed, as before; the same scores summed in another order)."""
-    return v.kind in ("fwd", "decode") and not is_hot(v.kind, v.dtype, v.head_dim, v.even_d)
+    return (v.kind in ("fwd", "decode") and not is_hot(v.kind, v.dtype, v.head_dim, v.even_d)
+            and not kept_exact(v))
 
 
 def _merged(v: Variant) -> bool:
     """Whether a superset variant serves v's calls (so v is not compiled)."""
+    if kept_exact(v):
+        return False
     only_extras, only_masked = superset_only(v.kind, v.dtype, v.head_dim, v.even_d)
     return (only_extras and not v.extras) or (only_masked and v.even_d)
 
