@@ -439,5 +439,6 @@ def test_library_table_gluon_entries():
         assert (k["block_m"], k["block_n"], k["tile_causal"], k["tile_min_len"], k["tile_max_len"]) == (
             cfg.block_m, cfg.block_n, x.tile_causal, x.tile_min_len, x.tile_max_len)
         assert k["num_warps"] % 4 == 0 and k["num_warps"] >= cfg.num_warps
-        for (swizzle, rows, cols), r in zip(k["tma"], [cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m]):
+        q_rows, kv_rows = cfg.desc_rows  # a consumer warpgroup's rows in the warp-specialized kernel
+        for (swizzle, rows, cols), r in zip(k["tma"], [q_rows, kv_rows, kv_rows, q_rows]):
             assert swizzle == 3 and rows == r and k["head_dim"] % cols == 0
