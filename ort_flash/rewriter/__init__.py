@@ -65,6 +65,13 @@ REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d)
 _EXACT_OPTION = (matmul_softmax_attention, causal_mask)
 
 
+def _family_rules(family, exact_masked_rows: bool) -> list:
+    """A family's rule instances, given rewrite's exact_masked_rows where the family takes it."""
+    if family in _EXACT_OPTION:
+        return family.rules(exact_masked_rows=exact_masked_rows)
+    return family.rules()
+
+
 @dataclasses.dataclass
 class RewriteResult:
     model: onnx.ModelProto
@@ -104,16 +111,15 @@ def rewrite(
     graphs = list(where.labels)
     dead_before = {n for g in graphs for n in _dead_nodes(g)}
     used_initializers = {g: {n for n, v in g.initializers.items() if v.uses()} for g in graphs}
-    options = {"exact_masked_rows": exact_masked_rows}
-    fusions = [inst for family in FUSIONS
-               for inst in family.rules(**(options if family in _EXACT_OPTION else {}))]
+    fusions = [inst for family in FUSIONS for inst in _family_rules(family, exact_masked_rows)]
     count = pattern.RewriteRuleSet([_as_rule(i, where) for i in fusions],
                                    commute=True).apply_to_model(model)
     refinements = []
     for family in REFINEMENTS:
         # What the previous rules left dead would look like other uses of the values they read.
         _remove_new_dead_nodes(model, dead_before, used_initializers)
-        for inst in family.rules(**(options if family in _EXACT_OPTION else {})):  # in order: a family's first rules prepare the next
+        # In order: a family's first rules prepare the next.
+        for inst in _family_rules(family, exact_masked_rows):
             pattern.RewriteRuleSet([_as_rule(inst, where)]).apply_to_model(model)
             _remove_new_dead_nodes(model, dead_before, used_initializers)
             if inst.family == family.FAMILY:
