@@ -6,16 +6,17 @@ sits at absolute position i + offset and, under causal, sees keys j <= i + offse
 a row that sees no key gives 0 and lse -inf. It takes what flash_fwd_gluon takes: fp16/bf16,
 D == Dv in {64, 128}, no mask, no extras (those arguments are ignored).
 
-One CTA owns BLOCK_M query rows of one (batch, head): two consumer warpgroups of BLOCK_M / 2 rows
-each (the default partition and worker 0), and a one-warp producer (worker 1, few registers) that
-loads Q once and streams K_j, V_j through NUM_STAGES-deep rings. Each slot has a `ready` barrier
-(TMA bytes landed) and an `empty` barrier that both consumers arrive on once their wgmma has read
-it; no CTA-wide barrier in the loop. A consumer issues S_j = Q K_j^T and P_{j-1} V_{j-1} back to
+One CTA owns BLOCK_M query rows of one (batch, head): NUM_CONSUMERS (2 or 3) consumer warpgroups
+of BLOCK_M / NUM_CONSUMERS rows each (the default partition and the first workers), and a one-warp
+producer (the last worker, few registers) that loads Q once and streams K_j, V_j through
+NUM_STAGES-deep rings. Each slot has a `ready` barrier (TMA bytes landed) and an `empty` barrier
+that every consumer arrives on once its wgmma has read it; no CTA-wide barrier in the loop. A consumer issues S_j = Q K_j^T and P_{j-1} V_{j-1} back to
 back as async wgmma groups, retires S_j, runs the softmax of block j while P V is in flight, then
-retires P V. With PINGPONG the two consumers take turns issuing their GEMMs (two mbarriers), so
-one's softmax runs under the other's tensor-core work (FA3's inter-warpgroup schedule).
+retires P V. With PINGPONG the consumers take turns issuing their GEMMs (one mbarrier each,
+round robin), so one's softmax runs under another's tensor-core work (FA3's inter-warpgroup
+schedule).
 
-Q and Y are TMA descriptors with a (1, 1, BLOCK_M / 2, D) box, K and V (1, 1, BLOCK_N, D); grid
+Q and Y are TMA descriptors with a (1, 1, BLOCK_M / NUM_CONSUMERS, D) box, K and V (1, 1, BLOCK_N, D); grid
 (cdiv(Sq, BLOCK_M * TILES_PER_CTA), B * Hq), query blocks in reverse so the longest causal blocks
 start first.
 

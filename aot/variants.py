@@ -254,8 +254,9 @@ def gluon_ws_entries(dtype: str, head_dim: int, causal: bool) -> list[tuple[int,
     lo, hi = rng
     steps = sorted(GLUON_WS_TILES.get((head_dim, bool(causal)), {0: 1}).items())
     cuts = [lo] + [k for k, _ in steps if lo < k and (hi == 0 or k < hi)]
-    tiles_at = lambda n: [t for k, t in steps if k <= n][-1] if any(k <= n for k, _ in steps) else 1  # noqa: E731
-    return [(a, b, tiles_at(a)) for a, b in zip(cuts, cuts[1:] + [hi])]
+    # Each cubin's tiles: those of the last step at or below its lower bound (1 before any step).
+    return [(a, b, max(((k, t) for k, t in steps if k <= a), default=(0, 1))[1])
+            for a, b in zip(cuts, cuts[1:] + [hi])]
 
 
 def gluon_lengths(dtype: str, head_dim: int, causal: bool, ws: bool = False) -> tuple[int, int] | None:
