@@ -139,6 +139,8 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
                               PINGPONG=cfg.pingpong)
             if cfg.tiles > 1:
                 constexprs["TILES_PER_CTA"] = cfg.tiles
+            if v.mask != "none":  # a key-vector mask (the only kind the kernel takes)
+                constexprs["MASK_KIND"] = MASK_KINDS[v.mask]
             options["maxnreg"] = cfg.maxnreg
     elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}

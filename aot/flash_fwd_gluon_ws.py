@@ -3,8 +3,11 @@ CTA layout (a TMA producer warp, two consumer warpgroups sharing one K/V ring) i
 
 Same parameters and op contract as flash_fwd and flash_fwd_gluon (cpp/flash_params.h): query row i
 sits at absolute position i + offset and, under causal, sees keys j <= i + offset (bottom-right);
-a row that sees no key gives 0 and lse -inf. It takes what flash_fwd_gluon takes: fp16/bf16,
-D == Dv in {64, 128}, no mask, no extras (those arguments are ignored).
+a row that sees no key gives 0 and lse -inf. It takes fp16/bf16, D == Dv in {64, 128}, no extras
+(those arguments are ignored), and no mask or, with MASK_KIND 1 (bool) or 2 (additive), a key-vector
+mask (one row of mask_len values per (batch, head) through stride_mb and stride_mh, its query
+stride 0: the (B, 1, 1, S) padding mask of BERT-style models; keys from mask_len on are hidden).
+The mask enters as one log2-unit bias per key (_softmax_bias), its values loaded a key block ahead.
 
 One CTA owns BLOCK_M query rows of one (batch, head): NUM_CONSUMERS (2 or 3) consumer warpgroups
 of BLOCK_M / NUM_CONSUMERS rows each (the default partition and the first workers), and a one-warp
@@ -38,15 +41,19 @@ from flash_fwd_gluon import LN2, LOG2E, _softmax, desc_layout, desc_signature  #
 CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup: wgmma's M is 64 rows per warpgroup
 
 
-def get_ws_config(dtype: str, head_dim: int, causal: bool) -> dict:
+def get_ws_config(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> dict:
     """Tile table (perf-notes "prefill v7"): d128 two consumers of 64 rows, BLOCK_N 128, two
-    slots (164 KB); d64 three consumers (192 rows), three slots (123 KB). Registers: 168 a thread
+    slots (164 KB); d64 three consumers (192 rows), three slots (123 KB), under a key-vector
+    `mask` BLOCK_N 64 and four slots (experiments/gluon_mask.py: its fastest spill-free d64 tile). Registers: 168 a thread
     outside the partitions (12 or 16 warps, one CTA per SM), 240 or 160 per consumer, 24 for the
     producer."""
     del dtype, causal
     if head_dim == 128:
         return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=int(CONSUMER_WARPS), maxnreg=168,
                     NUM_CONSUMERS=2, CONSUMER_REGS=240, PINGPONG=True)
+    if mask != "none":  # the mask row's registers: BLOCK_N 128 at 160 a consumer spilled (255-328 LDL/STL)
+        return dict(BLOCK_M=192, BLOCK_N=64, NUM_STAGES=4, num_warps=int(CONSUMER_WARPS), maxnreg=128,
+                    NUM_CONSUMERS=3, CONSUMER_REGS=160, PINGPONG=True)
     return dict(BLOCK_M=192, BLOCK_N=128, NUM_STAGES=3, num_warps=int(CONSUMER_WARPS), maxnreg=128,
                 NUM_CONSUMERS=3, CONSUMER_REGS=160, PINGPONG=True)
 
@@ -81,6 +88,40 @@ def _softmax_lim(s, m_i, l_i, start_n, mask_from, lim, qk_scale,
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2 gives 0
     p = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _key_mask(m_base, start_n, hi, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The raw mask values of keys [start_n, start_n + BLOCK_N), laid out as S's columns (0 past
+    hi: those keys are hidden by the softmax's bound). Loaded a block ahead of their use, so that
+    the load's latency hides under a whole iteration rather than under one wgmma."""
+    cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    return gl.load(m_base + cols, mask=cols < hi, other=0)
+
+
+@gluon.jit
+def _softmax_bias(s, mv, m_i, l_i, start_n, mask_from, lim, qk_scale,
+                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, MASK_KIND: gl.constexpr):
+    """_softmax_lim under a key-vector mask: the mask as one log2-unit bias per key (bool 0 /
+    -inf; additive mask * log2(e), clamped at -1e38 so that a dtype's lowest does not overflow to
+    -inf), added to the scaled scores, which are rounded before the running max is subtracted:
+    a row whose every key sits at the same huge bias then gets exactly equal weights, as in the
+    reference (an fma of the unrounded product would leave rounding noise of the bias's size)."""
+    if MASK_KIND == 2:
+        mf = mv.to(gl.float32)
+        bias = gl.where(mf == float("-inf"), float("-inf"), gl.maximum(mf, -1.0e38) * LOG2E)
+    else:
+        bias = gl.where(mv != 0, 0.0, float("-inf"))
+    s = s * qk_scale + bias[None, :]
+    if start_n + BLOCK_N > mask_from:
+        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(cols[None, :] <= lim[:, None], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
@@ -133,10 +174,12 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
 @gluon.jit
 def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                    turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                   t, c0, i0,
+                   t, c0, i0, m_base, scale,
                    WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr):
-    """One consumer's rows of one tile: Q from buffer t % QB, ring blocks c0 + j, turns i0 + j - 1."""
+                   NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr,
+                   MASK_KIND: gl.constexpr):
+    """One consumer's rows of one tile: Q from buffer t % QB, ring blocks c0 + j, turns i0 + j - 1;
+    with MASK_KIND the key-vector mask at m_base (Skv is then min(Skv, mask_len))."""
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -164,11 +207,18 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
     mbarrier.wait(k_ready.index(st0), (c0 // NUM_STAGES) & 1)
     k0 = k_ring.index(st0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+    if MASK_KIND != 0:
+        mv = _key_mask(m_base, 0, hi, s_layout, BLOCK_N)
+        mv_next = _key_mask(m_base, BLOCK_N, hi, s_layout, BLOCK_N)
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(k_empty.index(st0))
     m_i = gl.full([WG_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([WG_M], gl.float32, row_layout)
-    if QB > 1:
+    if MASK_KIND != 0:
+        lim = gl.minimum(pos, hi - 1)
+        p, alpha, m_i, l_i = _softmax_bias(s, mv, m_i, l_i, 0, mask_from, lim, qk_scale,
+                                           s_layout, BLOCK_N, MASK_KIND)
+    elif QB > 1:
         lim = gl.minimum(pos, hi - 1)
         p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, 0, mask_from, lim, qk_scale, s_layout, BLOCK_N)
     else:
@@ -193,9 +243,15 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
         acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turns.index((WG + 1) % NC))
+        if MASK_KIND != 0:  # this block's values came an iteration ago; the next block's now
+            mv = mv_next
+            mv_next = _key_mask(m_base, (j + 1) * BLOCK_N, hi, s_layout, BLOCK_N)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_empty.index(st))
-        if QB > 1:
+        if MASK_KIND != 0:
+            p, alpha, m_i, l_i = _softmax_bias(s, mv, m_i, l_i, j * BLOCK_N, mask_from, lim, qk_scale,
+                                               s_layout, BLOCK_N, MASK_KIND)
+        elif QB > 1:
             p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, j * BLOCK_N, mask_from, lim, qk_scale,
                                               s_layout, BLOCK_N)
         else:
@@ -232,12 +288,15 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
 @gluon.jit
 def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+              m_base, scale,
               WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr):
+              NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
+              MASK_KIND: gl.constexpr):
     if TILES == 1:
         _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                        turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                       0, 0, 0, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1)
+                       0, 0, 0, m_base, scale, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
+                       MASK_KIND)
     else:
         # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
         # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
@@ -246,28 +305,33 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
             m0_t, hi_t, nb_t = _tile_span(g0 + n_valid - 1 - t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
             _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                            turns, b, h, pid_bh, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
-                           t, c0, c0 - t, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 2)
+                           t, c0, c0 - t, m_base, scale, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
+                           NC, 2, MASK_KIND)
             c0 += nb_t
 
 
 @gluon.jit
 def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+               m_base, scale,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr):
+               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
+               MASK_KIND: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)
+              m_base, scale, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND)
 
 
 @gluon.jit
 def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+               m_base, scale,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr):
+               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
+               MASK_KIND: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)
+              m_base, scale, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND)
 
 
 @gluon.jit
@@ -283,7 +347,7 @@ def flash_fwd_gluon_ws(
     stride_mb, stride_mh, stride_mm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
-    TILES_PER_CTA: gl.constexpr = 1,
+    TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0,
 ):
     gl.static_assert(gl.num_warps() == CONSUMER_WARPS, "the default partition is one consumer warpgroup")
     gl.static_assert((NUM_CONSUMERS == 2) | (NUM_CONSUMERS == 3), "two or three consumer warpgroups")
@@ -293,6 +357,8 @@ def flash_fwd_gluon_ws(
     NC: gl.constexpr = NUM_CONSUMERS
     WG_M: gl.constexpr = BLOCK_M // NUM_CONSUMERS
     QB: gl.constexpr = 1 if TILES == 1 else 2  # Q buffers: the next tile's loads run under this one
+    # (An unnamed constexpr after a named one arrives as a wrapped None, which `is None` misses.)
+    MASKED: gl.constexpr = 1 if MASK_KIND == 1 else (2 if MASK_KIND == 2 else 0)
     dtype: gl.constexpr = Q.dtype
 
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -300,6 +366,11 @@ def flash_fwd_gluon_ws(
     b = pid_bh // Hq
     h = pid_bh % Hq
     hk = h // group
+    # Under a key-vector mask the keys from mask_len on are hidden: every partition sees the keys
+    # [0, min(Skv, mask_len)), which bounds the blocks it loads and runs.
+    m_base = Mask + b.to(gl.int64) * stride_mb + h.to(gl.int64) * stride_mh
+    if MASKED != 0:
+        Skv = gl.minimum(Skv, mask_len)
 
     # Keys a tile sees: [0, hi). Every consumer runs every block of its tile (the upper one masks
     # the tail of the diagonal), so they stay in step on the ring and the turns.
@@ -348,10 +419,10 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                         0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+                         m_base, scale, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+                          m_base, scale, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
                          WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),
@@ -360,13 +431,13 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                         0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+                         m_base, scale, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+                          m_base, scale, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES)),
+                          m_base, scale, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
                          WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),

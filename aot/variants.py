@@ -69,6 +69,13 @@ GLUON_WS_LENGTHS = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c),
 # epilogue. d128 non-causal, two tiles: 1.02-1.10x one tile at N 512-2048, 0.98-1.01x at N 8192
 # (experiments/gluon_attn.py --runtime-ints on the H200: docs/measurements/prefill/gluon-v7-tiles.json).
 GLUON_WS_TILES = {(128, False): {0: 2, 8192: 1}}
+# Key-vector masks (a (B, 1, 1, S) padding mask: padded batches) in the warp-specialized kernel,
+# per head dim, over the same ranges and tiles as its unmasked cubins; below them, at other head
+# dims and for full masks, the TMA and pointer kernels as before. From experiments/gluon_mask.py on
+# the H200 (docs/measurements/prefill/gluon-v8-mask.json, perf-notes prefill v8): at d128 1.09-1.14x
+# the TMA key-vector kernel (bool) and 1.03-1.10x (additive) at N 2048-16384; at d64 0.89-1.02x,
+# so d64 keeps the TMA kernel.
+GLUON_WS_MASKS = {128: ("bool", "add")}
 GLUON_LENGTHS: dict = {}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
@@ -186,7 +193,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         if v.ws:
             tiles = [t for lo, _, t in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1)
                      if lo == v.tile_min_len]
-            return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, tiles[0] if tiles else 1)
+            return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, tiles[0] if tiles else 1, v.mask)
         return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
     if v.dtype == "fp32":
         if v.head_dim >= 256:
@@ -237,10 +244,10 @@ def gluon_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
     return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"])
 
 
-def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1) -> TileConfig:
+def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask: str = "none") -> TileConfig:
     """The warp-specialized kernel's tile for a call, from its module's get_ws_config; `tiles`
     query tiles per CTA (block_m counts all of them: the launcher's grid is cdiv(Sq, block_m))."""
-    c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal)
+    c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal, mask)
     return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
                       c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles)
 
@@ -288,10 +295,12 @@ def gluon_variants() -> list[Variant]:
             if entries:
                 per[c] = entries
         shared = len(per) == 2 and per[0] == per[1]
-        for causal in ((-1,) if shared else sorted(per)):
-            for lo, hi, _ in per[max(causal, 0)]:
-                out.append(Variant(dtype, hd, True, "none", False, "tf32", "fwd_gluon",
-                                   tile_causal=causal, tile_min_len=lo, tile_max_len=hi, ws=ws))
+        # The warp-specialized kernel also takes key-vector masks (GLUON_WS_MASKS) over its range.
+        for mask in ("none",) + (GLUON_WS_MASKS.get(hd, ()) if ws else ()):
+            for causal in ((-1,) if shared else sorted(per)):
+                for lo, hi, _ in per[max(causal, 0)]:
+                    out.append(Variant(dtype, hd, True, mask, False, "tf32", "fwd_gluon", mask != "none",
+                                       tile_causal=causal, tile_min_len=lo, tile_max_len=hi, ws=ws))
     return out
 
 

@@ -382,16 +382,15 @@ const LoadedKernel* tma_kernel(const FlashParams& p, const DeviceKernels& dk, Va
 }
 
 // The Gluon kernel for a call it can take (aot/variants.py GLUON_*: the build has it for the
-// device, fp16/bf16, D == Dv == 64 or 128 with aligned strides, no mask, no extras) from the
-// min(Sq, Skv) range of its table entry (GLUON_LENGTHS; any with ORT_FLASH_GLUON=1), unless
-// ORT_FLASH_GLUON=0 or ORT_FLASH_TMA=0.
+// device, fp16/bf16, D == Dv == 64 or 128 with aligned strides, no extras, no mask or a key-vector
+// one where the build has its cubins: GLUON_WS_MASKS) from the min(Sq, Skv) range of its table
+// entry (GLUON_LENGTHS; any with ORT_FLASH_GLUON=1), unless ORT_FLASH_GLUON=0 or ORT_FLASH_TMA=0.
 const LoadedKernel* gluon_kernel(const FlashParams& p, const DeviceKernels& dk, VariantKey key) {
-  if (gluon_mode() == 0 || !tma_enabled() || !key.even_d || key.mask != MaskKind::kNone || key.extras ||
-      p.dtype == DType::kFloat32 || !dk.tensor_maps) {
+  if (gluon_mode() == 0 || !tma_enabled() || !key.even_d || (key.mask != MaskKind::kNone && !key.mask_keys) ||
+      key.extras || p.dtype == DType::kFloat32 || !dk.tensor_maps) {
     return nullptr;
   }
   key.kind = KernelKind::kFwdGluon;
-  key.mask_keys = false;
   return pick_tile(dk, key, p.causal, std::min(p.sq, p.skv), gluon_mode() == 1);
 }
 

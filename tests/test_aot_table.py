@@ -93,17 +93,19 @@ def test_key_vector_mask_variants(build):
     twin (the launcher's fallback), and is named apart from its twin."""
     import dataclasses
 
+    import variants as variants_mod
     from variants import all_variants
 
     vs = all_variants()
     names = {v.name for v in vs}
     keys = [v for v in vs if v.mask_keys]
-    assert {(v.kind, v.mask) for v in keys} == {(k, m) for k in ("fwd", "fwd_tma") for m in ("bool", "add")}
+    assert {(v.kind, v.mask) for v in keys} == {(k, m) for k in ("fwd", "fwd_tma") for m in ("bool", "add")} | {
+        ("fwd_gluon", m) for ms in variants_mod.GLUON_WS_MASKS.values() for m in ms if variants_mod.GLUON_ENABLED}
     assert len(names) == len(vs)
     for v in keys:
         if v.kind == "fwd":
             assert dataclasses.replace(v, mask_keys=False) in vs
-        assert v.name.endswith(("_addk", "_boolk", "_addk_x", "_boolk_x"))
+        assert re.search(r"_(add|bool)k(_x)?(_n?c)?(_k\d+|_lt\d+)?$", v.name), v.name
 
 
 def _variants():

@@ -374,6 +374,13 @@ GLUON_CASES = [
     # Fewer keys than one key block: MQA causal, and more queries than keys.
     dict(b=2, hq=6, hkv=1, sq=77, skv=77, d=64, causal=True),
     dict(b=1, hq=4, hkv=4, sq=200, skv=50, d=128),
+    # Key-vector masks at head dim 128 (aot/variants.py GLUON_WS_MASKS): right padding per batch
+    # (the first batch wholly padded), a per-head bool mask with a head that sees no key, causal
+    # at an offset, GQA, the 3-D layout.
+    dict(b=3, hq=4, hkv=2, sq=1000, skv=1000, d=128, mask="add_keys"),
+    dict(b=2, hq=4, hkv=4, sq=300, skv=777, d=128, mask="bool_keys", causal=True, offset=477),
+    dict(b=2, hq=4, hkv=1, sq=2100, skv=2100, d=128, mask="add_keys", layout="bshd"),
+    dict(b=1, hq=4, hkv=4, sq=129, skv=4000, d=128, mask="bool_keys"),
 ]
 
 

@@ -64,8 +64,10 @@ def test_gluon_variants_are_the_calls_it_takes(fixture_gluon):
 
 def test_shipped_table_keeps_gluon_small_and_sm90_only():
     """What the build compiles as committed: no Gluon variant unless GLUON_ENABLED, and then at
-    most one per (kernel, dtype, head dim, causal flag) (the #23 build-time budget), each range of
-    GLUON_LENGTHS and GLUON_WS_LENGTHS non-empty."""
+    most two unmasked ones per (kernel, dtype, head dim, causal flag) (the #23 build-time budget),
+    each range of GLUON_LENGTHS and GLUON_WS_LENGTHS non-empty; key-vector-masked ones only in the
+    warp-specialized kernel at GLUON_WS_MASKS' head dims, each the twin of an unmasked cubin
+    (same range and tile)."""
     g = _gluon(variants.all_variants())
     for (dtype, hd, causal), (lo, hi) in variants.GLUON_LENGTHS.items():
         assert dtype in variants.GLUON_DTYPES and hd in variants.GLUON_HEAD_DIMS and causal in (False, True)
@@ -74,7 +76,13 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
         assert dtype in variants.GLUON_DTYPES and hd in variants.GLUON_HEAD_DIMS and causal in (False, True)
         assert lo >= 0 and (hi == 0 or hi > lo)
     assert bool(g) == variants.GLUON_ENABLED
-    assert len(g) <= 2 * 2 * len(variants.GLUON_DTYPES) * len(variants.GLUON_HEAD_DIMS)
+    plain = [x for x in g if x.mask == "none"]
+    assert len(plain) <= 2 * 2 * len(variants.GLUON_DTYPES) * len(variants.GLUON_HEAD_DIMS)
+    span = lambda x: (x.dtype, x.head_dim, x.tile_causal, x.tile_min_len, x.tile_max_len, x.ws)  # noqa: E731
+    for x in g:
+        if x.mask != "none":
+            assert x.ws and x.mask_keys and x.mask in variants.GLUON_WS_MASKS.get(x.head_dim, ()), x
+            assert span(x) in {span(y) for y in plain}, x
     assert all(x.min_arch == 90 for x in g)
     jobs80 = [x for x in variants.all_variants() if 80 >= x.min_arch]
     assert not _gluon(jobs80)
@@ -187,16 +195,17 @@ def test_gluon_cache_key_follows_the_gluon_sources_only(fixture_gluon, monkeypat
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("pick", [("fp16", 128, 0, True), ("bf16", 64, 1, False), ("bf16", 64, 0, True)],
-                         ids=lambda p: f"{p[0]}-d{p[1]}-c{p[2]}-{'ws' if p[3] else 'one'}")
+@pytest.mark.parametrize("pick", [("fp16", 128, 0, True), ("bf16", 64, 1, False), ("bf16", 64, 0, True),
+                                  ("bf16", 128, 1, True, "add"), ("fp16", 128, 0, True, "bool")],
+                         ids=lambda p: f"{p[0]}-d{p[1]}-c{p[2]}-{'ws' if p[3] else 'one'}" + "".join(f"-{m}" for m in p[4:]))
 def test_shipped_gluon_kernel_compiles_for_sm90(monkeypatch, tmp_path, pick):
     """Representative shipped Gluon variants (the one-partition and the warp-specialized kernel)
     compile for sm_90 on this GPU-less machine, with metadata the launcher can use (every variant
     compiles in the full build; these quickly): the warp-specialized one launches its consumer
     warpgroups and the producer warp's warpgroup (12 or 16 warps), its Q/Y boxes one consumer's rows."""
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
-    dtype, hd, causal, ws = pick
-    g = [x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws) == (dtype, hd, ws)
+    dtype, hd, causal, ws, mask = pick + ("none",) * (5 - len(pick))
+    g = [x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws, x.mask) == (dtype, hd, ws, mask)
          and x.tile_causal in (-1, causal)]
     assert 1 <= len(g) <= 2  # the warp-specialized d128 kernel: one or two query tiles per CTA
     for x in g:
@@ -260,14 +269,20 @@ def test_shipped_gluon_ranges_split_the_lengths():
     overlap, and together with the TMA kernel's they cover every length once (pick_tile takes the
     entry whose range holds the call)."""
     g = _gluon(variants.all_variants())
-    for dtype, hd, causal in [(d, h, c) for d in variants.GLUON_DTYPES for h in variants.GLUON_HEAD_DIMS for c in (0, 1)]:
-        spans = sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g
+    for dtype, hd, causal, mask in [(d, h, c, m) for d in variants.GLUON_DTYPES for h in variants.GLUON_HEAD_DIMS
+                                    for c in (0, 1) for m in ("none",) + variants.GLUON_WS_MASKS.get(h, ())]:
+        g_m = [x for x in g if x.mask == mask]
+        spans = sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g_m
                        if (x.dtype, x.head_dim) == (dtype, hd) and x.tile_causal in (-1, causal))
+        if mask != "none":  # the warp-specialized kernel's range only
+            assert spans == sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g if x.ws and x.mask == "none"
+                                   and (x.dtype, x.head_dim) == (dtype, hd) and x.tile_causal in (-1, causal))
+            continue
         assert spans, (dtype, hd, causal)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
         ws = variants.gluon_lengths(dtype, hd, causal, ws=True)
         if ws is not None:  # its cubins (split by tiles per CTA) cover its range, one after another
-            mine = sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g if x.ws
+            mine = sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g_m if x.ws
                           and (x.dtype, x.head_dim) == (dtype, hd) and x.tile_causal in (-1, causal))
             assert mine[0][0] == ws[0] and mine[-1][1] == (ws[1] or 1 << 40), mine
             assert all(a[1] == b[0] for a, b in zip(mine, mine[1:])), mine
@@ -395,6 +410,26 @@ def test_dispatch_per_shape_rule(fixture_gluon, monkeypatch):
     assert _plans_in_subprocess(rows, others, ORT_FLASH_GLUON="1") == [_kind(_params(**c), rows) for c in others]
 
 
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+def test_dispatch_key_vector_masks_on_the_shipped_table():
+    """The shipped table: a key-vector mask at head dim 128 (bool or additive, causal or not, a
+    per-head mask) runs the warp-specialized kernel's masked cubin over its range; at head dim 64,
+    below the range (causal), with a full mask or with ORT_FLASH_GLUON=0 the kernels it ran before."""
+    rows = _rows(90)
+    for call, want in [(dict(mask=("bool", 0)), "_boolk"), (dict(mask=("add", 0), dtype="bfloat16"), "_addk"),
+                       (dict(mask=("add", 0), causal=True, sq=4096, skv=4096), "_addk"),
+                       (dict(mask=("bool", 0), sq=16384, skv=16384), "_boolk")]:
+        kind, name, fallback, _ = _kind(_params(**call), rows)
+        assert kind == "fwd_gluon" and "gluon_ws" in name and want in name, (call, kind, name)
+        assert fallback.startswith("flash_fwd_") and "gluon" not in fallback, fallback
+    for call, want in [(dict(mask=("bool", 0), d=64), "fwd_tma"), (dict(mask=("add", 0), causal=True), "fwd_tma"),
+                       (dict(mask=("add", 1000)), "fwd")]:
+        kind, name, *_ = _kind(_params(**call), rows)
+        assert kind == want and "gluon" not in name, (call, kind, name)
+    off = _plans_in_subprocess(rows, [dict(mask=("bool", 0))], ORT_FLASH_GLUON="0")
+    assert off[0][0] == "fwd_tma"
+
+
 def _plans_in_subprocess(rows, calls, **env) -> list[tuple]:
     """_kind for each call in a fresh Python with `env` (the launcher reads its switches once)."""
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_gluon_aot as t; "
@@ -435,7 +470,8 @@ def test_library_table_gluon_entries():
         x = by_name[k["variant"]]
         cfg = variants.get_fwd_config(90, x)
         assert k["arch"] >= 90 and k["dtype"] in ("float16", "bfloat16") and k["even_d"]
-        assert k["mask"] == "none" and not k["extras"] and not k["mask_keys"]
+        assert not k["extras"] and k["mask_keys"] == (k["mask"] != "none")
+        assert k["mask"] == "none" or k["mask"] in variants.GLUON_WS_MASKS.get(k["head_dim"], ())
         assert (k["block_m"], k["block_n"], k["tile_causal"], k["tile_min_len"], k["tile_max_len"]) == (
             cfg.block_m, cfg.block_n, x.tile_causal, x.tile_min_len, x.tile_max_len)
         assert k["num_warps"] % 4 == 0 and k["num_warps"] >= cfg.num_warps
