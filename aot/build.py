@@ -19,7 +19,9 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,18 +119,10 @@ def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
     return sig, attrs, names
 
 
-def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
+def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
+    """(source, options, argument names, signature, constexprs) that triton.compile takes for a variant."""
     from triton.compiler import ASTSource
 
-    v, arch, cfg, cache_dir = job
-    key = cache_key(v, arch, cfg)
-    cached = Path(cache_dir) / key
-    if (cached / "kernel.cubin").exists() and (cached / "meta.json").exists():
-        meta = json.loads((cached / "meta.json").read_text())
-        meta.update(cached=True, cubin=str(cached / "kernel.cubin"))
-        return meta
     sig, attrs, names = signature(v, cfg)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if v.kind == "fwd_gluon":
@@ -137,10 +131,10 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         if v.ws:
             constexprs.update(NUM_CONSUMERS=cfg.consumers, CONSUMER_REGS=cfg.consumer_regs,
                               PINGPONG=cfg.pingpong)
-            if cfg.tiles > 1:
-                constexprs["TILES_PER_CTA"] = cfg.tiles
-            if v.mask != "none":  # a key-vector mask (the only kind the kernel takes)
-                constexprs["MASK_KIND"] = MASK_KINDS[v.mask]
+            # Both named always: Triton's compile cache keys the constexprs by their values in
+            # argument order, not by name, so {TILES_PER_CTA: 2} and {MASK_KIND: 2} would share
+            # a key (and one variant get the other's cubin) if each were named only when set.
+            constexprs.update(TILES_PER_CTA=cfg.tiles, MASK_KIND=MASK_KINDS[v.mask])
             options["maxnreg"] = cfg.maxnreg
     elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
@@ -163,6 +157,21 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         src = GluonASTSource(fn=kernel_fn(v.kind, v.ws), signature=sig, constexprs=constexprs, attrs=attrs)
     else:
         src = ASTSource(fn=KERNELS[v.kind], signature=sig, constexprs=constexprs, attrs=attrs)
+    return src, options, names, sig, constexprs
+
+
+def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    v, arch, cfg, cache_dir = job
+    key = cache_key(v, arch, cfg)
+    cached = Path(cache_dir) / key
+    if (cached / "kernel.cubin").exists() and (cached / "meta.json").exists():
+        meta = json.loads((cached / "meta.json").read_text())
+        meta.update(cached=True, cubin=str(cached / "kernel.cubin"))
+        return meta
+    src, options, names, sig, constexprs = triton_source(v, arch, cfg)
     target = GPUTarget("cuda", arch, 32)
     stage_s = {}
     start = cpu_seconds()
@@ -397,7 +406,17 @@ def main(argv=None) -> int:
             and (not args.only or re.search(args.only, v.name))]
     args.cache.mkdir(parents=True, exist_ok=True)
     todo = [not (Path(c) / cache_key(v, a, cfg) / "kernel.cubin").exists() for v, a, cfg, c in jobs]
-    metas = compile_pool.compile_all(jobs, todo, _compile_one, args.jobs)
+    # Triton's own compile cache, private to this build and removed after it: the AOT cache keeps
+    # what later builds reuse. Its workers still share one (Triton returns a compile it has just
+    # done, e.g. two tiles that compile the same), no other process's compiles land in it (its
+    # keys name constexprs by value only: test_triton_cache_keys_tell_variants_apart), and the
+    # intermediate files (about 3 MB a kernel) do not pile up in ~/.triton.
+    triton_dir = tempfile.mkdtemp(prefix="triton-cache-", dir=args.cache)
+    os.environ["TRITON_CACHE_DIR"] = triton_dir
+    try:
+        metas = compile_pool.compile_all(jobs, todo, _compile_one, args.jobs)
+    finally:
+        shutil.rmtree(triton_dir, ignore_errors=True)
     if args.profile:
         args.profile.write_text(json.dumps(
             [{k: m.get(k) for k in ("variant", "arch", "cached", "stage_s", "num_warps",

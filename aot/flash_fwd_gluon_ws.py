@@ -174,7 +174,7 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
 @gluon.jit
 def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                    turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                   t, c0, i0, m_base, scale,
+                   t, c0, i0, m_base,
                    WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                    NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr,
                    MASK_KIND: gl.constexpr):
@@ -288,14 +288,14 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
 @gluon.jit
 def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              m_base, scale,
+              m_base,
               WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
               MASK_KIND: gl.constexpr):
     if TILES == 1:
         _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                        turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                       0, 0, 0, m_base, scale, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
+                       0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
                        MASK_KIND)
     else:
         # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
@@ -305,7 +305,7 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
             m0_t, hi_t, nb_t = _tile_span(g0 + n_valid - 1 - t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
             _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                            turns, b, h, pid_bh, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
-                           t, c0, c0 - t, m_base, scale, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
+                           t, c0, c0 - t, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
                            NC, 2, MASK_KIND)
             c0 += nb_t
 
@@ -313,25 +313,25 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
 @gluon.jit
 def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-               m_base, scale,
+               m_base,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
                MASK_KIND: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              m_base, scale, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND)
+              m_base, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND)
 
 
 @gluon.jit
 def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-               m_base, scale,
+               m_base,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
                MASK_KIND: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              m_base, scale, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND)
+              m_base, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND)
 
 
 @gluon.jit
@@ -419,10 +419,10 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                         m_base, scale, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                         m_base, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, scale, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
                          WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),
@@ -431,13 +431,13 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                         m_base, scale, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                         m_base, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, scale, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, scale, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
                          WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),

@@ -74,7 +74,8 @@ GLUON_WS_TILES = {(128, False): {0: 2, 8192: 1}}
 # dims and for full masks, the TMA and pointer kernels as before. From experiments/gluon_mask.py on
 # the H200 (docs/measurements/prefill/gluon-v8-mask.json, perf-notes prefill v8): at d128 1.09-1.14x
 # the TMA key-vector kernel (bool) and 1.03-1.10x (additive) at N 2048-16384; at d64 0.89-1.02x,
-# so d64 keeps the TMA kernel.
+# so d64 keeps the TMA kernel. One query tile per CTA (gluon_ws_entries): under a mask two
+# measured no faster.
 GLUON_WS_MASKS = {128: ("bool", "add")}
 GLUON_LENGTHS: dict = {}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
@@ -191,7 +192,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(DECODE_BLOCK_M, 64, 4, 4 if arch >= 90 else 3)
     if v.kind == "fwd_gluon":
         if v.ws:
-            tiles = [t for lo, _, t in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1)
+            tiles = [t for lo, _, t in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1, v.mask)
                      if lo == v.tile_min_len]
             return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, tiles[0] if tiles else 1, v.mask)
         return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
@@ -252,14 +253,15 @@ def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask:
                       c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles)
 
 
-def gluon_ws_entries(dtype: str, head_dim: int, causal: bool) -> list[tuple[int, int, int]]:
+def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, int]]:
     """The warp-specialized kernel's cubins for a call class: (lo, hi, tiles per CTA), GLUON_WS_LENGTHS'
-    range split where GLUON_WS_TILES changes the tiles per CTA."""
+    range split where GLUON_WS_TILES changes the tiles per CTA (unmasked calls: under a key-vector
+    mask one tile per CTA measured as fast or faster, docs/measurements/prefill/gluon-v8-mask.json)."""
     rng = GLUON_WS_LENGTHS.get((dtype, head_dim, bool(causal)))
     if rng is None:
         return []
     lo, hi = rng
-    steps = sorted(GLUON_WS_TILES.get((head_dim, bool(causal)), {0: 1}).items())
+    steps = sorted((GLUON_WS_TILES.get((head_dim, bool(causal)), {0: 1}) if mask == "none" else {0: 1}).items())
     cuts = [lo] + [k for k, _ in steps if lo < k and (hi == 0 or k < hi)]
     # Each cubin's tiles: those of the last step at or below its lower bound (1 before any step).
     return [(a, b, max(((k, t) for k, t in steps if k <= a), default=(0, 1))[1])
@@ -285,18 +287,19 @@ def gluon_variants() -> list[Variant]:
     they share tiles and ranges, else one set per causal flag (tile_causal 0 / 1)."""
     out = []
     for dtype, hd, ws in itertools.product(GLUON_DTYPES, GLUON_HEAD_DIMS, (False, True)):
-        per = {}
-        for c in (0, 1):
-            if ws:
-                entries = [(lo, hi, gluon_ws_tile(dtype, hd, bool(c), t)) for lo, hi, t in gluon_ws_entries(dtype, hd, bool(c))]
-            else:
-                r = gluon_lengths(dtype, hd, bool(c))
-                entries = [] if r is None else [(r[0], r[1], gluon_tile(dtype, hd, bool(c)))]
-            if entries:
-                per[c] = entries
-        shared = len(per) == 2 and per[0] == per[1]
         # The warp-specialized kernel also takes key-vector masks (GLUON_WS_MASKS) over its range.
         for mask in ("none",) + (GLUON_WS_MASKS.get(hd, ()) if ws else ()):
+            per = {}
+            for c in (0, 1):
+                if ws:
+                    entries = [(lo, hi, gluon_ws_tile(dtype, hd, bool(c), t, mask))
+                               for lo, hi, t in gluon_ws_entries(dtype, hd, bool(c), mask)]
+                else:
+                    r = gluon_lengths(dtype, hd, bool(c))
+                    entries = [] if r is None else [(r[0], r[1], gluon_tile(dtype, hd, bool(c)))]
+                if entries:
+                    per[c] = entries
+            shared = len(per) == 2 and per[0] == per[1]
             for causal in ((-1,) if shared else sorted(per)):
                 for lo, hi, _ in per[max(causal, 0)]:
                     out.append(Variant(dtype, hd, True, mask, False, "tf32", "fwd_gluon", mask != "none",

@@ -389,3 +389,26 @@ def test_hot_variants_keep_their_code():
             assert x.mask == "none" or (x.head_dim == 256 and x.even_d), x.name
         elif x.name in now:
             assert v.edge_loop(x) and x.extras, x.name
+
+
+def test_triton_cache_keys_tell_variants_apart():
+    """Triton's compile cache keys a source by its constexpr values in argument order, not by
+    name: two variants naming different constexprs with the same values share a key, and the
+    second compiled in a process (or a machine's shared Triton cache) gets the first one's cubin.
+    Every pair of build jobs (variant, arch) with one key compiles the same source: the same
+    constexprs by name, signature and options."""
+    import collections
+
+    sys.path.insert(0, str(ROOT / "aot"))
+    import build
+    import variants
+
+    groups = collections.defaultdict(set)
+    for arch in (80, 90):
+        for v in variants.all_variants():
+            if arch < v.min_arch:
+                continue
+            src, options, _, sig, constexprs = build.triton_source(v, arch, variants.get_fwd_config(arch, v))
+            groups[(arch, src.hash(), tuple(sorted(options.items())))].add(
+                (tuple(sorted(constexprs.items())), tuple(sorted(sig.items()))))
+    assert groups and all(len(g) == 1 for g in groups.values()), [g for g in groups.values() if len(g) > 1][:2]

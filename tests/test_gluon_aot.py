@@ -66,8 +66,8 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
     """What the build compiles as committed: no Gluon variant unless GLUON_ENABLED, and then at
     most two unmasked ones per (kernel, dtype, head dim, causal flag) (the #23 build-time budget),
     each range of GLUON_LENGTHS and GLUON_WS_LENGTHS non-empty; key-vector-masked ones only in the
-    warp-specialized kernel at GLUON_WS_MASKS' head dims, each the twin of an unmasked cubin
-    (same range and tile)."""
+    warp-specialized kernel at GLUON_WS_MASKS' head dims, within the unmasked cubins' range, one
+    query tile per CTA."""
     g = _gluon(variants.all_variants())
     for (dtype, hd, causal), (lo, hi) in variants.GLUON_LENGTHS.items():
         assert dtype in variants.GLUON_DTYPES and hd in variants.GLUON_HEAD_DIMS and causal in (False, True)
@@ -78,11 +78,13 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
     assert bool(g) == variants.GLUON_ENABLED
     plain = [x for x in g if x.mask == "none"]
     assert len(plain) <= 2 * 2 * len(variants.GLUON_DTYPES) * len(variants.GLUON_HEAD_DIMS)
-    span = lambda x: (x.dtype, x.head_dim, x.tile_causal, x.tile_min_len, x.tile_max_len, x.ws)  # noqa: E731
     for x in g:
         if x.mask != "none":
             assert x.ws and x.mask_keys and x.mask in variants.GLUON_WS_MASKS.get(x.head_dim, ()), x
-            assert span(x) in {span(y) for y in plain}, x
+            twins = [y for y in plain if y.ws and (y.dtype, y.head_dim, y.tile_causal) == (x.dtype, x.head_dim, x.tile_causal)]
+            assert twins and x.tile_min_len == min(y.tile_min_len for y in twins), x
+            assert x.tile_max_len == (0 if any(y.tile_max_len == 0 for y in twins) else max(y.tile_max_len for y in twins))
+            assert variants.get_fwd_config(90, x).tiles == 1, x
     assert all(x.min_arch == 90 for x in g)
     jobs80 = [x for x in variants.all_variants() if 80 >= x.min_arch]
     assert not _gluon(jobs80)
@@ -218,21 +220,20 @@ def test_shipped_gluon_kernel_compiles_for_sm90(monkeypatch, tmp_path, pick):
             assert {b["rows"] for b in m["tma"] if b["arg"] in "QY"} == {64}
 
 
-def _ws_sass(v, cfg, tiles=None) -> tuple:
-    """The warp-specialized kernel compiled as aot/build.py compiles it (its signature, hints,
-    constexprs and options), TILES_PER_CTA named when `tiles` is given: (shared bytes, cuobjdump
+def _ws_sass(v, cfg, tiles=None, unnamed=()) -> tuple:
+    """The warp-specialized kernel compiled as aot/build.py compiles it (build.triton_source: its
+    signature, hints, constexprs and options), TILES_PER_CTA set to `tiles` when given and the
+    constexprs in `unnamed` left out (the kernel's defaults): (shared bytes, cuobjdump
     -res-usage, SASS)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    sig, attrs, _ = build.signature(v, cfg)
-    constexprs = dict(BLOCK_M=cfg.block_m // cfg.tiles, BLOCK_N=cfg.block_n, BLOCK_D=v.head_dim, NUM_STAGES=cfg.num_stages,
-                      NUM_CONSUMERS=cfg.consumers, CONSUMER_REGS=cfg.consumer_regs, PINGPONG=cfg.pingpong,
-                      **({} if tiles is None else {"TILES_PER_CTA": tiles}))
-    src = GluonASTSource(fn=build.kernel_fn(v.kind, True), signature=sig, constexprs=constexprs, attrs=attrs)
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                        options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg))
+    src, options, _, sig, constexprs = build.triton_source(v, 90, cfg)
+    constexprs = {k: val for k, val in dict(constexprs, **({} if tiles is None else {"TILES_PER_CTA": tiles})).items()
+                  if k not in unnamed}
+    src = GluonASTSource(fn=build.kernel_fn(v.kind, True), signature=sig, constexprs=constexprs, attrs=src.attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not tool.exists():
         pytest.skip("no cuobjdump in the triton wheel")
@@ -251,9 +252,10 @@ def test_ws_tiles_per_cta_compiles_for_sm90(monkeypatch, hd):
     """TILES_PER_CTA = 2 (two query tiles per CTA, the second's loads under the first's epilogue;
     shipped for d128 non-causal below 8192) compiles for sm_90 at the shipped tile with no spills (cuobjdump
     -res-usage: no local memory, no stack) and within the shared-memory limit; naming
-    TILES_PER_CTA = 1 gives the same SASS as the shipped variant, which leaves it out (d128)."""
+    TILES_PER_CTA and MASK_KIND unnamed (the kernel's defaults, 1 and 0) gives the same SASS as
+    the shipped variant, which names them (d128)."""
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
-    v = next(x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws) == ("fp16", hd, True)
+    v = next(x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws, x.mask) == ("fp16", hd, True, "none")
              and variants.get_fwd_config(90, x).tiles == 1)
     cfg = variants.get_fwd_config(90, v)
     shared, res, sass = _ws_sass(v, cfg, 2)
@@ -261,7 +263,7 @@ def test_ws_tiles_per_cta_compiles_for_sm90(monkeypatch, hd):
     assert 0 < shared <= build.SMEM_LIMIT[90]
     assert sass.count("HGMMA") > 0 and "STL" not in sass
     if hd == 128:
-        assert _ws_sass(v, cfg, 1)[2] == _ws_sass(v, cfg)[2]
+        assert _ws_sass(v, cfg, unnamed=("TILES_PER_CTA", "MASK_KIND"))[2] == _ws_sass(v, cfg)[2]
 
 
 def test_shipped_gluon_ranges_split_the_lengths():
@@ -274,9 +276,9 @@ def test_shipped_gluon_ranges_split_the_lengths():
         g_m = [x for x in g if x.mask == mask]
         spans = sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g_m
                        if (x.dtype, x.head_dim) == (dtype, hd) and x.tile_causal in (-1, causal))
-        if mask != "none":  # the warp-specialized kernel's range only
-            assert spans == sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g if x.ws and x.mask == "none"
-                                   and (x.dtype, x.head_dim) == (dtype, hd) and x.tile_causal in (-1, causal))
+        if mask != "none":  # the warp-specialized kernel's range only, one cubin (one tile per CTA)
+            ws = variants.gluon_lengths(dtype, hd, causal, ws=True)
+            assert spans == [(ws[0], ws[1] or 1 << 40)], (dtype, hd, causal, mask, spans)
             continue
         assert spans, (dtype, hd, causal)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
