@@ -70,7 +70,7 @@ GLUON_WS_LENGTHS = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c),
 # (experiments/gluon_attn.py --runtime-ints on the H200: docs/measurements/prefill/gluon-v7-tiles.json).
 GLUON_WS_TILES = {(128, False): {0: 2, 8192: 1}}
 # Key-vector masks (a (B, 1, 1, S) padding mask: padded batches) in the warp-specialized kernel,
-# per head dim, over the same ranges and tiles as its unmasked cubins; below them, at other head
+# per head dim, over the same length range as its unmasked cubins; below it, at other head
 # dims and for full masks, the TMA and pointer kernels as before. From experiments/gluon_mask.py on
 # the H200 (docs/measurements/prefill/gluon-v8-mask.json, perf-notes prefill v8): at d128 1.09-1.14x
 # the TMA key-vector kernel (bool) and 1.03-1.10x (additive) at N 2048-16384; at d64 0.89-1.02x,
