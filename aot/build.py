@@ -134,7 +134,7 @@ def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
             # Both named always: Triton's compile cache keys the constexprs by their values in
             # argument order, not by name, so {TILES_PER_CTA: 2} and {MASK_KIND: 2} would share
             # a key (and one variant get the other's cubin) if each were named only when set.
-            constexprs.update(TILES_PER_CTA=cfg.tiles, MASK_KIND=MASK_KINDS[v.mask])
+            constexprs.update(TILES_PER_CTA=cfg.tiles, MASK_KIND=MASK_KINDS[v.mask], OVERLAP_PV=cfg.overlap)
             options["maxnreg"] = cfg.maxnreg
     elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
@@ -296,6 +296,7 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
     if v.ws:
         tile += f"ws({cfg.consumers},{cfg.maxnreg},{cfg.consumer_regs},{cfg.pingpong})"
         tile += f"tiles({cfg.tiles})" if cfg.tiles > 1 else ""
+        tile += "overlap" if cfg.overlap else ""
     for part in (source_hash(v.kind), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"

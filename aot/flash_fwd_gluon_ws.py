@@ -177,7 +177,7 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
                    t, c0, i0, m_base,
                    WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                    NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr,
-                   MASK_KIND: gl.constexpr):
+                   MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr):
     """One consumer's rows of one tile: Q from buffer t % QB, ring blocks c0 + j, turns i0 + j - 1;
     with MASK_KIND the key-vector mask at m_base (Skv is then min(Skv, mask_len))."""
     NW: gl.constexpr = gl.num_warps()
@@ -257,10 +257,25 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
         else:
             p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, mask_from, hi, pos, qk_scale,
                                           s_layout, BLOCK_N)
-        acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
-        mbarrier.arrive(v_empty.index(prev))
-        p = gl.convert_layout(p.to(dtype), p_layout)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        if OVERLAP:
+            if Sq > 0:
+                # Always true, but opaque to ptxas, which otherwise hoists this wait above the
+                # exponentials, so that the softmax runs after this consumer's P V, not under it
+                # (perf-notes v6). The other branch differs so that LLVM cannot merge the two.
+                acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
+                mbarrier.arrive(v_empty.index(prev))
+                p16 = gl.convert_layout(p.to(dtype), p_layout)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            else:
+                acc = warpgroup_mma_wait(0, deps=[acc_tok])
+                mbarrier.arrive(v_empty.index(prev))
+                p16 = gl.zeros([WG_M, BLOCK_N], dtype, p_layout)
+            p = p16
+        else:
+            acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
+            mbarrier.arrive(v_empty.index(prev))
+            p = gl.convert_layout(p.to(dtype), p_layout)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
 
     c_last = c0 + n_blocks - 1
     last = c_last % NUM_STAGES
@@ -291,12 +306,12 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
               m_base,
               WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-              MASK_KIND: gl.constexpr):
+              MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr):
     if TILES == 1:
         _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                        turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                        0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
-                       MASK_KIND)
+                       MASK_KIND, OVERLAP)
     else:
         # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
         # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
@@ -306,7 +321,7 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
             _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                            turns, b, h, pid_bh, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
                            t, c0, c0 - t, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
-                           NC, 2, MASK_KIND)
+                           NC, 2, MASK_KIND, OVERLAP)
             c0 += nb_t
 
 
@@ -316,10 +331,10 @@ def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
                m_base,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-               MASK_KIND: gl.constexpr):
+               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              m_base, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND)
+              m_base, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND, OVERLAP)
 
 
 @gluon.jit
@@ -328,10 +343,10 @@ def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
                m_base,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-               MASK_KIND: gl.constexpr):
+               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              m_base, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND)
+              m_base, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND, OVERLAP)
 
 
 @gluon.jit
@@ -347,7 +362,7 @@ def flash_fwd_gluon_ws(
     stride_mb, stride_mh, stride_mm,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
-    TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0,
+    TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0, OVERLAP_PV: gl.constexpr = False,
 ):
     gl.static_assert(gl.num_warps() == CONSUMER_WARPS, "the default partition is one consumer warpgroup")
     gl.static_assert((NUM_CONSUMERS == 2) | (NUM_CONSUMERS == 3), "two or three consumer warpgroups")
@@ -359,6 +374,7 @@ def flash_fwd_gluon_ws(
     QB: gl.constexpr = 1 if TILES == 1 else 2  # Q buffers: the next tile's loads run under this one
     # (An unnamed constexpr after a named one arrives as a wrapped None, which `is None` misses.)
     MASKED: gl.constexpr = 1 if MASK_KIND == 1 else (2 if MASK_KIND == 2 else 0)
+    OVERLAP: gl.constexpr = True if OVERLAP_PV == True else False  # noqa: E712 (a wrapped None is False)
     dtype: gl.constexpr = Q.dtype
 
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -419,10 +435,10 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                         m_base, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                         m_base, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
                          WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),
@@ -431,13 +447,13 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                         m_base, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                         m_base, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
             (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED)),
+                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
                          WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),

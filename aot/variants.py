@@ -169,6 +169,7 @@ class TileConfig:
     consumer_regs: int = field(default=0, repr=False)  # registers per thread of a consumer partition
     pingpong: bool = field(default=False, repr=False)  # the consumers take turns issuing their GEMMs
     tiles: int = field(default=1, repr=False)          # query tiles a CTA runs in turn (block_m: all of them)
+    overlap: bool = field(default=False, repr=False)   # a consumer's softmax also runs under its own P V
 
     @property
     def desc_rows(self) -> tuple[int, int]:
@@ -250,7 +251,7 @@ def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask:
     query tiles per CTA (block_m counts all of them: the launcher's grid is cdiv(Sq, block_m))."""
     c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal, mask)
     return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
-                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles)
+                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles, c.get("OVERLAP_PV", False))
 
 
 def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, int]]:
