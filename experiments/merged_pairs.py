@@ -33,6 +33,7 @@ class Call:
     mask_rows: bool = False   # a (B, 1, Sq, Skv) mask; else a (B, 1, 1, Skv) key vector
     layout: str = "bhsd"      # bhsd, bshd (the 3-D layout's storage), pad (rows 8 elements wider)
     prec: str = "ieee"        # fp32 dots: ieee or tf32
+    softcap: float = 0.0      # > 0: the call needs an extras variant
 
     @property
     def kind(self) -> str:
@@ -84,6 +85,8 @@ def pick(call: Call, table: dict):
     keys = call.kind == "fwd" and call.mask != "none" and (not call.mask_rows or call.sq == 1)
     for mk in ((True, False) if keys else (False,)):
         for extras, ev in ((False, even), (True, even), (False, False), (True, False)):
+            if call.softcap and not extras:
+                continue
             v = table.get((call.kind, call.dtype, prec, hd, ev, call.mask, mk, extras))
             if v is not None:
                 return v
@@ -95,10 +98,16 @@ class Pair:
     call: Call
     before: V.Variant
     after: V.Variant
+    before_source: str | None = None  # a file of another version of aot/flash_fwd.py (ab_pairs)
 
     @property
-    def jobs(self):  # (variant, EDGE_LOOP): EDGE_LOOP did not exist before the merge
-        return [(self.before, False), (self.after, V.edge_loop(self.after))]
+    def jobs(self):
+        """(variant, EDGE_LOOP, kernel source file or None for aot/'s) per side: before the merge
+        EDGE_LOOP did not exist; an A/B pair (ab_pairs) compiles one variant from two sources."""
+        if self.before_source:
+            return [(self.before, V.edge_loop(self.before), self.before_source),
+                    (self.after, V.edge_loop(self.after), None)]
+        return [(self.before, False, None), (self.after, V.edge_loop(self.after), None)]
 
 
 def make_pairs(calls=CALLS, arch: int = ARCH) -> list[Pair]:
@@ -128,6 +137,47 @@ def make_pairs(calls=CALLS, arch: int = ARCH) -> list[Pair]:
     return pairs
 
 
+# Forward calls whose variant is a superset one compiled with EDGE_LOOP, for A/B runs of one kernel
+# source against another (ab_pairs): CALLS' forward ones and calls with a softcap, whose interior
+# takes another path through the EDGE_LOOP kernel.
+AB_CALLS = [c for c in CALLS if c.kind == "fwd"] + [
+    Call("fp32 d64 softcap", "fp32", 2, 8, 8, 1000, 1000, 64, softcap=30.0),
+    Call("fp16 d32 softcap causal", "fp16", 4, 16, 16, 1531, 1531, 32, causal=True, softcap=30.0),
+    Call("fp16 d256 softcap causal gqa", "fp16", 2, 8, 4, 1531, 1531, 256, causal=True, softcap=50.0),
+    Call("fp16 d80 softcap key mask", "fp16", 4, 12, 12, 1531, 1531, 80, mask="add", softcap=30.0),
+    Call("fp16 d64m full mask", "fp16", 4, 12, 12, 1031, 1031, 48, mask="bool", mask_rows=True),
+    Call("bf16 d128m full mask causal", "bf16", 2, 8, 8, 1031, 1031, 96, causal=True, mask="add", mask_rows=True),
+]
+
+
+def ab_pairs(before_source: str, calls=AB_CALLS, arch: int = ARCH) -> list[Pair]:
+    """Each call's variant in today's table, compiled from `before_source` (another version of
+    aot/flash_fwd.py) and from aot/: the calls whose variant compiles with EDGE_LOOP."""
+    table = _table(V.all_variants(), arch)
+    pairs = []
+    for c in calls:
+        v = pick(c, table)
+        if c.kind == "fwd" and V.edge_loop(v):
+            pairs.append(Pair(c, v, v, before_source))
+    return pairs
+
+
+_MODULES: dict = {}
+
+
+def kernel_fn(v: V.Variant, path: str | None):
+    """The JIT function v compiles from: aot/'s, or the forward kernel of the file at `path`."""
+    if path is None:
+        return build.KERNELS[v.kind]
+    if path not in _MODULES:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(f"flash_fwd_ab{len(_MODULES)}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _MODULES[path] = mod
+    return _MODULES[path].flash_fwd
+
+
 def constexprs(v: V.Variant, arch: int, edge: bool) -> dict:
     """The constexprs aot/build.py's _compile_one gives v (tests check they match), EDGE_LOOP as asked."""
     cfg = V.get_fwd_config(arch, v)
@@ -144,12 +194,13 @@ def constexprs(v: V.Variant, arch: int, edge: bool) -> dict:
     return c
 
 
-def source(v: V.Variant, arch: int, edge: bool):
-    """(ASTSource, compile options, parameter names, signature) as aot/build.py compiles v."""
+def source(v: V.Variant, arch: int, edge: bool, path: str | None = None):
+    """(ASTSource, compile options, parameter names, signature) as aot/build.py compiles v (from
+    the kernel source at `path` where given)."""
     from triton.compiler import ASTSource
     cfg = V.get_fwd_config(arch, v)
     sig, attrs, names = build.signature(v, cfg)
-    src = ASTSource(fn=build.KERNELS[v.kind], signature=sig, constexprs=constexprs(v, arch, edge), attrs=attrs)
+    src = ASTSource(fn=kernel_fn(v, path), signature=sig, constexprs=constexprs(v, arch, edge), attrs=attrs)
     return src, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, names, sig
 
 

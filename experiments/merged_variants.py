@@ -14,6 +14,12 @@ table (call, before us, after us, after/before) and writes JSON.
 
     python3 experiments/merged_variants.py [--out merged.json] [--only REGEX] [--rounds N]
     python3 experiments/merged_variants.py --dry-run     # no GPU: the pairs, checked against the tables
+    python3 experiments/merged_variants.py --before-source old_flash_fwd.py [--out ab.json]
+
+--before-source FILE is an A/B run of two versions of the forward kernel instead: each forward
+call whose variant the build compiles with EDGE_LOOP (merged_pairs.AB_CALLS: CALLS' forward calls,
+calls with a softcap and full masks) runs that one variant compiled from FILE (e.g. `git show
+REV:aot/flash_fwd.py > FILE`) as "before" and from aot/flash_fwd.py as "after".
 
 Needs torch, triton 3.6 and numpy; the repository need not be installed (the script imports aot/
 and ort_flash/reference.py from its checkout).
@@ -44,8 +50,8 @@ import triton.testing  # noqa: E402
 
 import compile_pool  # noqa: E402
 from flash_decode import merge_round_trips  # noqa: E402
-from merged_pairs import (ARCH, CALLS, MAX_DECODE_ROWS, Call, Pair, V, combine_variant,  # noqa: E402
-                          make_pairs, source)
+from merged_pairs import (AB_CALLS, ARCH, CALLS, MAX_DECODE_ROWS, Call, Pair, V, ab_pairs,  # noqa: E402
+                          combine_variant, make_pairs, source)
 from tune import save  # noqa: E402
 from tune_decode import MAX_SPLITS, choose_splits  # noqa: E402
 
@@ -58,10 +64,10 @@ FLOORS_TF32 = 5e-3     # TF32 dots against plain fp32 as the low-precision compu
 
 def _compile(job) -> float:
     """A worker: compiles one variant into Triton's cache (and its launcher), returns wall seconds."""
-    v, arch, edge = job
+    v, arch, edge, path = job
     from triton.backends.compiler import GPUTarget
     t = time.perf_counter()
-    src, opts, _, _ = source(v, arch, edge)
+    src, opts, _, _ = source(v, arch, edge, path)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     try:  # the launcher's and the driver utilities' C modules too, so the main process finds them cached
         from triton.backends.nvidia.driver import CudaLauncher, CudaUtils
@@ -73,26 +79,26 @@ def _compile(job) -> float:
 
 
 def compile_all(jobs: list, arch: int, workers: int) -> dict:
-    """Every (variant, EDGE_LOOP) compiled on `workers` processes (forked before CUDA starts), the
-    costliest first; then loaded here from Triton's cache: {(variant, edge): CompiledKernel}."""
+    """Every (variant, EDGE_LOOP, source file) compiled on `workers` processes (forked before CUDA
+    starts), the costliest first; then loaded here from Triton's cache: {job: CompiledKernel}."""
     from triton.backends.compiler import GPUTarget
     order = sorted(set(jobs), key=lambda j: -compile_pool.estimated_cost(j[0], arch, V.get_fwd_config(arch, j[0])))
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        futs = {pool.submit(_compile, (v, arch, e)): (v, e) for v, e in order}
+        futs = {pool.submit(_compile, (v, arch, e, path)): (v, e, path) for v, e, path in order}
         for n, f in enumerate(as_completed(futs), 1):
-            v, e = futs[f]
+            v, e, path = futs[f]
             try:
                 msg = f"{f.result():.1f} s"
             except Exception as err:  # noqa: BLE001 - its calls are reported as not run
                 msg = f"FAILED: {type(err).__name__}: {str(err)[:300]}"
-                order.remove((v, e))
-            print(f"compiled [{n}/{len(futs)}] {v.name}{' EDGE_LOOP' if e else ''} {msg} "
-                  f"({time.perf_counter() - start:.0f} s elapsed)", flush=True)
+                order.remove((v, e, path))
+            print(f"compiled [{n}/{len(futs)}] {v.name}{' EDGE_LOOP' if e else ''}{f' from {path}' if path else ''} "
+                  f"{msg} ({time.perf_counter() - start:.0f} s elapsed)", flush=True)
     out = {}
-    for v, e in order:
-        src, opts, _, _ = source(v, arch, e)
-        out[(v, e)] = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+    for v, e, path in order:
+        src, opts, _, _ = source(v, arch, e, path)
+        out[(v, e, path)] = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     return out
 
 
@@ -155,10 +161,11 @@ def decode_plan(c: Call, v: V.Variant, sms: int) -> tuple[int, bool]:
 
 def launch_args(c: Call, v: V.Variant, t: dict, names, sig, splits: int = 1, fused: bool = False) -> list:
     """The kernel's arguments in parameter order, as cpp/cuda_launch.cc fills them; the extras
-    neutral (no window, softcap 0, no key lengths). Constexpr slots are None (the launcher skips them)."""
+    neutral (no window, no key lengths, the call's softcap: 0 but in AB_CALLS). Constexpr slots are
+    None (the launcher skips them)."""
     a = dict(Q=t["q"], K=t["k"], V=t["v"], Y=t["y"], Lse=t["lse"],
              Mask=t["dummy8"] if t["mask"] is None else t["mask"].view(torch.int8) if c.mask == "bool" else t["mask"],
-             SeqlensK=t["dummy64"], scale=1.0 / math.sqrt(c.d), softcap=0.0, Hq=c.hq, group=c.hq // c.hkv,
+             SeqlensK=t["dummy64"], scale=1.0 / math.sqrt(c.d), softcap=c.softcap, Hq=c.hq, group=c.hq // c.hkv,
              Sq=c.sq, Skv=c.skv, D=c.d, Dv=c.d, offset=c.skv - c.sq, causal=int(c.causal), window_left=-1,
              window_right=-1, mask_len=c.skv, has_seqlens=0, store_lse=1, num_splits=splits, fused=int(fused),
              OPart=t.get("opart"), LsePart=t.get("lpart"), Counter=t.get("counter"))
@@ -234,7 +241,7 @@ def check(p: Pair, fn, t: dict) -> dict:
         heads = slice(h * g, (h + 1) * g)
         k, v = host(t["k"][b:b + 1, h:h + 1]), host(t["v"][b:b + 1, h:h + 1])
         past = off + r0  # the rows' offset: keys before it are the reference's past
-        kw = dict(is_causal=c.causal, scale=1.0 / math.sqrt(c.d))
+        kw = dict(is_causal=c.causal, scale=1.0 / math.sqrt(c.d), softcap=c.softcap)
         if past:
             kw.update(past_key=k[:, :, :past], past_value=v[:, :, :past])
         if t["mask"] is not None:
@@ -279,7 +286,7 @@ def dry_run(pairs: list) -> int:
     """Prints the pairs and builds every launch on the meta device (no GPU, nothing compiled)."""
     for p in pairs:
         t = inputs(p, "meta")
-        for v, _ in p.jobs:
+        for v, _, _ in p.jobs:
             runner(p, v, Recorder(), Recorder(), t, H200_SMS)()
         extra = ""
         if p.call.kind == "decode":
@@ -300,8 +307,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=25, help="do_bench milliseconds of runs per timing")
     ap.add_argument("--jobs", type=int, default=compile_pool.available_cpus(), help="compile processes")
     ap.add_argument("--dry-run", action="store_true", help="print and check the pairs; no GPU")
+    ap.add_argument("--before-source", metavar="FILE",
+                    help="A/B: each EDGE_LOOP forward call's variant compiled from FILE (another aot/flash_fwd.py) and from aot/")
     args = ap.parse_args(argv)
-    pairs = make_pairs([c for c in CALLS if not args.only or re.search(args.only, c.label)])
+    if args.before_source:
+        path = str(Path(args.before_source).resolve())
+        pairs = ab_pairs(path, [c for c in AB_CALLS if not args.only or re.search(args.only, c.label)])
+    else:
+        pairs = make_pairs([c for c in CALLS if not args.only or re.search(args.only, c.label)])
     if args.dry_run:
         return dry_run(pairs)
     if not torch.cuda.is_available():
@@ -309,7 +322,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     start = time.perf_counter()
-    jobs = [j for p in pairs for j in p.jobs] + [(combine_variant(p.after), False) for p in pairs
+    jobs = [j for p in pairs for j in p.jobs] + [(combine_variant(p.after), False, None) for p in pairs
                                                   if p.call.kind == "decode"]
     kernels = compile_all(jobs, ARCH, args.jobs)  # before CUDA starts: the workers are forked
     compile_s = time.perf_counter() - start
@@ -322,13 +335,13 @@ def main(argv=None) -> int:
     seed = secrets.randbits(31)
     for i, p in enumerate(pairs):
         row = dict(call=asdict(p.call), seed=seed + i, kind=p.call.kind, before=p.before.name,
-                   after=p.after.name, after_edge_loop=V.edge_loop(p.after))
+                   after=p.after.name, after_edge_loop=V.edge_loop(p.after), before_source=p.before_source)
         rows.append(row)
         try:
             torch.manual_seed(seed + i)
             t = inputs(p, "cuda")
-            comb = kernels.get((combine_variant(p.after), False))
-            sides = [runner(p, v, kernels[(v, e)], comb, t, sms) for v, e in p.jobs]
+            comb = kernels.get((combine_variant(p.after), False, None))
+            sides = [runner(p, v, kernels[j], comb, t, sms) for j in p.jobs for v in j[:1]]
             row["check_before"], row["check_after"] = (check(p, fn, t) for fn in sides)
         except Exception as e:  # noqa: BLE001 - a call that cannot run is reported, the others go on
             row["error"] = f"{type(e).__name__}: {e}"[:800]

@@ -82,6 +82,9 @@ CASES = [
     dict(edge_loop=True, b=1, hq=2, hkv=2, sq=50, skv=90, d=64, window=(7, 3), softcap=5.0),
     dict(edge_loop=True, b=1, hq=2, hkv=2, sq=20, skv=45, d=40, dv=24, causal=True, offset=25, mask="bool"),
     dict(edge_loop=True, b=2, hq=2, hkv=1, sq=17, skv=29, d=64, dtype="float32", mask="add", lens=[20, 0]),
+    # A softcap: the interior through the loop with the capped scores (_interior), not the plain one.
+    dict(edge_loop=True, b=2, hq=2, hkv=1, sq=40, skv=70, d=40, causal=True, offset=30, mask="add", softcap=6.0),
+    dict(edge_loop=True, b=1, hq=2, hkv=2, sq=33, skv=100, d=64, dtype="float32", softcap=3.0),
     dict(edge_loop=True, kernel="decode", splits=3, b=1, hq=4, hkv=2, sq=5, skv=80, d=64, window=(20, 3),
          softcap=4.0),
     dict(edge_loop=True, kernel="decode", fused=True, splits=4, b=3, hq=4, hkv=1, sq=1, skv=96, d=64,

@@ -50,7 +50,7 @@ def test_pairs_cover_the_merged_classes(mv):
                  ("decode", "fp16", 32, True, False), ("decode", "fp16", 256, True, False)]:
         assert want in got, want
     assert any(p.after.mask_keys for p in pairs)  # a key-vector mask variant among them
-    assert all(e is False for p in pairs for v, e in p.jobs if v == p.before)
+    assert all(e is False and path is None for p in pairs for v, e, path in p.jobs if v == p.before)
 
 
 def test_a_call_that_is_not_merged_is_refused(mv):
@@ -118,7 +118,7 @@ def test_variants_compile_as_the_build_compiles_them(mv, monkeypatch, tmp_path):
 
     monkeypatch.setattr(triton, "compile", fake_compile)
     pairs = mv.make_pairs()
-    variants = {v for p in pairs for v, _ in p.jobs} | {mv.combine_variant(p.after) for p in pairs
+    variants = {v for p in pairs for v, _, _ in p.jobs} | {mv.combine_variant(p.after) for p in pairs
                                                          if p.call.kind == "decode"}
     for var in variants:
         with pytest.raises(RuntimeError):
@@ -168,6 +168,8 @@ def _exact(c, t):
     g = c.hq // c.hkv
     q, k, v = t["q"].double(), t["k"].double().repeat_interleave(g, 1), t["v"].double().repeat_interleave(g, 1)
     s = q @ k.transpose(-1, -2) / c.d ** 0.5
+    if c.softcap:
+        s = c.softcap * torch.tanh(s / c.softcap)
     if c.mask == "add":
         s = s + t["mask"].double()
     elif c.mask == "bool":
@@ -228,3 +230,36 @@ def test_main_checks_times_and_writes_every_call(mv, monkeypatch, tmp_path):
         assert r["before_us"] == r["after_us"] == 100.0 and len(r["after_rounds_us"]) == 3
         assert r["check_before"]["ok"] and r["check_after"]["ok"] == (r["kind"] != "decode")
     assert rows[-1]["splits"] >= 1
+
+
+def test_ab_pairs_compile_one_variant_from_two_sources(mv, tmp_path):
+    """--before-source: every forward call whose variant compiles with EDGE_LOOP, softcap and
+    full-mask calls among them, one variant per pair compiled from the given file and from aot/;
+    the launch carries the call's softcap and the check holds a softcapped result to the reference."""
+    import torch
+    old = tmp_path / "old_flash_fwd.py"
+    old.write_text((ROOT / "aot" / "flash_fwd.py").read_text())
+    pairs = mv.ab_pairs(str(old))
+    assert pairs and all(p.before == p.after and mv.V.edge_loop(p.after) and p.call.kind == "fwd" for p in pairs)
+    labels = {p.call.label for p in pairs}
+    assert {"fp32 d64 softcap", "fp16 d256 softcap causal gqa", "fp16 d64m full mask"} <= labels, labels
+    assert all(p.after.extras for p in pairs if p.call.softcap)
+    for p in pairs:
+        (vb, eb, pb), (va, ea, pa) = p.jobs
+        assert (vb, eb, pb) == (va, ea, str(old)) and pa is None
+        src_old, _, names, _ = mv.source(vb, mv.ARCH, eb, pb)
+        src_new, _, _, _ = mv.source(va, mv.ARCH, ea, pa)
+        assert src_old.fn is not src_new.fn and src_old.fn.fn.__module__ != src_new.fn.fn.__module__
+        assert src_old.constants == src_new.constants and src_old.signature == src_new.signature
+    cap = next(p for p in pairs if p.call.softcap)
+    kern = mv.Recorder()
+    mv.runner(cap, cap.after, kern, None, mv.inputs(cap, "meta"), mv.H200_SMS)()
+    (_, args), = kern.launches
+    _, _, names, _ = mv.source(cap.after, mv.ARCH, True)
+    assert args[names.index("softcap")] == cap.call.softcap
+    c = _small(cap.call)
+    small = dataclasses.replace(cap, call=c)
+    torch.manual_seed(0)
+    t = mv.inputs(small, "cpu")
+    assert mv.check(small, lambda: _exact(c, t), t)["ok"]
+    assert not mv.check(small, lambda: _exact(dataclasses.replace(c, softcap=0.0), t), t)["ok"]
