@@ -98,7 +98,7 @@ class Pair:
     call: Call
     before: V.Variant
     after: V.Variant
-    before_source: str | None = None  # a file of another version of aot/flash_fwd.py (ab_pairs)
+    before_source: str | None = None  # a folder with other versions of aot/'s kernel files (ab_pairs)
 
     @property
     def jobs(self):
@@ -137,10 +137,9 @@ def make_pairs(calls=CALLS, arch: int = ARCH) -> list[Pair]:
     return pairs
 
 
-# Forward calls whose variant is a superset one compiled with EDGE_LOOP, for A/B runs of one kernel
-# source against another (ab_pairs): CALLS' forward ones and calls with a softcap, whose interior
-# takes another path through the EDGE_LOOP kernel.
-AB_CALLS = [c for c in CALLS if c.kind == "fwd"] + [
+# Calls whose variant is a superset one compiled with EDGE_LOOP, for A/B runs of one kernel source
+# against another (ab_pairs): CALLS and calls with a softcap or a full mask.
+AB_CALLS = CALLS + [
     Call("fp32 d64 softcap", "fp32", 2, 8, 8, 1000, 1000, 64, softcap=30.0),
     Call("fp16 d32 softcap causal", "fp16", 4, 16, 16, 1531, 1531, 32, causal=True, softcap=30.0),
     Call("fp16 d256 softcap causal gqa", "fp16", 2, 8, 4, 1531, 1531, 256, causal=True, softcap=50.0),
@@ -151,13 +150,14 @@ AB_CALLS = [c for c in CALLS if c.kind == "fwd"] + [
 
 
 def ab_pairs(before_source: str, calls=AB_CALLS, arch: int = ARCH) -> list[Pair]:
-    """Each call's variant in today's table, compiled from `before_source` (another version of
-    aot/flash_fwd.py) and from aot/: the calls whose variant compiles with EDGE_LOOP."""
+    """Each call's variant in today's table, compiled from the folder `before_source` (another
+    version of aot/flash_fwd.py and aot/flash_decode.py) and from aot/: the calls whose variant
+    compiles with EDGE_LOOP."""
     table = _table(V.all_variants(), arch)
     pairs = []
     for c in calls:
         v = pick(c, table)
-        if c.kind == "fwd" and V.edge_loop(v):
+        if V.edge_loop(v):
             pairs.append(Pair(c, v, v, before_source))
     return pairs
 
@@ -165,17 +165,21 @@ def ab_pairs(before_source: str, calls=AB_CALLS, arch: int = ARCH) -> list[Pair]
 _MODULES: dict = {}
 
 
-def kernel_fn(v: V.Variant, path: str | None):
-    """The JIT function v compiles from: aot/'s, or the forward kernel of the file at `path`."""
-    if path is None:
+def kernel_fn(v: V.Variant, folder: str | None):
+    """The JIT function v compiles from: aot/'s, or that of the kernel file of its kind in `folder`
+    (flash_fwd.py: flash_fwd; flash_decode.py: flash_decode_split, whose imports from flash_fwd
+    resolve to aot/'s, as they do in the build)."""
+    if folder is None:
         return build.KERNELS[v.kind]
+    name, fn = {"fwd": ("flash_fwd", "flash_fwd"), "decode": ("flash_decode", "flash_decode_split")}[v.kind]
+    path = str(Path(folder) / f"{name}.py")
     if path not in _MODULES:
         import importlib.util
-        spec = importlib.util.spec_from_file_location(f"flash_fwd_ab{len(_MODULES)}", path)
+        spec = importlib.util.spec_from_file_location(f"{name}_ab{len(_MODULES)}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         _MODULES[path] = mod
-    return _MODULES[path].flash_fwd
+    return getattr(_MODULES[path], fn)
 
 
 def constexprs(v: V.Variant, arch: int, edge: bool) -> dict:

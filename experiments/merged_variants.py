@@ -14,12 +14,13 @@ table (call, before us, after us, after/before) and writes JSON.
 
     python3 experiments/merged_variants.py [--out merged.json] [--only REGEX] [--rounds N]
     python3 experiments/merged_variants.py --dry-run     # no GPU: the pairs, checked against the tables
-    python3 experiments/merged_variants.py --before-source old_flash_fwd.py [--out ab.json]
+    python3 experiments/merged_variants.py --before-source OLD_AOT_DIR [--out ab.json]
 
---before-source FILE is an A/B run of two versions of the forward kernel instead: each forward
-call whose variant the build compiles with EDGE_LOOP (merged_pairs.AB_CALLS: CALLS' forward calls,
-calls with a softcap and full masks) runs that one variant compiled from FILE (e.g. `git show
-REV:aot/flash_fwd.py > FILE`) as "before" and from aot/flash_fwd.py as "after".
+--before-source DIR is an A/B run of two versions of the kernels instead: each call whose variant
+the build compiles with EDGE_LOOP (merged_pairs.AB_CALLS: CALLS and calls with a softcap or a full
+mask) runs that one variant compiled from DIR's flash_fwd.py / flash_decode.py (e.g. `git show
+REV:aot/flash_fwd.py > DIR/flash_fwd.py`, the same for flash_decode.py) as "before" and from aot/
+as "after".
 
 Needs torch, triton 3.6 and numpy; the repository need not be installed (the script imports aot/
 and ort_flash/reference.py from its checkout).
@@ -307,8 +308,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=25, help="do_bench milliseconds of runs per timing")
     ap.add_argument("--jobs", type=int, default=compile_pool.available_cpus(), help="compile processes")
     ap.add_argument("--dry-run", action="store_true", help="print and check the pairs; no GPU")
-    ap.add_argument("--before-source", metavar="FILE",
-                    help="A/B: each EDGE_LOOP forward call's variant compiled from FILE (another aot/flash_fwd.py) and from aot/")
+    ap.add_argument("--before-source", metavar="DIR",
+                    help="A/B: each EDGE_LOOP call's variant compiled from DIR's flash_fwd.py / flash_decode.py and from aot/")
     args = ap.parse_args(argv)
     if args.before_source:
         path = str(Path(args.before_source).resolve())

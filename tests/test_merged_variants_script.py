@@ -233,16 +233,20 @@ def test_main_checks_times_and_writes_every_call(mv, monkeypatch, tmp_path):
 
 
 def test_ab_pairs_compile_one_variant_from_two_sources(mv, tmp_path):
-    """--before-source: every forward call whose variant compiles with EDGE_LOOP, softcap and
-    full-mask calls among them, one variant per pair compiled from the given file and from aot/;
-    the launch carries the call's softcap and the check holds a softcapped result to the reference."""
+    """--before-source: every call whose variant compiles with EDGE_LOOP, softcap, full-mask and
+    decode calls among them, one variant per pair compiled from the given folder's kernel files
+    and from aot/; the launch carries the call's softcap and the check holds a softcapped result
+    to the reference."""
     import torch
-    old = tmp_path / "old_flash_fwd.py"
-    old.write_text((ROOT / "aot" / "flash_fwd.py").read_text())
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("flash_fwd.py", "flash_decode.py"):
+        (old / name).write_text((ROOT / "aot" / name).read_text())
     pairs = mv.ab_pairs(str(old))
-    assert pairs and all(p.before == p.after and mv.V.edge_loop(p.after) and p.call.kind == "fwd" for p in pairs)
+    assert pairs and all(p.before == p.after and mv.V.edge_loop(p.after) for p in pairs)
     labels = {p.call.label for p in pairs}
-    assert {"fp32 d64 softcap", "fp16 d256 softcap causal gqa", "fp16 d64m full mask"} <= labels, labels
+    assert {"fp32 d64 softcap", "fp16 d256 softcap causal gqa", "fp16 d64m full mask",
+            "decode fp16 d256"} <= labels, labels
     assert all(p.after.extras for p in pairs if p.call.softcap)
     for p in pairs:
         (vb, eb, pb), (va, ea, pa) = p.jobs
