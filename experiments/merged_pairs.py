@@ -102,7 +102,7 @@ class Pair:
 
     @property
     def jobs(self):
-        """(variant, EDGE_LOOP, kernel source file or None for aot/'s) per side: before the merge
+        """(variant, EDGE_LOOP, kernel source folder or None for aot/) per side: before the merge
         EDGE_LOOP did not exist; an A/B pair (ab_pairs) compiles one variant from two sources."""
         if self.before_source:
             return [(self.before, V.edge_loop(self.before), self.before_source),
@@ -198,13 +198,13 @@ def constexprs(v: V.Variant, arch: int, edge: bool) -> dict:
     return c
 
 
-def source(v: V.Variant, arch: int, edge: bool, path: str | None = None):
+def source(v: V.Variant, arch: int, edge: bool, folder: str | None = None):
     """(ASTSource, compile options, parameter names, signature) as aot/build.py compiles v (from
-    the kernel source at `path` where given)."""
+    the kernel files in `folder` where given, kernel_fn)."""
     from triton.compiler import ASTSource
     cfg = V.get_fwd_config(arch, v)
     sig, attrs, names = build.signature(v, cfg)
-    src = ASTSource(fn=kernel_fn(v, path), signature=sig, constexprs=constexprs(v, arch, edge), attrs=attrs)
+    src = ASTSource(fn=kernel_fn(v, folder), signature=sig, constexprs=constexprs(v, arch, edge), attrs=attrs)
     return src, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, names, sig
 
 

@@ -65,10 +65,10 @@ FLOORS_TF32 = 5e-3     # TF32 dots against plain fp32 as the low-precision compu
 
 def _compile(job) -> float:
     """A worker: compiles one variant into Triton's cache (and its launcher), returns wall seconds."""
-    v, arch, edge, path = job
+    v, arch, edge, folder = job
     from triton.backends.compiler import GPUTarget
     t = time.perf_counter()
-    src, opts, _, _ = source(v, arch, edge, path)
+    src, opts, _, _ = source(v, arch, edge, folder)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     try:  # the launcher's and the driver utilities' C modules too, so the main process finds them cached
         from triton.backends.nvidia.driver import CudaLauncher, CudaUtils
@@ -80,26 +80,26 @@ def _compile(job) -> float:
 
 
 def compile_all(jobs: list, arch: int, workers: int) -> dict:
-    """Every (variant, EDGE_LOOP, source file) compiled on `workers` processes (forked before CUDA
+    """Every (variant, EDGE_LOOP, kernel source folder) compiled on `workers` processes (forked before CUDA
     starts), the costliest first; then loaded here from Triton's cache: {job: CompiledKernel}."""
     from triton.backends.compiler import GPUTarget
     order = sorted(set(jobs), key=lambda j: -compile_pool.estimated_cost(j[0], arch, V.get_fwd_config(arch, j[0])))
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        futs = {pool.submit(_compile, (v, arch, e, path)): (v, e, path) for v, e, path in order}
+        futs = {pool.submit(_compile, (v, arch, e, folder)): (v, e, folder) for v, e, folder in order}
         for n, f in enumerate(as_completed(futs), 1):
-            v, e, path = futs[f]
+            v, e, folder = futs[f]
             try:
                 msg = f"{f.result():.1f} s"
             except Exception as err:  # noqa: BLE001 - its calls are reported as not run
                 msg = f"FAILED: {type(err).__name__}: {str(err)[:300]}"
-                order.remove((v, e, path))
-            print(f"compiled [{n}/{len(futs)}] {v.name}{' EDGE_LOOP' if e else ''}{f' from {path}' if path else ''} "
+                order.remove((v, e, folder))
+            print(f"compiled [{n}/{len(futs)}] {v.name}{' EDGE_LOOP' if e else ''}{f' from {folder}' if folder else ''} "
                   f"{msg} ({time.perf_counter() - start:.0f} s elapsed)", flush=True)
     out = {}
-    for v, e, path in order:
-        src, opts, _, _ = source(v, arch, e, path)
-        out[(v, e, path)] = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+    for v, e, folder in order:
+        src, opts, _, _ = source(v, arch, e, folder)
+        out[(v, e, folder)] = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
     return out
 
 
@@ -312,8 +312,8 @@ def main(argv=None) -> int:
                     help="A/B: each EDGE_LOOP call's variant compiled from DIR's flash_fwd.py / flash_decode.py and from aot/")
     args = ap.parse_args(argv)
     if args.before_source:
-        path = str(Path(args.before_source).resolve())
-        pairs = ab_pairs(path, [c for c in AB_CALLS if not args.only or re.search(args.only, c.label)])
+        folder = str(Path(args.before_source).resolve())
+        pairs = ab_pairs(folder, [c for c in AB_CALLS if not args.only or re.search(args.only, c.label)])
     else:
         pairs = make_pairs([c for c in CALLS if not args.only or re.search(args.only, c.label)])
     if args.dry_run:
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
             torch.manual_seed(seed + i)
             t = inputs(p, "cuda")
             comb = kernels.get((combine_variant(p.after), False, None))
-            sides = [runner(p, v, kernels[j], comb, t, sms) for j in p.jobs for v in j[:1]]
+            sides = [runner(p, j[0], kernels[j], comb, t, sms) for j in p.jobs]
             row["check_before"], row["check_after"] = (check(p, fn, t) for fn in sides)
         except Exception as e:  # noqa: BLE001 - a call that cannot run is reported, the others go on
             row["error"] = f"{type(e).__name__}: {e}"[:800]

@@ -251,7 +251,7 @@ def test_ab_pairs_compile_one_variant_from_two_sources(mv, tmp_path):
     for p in pairs:
         (vb, eb, pb), (va, ea, pa) = p.jobs
         assert (vb, eb, pb) == (va, ea, str(old)) and pa is None
-        src_old, _, names, _ = mv.source(vb, mv.ARCH, eb, pb)
+        src_old, _, _, _ = mv.source(vb, mv.ARCH, eb, pb)
         src_new, _, _, _ = mv.source(va, mv.ARCH, ea, pa)
         assert src_old.fn is not src_new.fn and src_old.fn.fn.__module__ != src_new.fn.fn.__module__
         assert src_old.constants == src_new.constants and src_old.signature == src_new.signature
