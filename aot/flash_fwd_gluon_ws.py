@@ -102,6 +102,59 @@ def _key_mask(m_base, start_n, hi, s_layout: gl.constexpr, BLOCK_N: gl.constexpr
     return gl.load(m_base + cols, mask=cols < hi, other=0)
 
 
+# An additive mask value at or below this hides a key in the visible-prefix check (the rewriter's
+# MIN_MASKED: exp of it underflows to 0 in fp32 unless a hidden key outscores every visible one by
+# more than 9900 in the scaled scores).
+HIDDEN_AT = gl.constexpr(-1.0e4)
+
+
+@gluon.jit
+def _visible_range(m_base, n, causal, MASK_KIND: gl.constexpr, NW: gl.constexpr):
+    """(lo, end) if the mask's keys [0, n) show exactly one run [lo, end), end > lo, and hide the
+    rest (bool: nonzero shown, zero hidden; additive: exactly 0 shown, at or below HIDDEN_AT
+    hidden), lo 0 under causal; else (-1, -1). The keys a tile sees then run as an unmasked call
+    over that run: the padding mask of right- (and, without causal, left-) padded batches costs no
+    mask load and its padded blocks no work. Every row of the tile sees a shown key (non-causal:
+    all of the run; causal: key 0), so dropping the hidden ones changes no result beyond their
+    underflowed weights. Read in chunks of 16 values a thread."""
+    CHUNK: gl.constexpr = 16 * 32 * NW
+    layout: gl.constexpr = gl.BlockedLayout([16], [32], [NW], [0])
+    first_shown = n
+    last_shown = n * 0 - 1
+    n_shown = n * 0
+    first_not_hidden = n
+    last_not_hidden = n * 0 - 1
+    for start in range(0, n, CHUNK):
+        cols = start + gl.arange(0, CHUNK, layout=layout)
+        inb = cols < n
+        v = gl.load(m_base + cols, mask=inb, other=0)
+        if MASK_KIND == 2:
+            vf = v.to(gl.float32)
+            shown = inb & (vf == 0.0)
+            not_hidden = inb & (vf > HIDDEN_AT)
+        else:
+            shown = inb & (v != 0)
+            not_hidden = shown
+        first_shown = gl.minimum(first_shown, gl.min(gl.where(shown, cols, n), axis=0))
+        last_shown = gl.maximum(last_shown, gl.max(gl.where(shown, cols, -1), axis=0))
+        n_shown += gl.sum(shown.to(gl.int32), axis=0)
+        first_not_hidden = gl.minimum(first_not_hidden, gl.min(gl.where(not_hidden, cols, n), axis=0))
+        last_not_hidden = gl.maximum(last_not_hidden, gl.max(gl.where(not_hidden, cols, -1), axis=0))
+    ok = ((n_shown > 0) & (n_shown == last_shown + 1 - first_shown)
+          & (first_not_hidden == first_shown) & (last_not_hidden == last_shown)
+          & ((causal == 0) | (first_shown == 0)))
+    return gl.where(ok, first_shown, -1), gl.where(ok, last_shown + 1, -1)
+
+
+@gluon.jit
+def _publish_range(lim_smem, lim_bar, lo, end, NW: gl.constexpr):
+    """The first consumer's visible-range result, for the producer (which does not scan)."""
+    layout: gl.constexpr = gl.BlockedLayout([2], [32], [NW], [0])
+    idx = gl.arange(0, 2, layout=layout)
+    lim_smem.store(gl.where(idx == 0, lo, end))
+    mbarrier.arrive(lim_bar.index(0))
+
+
 @gluon.jit
 def _softmax_bias(s, mv, m_i, l_i, start_n, mask_from, lim, qk_scale,
                   s_layout: gl.constexpr, BLOCK_N: gl.constexpr, MASK_KIND: gl.constexpr):
@@ -128,11 +181,9 @@ def _softmax_bias(s, mv, m_i, l_i, start_n, mask_from, lim, qk_scale,
 
 
 @gluon.jit
-def _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                   b, h, hk, m0, n_blocks, t, c0,
-                   WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
-                   QB: gl.constexpr):
-    """Loads of one tile: its Q into Q buffer t % QB, then its K/V blocks, ring blocks c0 + j."""
+def _producer_q(Q, q_smem, q_ready, q_empty, b, h, m0, t,
+                WG_M: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr):
+    """A tile's Q into Q buffer t % QB, one box per consumer."""
     qb = t % QB
     for w in gl.static_range(NC):
         if QB > 1:  # the buffer's last tile has been stored (a fresh barrier passes phase 1)
@@ -140,25 +191,66 @@ def _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v
         mbarrier.expect(q_ready.index(qb * NC + w), Q.block_type.nbytes)
         tma.async_copy_global_to_shared(Q, [b, h, m0 + w * WG_M, 0], q_ready.index(qb * NC + w),
                                         q_smem.index(qb * NC + w))
-    for j in range(n_blocks):
+
+
+@gluon.jit
+def _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk, j_lo, j_hi, c0, row0,
+                 BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """K/V blocks j_lo .. j_hi - 1 of a tile (keys from row0 + j * BLOCK_N) through the ring (ring
+    blocks c0 + j)."""
+    for j in range(j_lo, j_hi):
         c = c0 + j
         st = c % NUM_STAGES
         phase = (c // NUM_STAGES) & 1
         # A fresh barrier counts as having completed the phase before 0: the first round passes.
         mbarrier.wait(k_empty.index(st), phase ^ 1)
         mbarrier.expect(k_ready.index(st), K.block_type.nbytes)
-        tma.async_copy_global_to_shared(K, [b, hk, j * BLOCK_N, 0], k_ready.index(st), k_ring.index(st))
+        tma.async_copy_global_to_shared(K, [b, hk, row0 + j * BLOCK_N, 0], k_ready.index(st), k_ring.index(st))
         mbarrier.wait(v_empty.index(st), phase ^ 1)
         mbarrier.expect(v_ready.index(st), V.block_type.nbytes)
-        tma.async_copy_global_to_shared(V, [b, hk, j * BLOCK_N, 0], v_ready.index(st), v_ring.index(st))
+        tma.async_copy_global_to_shared(V, [b, hk, row0 + j * BLOCK_N, 0], v_ready.index(st), v_ring.index(st))
+
+
+@gluon.jit
+def _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   b, h, hk, m0, n_blocks, t, c0,
+                   WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
+                   QB: gl.constexpr):
+    """Loads of one tile: its Q into Q buffer t % QB, then its K/V blocks, ring blocks c0 + j."""
+    _producer_q(Q, q_smem, q_ready, q_empty, b, h, m0, t, WG_M, NC, QB)
+    _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk, 0, n_blocks, c0, 0,
+                 BLOCK_N, NUM_STAGES)
 
 
 @gluon.jit
 def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-              b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
+              b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal, lim_smem, lim_bar,
               WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
-              TILES: gl.constexpr):
-    if TILES == 1:
+              TILES: gl.constexpr, PREFIX: gl.constexpr):
+    if PREFIX:
+        # Q and block 0 before the first consumer's range check is in (every tile runs block 0
+        # but a left-padded one, whose consumers drop it), then the tile's blocks over its
+        # visible run (after block 0, or from ring block 1 where the run starts later), or all
+        # of them where it has none.
+        _producer_q(Q, q_smem, q_ready, q_empty, b, h, m0, 0, WG_M, NC, 1)
+        _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk, 0, 1, 0, 0,
+                     BLOCK_N, NUM_STAGES)
+        mbarrier.wait(lim_bar.index(0), 0)
+        idx = gl.arange(0, 2, layout=gl.BlockedLayout([2], [32], [1], [0]))
+        rng = lim_smem.load(gl.BlockedLayout([2], [32], [1], [0]))
+        lo = gl.sum(gl.where(idx == 0, rng, 0), axis=0)
+        end = gl.sum(gl.where(idx == 1, rng, 0), axis=0)
+        n_run = n_blocks
+        j_lo = 1
+        c0 = lo * 0
+        if lo >= 0:
+            n_run = gl.maximum(gl.cdiv(end - lo, BLOCK_N), 1)
+            if lo > 0:
+                j_lo = 0
+                c0 = c0 + 1
+        _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk, j_lo, n_run, c0,
+                     gl.maximum(lo, 0), BLOCK_N, NUM_STAGES)
+    elif TILES == 1:
         _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                        b, h, hk, m0, n_blocks, 0, 0, WG_M, BLOCK_N, NUM_STAGES, NC, 1)
     else:
@@ -303,11 +395,37 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
 @gluon.jit
 def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              m_base,
+              m_base, lim_smem, lim_bar,
               WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-              MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr):
-    if TILES == 1:
+              MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr):
+    if PREFIX:
+        # Every consumer checks the keys its tile sees ([0, hi)) itself; the first one tells the
+        # producer. A visible run [lo, end) runs unmasked over end - lo keys from lo (where lo > 0
+        # from ring block 1: block 0, loaded before the check, is dropped); any other mask (holes,
+        # other values, a wholly padded row, left padding under causal) runs the masked loop.
+        lo, end = _visible_range(m_base, hi, causal, MASK_KIND, gl.num_warps())
+        if WG == 0:
+            _publish_range(lim_smem, lim_bar, lo, end, gl.num_warps())
+        if lo >= 0:
+            c0 = lo * 0
+            if lo > 0:
+                mbarrier.wait(k_ready.index(0), 0)
+                mbarrier.wait(v_ready.index(0), 0)
+                mbarrier.arrive(k_empty.index(0))
+                mbarrier.arrive(v_empty.index(0))
+                c0 = c0 + 1
+            n_run = end - lo
+            _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                           turns, b, h, pid_bh, m0, Sq, n_run, offset, causal, gl.maximum(gl.cdiv(n_run, BLOCK_N), 1),
+                           n_run, qk_scale, store_lse, 0, c0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES,
+                           PINGPONG, NC, 1, 0, OVERLAP)
+        else:
+            _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                           turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+                           0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
+                           MASK_KIND, OVERLAP)
+    elif TILES == 1:
         _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                        turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                        0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
@@ -328,25 +446,27 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
 @gluon.jit
 def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-               m_base,
+               m_base, lim_smem, lim_bar,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr):
+               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              m_base, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND, OVERLAP)
+              m_base, lim_smem, lim_bar, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+              MASK_KIND, OVERLAP, PREFIX)
 
 
 @gluon.jit
 def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-               m_base,
+               m_base, lim_smem, lim_bar,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr):
+               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-              m_base, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND, OVERLAP)
+              m_base, lim_smem, lim_bar, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+              MASK_KIND, OVERLAP, PREFIX)
 
 
 @gluon.jit
@@ -363,6 +483,7 @@ def flash_fwd_gluon_ws(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
     TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0, OVERLAP_PV: gl.constexpr = False,
+    MASK_PREFIX: gl.constexpr = False,
 ):
     gl.static_assert(gl.num_warps() == CONSUMER_WARPS, "the default partition is one consumer warpgroup")
     gl.static_assert((NUM_CONSUMERS == 2) | (NUM_CONSUMERS == 3), "two or three consumer warpgroups")
@@ -375,6 +496,9 @@ def flash_fwd_gluon_ws(
     # (An unnamed constexpr after a named one arrives as a wrapped None, which `is None` misses.)
     MASKED: gl.constexpr = 1 if MASK_KIND == 1 else (2 if MASK_KIND == 2 else 0)
     OVERLAP: gl.constexpr = True if OVERLAP_PV == True else False  # noqa: E712 (a wrapped None is False)
+    PREFIX: gl.constexpr = True if MASK_PREFIX == True else False  # noqa: E712
+    gl.static_assert((not PREFIX) | ((MASKED != 0) & (TILES == 1)),
+                     "the visible-prefix check needs a key-vector mask and one tile per CTA")
     dtype: gl.constexpr = Q.dtype
 
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -428,6 +552,13 @@ def flash_fwd_gluon_ws(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=NC)  # one arrival per consumer warpgroup
         mbarrier.init(v_empty.index(i), count=NC)
+    if PREFIX:  # the first consumer's visible-range check, for the producer
+        lim_smem = gl.allocate_shared_memory(gl.int32, [2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        lim_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(lim_bar.index(0), count=1)
+    else:
+        lim_smem = q_ready  # never used
+        lim_bar = q_ready
     fence_async_shared()
 
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
@@ -435,28 +566,33 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                         m_base, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
+                         m_base, lim_smem, lim_bar, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+                         MASKED, OVERLAP, PREFIX)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
+                          m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+                          MASKED, OVERLAP, PREFIX)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                         b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
-                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),
+                         b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal, lim_smem, lim_bar,
+                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX)),
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                         m_base, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
+                         m_base, lim_smem, lim_bar, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+                         MASKED, OVERLAP, PREFIX)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
+                          m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+                          MASKED, OVERLAP, PREFIX)),
             (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
-                          m_base, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP)),
+                          m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+                          MASKED, OVERLAP, PREFIX)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                         b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal,
-                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES)),
+                         b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal, lim_smem, lim_bar,
+                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX)),
         ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
     for i in gl.static_range(NC):
@@ -470,3 +606,5 @@ def flash_fwd_gluon_ws(
         mbarrier.invalidate(v_ready.index(i))
         mbarrier.invalidate(k_empty.index(i))
         mbarrier.invalidate(v_empty.index(i))
+    if PREFIX:
+        mbarrier.invalidate(lim_bar.index(0))

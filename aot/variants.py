@@ -73,10 +73,14 @@ GLUON_WS_TILES = {(128, False): {0: 2, 8192: 1}}
 # per head dim, over the same length range as its unmasked cubins; below it, at other head
 # dims and for full masks, the TMA and pointer kernels as before. From experiments/gluon_mask.py on
 # the H200 (docs/measurements/prefill/gluon-v8-mask.json, perf-notes prefill v8): at d128 1.09-1.14x
-# the TMA key-vector kernel (bool) and 1.03-1.10x (additive) at N 2048-16384; at d64 0.89-1.02x,
-# so d64 keeps the TMA kernel. One query tile per CTA (gluon_ws_entries): under a mask two
-# measured no faster.
-GLUON_WS_MASKS = {128: ("bool", "add")}
+# the TMA key-vector kernel (bool) and 1.03-1.10x (additive) at N 2048-16384. One query tile per
+# CTA (gluon_ws_entries): under a mask two measured no faster. Every masked cubin checks whether
+# the keys a tile sees are a visible prefix (right padding, or none) and then runs unmasked over
+# it (MASK_PREFIX, perf-notes prefill v10: docs/measurements/prefill/gluon-v10-prefix.json): d64
+# right-padded 1.32-1.40x the TMA key-vector kernel at N 2048-8192, other masks 0.89-1.11x. d64
+# takes non-causal calls only (GLUON_WS_MASKED_CAUSAL: its causal masked speed was not measured).
+GLUON_WS_MASKS = {128: ("bool", "add"), 64: ("bool", "add")}
+GLUON_WS_MASKED_CAUSAL = (128,)  # head dims whose masked cubins also take causal calls
 GLUON_LENGTHS: dict = {}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
@@ -259,7 +263,7 @@ def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none"
     range split where GLUON_WS_TILES changes the tiles per CTA (unmasked calls: under a key-vector
     mask one tile per CTA measured as fast or faster, docs/measurements/prefill/gluon-v8-mask.json)."""
     rng = GLUON_WS_LENGTHS.get((dtype, head_dim, bool(causal)))
-    if rng is None:
+    if rng is None or (mask != "none" and causal and head_dim not in GLUON_WS_MASKED_CAUSAL):
         return []
     lo, hi = rng
     steps = sorted((GLUON_WS_TILES.get((head_dim, bool(causal)), {0: 1}) if mask == "none" else {0: 1}).items())
