@@ -54,14 +54,26 @@ def run_ws_masked(q, k, v, y, lse, mask, kind, causal=False, offset=0, mask_len=
         mask.stride(0), mask.stride(1) if mask.shape[1] > 1 else 0, 0,
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
         PINGPONG=c["PINGPONG"], NUM_CONSUMERS=c["NUM_CONSUMERS"], CONSUMER_REGS=c["CONSUMER_REGS"],
-        TILES_PER_CTA=tiles, MASK_KIND=KINDS[kind], num_warps=c["num_warps"], maxnreg=c["maxnreg"])
+        TILES_PER_CTA=tiles, MASK_KIND=KINDS[kind], MASK_PREFIX=PREFIX[0] and tiles == 1,
+        num_warps=c["num_warps"], maxnreg=c["maxnreg"])
 
 
-def make_mask(b, hm, skv, kind, dtype, lengths, fill=None):
-    """(B, hm, 1, skv): keys below each batch's length visible. Additive: 0 / `fill` (-inf or
-    the dtype's lowest)."""
+PREFIX = [False]  # --prefix: the kernels run the visible-range check (MASK_PREFIX)
+
+
+def make_mask(b, hm, skv, kind, dtype, lengths, fill=None, pattern="right"):
+    """(B, hm, 1, skv): keys below each batch's length visible ("right" padding: a visible prefix),
+    or the last `length` keys ("left"), or every third key hidden within the length ("holes").
+    Additive: 0 / `fill` (-inf or the dtype's lowest)."""
     j = torch.arange(skv, device="cuda")
-    keep = (j[None, :] < torch.tensor(lengths, device="cuda")[:, None])[:, None, None, :].expand(b, hm, 1, skv)
+    n = torch.tensor(lengths, device="cuda")[:, None]
+    if pattern == "left":
+        keep = j[None, :] >= skv - n
+    elif pattern == "holes":
+        keep = (j[None, :] < n) & (j[None, :] % 3 != 1)
+    else:
+        keep = j[None, :] < n
+    keep = keep[:, None, None, :].expand(b, hm, 1, skv)
     if kind == "bool":
         return keep.to(torch.uint8).contiguous()
     fill = torch.finfo(dtype).min if fill is None else fill
@@ -96,6 +108,8 @@ def reference(q, k, v, mask, kind, causal, offset, mask_len):
     return (e @ vf) / torch.where(l == 0, 1.0, l)[..., None], lse
 
 
+PATTERNS = ["right"]  # --prefix adds "left" (a visible run from lo > 0: unmasked but under causal)
+# and "holes" (no visible run: the masked loop)
 # (B, Hq, Hkv, Sq, Skv, causal, offset, per-head mask, mask_len - Skv or None)
 CHECKS = [
     (3, 4, 4, 1000, 1000, False, 0, False, None), (2, 4, 2, 333, 777, False, 0, True, None),
@@ -118,8 +132,11 @@ def check(dtypes, head_dims, cfgs) -> list:
         k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
         # One batch wholly padded (its rows see nothing), the others at random lengths.
         lengths = [0] + [int(x) for x in torch.randint(1, skv + 1, (b - 1,), generator=gen, device="cuda")]
-        for fill in ((None,) if kind == "bool" else (float("-inf"), None)):
-            mask = make_mask(b, hq if per_head else 1, skv, kind, dtype, lengths, fill)
+        fills = (None,) if kind == "bool" else (float("-inf"), None, -5000.0)
+        for fill, pattern in itertools.product(fills, PATTERNS):
+            if fill == -5000.0 and pattern != "right":
+                continue  # a value above HIDDEN_AT: not a visible prefix, the masked loop runs
+            mask = make_mask(b, hq if per_head else 1, skv, kind, dtype, lengths, fill, pattern)
             ml = skv if cut is None else skv + cut
             y = torch.full_like(q, float("nan"))
             lse = torch.full((b, hq, sq), float("nan"), device="cuda")
@@ -131,11 +148,12 @@ def check(dtypes, head_dims, cfgs) -> list:
             tol = 2e-2 if dt == "fp16" else 4e-2
             ok = err < tol and lse_ok  # NaN compares false
             failed += not ok
-            rows.append(dict(dtype=dt, head_dim=d, kind=kind, fill=str(fill), shape=[b, hq, hkv, sq, skv],
+            rows.append(dict(dtype=dt, head_dim=d, kind=kind, fill=str(fill), pattern=pattern,
+                             prefix=PREFIX[0], shape=[b, hq, hkv, sq, skv],
                              causal=causal, offset=off, per_head=per_head, mask_len=ml, cfg=c, max_err=err,
                              lse_ok=lse_ok, ok=ok))
             if not ok:
-                print(f"FAIL {dt} d{d} {kind} fill={fill} {(b, hq, hkv, sq, skv, causal, off, per_head, ml)} "
+                print(f"FAIL {dt} d{d} {kind} fill={fill} {pattern} {(b, hq, hkv, sq, skv, causal, off, per_head, ml)} "
                       f"cfg={c}: err {err:.3g} lse_ok {lse_ok}", flush=True)
     print(f"checks: {len(rows) - failed}/{len(rows)} passed", flush=True)
     return rows
@@ -162,6 +180,12 @@ def timing(dtypes, cfgs, save_to=None, checks=()) -> list:
         row = dict(dtype=dt, label=label, batch=b, heads=h, seq=s, head_dim=d, lengths=lengths)
         add = make_mask(b, 1, s, "add", dtype, lengths)
         boo = make_mask(b, 1, s, "bool", dtype, lengths)
+        masks = [("add", add), ("bool", boo)]
+        if PREFIX[0]:  # also unpadded (all keys visible: a batch of one), left padding (a visible run
+            # from lo > 0) and holes (no visible run: the masked loop)
+            masks += [("add_ones", make_mask(b, 1, s, "add", dtype, [s] * b)),
+                      ("add_left", make_mask(b, 1, s, "add", dtype, lengths, pattern="left")),
+                      ("add_holes", make_mask(b, 1, s, "add", dtype, lengths, pattern="holes"))]
         tile = _shipped(dt, d, "fwd_tma", "add", True)
         row["tma_keys_add"] = flops / bench(lambda: launch(q, k, v, y, lse, False, tile, tma=True, mask=add, mask_keys=True)) / 1e9
         row["ws_none"] = flops / bench(lambda: run_ws(q, k, v, y, lse, False)) / 1e9
@@ -176,8 +200,8 @@ def timing(dtypes, cfgs, save_to=None, checks=()) -> list:
                 continue
             c = {key: val for key, val in (cfg or {}).items() if key != "BLOCK_D"} or None
             tag = "" if not c else "".join(f" {key}={val}" for key, val in c.items() if key in ("BLOCK_M", "BLOCK_N", "NUM_CONSUMERS", "TILES_PER_CTA"))
-            for kind, m in (("add", add), ("bool", boo)):
-                row[f"ws_{kind}{tag}"] = flops / bench(lambda: run_ws_masked(q, k, v, y, lse, m, kind, cfg=c)) / 1e9
+            for kind, m in masks:
+                row[f"ws_{kind}{tag}"] = flops / bench(lambda: run_ws_masked(q, k, v, y, lse, m, kind.split("_")[0], cfg=c)) / 1e9
         best_ws = max(val for key, val in row.items() if key.startswith("ws_") and key != "ws_none")
         print(f"{dt} {label:<14} d{d:<3} ws(mask) {best_ws:4.0f}  tma(keys) {row['tma_keys_add']:4.0f}  "
               f"ws(none) {row['ws_none']:4.0f}  sdpa {row['sdpa_mask']:4.0f}  ws/tma {best_ws / row['tma_keys_add']:.2f}x  "
@@ -204,12 +228,16 @@ def main(argv=None) -> int:
     ap.add_argument("--d64", default="", help="extra d64 tiles: BM,BN,stages,maxnreg,consumers,consumer_regs;...")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--out", default="gluon_mask.json")
+    ap.add_argument("--prefix", action="store_true", help="MASK_PREFIX: the visible-range check")
     a = ap.parse_args(argv)
+    if a.prefix:
+        PREFIX[0] = True
+        PATTERNS[:] = ["right", "left", "holes"]
     dtypes = a.dtypes.split(",")
     # The AOT build's argument binding (one compile per variant, not per shape class).
     runtime_ints()
     # The shipped d128 non-causal tile below 8192 runs two query tiles per CTA.
-    cfgs = [None, dict(BLOCK_D=128, TILES_PER_CTA=2)] + parse_d64(a.d64)
+    cfgs = ([None] if a.prefix else [None, dict(BLOCK_D=128, TILES_PER_CTA=2)]) + parse_d64(a.d64)
     rows = check(dtypes, (64, 128), cfgs)
     save(a.out, [dict(kind="checks", checks=rows)])
     if not a.check_only:

@@ -120,6 +120,25 @@ def test_kernel_matches_reference(case, dtype, kind=None):
             mask_np[i, ..., skv - (i * skv) // (2 * b) if i else 0:] = -np.inf
         m = torch.from_numpy(mask_np).to(dev, tdt)
         p.mask_kind = _C.MaskKind.add
+    elif c["mask"] in ("add_keys_left", "bool_keys_left", "add_keys_min", "bool_keys_right"):
+        # Left padding (a visible run from lo > 0: unmasked from lo, under causal the masked
+        # loop), right padding at -1e4 with one batch at -5000 (above the range check's
+        # HIDDEN_AT: the masked loop) or as bool; batch 0 wholly padded (the masked loop).
+        mask_np = np.zeros((b, 1, 1, skv), dtype=np.float32)
+        hidden = -1e4 if c["mask"] == "add_keys_min" else -np.inf
+        for i in range(b):
+            n = skv - (i * skv) // (2 * b) if i else 0  # visible keys
+            if c["mask"].endswith("_left"):
+                mask_np[i, ..., :skv - n] = hidden
+            else:
+                mask_np[i, ..., n:] = -5000.0 if (c["mask"] == "add_keys_min" and i == b - 1) else hidden
+        if c["mask"].startswith("bool"):
+            mask_np = mask_np == 0
+            m = torch.from_numpy(mask_np).to(dev)
+            p.mask_kind = _C.MaskKind.bool
+        else:
+            m = torch.from_numpy(mask_np).to(dev, tdt)
+            p.mask_kind = _C.MaskKind.add
     elif c["mask"] == "bool_keys":
         mask_np = rng.random((1, hq, 1, skv)) > 0.4
         mask_np[0, 1] = False  # head 1 sees no key
@@ -381,6 +400,20 @@ GLUON_CASES = [
     dict(b=2, hq=4, hkv=4, sq=300, skv=777, d=128, mask="bool_keys", causal=True, offset=477),
     dict(b=2, hq=4, hkv=1, sq=2100, skv=2100, d=128, mask="add_keys", layout="bshd"),
     dict(b=1, hq=4, hkv=4, sq=129, skv=4000, d=128, mask="bool_keys"),
+    # Key-vector masks through the visible-range check (MASK_PREFIX): right padding (a prefix,
+    # run unmasked), left padding (unmasked from the run's start; under causal the masked loop),
+    # values above HIDDEN_AT (the masked loop), bool and additive; at head dim 64 (non-causal
+    # only) and 128, from the d64 range's 2048 keys.
+    dict(b=3, hq=4, hkv=2, sq=2100, skv=2100, d=64, mask="add_keys"),
+    dict(b=3, hq=4, hkv=4, sq=2050, skv=2300, d=64, mask="add_keys_left"),
+    dict(b=3, hq=4, hkv=2, sq=2300, skv=4200, d=64, mask="bool_keys_left"),
+    dict(b=3, hq=2, hkv=2, sq=1000, skv=1500, d=128, mask="bool_keys_left"),
+    dict(b=3, hq=2, hkv=1, sq=2200, skv=2200, d=64, mask="bool_keys_right", layout="bshd"),
+    dict(b=2, hq=4, hkv=4, sq=2100, skv=2100, d=64, mask="add_keys_min"),
+    dict(b=2, hq=4, hkv=2, sq=2100, skv=2100, d=64, mask="bool_keys"),
+    dict(b=3, hq=4, hkv=4, sq=1000, skv=1000, d=128, mask="add_keys_min"),
+    dict(b=2, hq=4, hkv=2, sq=2100, skv=2100, d=128, mask="add_keys_left", causal=True),
+    dict(b=3, hq=4, hkv=4, sq=2100, skv=2300, d=128, mask="bool_keys_right", causal=True, offset=200),
 ]
 
 
