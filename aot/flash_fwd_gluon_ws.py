@@ -152,6 +152,7 @@ def _publish_range(lim_smem, lim_bar, lo, end, NW: gl.constexpr):
     layout: gl.constexpr = gl.BlockedLayout([2], [32], [NW], [0])
     idx = gl.arange(0, 2, layout=layout)
     lim_smem.store(gl.where(idx == 0, lo, end))
+    gl.thread_barrier()  # every thread's store before the (one-thread) arrive: racecheck-clean
     mbarrier.arrive(lim_bar.index(0))
 
 
