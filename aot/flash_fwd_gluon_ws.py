@@ -8,6 +8,15 @@ a row that sees no key gives 0 and lse -inf. It takes fp16/bf16, D == Dv in {64,
 mask (one row of mask_len values per (batch, head) through stride_mb and stride_mh, its query
 stride 0: the (B, 1, 1, S) padding mask of BERT-style models; keys from mask_len on are hidden).
 The mask enters as one log2-unit bias per key (_softmax_bias), its values loaded a key block ahead.
+With MASK_PREFIX (every masked cubin the build makes) each consumer first reads the mask over the
+keys its tile sees (_visible_range): where they show one visible run [lo, end) and hide the rest
+(right padding, a batch with no padding, or, without causal, left padding), the tile runs the
+unmasked loop over those end - lo keys from lo (no mask loads, no padded blocks); any other mask
+runs the masked loop. The first consumer passes the run to the producer through shared memory
+and an mbarrier; the producer loads Q and key block 0 before it waits for it (a run from lo > 0
+starts at ring block 1 and the consumers drop block 0). An additive value counts as hidden at or
+below HIDDEN_AT (-1e4, the rewriter's masked value): the result then differs from the masked
+loop's only where a hidden key outscores every visible one by more than ~9900 in scaled scores.
 
 One CTA owns BLOCK_M query rows of one (batch, head): NUM_CONSUMERS (2 or 3) consumer warpgroups
 of BLOCK_M / NUM_CONSUMERS rows each (the default partition and the first workers), and a one-warp
@@ -102,7 +111,7 @@ def _key_mask(m_base, start_n, hi, s_layout: gl.constexpr, BLOCK_N: gl.constexpr
     return gl.load(m_base + cols, mask=cols < hi, other=0)
 
 
-# An additive mask value at or below this hides a key in the visible-prefix check (the rewriter's
+# An additive mask value at or below this hides a key in the visible-range check (the rewriter's
 # MIN_MASKED: exp of it underflows to 0 in fp32 unless a hidden key outscores every visible one by
 # more than 9900 in the scaled scores).
 HIDDEN_AT = gl.constexpr(-1.0e4)
@@ -499,7 +508,7 @@ def flash_fwd_gluon_ws(
     OVERLAP: gl.constexpr = True if OVERLAP_PV == True else False  # noqa: E712 (a wrapped None is False)
     PREFIX: gl.constexpr = True if MASK_PREFIX == True else False  # noqa: E712
     gl.static_assert((not PREFIX) | ((MASKED != 0) & (TILES == 1)),
-                     "the visible-prefix check needs a key-vector mask and one tile per CTA")
+                     "the visible-range check needs a key-vector mask and one tile per CTA")
     dtype: gl.constexpr = Q.dtype
 
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)

@@ -75,10 +75,13 @@ GLUON_WS_TILES = {(128, False): {0: 2, 8192: 1}}
 # the H200 (docs/measurements/prefill/gluon-v8-mask.json, perf-notes prefill v8): at d128 1.09-1.14x
 # the TMA key-vector kernel (bool) and 1.03-1.10x (additive) at N 2048-16384. One query tile per
 # CTA (gluon_ws_entries): under a mask two measured no faster. Every masked cubin checks whether
-# the keys a tile sees are a visible prefix (right padding, or none) and then runs unmasked over
-# it (MASK_PREFIX, perf-notes prefill v10: docs/measurements/prefill/gluon-v10-prefix.json): d64
-# right-padded 1.32-1.40x the TMA key-vector kernel at N 2048-8192, other masks 0.89-1.11x. d64
-# takes non-causal calls only (GLUON_WS_MASKED_CAUSAL: its causal masked speed was not measured).
+# the keys a tile sees show one visible run (right padding, none, or left padding without causal)
+# and then runs unmasked over it (MASK_PREFIX, perf-notes prefill v10,
+# docs/measurements/prefill/gluon-v10-range.json, N 2048-16384, TFLOP/s over the whole S): against
+# the TMA key-vector kernel, unpadded 1.21-1.42x at d64 and 1.38-1.55x at d128, right or left
+# padded 1.33-1.48x / 1.48-1.66x; a mask with holes (the masked loop) 0.80-0.94x at d64 (the one
+# regression, stated in the README) and 1.01-1.15x at d128. d64 takes non-causal calls only
+# (GLUON_WS_MASKED_CAUSAL: its causal masked speed was not measured).
 GLUON_WS_MASKS = {128: ("bool", "add"), 64: ("bool", "add")}
 GLUON_WS_MASKED_CAUSAL = (128,)  # head dims whose masked cubins also take causal calls
 GLUON_LENGTHS: dict = {}

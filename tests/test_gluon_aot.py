@@ -85,6 +85,7 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
             assert twins and x.tile_min_len == min(y.tile_min_len for y in twins), x
             assert x.tile_max_len == (0 if any(y.tile_max_len == 0 for y in twins) else max(y.tile_max_len for y in twins))
             assert variants.get_fwd_config(90, x).tiles == 1, x
+            assert x.tile_causal != 1 or x.head_dim in variants.GLUON_WS_MASKED_CAUSAL, x
     assert all(x.min_arch == 90 for x in g)
     jobs80 = [x for x in variants.all_variants() if 80 >= x.min_arch]
     assert not _gluon(jobs80)
@@ -198,7 +199,8 @@ def test_gluon_cache_key_follows_the_gluon_sources_only(fixture_gluon, monkeypat
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
 @pytest.mark.parametrize("pick", [("fp16", 128, 0, True), ("bf16", 64, 1, False), ("bf16", 64, 0, True),
-                                  ("bf16", 128, 1, True, "add"), ("fp16", 128, 0, True, "bool")],
+                                  ("bf16", 128, 1, True, "add"), ("fp16", 128, 0, True, "bool"),
+                                  ("bf16", 64, 0, True, "add")],
                          ids=lambda p: f"{p[0]}-d{p[1]}-c{p[2]}-{'ws' if p[3] else 'one'}" + "".join(f"-{m}" for m in p[4:]))
 def test_shipped_gluon_kernel_compiles_for_sm90(monkeypatch, tmp_path, pick):
     """Representative shipped Gluon variants (the one-partition and the warp-specialized kernel)
@@ -276,7 +278,11 @@ def test_shipped_gluon_ranges_split_the_lengths():
         g_m = [x for x in g if x.mask == mask]
         spans = sorted((x.tile_min_len, x.tile_max_len or 1 << 40) for x in g_m
                        if (x.dtype, x.head_dim) == (dtype, hd) and x.tile_causal in (-1, causal))
-        if mask != "none":  # the warp-specialized kernel's range only, one cubin (one tile per CTA)
+        if mask != "none":  # the warp-specialized kernel's range only, one cubin (one tile per CTA);
+            # causal masked calls only at GLUON_WS_MASKED_CAUSAL's head dims (elsewhere the TMA kernel)
+            if causal and hd not in variants.GLUON_WS_MASKED_CAUSAL:
+                assert spans == [], (dtype, hd, causal, mask, spans)
+                continue
             ws = variants.gluon_lengths(dtype, hd, causal, ws=True)
             assert spans == [(ws[0], ws[1] or 1 << 40)], (dtype, hd, causal, mask, spans)
             continue
