@@ -4,8 +4,11 @@ beside the kernel the library runs for such calls today (flash_fwd's TMA variant
 its shipped tile), the unmasked warp-specialized kernel and torch SDPA with the same mask, in one
 run. Prints a table, writes JSON.
 
-    python experiments/gluon_mask.py [--check-only] [--out gluon_mask.json]
+    python experiments/gluon_mask.py [--check-only] [--prefix] [--out gluon_mask.json]
         [--d64 "BM,BN,stages,maxnreg,consumers,consumer_regs;..."]
+
+--prefix compiles the kernels as the build does (MASK_PREFIX: the visible-range check) and adds
+left-padded and holed masks to the checks and the timing.
 
 A mask is (B, 1, 1, S) (or (B, H, 1, S)) bool or additive; keys from mask_len on are hidden. The
 shapes: BERT-base's attention (12 heads of 64, B8 S512, B1 S2048, B1 S4096) and the op benchmark's
