@@ -134,7 +134,8 @@ def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
             # Both named always: Triton's compile cache keys the constexprs by their values in
             # argument order, not by name, so {TILES_PER_CTA: 2} and {MASK_KIND: 2} would share
             # a key (and one variant get the other's cubin) if each were named only when set.
-            # Under a key-vector mask the visible-prefix check (right-padded batches run unmasked).
+            # Under a key-vector mask the visible-range check (padded batches whose keys show one
+            # visible run attend over it unmasked).
             constexprs.update(TILES_PER_CTA=cfg.tiles, MASK_KIND=MASK_KINDS[v.mask], OVERLAP_PV=cfg.overlap,
                               MASK_PREFIX=v.mask != "none")
             options["maxnreg"] = cfg.maxnreg

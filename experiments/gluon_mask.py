@@ -138,7 +138,7 @@ def check(dtypes, head_dims, cfgs) -> list:
         fills = (None,) if kind == "bool" else (float("-inf"), None, -5000.0)
         for fill, pattern in itertools.product(fills, PATTERNS):
             if fill == -5000.0 and pattern != "right":
-                continue  # a value above HIDDEN_AT: not a visible prefix, the masked loop runs
+                continue  # a value above HIDDEN_AT: not a visible run, the masked loop runs
             mask = make_mask(b, hq if per_head else 1, skv, kind, dtype, lengths, fill, pattern)
             ml = skv if cut is None else skv + cut
             y = torch.full_like(q, float("nan"))

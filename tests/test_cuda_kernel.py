@@ -114,16 +114,11 @@ def test_kernel_matches_reference(case, dtype, kind=None):
         mask_np = rng.random((1, hq, sq, skv)) > 0.3
         m = torch.from_numpy(mask_np).to(dev)
         p.mask_kind = _C.MaskKind.bool
-    elif c["mask"] == "add_keys":  # right padding per batch row; row 0 pads every key
-        mask_np = np.zeros((b, 1, 1, skv), dtype=np.float32)
-        for i in range(b):
-            mask_np[i, ..., skv - (i * skv) // (2 * b) if i else 0:] = -np.inf
-        m = torch.from_numpy(mask_np).to(dev, tdt)
-        p.mask_kind = _C.MaskKind.add
-    elif c["mask"] in ("add_keys_left", "bool_keys_left", "add_keys_min", "bool_keys_right"):
-        # Left padding (a visible run from lo > 0: unmasked from lo, under causal the masked
-        # loop), right padding at -1e4 with one batch at -5000 (above the range check's
-        # HIDDEN_AT: the masked loop) or as bool; batch 0 wholly padded (the masked loop).
+    elif c["mask"] in ("add_keys", "add_keys_left", "bool_keys_left", "add_keys_min", "bool_keys_right"):
+        # Padding per batch row, batch 0 wholly padded (the masked loop): right padding at -inf
+        # ("add_keys"), left padding (a visible run from lo > 0: unmasked from lo, under causal
+        # the masked loop), right padding at -1e4 with one batch at -5000 (above the range
+        # check's HIDDEN_AT: the masked loop) or as bool.
         mask_np = np.zeros((b, 1, 1, skv), dtype=np.float32)
         hidden = -1e4 if c["mask"] == "add_keys_min" else -np.inf
         for i in range(b):
