@@ -60,6 +60,10 @@ class Checker {
 
 int64_t div_or_unknown(int64_t a, int64_t b) { return (a < 0 || b <= 0) ? -1 : a / b; }
 
+Status validate_packed(const Checker& c, const Attributes& attrs, const InputDesc (&in)[kNumInputs],
+                       AttentionDims* out);
+Status validate_common(const Checker& c, const InputDesc (&in)[kNumInputs], bool cuda, AttentionDims* out);
+
 }  // namespace
 
 int onnx_type_of(DType t) {
@@ -79,9 +83,11 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
                 bool cuda, AttentionDims* out) {
   Checker c(node, in);
   AttentionDims& r = *out;
-  for (int i : {kQ, kK, kV}) {
-    if (!in[i].present) return c.fail(i, "is required");
+  if (!in[kQ].present) return c.fail(kQ, "is required");
+  if (in[kK].present != in[kV].present) {
+    return c.fail(in[kK].present ? kV : kK, "is missing; K and V go together (both omitted: Q is packed QKV)");
   }
+  r.packed = !in[kK].present;
   // Types.
   const int qt = in[kQ].elem_type;
   if (qt == kFloat) r.dtype = DType::kFloat32;
@@ -119,6 +125,11 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
   }
 
   // Layout and heads.
+  if (r.packed) {
+    ORT_FLASH_RETURN_IF_ERROR(validate_packed(c, attrs, in, &r));
+    if (!in[kQ].rank_known) return Status::Ok();  // checked at run time
+    return validate_common(c, in, cuda, &r);
+  }
   if (!in[kQ].rank_known || !in[kK].rank_known || !in[kV].rank_known) return Status::Ok();  // checked at run time
   const auto& qs = in[kQ].shape;
   const auto& ks = in[kK].shape;
@@ -169,6 +180,50 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
   ORT_FLASH_RETURN_IF_ERROR(c.dim_eq(kK, 0, r.batch, "batch, like Q's"));
   ORT_FLASH_RETURN_IF_ERROR(c.dim_eq(kV, 0, r.batch, "batch, like Q's"));
   ORT_FLASH_RETURN_IF_ERROR(c.dim_eq(kV, r.rank == 4 ? 2 : 1, r.skv_new, "kv sequence, like K's"));
+  return validate_common(c, in, cuda, &r);
+}
+
+namespace {
+
+// Packed QKV (K and V omitted): Q is (B, S, (Hq + 2 Hkv) * D), each token's Hq query heads, then
+// its Hkv key heads, then its Hkv value heads, every head D wide (ONNX Runtime's Attention op
+// packs its QKV projection so). Keys are the same tokens as the queries: no KV cache.
+Status validate_packed(const Checker& c, const Attributes& attrs, const InputDesc (&in)[kNumInputs],
+                       AttentionDims* out) {
+  AttentionDims& r = *out;
+  if (in[kPastKey].present || in[kPastValue].present) {
+    return c.fail(in[kPastKey].present ? kPastKey : kPastValue,
+                  "cannot be combined with packed QKV (K and V omitted): a KV cache needs K and V inputs");
+  }
+  if (attrs.q_num_heads <= 0 || attrs.kv_num_heads <= 0) {
+    return c.fail_attr("packed QKV (K and V omitted) needs the attributes q_num_heads and kv_num_heads (got " +
+                       std::to_string(attrs.q_num_heads) + ", " + std::to_string(attrs.kv_num_heads) + ")");
+  }
+  r.hq = attrs.q_num_heads; r.hkv = attrs.kv_num_heads;
+  r.rank = 3;
+  if (!in[kQ].rank_known) return Status::Ok();
+  const auto& qs = in[kQ].shape;
+  const int64_t heads = r.hq + 2 * r.hkv;
+  if (qs.size() != 3) {
+    return c.fail(kQ, "has shape " + shape_str(qs) + "; with K and V omitted (packed QKV) expected 3-D (B, S, (" +
+                          std::to_string(r.hq) + " + 2*" + std::to_string(r.hkv) + ") * D)");
+  }
+  r.batch = qs[0]; r.sq = qs[1]; r.skv_new = qs[1];
+  if (qs[2] >= 0 && qs[2] % heads != 0) {
+    return c.fail(kQ, "packed QKV width " + std::to_string(qs[2]) + " is not a multiple of q_num_heads + 2*kv_num_heads = " +
+                          std::to_string(heads));
+  }
+  r.d = r.dv = div_or_unknown(qs[2], heads);
+  if (r.d >= 0 && r.d % 8 != 0) {
+    return c.fail(kQ, "packed QKV has head size " + std::to_string(r.d) +
+                          "; packed QKV needs a multiple of 8 (each of Q, K and V then starts 16-byte aligned)");
+  }
+  return Status::Ok();
+}
+
+// What both layouts check once the dimensions are known: heads, head size, cache, lengths, mask.
+Status validate_common(const Checker& c, const InputDesc (&in)[kNumInputs], bool cuda, AttentionDims* out) {
+  AttentionDims& r = *out;
   if (r.hq == 0 || r.hkv == 0) return c.fail(r.hq == 0 ? kQ : kK, "has zero heads");
   if (r.hq > 0 && r.hkv > 0 && r.hq % r.hkv != 0) {
     return c.fail(kK, "has " + std::to_string(r.hkv) + " heads; Q's " + std::to_string(r.hq) +
@@ -231,5 +286,7 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
   }
   return Status::Ok();
 }
+
+}  // namespace
 
 }  // namespace ort_flash

@@ -43,6 +43,8 @@ struct AttentionDims {
   int rank = 4;
   int64_t batch = -1, hq = -1, hkv = -1, sq = -1, skv_new = -1, past = 0, d = -1, dv = -1;
   bool has_past = false;
+  // Packed QKV: K and V omitted, Q 3-D (B, S, (Hq + 2 Hkv) * D) holding Q | K | V per token.
+  bool packed = false;
   MaskKind mask_kind = MaskKind::kNone;
   std::vector<int64_t> mask_shape;  // right-aligned to 4-D, broadcast dims are 1
   int64_t total() const { return (skv_new < 0 || past < 0) ? -1 : past + skv_new; }
@@ -65,6 +67,13 @@ inline void seq_strides(int rank, int64_t heads, int64_t seq, int64_t width, int
   } else {
     out[0] = seq * heads * width; out[1] = width; out[2] = heads * width;
   }
+}
+
+// Element strides (batch, head, sequence) of Q, K and V inside a packed QKV tensor
+// (B, S, (Hq + 2 Hkv) * D): one row of (Hq + 2 Hkv) * D elements a token, heads D apart.
+inline void packed_strides(const AttentionDims& d, int64_t out[3]) {
+  const int64_t row = (d.hq + 2 * d.hkv) * d.d;
+  out[0] = d.sq * row; out[1] = d.d; out[2] = row;
 }
 
 // Strides of a contiguous mask right-aligned to 4-D; broadcast (size-1) axes get stride 0. The

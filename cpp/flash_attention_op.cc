@@ -56,6 +56,11 @@ Status FlashAttentionKernel::init(const OrtKernelInfo* info) {
     return Status::Error("FlashAttention node '" + node_ +
                          "': present_key/present_value cannot be combined with nonpad_kv_seqlen (ONNX Attention)");
   }
+  if ((has_output_[kPresentKey] || has_output_[kPresentValue]) && !in[kK].present) {
+    return Status::Error("FlashAttention node '" + node_ +
+                         "': present_key/present_value need K and V inputs; with packed QKV (K and V omitted) "
+                         "only Y and softmax_lse can be produced");
+  }
   if (OrtStatus* st = api_.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_)) {
     std::string msg = api_.GetErrorMessage(st);
     api_.ReleaseStatus(st);
@@ -141,7 +146,11 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
   p.window_right = attrs_.right_window;
   p.fp32_precision = attrs_.fp32_precision;
   p.seqlens_k = static_cast<const int64_t*>(data[kNonpad]);
-  seq_strides(dims.rank, dims.hq, dims.sq, dims.d, p.q_stride);
+  if (dims.packed) {
+    packed_strides(dims, p.q_stride);
+  } else {
+    seq_strides(dims.rank, dims.hq, dims.sq, dims.d, p.q_stride);
+  }
   seq_strides(dims.rank, dims.hq, dims.sq, dims.dv, p.y_stride);
   if (data[kMask]) {
     p.mask = data[kMask];
@@ -201,6 +210,11 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
     p.v = present[1];
     seq_strides(4, dims.hkv, total, dims.d, p.k_stride);
     seq_strides(4, dims.hkv, total, dims.dv, p.v_stride);
+  } else if (dims.packed) {  // K and V are views into Q's rows, after its Hq (then Hq + Hkv) heads
+    p.k = static_cast<const char*>(data[kQ]) + dims.hq * dims.d * es;
+    p.v = static_cast<const char*>(data[kQ]) + (dims.hq + dims.hkv) * dims.d * es;
+    packed_strides(dims, p.k_stride);
+    packed_strides(dims, p.v_stride);
   } else {
     p.k = data[kK];
     p.v = data[kV];
@@ -249,7 +263,8 @@ ONNXTensorElementDataType FlashAttentionOp::GetInputType(size_t index) const {
 }
 
 OrtCustomOpInputOutputCharacteristic FlashAttentionOp::GetInputCharacteristic(size_t index) const {
-  return index <= kV ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+  // K and V may be omitted together: Q is then packed QKV (validate() checks the pairing).
+  return index == kQ ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
                      : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
 }
 

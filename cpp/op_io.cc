@@ -180,6 +180,11 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
     OrtTensorTypeAndShapeInfo* info = nullptr;
     if (!take_error(api, api.ShapeInferContext_GetInputTypeShape(ctx, i, &info)).empty() || !info) continue;
     if (!describe_tensor(api, info, &in[i]).ok()) continue;
+    // An omitted optional input (K and V of packed QKV before a mask) comes without a type.
+    if (in[i].elem_type == 0) {
+      in[i] = InputDesc();
+      continue;
+    }
     std::vector<const char*> names(in[i].shape.size(), nullptr);
     if (!names.empty()) take_error(api, api.GetSymbolicDimensions(info, names.data(), names.size()));
     for (const char* s : names) sym[i].push_back(s ? s : "");

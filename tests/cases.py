@@ -11,6 +11,9 @@ model on ONNX Runtime and checks every output against ``ort_flash.reference``:
   reference has it;
 * present_key / present_value: bit-exact.
 
+``layout``: "bnsh" (4-D), "bsd" (3-D with head attributes) or "packed" (3-D Q holding Q | K | V
+on its last axis, K and V omitted; sq == skv).
+
 Mask specs are (kind, dims): kind "bool", "additive" (normal values, ~10% -inf) or "finfo"
 (0 / finfo.min, as Hugging Face builds masks); dims name each mask axis, "1" for a broadcast
 one (e.g. "qk", "hqk", "b1qk", "b11k"). ``mask_len`` shortens its key axis; ``masked_rows``
@@ -90,11 +93,24 @@ _BASE = [
     dict(name="decode_past_long", hq=4, hkv=1, sq=1, skv=1, past=2000, causal=True),
     dict(name="decode_masked_rows", hq=4, hkv=2, sq=2, skv=1000, mask=("bool", "bhqk"), masked_rows=True),
     dict(name="decode_3d_dv", layout="bsd", hq=6, hkv=3, sq=3, skv=1300, d=96, dv=40, causal=True),
+    # Packed QKV (K and V omitted): Q is (B, S, (Hq + 2 Hkv) * D), keys the same tokens.
+    dict(name="packed", layout="packed", sq=113, skv=113),
+    dict(name="packed_gqa_causal_hf_mask", layout="packed", hq=8, hkv=2, sq=203, skv=203,
+         mask=("finfo", "b11k"), causal=True),
+    dict(name="packed_d128_bool_mask", layout="packed", hq=4, hkv=4, sq=300, skv=300, d=128,
+         mask=("bool", "b11k")),
+    dict(name="packed_d32_nonpad_window_softcap", layout="packed", hq=6, hkv=3, sq=77, skv=77,
+         d=32, nonpad=True, b=3, window=(20, 5), softcap=4.0),
 ]
 _LARGE = [
     dict(name="large_1023x1024", dtype="float16", b=1, hq=2, hkv=2, sq=1023, skv=1024),
     dict(name="large_1023x1024_causal", dtype="bfloat16", b=1, hq=2, hkv=1, sq=1023,
          skv=1024, causal=True),
+    # Packed QKV at lengths where sm_90 runs the TMA and warp-specialized kernels on its rows.
+    dict(name="large_packed_2100_hf_mask", dtype="float16", layout="packed", b=1, hq=4, hkv=2,
+         sq=2100, skv=2100, mask=("finfo", "b11k")),
+    dict(name="large_packed_1100_d128_causal", dtype="bfloat16", layout="packed", b=1, hq=2,
+         hkv=2, sq=1100, skv=1100, d=128, causal=True),
 ]
 CASES = [dict(c, dtype=dt) for c in _BASE for dt in DTYPES] + _LARGE
 
@@ -142,6 +158,10 @@ def make_inputs(case: dict, rng: np.random.Generator):
 
     if c["layout"] == "bnsh":
         feeds = {"Q": randn(b, hq, sq, d), "K": randn(b, hkv, skv, d), "V": randn(b, hkv, skv, dv)}
+    elif c["layout"] == "packed":
+        if sq != skv or dv != d or c["past"]:
+            raise ValueError("packed QKV needs sq == skv, dv == d and no past")
+        feeds = {"Q": randn(b, sq, (hq + 2 * hkv) * d)}
     else:
         feeds = {"Q": randn(b, sq, hq * d), "K": randn(b, skv, hkv * d),
                  "V": randn(b, skv, hkv * dv)}
@@ -157,7 +177,7 @@ def make_inputs(case: dict, rng: np.random.Generator):
         if b > 2:
             lens[1] = rng.integers(0, min(sq, top) + 1)  # causal: leading rows see nothing
         feeds["nonpad_kv_seqlen"] = lens.astype(np.int64)
-    heads = dict(q_num_heads=hq, kv_num_heads=hkv) if c["layout"] == "bsd" else {}
+    heads = dict(q_num_heads=hq, kv_num_heads=hkv) if c["layout"] != "bnsh" else {}
     left, right = c["window"]
     attrs = dict(
         scale=c["scale"], is_causal=int(c["causal"]), softcap=c["softcap"] or None,
@@ -173,6 +193,16 @@ def make_inputs(case: dict, rng: np.random.Generator):
     return feeds, attrs, ref_kwargs
 
 
+def qkv(case: dict, feeds: dict):
+    """Q, K, V as the reference takes them: the inputs, or the three parts of packed QKV."""
+    c = {**DEFAULTS, **case}
+    if c["layout"] != "packed":
+        return feeds["Q"], feeds["K"], feeds["V"]
+    width = (c["hq"], c["hkv"], c["hkv"])
+    ends = np.cumsum(width) * c["d"]
+    return tuple(np.ascontiguousarray(x) for x in np.split(feeds["Q"], ends[:2], axis=-1))
+
+
 def _lse_err(lse, ref):
     finite = np.isfinite(ref) & np.isfinite(lse)
     rel = np.abs(lse[finite].astype(np.float64) - ref[finite]) / np.maximum(1.0, np.abs(ref[finite]))
@@ -186,7 +216,7 @@ def check_case(case: dict, runner, seed: int | None = None) -> dict:
     seed = secrets.randbits(64) if seed is None else seed
     ctx = f"case {case_id(case)} seed={seed}"
     feeds, attrs, ref_kwargs = make_inputs(case, np.random.default_rng(seed))
-    q, k, v = feeds["Q"], feeds["K"], feeds["V"]
+    q, k, v = qkv(c, feeds)
     ref_y, ref_pk, ref_pv, ref_lse = attention_reference(q, k, v, **ref_kwargs)
     low_y, _, _, low_lse = attention_lowp(q, k, v, **ref_kwargs)
     dtype = DTYPES[c["dtype"]]

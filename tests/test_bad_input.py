@@ -67,6 +67,21 @@ BAD = [
      ["input 'K'", "head size 12", "expected Q's head size 8"], False),
     ("k_rank_differs", qkv(k=(1, 7, 32)), {}, ["input 'K'", "has rank 3", "expected rank 4 like Q"], True),
     ("q_rank_5", qkv(q=(1, 1, 4, 5, 8), k=(1, 1, 4, 7, 8), v=(1, 1, 4, 7, 8)), {}, ["input 'Q'", "expected 4-D (B, Hq, Sq, D) or 3-D"], True),
+    # packed QKV (K and V omitted)
+    ("k_without_v", {"Q": (F32, (1, 5, 32)), "K": (F32, (1, 5, 32))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'V'", "is missing", "K and V go together"], True),
+    ("packed_without_head_counts", {"Q": (F32, (1, 5, 96))}, {},
+     ["packed QKV (K and V omitted) needs the attributes q_num_heads and kv_num_heads", "got 0, 0"], True),
+    ("packed_4d", {"Q": (F32, (1, 4, 5, 24))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'Q'", "packed QKV", "expected 3-D (B, S, (4 + 2*4) * D)"], True),
+    ("packed_width_not_multiple", {"Q": (F32, (1, 5, 100))}, {"q_num_heads": 4, "kv_num_heads": 2},
+     ["input 'Q'", "packed QKV width 100 is not a multiple of q_num_heads + 2*kv_num_heads = 8"], False),
+    ("packed_head_size_12", {"Q": (F32, (1, 5, 96))}, {"q_num_heads": 4, "kv_num_heads": 2},
+     ["input 'Q'", "packed QKV has head size 12", "multiple of 8"], False),
+    ("packed_with_past", {"Q": (F32, (1, 5, 96)), "past_key": (F32, (1, 4, 3, 8)), "past_value": (F32, (1, 4, 3, 8))},
+     {"q_num_heads": 4, "kv_num_heads": 4}, ["input 'past_key'", "cannot be combined with packed QKV"], True),
+    ("packed_mask_q_axis", {"Q": (F32, (1, 5, 96)), "attn_mask": (F32, (3, 5))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'attn_mask'", "q sequence axis is 3, expected 1 or 5"], False),
     # caches
     ("past_key_rank_3", qkv(past_key=(F32, (1, 4, 8)), past_value=(F32, (1, 4, 3, 8))), {},
      ["input 'past_key'", "expected 4-D (B, Hkv, P, D)"], True),
@@ -158,6 +173,14 @@ def test_present_outputs_with_nonpad_fail_at_creation():
     with pytest.raises(Exception) as excinfo:
         session(model)
     _assert_names(_error_text(excinfo), ["present_key/present_value cannot be combined with nonpad_kv_seqlen"])
+
+
+def test_present_outputs_with_packed_qkv_fail_at_creation():
+    model = static_model({"Q": (F32, (1, 5, 96))}, outputs={"Y": F32, "present_key": F32, "present_value": F32},
+                         q_num_heads=4, kv_num_heads=4)
+    with pytest.raises(Exception) as excinfo:
+        session(model)
+    _assert_names(_error_text(excinfo), ["present_key/present_value need K and V inputs", "packed QKV"])
 
 
 def test_shape_errors_leave_the_session_usable():

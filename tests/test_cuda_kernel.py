@@ -35,6 +35,10 @@ CASES = [
     dict(b=2, hq=8, hkv=2, sq=300, skv=333, d=128, causal=True, layout="bshd"),
     dict(b=2, hq=4, hkv=4, sq=129, skv=257, d=64, mask="add", layout="bshd"),
     dict(b=3, hq=4, hkv=2, sq=40, skv=512, d=128, nonpad=True, nan_tail=True, layout="bshd"),
+    # Packed QKV: Q, K and V as views into one (B, S, (Hq + 2 Hkv) * D) tensor.
+    dict(b=2, hq=4, hkv=2, sq=150, skv=150, d=64, mask="add_keys", layout="packed"),
+    dict(b=1, hq=4, hkv=4, sq=1030, skv=1030, d=128, causal=True, layout="packed"),
+    dict(b=2, hq=6, hkv=3, sq=90, skv=90, d=32, window=(20, 4), layout="packed"),
     # Key-vector masks (query stride 0: the MASK_KEYS variants, TMA on sm_90 for d 64/128; d 256
     # falls back to the full-mask kernel), a (B, 1, 1, S) padding mask and a (1, H, 1, S) bool one.
     dict(b=3, hq=4, hkv=2, sq=211, skv=203, d=64, mask="add_keys"),
@@ -88,12 +92,22 @@ def test_kernel_matches_reference(case, dtype, kind=None):
              else torch.full(shape, fill, dtype=tdt, device=dev))
         return t.permute(0, 2, 1, 3) if c["layout"] == "bshd" else t
 
-    q, k, v = rand(b, hq, sq, d), rand(b, hkv, skv, d), rand(b, hkv, skv, dv)
+    if c["layout"] == "packed":  # views into one (B, S, (Hq + 2 Hkv) * D) tensor: Q | K | V per token
+        assert sq == skv and dv == d and not c["offset"]
+        rows = torch.from_numpy(rng.standard_normal((b, sq, (hq + 2 * hkv) * d), dtype=np.float32)).to(dev, tdt)
+
+        def heads(first, n):
+            return rows[..., first * d:(first + n) * d].unflatten(-1, (n, d)).permute(0, 2, 1, 3)
+
+        q, k, v = heads(0, hq), heads(hq, hkv), heads(hq + hkv, hkv)
+    else:
+        q, k, v = rand(b, hq, sq, d), rand(b, hkv, skv, d), rand(b, hkv, skv, dv)
     y = rand(b, hq, sq, dv, fill=float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=dev)
     p = _C.FlashParams()
     p.dtype = getattr(_C.DType, dtype)
-    kk, vk = k.clone(), v.clone()  # what the kernel reads (the reference reads k, v)
+    # What the kernel reads (the reference reads k, v); packed views are read in place.
+    kk, vk = (k, v) if c["layout"] == "packed" else (k.clone(), v.clone())
     p.q, p.k, p.v, p.y, p.lse = q.data_ptr(), kk.data_ptr(), vk.data_ptr(), y.data_ptr(), lse.data_ptr()
     p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, d, dv
     p.q_stride, p.k_stride, p.v_stride, p.y_stride = (list(t.stride()[:3]) for t in (q, kk, vk, y))
@@ -409,6 +423,9 @@ GLUON_CASES = [
     dict(b=3, hq=4, hkv=4, sq=1000, skv=1000, d=128, mask="add_keys_min"),
     dict(b=2, hq=4, hkv=2, sq=2100, skv=2100, d=128, mask="add_keys_left", causal=True),
     dict(b=3, hq=4, hkv=4, sq=2100, skv=2300, d=128, mask="bool_keys_right", causal=True, offset=200),
+    # Packed QKV (BERT's right-padded batches; GQA causal at d128).
+    dict(b=3, hq=4, hkv=4, sq=2100, skv=2100, d=64, mask="add_keys", layout="packed"),
+    dict(b=1, hq=4, hkv=2, sq=2100, skv=2100, d=128, causal=True, layout="packed"),
 ]
 
 

@@ -15,7 +15,8 @@ Two stages, each a set of onnxscript pattern rules (pattern / check / rewrite, o
    ``kv_cache`` (a KV cache's Concat(past, new) becomes the op's past_key / past_value inputs
    and present_key / present_value outputs), ``causal_mask`` (a materialized causal / padding mask becomes is_causal and a (B, 1, 1, S)
    mask, proven by ``mask_analysis``), ``layout_3d`` (the head split/merge Transposes become the
-   op's 3-D layout).
+   op's 3-D layout), ``packed_qkv`` (self-attention's three projections of one input become one
+   MatMul whose output the op reads as packed QKV).
 
 The input is never changed: the rules run on a copy (carrying inferred shapes, which the
 rules need to prove a fusion safe), and the output keeps the original graph inputs, outputs,
@@ -41,7 +42,7 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_flash.rewriter import (
     causal_mask, flash_op, kv_cache, layout_3d, matmul_softmax_attention, ms_multihead_attention,
-    onnx_attention, repeat_kv, sdpa_attention,
+    onnx_attention, packed_qkv, repeat_kv, sdpa_attention,
 )
 from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.model_io import ModelLoadError, load_model
@@ -60,7 +61,7 @@ __all__ = [
 FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihead_attention)
 # Refinements, applied in this order to every FlashAttention node: each proves a cheaper form
 # (fewer K/V heads, is_causal instead of a materialized mask, no transposes) of the same function.
-REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d)
+REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d, packed_qkv)
 # The families whose rules() take exact_masked_rows (rewrite's option of the same name).
 _EXACT_OPTION = (matmul_softmax_attention, causal_mask)
 

@@ -1,0 +1,129 @@
+# Rule: the three projections of one input into Q, K and V packed into one MatMul, whose output
+# FlashAttention reads in place (BERT, ViT, LLaMA-style self-attention: ONNX Runtime's Attention
+# op packs its QKV weights the same way).
+#
+#   Q = Add(MatMul(x, Wq), bq)   K = Add(MatMul(x, Wk), bk)   V = Add(MatMul(x, Wv), bv)   (or no Adds)
+#   Y = ort_flash.FlashAttention(Q, K, V, mask..., q_num_heads = Hq, kv_num_heads = Hkv)    (3-D)
+#
+# becomes
+#
+#   QKV = Add(MatMul(x, [Wq | Wk | Wv]), [bq | bk | bv])       (B, S, (Hq + 2 Hkv) * D)
+#   Y = ort_flash.FlashAttention(QKV, , , mask..., q_num_heads = Hq, kv_num_heads = Hkv)
+#
+# The op's packed form (K and V omitted) reads Q, K and V as views into each token's row, so the
+# three GEMMs become one and the three bias Adds one, and nothing is copied. Every output element
+# of the packed MatMul is the same dot product as before (the weights' columns side by side).
+# Proven: x is the same value for all three, the weights and biases are constants (initializers,
+# not graph inputs) of shapes (hidden, H * D) and (H * D,), every intermediate feeds only its
+# successor here, and D is a multiple of 8 (the packed layout's alignment). Self-attention only:
+# K and V must be the same tokens as Q, which the shared x proves.
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ort_flash.rewriter.refinement import Refinement, attr, fail, flash_pattern
+
+FAMILY = "packed_qkv"
+_PARTS = ("Q", "K", "V")
+
+
+class PackedQkv(Refinement):
+    family = FAMILY
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count = 0
+
+    def pattern(self, op, q, k, v):
+        return flash_pattern(op, q, k, v)
+
+    def analyze(self, context, node, q, k, v, **_):
+        if len(node.inputs) > 4 and any(i is not None for i in node.inputs[4:6]):
+            fail("the node has a KV cache (past_key / past_value)")
+        hq, hkv = attr(node, "q_num_heads"), attr(node, "kv_num_heads")
+        if not hq or not hkv:
+            fail("Q, K and V are not in the 3-D layout (no q_num_heads / kv_num_heads)")
+        projections = [_projection(value, name) for value, name in zip((q, k, v), _PARTS)]
+        x = projections[0][0]
+        if any(p[0] is not x for p in projections[1:]):
+            fail("Q, K and V are projections of different inputs (not self-attention)")
+        if len({p[2] is None for p in projections}) != 1:
+            fail("only some of Q, K and V have a bias")
+        widths = [p[1].shape[1] for p in projections]
+        if widths[0] % hq or widths[1] != widths[2] or widths[1] % hkv:
+            fail(f"projection widths {widths} do not split into {hq} and {hkv} heads")
+        d = widths[0] // hq
+        if widths[1] // hkv != d:
+            fail(f"Q's head size {d} differs from K/V's {widths[1] // hkv}")
+        if d % 8:
+            fail(f"head size {d} is not a multiple of 8 (the packed layout's alignment)")
+        if len({p[1].dtype for p in projections}) != 1:
+            fail("the projection weights differ in type")
+        return {"node": node, "x": x, "w": [p[1] for p in projections],
+                "b": None if projections[0][2] is None else [p[2] for p in projections],
+                "width": sum(widths)}
+
+    def rewrite(self, op, **_):
+        plan, self._plan = self._plan, None
+        node = plan["node"]
+        base = f"{node.name}_qkv"
+        w = np.concatenate([t.numpy() for t in plan["w"]], axis=1)
+        packed = op.MatMul(plan["x"], op.initializer(ir.tensor(w), name=f"{base}_weight_{self._unique()}"))
+        packed.producer().name = f"{base}_MatMul"
+        if plan["b"] is not None:
+            b = np.concatenate([t.numpy() for t in plan["b"]], axis=0)
+            packed = op.Add(packed, op.initializer(ir.tensor(b), name=f"{base}_bias_{self._unique()}"))
+            packed.producer().name = f"{base}_Add"
+        x_shape = plan["x"].shape
+        if x_shape is not None and len(x_shape) == 3:
+            packed.shape = ir.Shape([x_shape[0], x_shape[1], plan["width"]])
+        packed.type = node.inputs[0].type
+        return self.emit(op, node, {"Q": packed, "K": None, "V": None}, {}, {"layout": "packed"})
+
+    def _unique(self) -> int:
+        self._count += 1
+        return self._count
+
+
+def rules() -> list:
+    return [PackedQkv()]
+
+
+def _projection(value: ir.Value, name: str):
+    """(x, W, b or None) for value = Add(MatMul(x, W), b) or MatMul(x, W), each step
+    used only by the next, W and b constants."""
+    producer = value.producer()
+    bias = None
+    if producer is not None and producer.op_type == "Add" and producer.domain in ("", "ai.onnx"):
+        if len(value.uses()) != 1 or value.is_graph_output():
+            fail(f"{name}'s bias Add has other uses")
+        a, c = producer.inputs
+        mm, bias = (a, c) if _constant(c) is not None else (c, a)
+        bias = _constant(bias)
+        if bias is None:
+            fail(f"{name}'s Add has no constant bias")
+        value, producer = mm, mm.producer()
+    if producer is None or producer.op_type != "MatMul" or producer.domain not in ("", "ai.onnx"):
+        fail(f"{name} is not a MatMul projection (or its bias Add)")
+    if len(value.uses()) != 1 or value.is_graph_output():
+        fail(f"{name}'s MatMul has other uses")
+    x, w_value = producer.inputs
+    w = _constant(w_value)
+    if w is None or len(w.shape) != 2:
+        fail(f"{name}'s MatMul weight is not a constant matrix")
+    if bias is not None and (len(bias.shape) != 1 or bias.shape[0] != w.shape[1]):
+        fail(f"{name}'s bias of shape {list(bias.shape)} is not one value per output column")
+    if bias is not None and bias.dtype != w.dtype:
+        fail(f"{name}'s bias and weight differ in type")
+    return x, w, bias
+
+
+def _constant(value: ir.Value | None):
+    """The tensor of an initializer that is not a graph input (so the user cannot feed another),
+    through Identity nodes (torch.onnx.export shares equal weights so), else None."""
+    while value is not None and value.producer() is not None and value.producer().op_type == "Identity":
+        value = value.producer().inputs[0]
+    if value is None or value.is_graph_input() or value.producer() is not None:
+        return None
+    return value.const_value
