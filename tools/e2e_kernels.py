@@ -1,0 +1,153 @@
+"""Where the GPU time of an end-to-end model goes: every CUDA kernel each variant of the e2e
+benchmark launches (``ort_flash/bench/e2e_suite.py``: original, ort_flash, ort_optimizer,
+ort_flash_opt), read by CUPTI through torch.profiler, summed per kernel class and per kernel.
+
+ONNX Runtime's own profiler times a CUDA node by its launch on the host, not by its kernels;
+CUPTI sees every kernel the process launches (ONNX Runtime's cuBLAS and fused kernels, and the
+ort_flash cubins launched through the driver API) with its device start and end.
+
+    python tools/e2e_kernels.py --model bert-base --layers 4 --seqlens 512 2048 --out kernels.json
+
+Run on the GPU machine with onnxruntime-gpu and the ort_flash build importable (tools/gpu_env.sh).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+# Kernel classes by name, first match wins (lower-case substrings).
+CLASSES = (
+    ("attention (ort_flash)", ("flash_fwd", "flash_decode", "flash_combine", "gluon")),
+    ("attention (ORT)", ("fmha", "flash", "attention", "attn", "softmax")),
+    ("GEMM", ("gemm", "xmma", "cutlass", "cublas", "sm90_", "sm80_", "wgmma")),
+    ("layer norm", ("layernorm", "layer_norm", "skiplayernorm")),
+    ("bias / transpose", ("transpose", "addbias", "add_bias", "biasgelu", "fastgelu", "gelu")),
+    ("copy", ("memcpy", "memset", "copy", "concat", "split", "slice")),
+)
+
+
+def classify(name: str) -> str:
+    low = name.lower()
+    for label, keys in CLASSES:
+        if any(k in low for k in keys):
+            return label
+    return "elementwise / other"
+
+
+def kernels_per_run(timer, runs: int) -> tuple[dict[str, float], int]:
+    """{kernel name: device microseconds per run} and the kernel launches per run, over ``runs`` runs."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(runs):
+            timer.run_once(i)
+        torch.cuda.synchronize()
+    # The trace, not prof.events(): kernels launched outside torch (by ONNX Runtime, and through
+    # the driver API) have no torch op to hang under, and the trace lists every one.
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    finally:
+        os.unlink(path)
+    per = collections.Counter()
+    launches = 0
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "kernel":
+            per[e["name"]] += e["dur"] / runs  # microseconds
+            launches += 1
+    return dict(per), launches // runs
+
+
+def unpacked(bm, spec, packed_path: pathlib.Path) -> pathlib.Path:
+    """ort_flash_opt as the rewriter wrote it before packed_qkv: the same recipe with that
+    refinement left out of the rewriter's list for this one rewrite."""
+    from ort_flash import ort_fusions, rewriter
+
+    fp32 = packed_path.with_name("model.onnx")
+    saved = rewriter.REFINEMENTS
+    rewriter.REFINEMENTS = tuple(r for r in saved if r.FAMILY != "packed_qkv")
+    try:
+        result = ort_fusions.rewrite(str(fp32), "bert" if spec.family == "bert" else "gpt2", float16=True,
+                                     num_heads=spec.heads, hidden_size=spec.hidden, use_gpu=True)
+    finally:
+        rewriter.REFINEMENTS = saved
+    assert all(f.layout != "packed" for f in result.report.fused)
+    out = packed_path.with_name("model.flashopt.unpacked.onnx")
+    bm.save(result.model, out)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="bert-base")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 2048])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--variants", nargs="+", default=["ort_flash", "ort_optimizer", "ort_flash_opt"])
+    ap.add_argument("--cache-dir", default="/tmp/ort_flash_bench")
+    ap.add_argument("--unpacked", action="store_true",
+                    help="also ort_flash_opt rewritten without the packed_qkv refinement (the A/B of it)")
+    ap.add_argument("--out", type=pathlib.Path)
+    args = ap.parse_args()
+
+    import onnxruntime as ort
+
+    from ort_flash.bench import e2e_suite
+    from ort_flash.timing import SessionTimer, interleaved_medians
+
+    ort.preload_dlls()
+    bm = e2e_suite.bench_models()
+    spec = bm.SPECS[args.model].scaled(args.layers)
+    paths, info = e2e_suite.prepare(bm, spec, "float16", pathlib.Path(args.cache_dir), "cuda")
+    if "ort_flash_opt" in paths:
+        info["ort_flash_opt"]["verify"] = e2e_suite.check("cuda", paths["original"], paths["ort_flash_opt"])
+    result = {"model": args.model, "layers": args.layers, "batch": args.batch, "runs": args.runs,
+              "fused": info.get("attention_nodes"), "verify": (info.get("ort_flash_opt") or {}).get("verify"),
+              "rows": []}
+    if args.unpacked:
+        paths["ort_flash_opt_unpacked"] = unpacked(bm, spec, paths["ort_flash_opt"])
+    sessions = {v: e2e_suite.open_session("cuda", v.removesuffix("_unpacked"), paths[v])
+                for v in [*args.variants, *(["ort_flash_opt_unpacked"] if args.unpacked else [])] if v in paths}
+    for s in args.seqlens:
+        rng = np.random.default_rng(s)
+        feeds = [{"input_ids": rng.integers(1, spec.vocab, (args.batch, s), dtype=np.int64),
+                  "attention_mask": np.ones((args.batch, s), dtype=np.int64)} for _ in range(3)]
+        timers = {v: SessionTimer(sess, feeds, "cuda") for v, sess in sessions.items()}
+        walls = dict(zip(timers, interleaved_medians(list(timers.values()), 15, warmup=3)))
+        print(f"\n{args.model} L{args.layers} B{args.batch} S{s}: median wall ms "
+              + ", ".join(f"{v} {ms:.3f}" for v, ms in walls.items()))
+        for v, timer in timers.items():
+            per, launches = kernels_per_run(timer, args.runs)
+            by_class = collections.Counter()
+            for name, us in per.items():
+                by_class[classify(name)] += us
+            busy = sum(per.values())
+            result["rows"].append({"variant": v, "seqlen": s, "wall_ms": walls[v], "kernel_us": busy,
+                                   "launches": launches, "by_class_us": dict(by_class),
+                                   "kernels_us": dict(sorted(per.items(), key=lambda kv: -kv[1]))})
+            print(f"  {v}: kernels {busy:.1f} us in {launches} launches, wall {walls[v] * 1e3:.1f} us")
+            for label, us in by_class.most_common():
+                print(f"    {label:22s} {us:8.1f} us")
+            for name, us in sorted(per.items(), key=lambda kv: -kv[1])[:8]:
+                print(f"      {us:8.1f} us  {name[:100]}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
