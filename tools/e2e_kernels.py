@@ -6,7 +6,7 @@ ONNX Runtime's own profiler times a CUDA node by its launch on the host, not by 
 CUPTI sees every kernel the process launches (ONNX Runtime's cuBLAS and fused kernels, and the
 ort_flash cubins launched through the driver API) with its device start and end.
 
-    python tools/e2e_kernels.py --model bert-base --layers 4 --seqlens 512 2048 --out kernels.json
+    python tools/e2e_kernels.py --model bert-base --layers 4 --shapes 8x512p 1x2048 1x4096 --out kernels.json
 
 Run on the GPU machine with onnxruntime-gpu and the ort_flash build importable (tools/gpu_env.sh).
 """
@@ -94,8 +94,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="bert-base")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 2048])
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--shapes", nargs="+", default=["1x512", "1x2048"],
+                    help="BxS per run; a trailing p pads the batch as a tokenizer would (row 0 full, the "
+                         "others right-padded to a length drawn from [S/2, S]), e.g. 8x512p")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--variants", nargs="+", default=["ort_flash", "ort_optimizer", "ort_flash_opt"])
     ap.add_argument("--cache-dir", default="/tmp/ort_flash_bench")
@@ -115,20 +116,28 @@ def main() -> None:
     paths, info = e2e_suite.prepare(bm, spec, "float16", pathlib.Path(args.cache_dir), "cuda")
     if "ort_flash_opt" in paths:
         info["ort_flash_opt"]["verify"] = e2e_suite.check("cuda", paths["original"], paths["ort_flash_opt"])
-    result = {"model": args.model, "layers": args.layers, "batch": args.batch, "runs": args.runs,
+    result = {"model": args.model, "layers": args.layers, "runs": args.runs,
               "fused": info.get("attention_nodes"), "verify": (info.get("ort_flash_opt") or {}).get("verify"),
               "rows": []}
     if args.unpacked:
         paths["ort_flash_opt_unpacked"] = unpacked(bm, spec, paths["ort_flash_opt"])
     sessions = {v: e2e_suite.open_session("cuda", v.removesuffix("_unpacked"), paths[v])
                 for v in [*args.variants, *(["ort_flash_opt_unpacked"] if args.unpacked else [])] if v in paths}
-    for s in args.seqlens:
+    for shape in args.shapes:
+        padded = shape.endswith("p")
+        batch, s = (int(x) for x in shape.rstrip("p").split("x"))
         rng = np.random.default_rng(s)
-        feeds = [{"input_ids": rng.integers(1, spec.vocab, (args.batch, s), dtype=np.int64),
-                  "attention_mask": np.ones((args.batch, s), dtype=np.int64)} for _ in range(3)]
+        feeds = []
+        for _ in range(3):
+            mask = np.ones((batch, s), dtype=np.int64)
+            if padded:
+                for row in range(1, batch):
+                    mask[row, rng.integers(s // 2, s + 1):] = 0
+            feeds.append({"input_ids": rng.integers(1, spec.vocab, (batch, s), dtype=np.int64),
+                          "attention_mask": mask})
         timers = {v: SessionTimer(sess, feeds, "cuda") for v, sess in sessions.items()}
         walls = dict(zip(timers, interleaved_medians(list(timers.values()), 15, warmup=3)))
-        print(f"\n{args.model} L{args.layers} B{args.batch} S{s}: median wall ms "
+        print(f"\n{args.model} L{args.layers} {shape}: median wall ms "
               + ", ".join(f"{v} {ms:.3f}" for v, ms in walls.items()))
         for v, timer in timers.items():
             per, launches = kernels_per_run(timer, args.runs)
@@ -136,7 +145,7 @@ def main() -> None:
             for name, us in per.items():
                 by_class[classify(name)] += us
             busy = sum(per.values())
-            result["rows"].append({"variant": v, "seqlen": s, "wall_ms": walls[v], "kernel_us": busy,
+            result["rows"].append({"variant": v, "batch": batch, "seqlen": s, "padded": padded, "wall_ms": walls[v], "kernel_us": busy,
                                    "launches": launches, "by_class_us": dict(by_class),
                                    "kernels_us": dict(sorted(per.items(), key=lambda kv: -kv[1]))})
             print(f"  {v}: kernels {busy:.1f} us in {launches} launches, wall {walls[v] * 1e3:.1f} us")

@@ -240,6 +240,8 @@ _ATTENTION_NODES = {("", "Attention"), ("ai.onnx", "Attention"),
 
 def _worth_reporting(family: str, reason: str) -> bool:
     """A refinement that had nothing to do is not a decline."""
+    if family == packed_qkv.FAMILY:
+        return not reason.startswith(packed_qkv.NOTHING_TO_DO)
     return not (family == causal_mask.FAMILY and reason in (
         "the node is already causal", "the mask is already a compact key-padding mask"))
 

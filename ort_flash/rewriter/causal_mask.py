@@ -57,6 +57,9 @@ class CausalMask(Refinement):
     def __init__(self, *, exact_masked_rows: bool = False, present: bool = False) -> None:
         super().__init__(present=present)
         self.exact_masked_rows = exact_masked_rows
+        # The (B, 1, 1, S) mask made from one padding input, per graph and form: every layer of
+        # an encoder reads the same one (one Cast and one Where per model, not per layer).
+        self._padding_masks: dict[tuple, ir.Value] = {}
 
     def pattern(self, op, q, k, v, mask):
         return flash_pattern(op, q, k, v, mask, present=self.present)
@@ -116,7 +119,13 @@ class CausalMask(Refinement):
         prefix = node.name + "_"
         new_mask = None
         text = "none"
-        if form.padding is not None:
+        key = (id(node.graph), id(plan["padding"]), form.padding_equals, form.additive,
+               float(form.masked_value) if form.additive else None, str(plan["dtype"]))
+        shared = self._padding_masks.get(key) if form.padding is not None else None
+        if shared is not None and shared.producer() is not None and shared.producer().graph is node.graph:
+            new_mask = shared
+            text = "additive (B,1,1,Skv)" if form.additive else "bool (B,1,1,Skv)"
+        elif form.padding is not None:
             m = plan["padding"]
             if form.padding_equals is not None:  # visible where m == c (1 - m.float() masks)
                 c = op.Constant(value=ir.tensor(np.array(form.padding_equals, m.dtype.numpy())))
@@ -145,6 +154,7 @@ class CausalMask(Refinement):
                 _name(new_mask, prefix + "padding_additive")
                 new_mask.shape, new_mask.type = shape, ir.TensorType(plan["dtype"])
                 text = "additive (B,1,1,Skv)"
+            self._padding_masks[key] = new_mask
         if plan["bias"] is not None:
             if new_mask is None:
                 new_mask, text = plan["bias"], "additive bias"

@@ -26,6 +26,11 @@ from ort_flash.rewriter.refinement import Refinement, attr, fail, flash_pattern
 
 FAMILY = "packed_qkv"
 _PARTS = ("Q", "K", "V")
+# Reasons that say the node is not a packable self-attention at all (cross-attention, a cache,
+# inputs that are no projections): not reported as declines, as a rule with nothing to do.
+NOTHING_TO_DO = ("the node has a KV cache", "Q, K and V are not in the 3-D layout",
+                 "Q, K and V are projections of different inputs", "Q is not a MatMul projection",
+                 "K is not a MatMul projection", "V is not a MatMul projection")
 
 
 class PackedQkv(Refinement):
