@@ -124,7 +124,8 @@ def markdown(rows: list[dict], seconds: float) -> str:
         "mask with `--fast-padded-rows` (`rewrite(..., exact_masked_rows=False)`), and in brackets "
         "with the default, which keeps finite (finfo.min) causal + padding masks whole so that "
         "left-padded query rows stay exact; `heads q/kv` after repeat_kv is absorbed; `BSD` how many use the 3-D layout (no "
-        "Transposes around the op); `verify` is `ort_flash.verify` on the CPU EP (seed 0, batch "
+        "Transposes around the op), in brackets how many of those read packed QKV (one MatMul of "
+        "the three projections, `packed_qkv`); `verify` is `ort_flash.verify` on the CPU EP (seed 0, batch "
         "2, sequence 37, past 12, right-padded masks), largest absolute error over all outputs.",
         "",
         "| family | exporter | attn | dtype | attention layers | fused | past | causal | heads q/kv "
@@ -140,7 +141,7 @@ def markdown(rows: list[dict], seconds: float) -> str:
         unfused = "; ".join(_cell(u) for u in r["unfused"]) or "none"
         verdict = ("pass" if r["verify_passed"] else "FAIL") + f" ({r['verify_max_abs']:.2g})"
         lines.append(head + f"| {r['fused']} | {r['cache']} | {r['causal']} ({r['causal_default']}) | {', '.join(r['kv_heads'])} "
-                     f"| {r['layouts'].get('BSD', 0)} | {masks} | {unfused} | {verdict} |")
+                     f"| {_three_d(r['layouts'])} | {masks} | {unfused} | {verdict} |")
     lines += ["", "## Notes", ""] + [f"- {n}" for n in NOTES]
     failed = [r for r in rows if "export_error" in r]
     if failed:
@@ -151,6 +152,13 @@ def markdown(rows: list[dict], seconds: float) -> str:
         lines += [f"- {cause}" for key, cause in KNOWN_CAUSES.items()
                   if any(key in r["export_error"] for r in failed)]
     return "\n".join(lines) + "\n"
+
+
+def _three_d(layouts: dict) -> str:
+    """The 3-D layout count, packed QKV (itself 3-D) in brackets where any."""
+    packed = layouts.get("packed", 0)
+    total = layouts.get("BSD", 0) + packed
+    return f"{total} ({packed} packed)" if packed else str(total)
 
 
 def _cell(text: str) -> str:
