@@ -21,6 +21,9 @@ class FlashAttention(OpRun):
     def _run(self, q, k, v, attn_mask=None, past_key=None, past_value=None,
              nonpad_kv_seqlen=None, scale=None, is_causal=0, softcap=0.0, left_window_size=-1,
              right_window_size=-1, q_num_heads=None, kv_num_heads=None, fp32_precision="ieee"):
+        if k is None and v is None:  # packed QKV: each token's Hq, then Hkv, then Hkv heads of D
+            d = q.shape[-1] // (q_num_heads + 2 * kv_num_heads)
+            q, k, v = np.split(q, [q_num_heads * d, (q_num_heads + kv_num_heads) * d], axis=-1)
         y, present_key, present_value, lse = attention_reference(
             q, k, v, attn_mask=attn_mask, past_key=past_key, past_value=past_value,
             nonpad_kv_seqlen=nonpad_kv_seqlen, scale=scale, is_causal=bool(is_causal),

@@ -43,7 +43,7 @@ def test_every_attention_softmax_fused(demo):
     assert sum(n.op_type == "Softmax" for n in model.graph.node) == config["n_layer"]
     n = config["n_layer"]
     assert {r: c for r, c in result.report.counts.items() if c} == {
-        "matmul_softmax_attention": n, "layout_3d": n}
+        "matmul_softmax_attention": n, "layout_3d": n, "packed_qkv": n}
     assert result.report.unfused == []
     assert result.report.shape_inference == "symbolic"  # proven with no dims assumed equal
     assert not [n for n in result.model.graph.node if n.op_type == "Softmax"]
@@ -54,13 +54,14 @@ def test_every_attention_softmax_fused(demo):
         assert entry.heads == config["n_head"]
         assert entry.head_dim == config["n_embd"] // config["n_head"] == 64
         # by default the finite (finfo.min) causal + padding mask stays whole, so left-padded
-        # rows keep their exact values; the head split/merge Transposes became the 3-D layout
+        # rows keep their exact values; the head split/merge Transposes became the 3-D layout,
+        # and the op reads c_attn's output (split three ways before) as packed QKV
         assert (entry.mask, entry.causal, entry.scale) == (
             "additive (batch,1,sequence,sequence)", False, 0.125)
-        assert entry.layout == "BSD" and entry.kv_heads == config["n_head"]
-        assert entry.refined_by == ["layout_3d"]
+        assert entry.layout == "packed" and entry.kv_heads == config["n_head"]
+        assert entry.refined_by == ["layout_3d", "packed_qkv"]
         assert entry.note == ""
-    assert not [n for n in result.model.graph.node if n.op_type == "Transpose"]
+    assert not [n for n in result.model.graph.node if n.op_type in ("Transpose", "Split")]
 
 
 def test_fast_padded_rows_maps_mask_to_is_causal(demo):
@@ -70,10 +71,10 @@ def test_fast_padded_rows_maps_mask_to_is_causal(demo):
     result = rewrite(model, exact_masked_rows=False)
     n = demo_config(model)["n_layer"]
     assert {r: c for r, c in result.report.counts.items() if c} == {
-        "matmul_softmax_attention": n, "causal_mask": n, "layout_3d": n}
+        "matmul_softmax_attention": n, "causal_mask": n, "layout_3d": n, "packed_qkv": n}
     for entry in result.report.fused:
         assert (entry.mask, entry.causal) == ("additive (B,1,1,Skv)", True)
-        assert entry.refined_by == ["causal_mask", "layout_3d"]
+        assert entry.refined_by == ["causal_mask", "layout_3d", "packed_qkv"]
         assert "left-padded" in entry.note
 
 
@@ -105,7 +106,7 @@ def test_report_json_round_trips(demo):
     text = result.report.to_json()
     assert RewriteReport.from_json(text) == result.report
     counts = {r: c for r, c in json.loads(text)["counts"].items() if c}
-    assert counts == {"matmul_softmax_attention": 2, "layout_3d": 2}
+    assert counts == {"matmul_softmax_attention": 2, "layout_3d": 2, "packed_qkv": 2}
     table = result.report.format_table()
     assert "fused attention subgraphs: 2" in table and "softmax left unfused: 0" in table
 

@@ -20,12 +20,15 @@ F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
 def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_from="x",
-                  weight_input=None, bias_only_q=False, extra_use=None) -> onnx.ModelProto:
+                  weight_input=None, bias_only_q=False, extra_use=None, split=None) -> onnx.ModelProto:
     """x (B, S, H*D) → query/key/value MatMul [+ Add bias] → Reshape (B, S, H, D) → Transpose →
     eager attention [+ (B, 1, 1, S) padding mask] → Transpose → Reshape → output. ``kv_from="y"``:
     K and V project a second input (cross-attention); ``weight_input``: that projection's weight
-    is a graph input; ``bias_only_q``: only Q has a bias; ``extra_use``: that projection's
-    output is also a graph output."""
+    is a graph input; ``bias_only_q``: only Q has a bias (the packed bias
+    then holds zeros for K and V, as Whisper's key projection has none); ``extra_use``: that projection's
+    output is also a graph output; ``split`` ("input" or "attribute"): one projection (hidden,
+    3 * hidden) and a Split of its last axis into Q, K and V (GPT-2's c_attn), the sizes a
+    constant input or (opset 11) an attribute."""
     g = Graph()
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     hidden = heads * head_dim
@@ -37,7 +40,7 @@ def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_fr
         inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
                                                     ["B", "T" if kv_from == "y" else "S"]))
     outputs = []
-    split = g.const([0, 0, heads, head_dim], np.int64)
+    heads_shape = g.const([0, 0, heads, head_dim], np.int64)
 
     def project(name, source):
         if name == weight_input:
@@ -50,11 +53,25 @@ def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_fr
             out = g.op("Add", g.const(rng.standard_normal(hidden).astype(np_dtype) * 0.1), out)
         if name == extra_use:
             outputs.append(helper.make_tensor_value_info(out, dtype, ["B", "S", hidden]))
-        return g.op("Transpose", g.op("Reshape", out, split), perm=[0, 2, 1, 3])
+        return g.op("Transpose", g.op("Reshape", out, heads_shape), perm=[0, 2, 1, 3])
 
-    q = project("q", "x")
-    k = project("k", kv_from)
-    v = project("v", kv_from)
+    if split:
+        w = g.const((rng.standard_normal((hidden, 3 * hidden)) / hidden ** 0.5).astype(np_dtype))
+        joint = g.op("Add", g.op("MatMul", "x", w), g.const(rng.standard_normal(3 * hidden).astype(np_dtype) * 0.1))
+        g.n += 1
+        parts = [f"split_{g.n}_{i}" for i in range(3)]
+        sizes = [hidden] * 3
+        if split == "input":
+            g.nodes.append(helper.make_node("Split", [joint, g.const(sizes, np.int64)], parts, axis=2))
+        else:
+            g.nodes.append(helper.make_node("Split", [joint], parts, axis=-1, split=sizes))
+        if extra_use == "v":
+            outputs.append(helper.make_tensor_value_info(parts[2], dtype, ["B", "S", hidden]))
+        q, k, v = (g.op("Transpose", g.op("Reshape", p, heads_shape), perm=[0, 2, 1, 3]) for p in parts)
+    else:
+        q = project("q", "x")
+        k = project("k", kv_from)
+        v = project("v", kv_from)
     scores = g.op("Div", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
                   g.const(head_dim ** 0.5, np_dtype))
     if mask:
@@ -65,7 +82,7 @@ def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_fr
     g.nodes.append(helper.make_node("Identity", [merged], ["out"], name="out"))
     outputs.insert(0, helper.make_tensor_value_info("out", dtype, ["B", "S", hidden]))
     graph = helper.make_graph(g.nodes, "encoder", inputs, outputs, initializer=g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11 if split == "attribute" else 17)])
     model.ir_version = 8
     return model
 
@@ -89,8 +106,8 @@ def _verified(model, **feeds):
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(bias=False), dict(mask=False), dict(dtype=F16),
-                                    dict(heads=2, head_dim=64)],
-                         ids=["bias_mask", "no_bias", "no_mask", "fp16", "d64"])
+                                    dict(heads=2, head_dim=64), dict(bias_only_q=True)],
+                         ids=["bias_mask", "no_bias", "no_mask", "fp16", "d64", "bias_only_q"])
 def test_projections_become_one_matmul_read_as_packed_qkv(kwargs):
     model = encoder_model(**kwargs)
     result = _verified(model)
@@ -117,10 +134,9 @@ def test_cross_attention_keeps_its_projections_without_a_decline():
 
 @pytest.mark.parametrize("kwargs, reason", [
     (dict(weight_input="k"), "K's MatMul weight is not a constant matrix"),
-    (dict(bias_only_q=True), "only some of Q, K and V have a bias"),
     (dict(extra_use="v"), "V's bias Add has other uses"),
     (dict(heads=8, head_dim=4), "head size 4 is not a multiple of 8"),
-], ids=["weight_is_input", "bias_only_q", "v_used_elsewhere", "d4"])
+], ids=["weight_is_input", "v_used_elsewhere", "d4"])
 def test_projections_that_cannot_be_packed_are_kept(kwargs, reason):
     model = encoder_model(**kwargs)
     result = _verified(model)
@@ -130,3 +146,21 @@ def test_projections_that_cannot_be_packed_are_kept(kwargs, reason):
     assert fused.layout == "BSD"
     declined = result.report.declined[fused.fused_node]
     assert reason in declined["packed_qkv"], declined
+
+
+@pytest.mark.parametrize("split", ["input", "attribute"])
+def test_a_split_of_one_projection_is_read_as_packed_qkv(split):
+    result = _verified(encoder_model(split=split, mask=split == "input"))  # opset 11: no mask helper
+    ops = _ops(result.model)
+    assert "Split" not in ops and ops["MatMul"] == 1, ops
+    node = _flash(result.model)
+    assert list(node.input[1:3]) in ([], ["", ""]), node
+    (fused,) = result.report.fused
+    assert fused.layout == "packed" and "packed_qkv" in fused.refined_by
+
+
+def test_a_split_output_used_elsewhere_is_kept():
+    result = _verified(encoder_model(split="input", extra_use="v"))
+    assert "Split" in _ops(result.model)
+    (fused,) = result.report.fused
+    assert fused.layout == "BSD"  # (the matcher itself refuses a Split whose output leaves the match)
