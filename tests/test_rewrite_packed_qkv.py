@@ -25,7 +25,7 @@ def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_fr
     eager attention [+ (B, 1, 1, S) padding mask] → Transpose → Reshape → output. ``kv_from="y"``:
     K and V project a second input (cross-attention); ``weight_input``: that projection's weight
     is a graph input; ``bias_only_q``: only Q has a bias (the packed bias
-    then holds zeros for K and V, as Whisper's key projection has none); ``extra_use``: that projection's
+    then holds zeros for K and V); ``extra_use``: that projection's
     output is also a graph output; ``split`` ("input" or "attribute"): one projection (hidden,
     3 * hidden) and a Split of its last axis into Q, K and V (GPT-2's c_attn), the sizes a
     constant input or (opset 11) an attribute."""

@@ -1,5 +1,5 @@
 # Rule: the three projections of one input into Q, K and V packed into one MatMul, whose output
-# FlashAttention reads in place (the self-attention of BERT, ViT, T5, BART and Whisper: ONNX
+# FlashAttention reads in place (the self-attention of BERT, ViT, T5 and BART: ONNX
 # Runtime's Attention op packs its QKV weights the same way); and (PackedSplit) Q, K and V that
 # are one Split of such a tensor (GPT-2's c_attn) read from the tensor itself.
 #
@@ -68,7 +68,7 @@ class PackedQkv(Refinement):
         biased = [p[2] for p in projections if p[2] is not None]
         if any(b.dtype != projections[0][1].dtype for b in biased):
             fail("a bias differs in type from the weights")
-        # A projection without a bias (Whisper's key) gets zeros in the packed bias: x + 0 = x.
+        # A projection without a bias gets zeros in the packed bias: x + 0 = x.
         return {"node": node, "x": x, "w": [p[1] for p in projections],
                 "b": [p[2] for p in projections] if biased else None, "width": sum(widths)}
 
