@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["attention_reference", "attention_lowp", "error_bound"]
+__all__ = ["attention_reference", "attention_lowp", "error_bound", "split_packed_qkv"]
+
+
+def split_packed_qkv(qkv: np.ndarray, q_num_heads: int, kv_num_heads: int):
+    """3-D Q, K, V of ort_flash's packed QKV input (B, S, (Hq + 2 Hkv) * D): each token's Hq query
+    heads, then its Hkv key heads, then its Hkv value heads, every head D wide (contiguous copies)."""
+    d = qkv.shape[-1] // (q_num_heads + 2 * kv_num_heads)
+    parts = np.split(qkv, [q_num_heads * d, (q_num_heads + kv_num_heads) * d], axis=-1)
+    return tuple(np.ascontiguousarray(x) for x in parts)
 
 
 def _to_bnsh(x: np.ndarray, heads: int) -> np.ndarray:

@@ -28,7 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from _onnx_models import flash_attention_model, run_model
-from ort_flash.reference import attention_lowp, attention_reference, error_bound
+from ort_flash.reference import attention_lowp, attention_reference, error_bound, split_packed_qkv
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 # Floors of the error contract, (Y absolute, lse relative).
@@ -198,9 +198,7 @@ def qkv(case: dict, feeds: dict):
     c = {**DEFAULTS, **case}
     if c["layout"] != "packed":
         return feeds["Q"], feeds["K"], feeds["V"]
-    width = (c["hq"], c["hkv"], c["hkv"])
-    ends = np.cumsum(width) * c["d"]
-    return tuple(np.ascontiguousarray(x) for x in np.split(feeds["Q"], ends[:2], axis=-1))
+    return split_packed_qkv(feeds["Q"], c["hq"], c["hkv"])
 
 
 def _lse_err(lse, ref):

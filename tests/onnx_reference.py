@@ -12,7 +12,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from ort_flash.reference import attention_reference
+from ort_flash.reference import attention_reference, split_packed_qkv
 
 
 class FlashAttention(OpRun):
@@ -21,9 +21,8 @@ class FlashAttention(OpRun):
     def _run(self, q, k, v, attn_mask=None, past_key=None, past_value=None,
              nonpad_kv_seqlen=None, scale=None, is_causal=0, softcap=0.0, left_window_size=-1,
              right_window_size=-1, q_num_heads=None, kv_num_heads=None, fp32_precision="ieee"):
-        if k is None and v is None:  # packed QKV: each token's Hq, then Hkv, then Hkv heads of D
-            d = q.shape[-1] // (q_num_heads + 2 * kv_num_heads)
-            q, k, v = np.split(q, [q_num_heads * d, (q_num_heads + kv_num_heads) * d], axis=-1)
+        if k is None and v is None:  # packed QKV
+            q, k, v = split_packed_qkv(q, q_num_heads, kv_num_heads)
         y, present_key, present_value, lse = attention_reference(
             q, k, v, attn_mask=attn_mask, past_key=past_key, past_value=past_value,
             nonpad_kv_seqlen=nonpad_kv_seqlen, scale=scale, is_causal=bool(is_causal),

@@ -46,23 +46,13 @@ class PackedQkv(Refinement):
         return flash_pattern(op, q, k, v)
 
     def analyze(self, context, node, q, k, v, **_):
-        if len(node.inputs) > 4 and any(i is not None for i in node.inputs[4:6]):
-            fail("the node has a KV cache (past_key / past_value)")
-        hq, hkv = attr(node, "q_num_heads"), attr(node, "kv_num_heads")
-        if not hq or not hkv:
-            fail("Q, K and V are not in the 3-D layout (no q_num_heads / kv_num_heads)")
+        hq, hkv = _packable_heads(node)
         projections = [_projection(value, name) for value, name in zip((q, k, v), _PARTS)]
         x = projections[0][0]
         if any(p[0] is not x for p in projections[1:]):
             fail("Q, K and V are projections of different inputs (not self-attention)")
         widths = [p[1].shape[1] for p in projections]
-        if widths[0] % hq or widths[1] != widths[2] or widths[1] % hkv:
-            fail(f"projection widths {widths} do not split into {hq} and {hkv} heads")
-        d = widths[0] // hq
-        if widths[1] // hkv != d:
-            fail(f"Q's head size {d} differs from K/V's {widths[1] // hkv}")
-        if d % 8:
-            fail(f"head size {d} is not a multiple of 8 (the packed layout's alignment)")
+        _head_size(widths, hq, hkv, "projection widths")
         if len({p[1].dtype for p in projections}) != 1:
             fail("the projection weights differ in type")
         biased = [p[2] for p in projections if p[2] is not None]
@@ -80,9 +70,8 @@ class PackedQkv(Refinement):
         packed = op.MatMul(plan["x"], op.initializer(ir.tensor(w), name=f"{base}_weight_{self._unique()}"))
         packed.producer().name = f"{base}_MatMul"
         if plan["b"] is not None:
-            dtype = plan["w"][0].numpy().dtype
-            b = np.concatenate([np.zeros(w.shape[1], dtype) if t is None else t.numpy()
-                                for t, w in zip(plan["b"], plan["w"])], axis=0)
+            b = np.concatenate([np.zeros(part.shape[1], w.dtype) if t is None else t.numpy()
+                                for t, part in zip(plan["b"], plan["w"])], axis=0)
             packed = op.Add(packed, op.initializer(ir.tensor(b), name=f"{base}_bias_{self._unique()}"))
             packed.producer().name = f"{base}_Add"
         x_shape = plan["x"].shape
@@ -109,11 +98,7 @@ class PackedSplit(Refinement):
         return flash_pattern(op, q, k, v)
 
     def analyze(self, context, node, x, **_):
-        if len(node.inputs) > 4 and any(i is not None for i in node.inputs[4:6]):
-            fail("the node has a KV cache (past_key / past_value)")
-        hq, hkv = attr(node, "q_num_heads"), attr(node, "kv_num_heads")
-        if not hq or not hkv:
-            fail("Q, K and V are not in the 3-D layout (no q_num_heads / kv_num_heads)")
+        hq, hkv = _packable_heads(node)
         split = node.inputs[0].producer()
         if list(split.outputs) != list(node.inputs[:3]):
             fail("Q, K and V are not the Split's outputs in order")
@@ -126,12 +111,7 @@ class PackedSplit(Refinement):
         axis = attr(split, "axis", 0)
         if axis not in (2, -1):
             fail(f"the Split is along axis {axis}, not the last")
-        sizes = _split_sizes(split, xd, hq, hkv)
-        d = sizes[0] // hq
-        if sizes[0] % hq or sizes[1] != sizes[2] or sizes[1] != hkv * d:
-            fail(f"split sizes {sizes} are not ({hq}, {hkv}, {hkv}) heads of one size")
-        if d % 8:
-            fail(f"head size {d} is not a multiple of 8 (the packed layout's alignment)")
+        _head_size(_split_sizes(split, xd, hq, hkv), hq, hkv, "split sizes")
         return {"node": node, "x": x}
 
     def rewrite(self, op, **_):
@@ -143,10 +123,30 @@ def rules() -> list:
     return [PackedQkv(), PackedSplit()]
 
 
+def _packable_heads(node: ir.Node) -> tuple[int, int]:
+    """(Hq, Hkv) of a node the packed form can take: the 3-D layout and no KV cache."""
+    if len(node.inputs) > 4 and any(i is not None for i in node.inputs[4:6]):
+        fail("the node has a KV cache (past_key / past_value)")
+    hq, hkv = attr(node, "q_num_heads"), attr(node, "kv_num_heads")
+    if not hq or not hkv:
+        fail("Q, K and V are not in the 3-D layout (no q_num_heads / kv_num_heads)")
+    return hq, hkv
+
+
+def _head_size(widths: list[int], hq: int, hkv: int, what: str) -> int:
+    """D for Q, K, V widths (Hq * D, Hkv * D, Hkv * D), D a multiple of 8 (the packed layout's
+    alignment)."""
+    d = widths[0] // hq
+    if widths[0] % hq or widths[1] != widths[2] or widths[1] != hkv * d:
+        fail(f"{what} {widths} are not ({hq}, {hkv}, {hkv}) heads of one size")
+    if d % 8:
+        fail(f"head size {d} is not a multiple of 8 (the packed layout's alignment)")
+    return d
+
+
 def _split_sizes(split: ir.Node, x_shape, hq: int, hkv: int) -> list[int]:
     """The Split's three sizes: its constant split input (opset 13+), its split attribute, or
     three equal parts of a static last axis (num_outputs)."""
-    sizes = None
     if len(split.inputs) > 1 and split.inputs[1] is not None:
         tensor = _constant(split.inputs[1])
         if tensor is None:
