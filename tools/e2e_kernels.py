@@ -75,12 +75,13 @@ def unpacked(bm, spec, packed_path: pathlib.Path) -> pathlib.Path:
     """ort_flash_opt as the rewriter wrote it before packed_qkv: the same recipe with that
     refinement left out of the rewriter's list for this one rewrite."""
     from ort_flash import ort_fusions, rewriter
+    from ort_flash.bench.e2e_suite import OPTIMIZER_TYPE
 
     fp32 = packed_path.with_name("model.onnx")
     saved = rewriter.REFINEMENTS
     rewriter.REFINEMENTS = tuple(r for r in saved if r.FAMILY != "packed_qkv")
     try:
-        result = ort_fusions.rewrite(str(fp32), "bert" if spec.family == "bert" else "gpt2", float16=True,
+        result = ort_fusions.rewrite(str(fp32), OPTIMIZER_TYPE[spec.family], float16=True,
                                      num_heads=spec.heads, hidden_size=spec.hidden, use_gpu=True)
     finally:
         rewriter.REFINEMENTS = saved
