@@ -62,6 +62,8 @@ int64_t div_or_unknown(int64_t a, int64_t b) { return (a < 0 || b <= 0) ? -1 : a
 
 Status validate_packed(const Checker& c, const Attributes& attrs, const InputDesc (&in)[kNumInputs],
                        AttentionDims* out);
+Status validate_kv_packed(const Checker& c, const Attributes& attrs, const InputDesc (&in)[kNumInputs],
+                          AttentionDims* out);
 Status validate_common(const Checker& c, const InputDesc (&in)[kNumInputs], bool cuda, AttentionDims* out);
 
 }  // namespace
@@ -84,10 +86,12 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
   Checker c(node, in);
   AttentionDims& r = *out;
   if (!in[kQ].present) return c.fail(kQ, "is required");
-  if (in[kK].present != in[kV].present) {
-    return c.fail(in[kK].present ? kV : kK, "is missing; K and V go together (both omitted: Q is packed QKV)");
+  if (!in[kK].present && in[kV].present) {
+    return c.fail(kK, "is missing; V cannot be given without K (K and V both omitted: Q is packed QKV; "
+                      "V alone omitted: K is packed KV)");
   }
   r.packed = !in[kK].present;
+  r.kv_packed = in[kK].present && !in[kV].present;
   // Types.
   const int qt = in[kQ].elem_type;
   if (qt == kFloat) r.dtype = DType::kFloat32;
@@ -128,6 +132,11 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
   if (r.packed) {
     ORT_FLASH_RETURN_IF_ERROR(validate_packed(c, attrs, in, &r));
     if (!in[kQ].rank_known) return Status::Ok();  // checked at run time
+    return validate_common(c, in, cuda, &r);
+  }
+  if (r.kv_packed) {
+    ORT_FLASH_RETURN_IF_ERROR(validate_kv_packed(c, attrs, in, &r));
+    if (!in[kQ].rank_known || !in[kK].rank_known) return Status::Ok();  // checked at run time
     return validate_common(c, in, cuda, &r);
   }
   if (!in[kQ].rank_known || !in[kK].rank_known || !in[kV].rank_known) return Status::Ok();  // checked at run time
@@ -219,6 +228,49 @@ Status validate_packed(const Checker& c, const Attributes& attrs, const InputDes
                           "; packed QKV needs a multiple of 8 (each of Q, K and V then starts 16-byte aligned)");
   }
   return Status::Ok();
+}
+
+// Packed KV (V omitted, K given): Q is 3-D (B, Sq, Hq * D) and K is (B, Skv, 2 * Hkv * D), each
+// key token's Hkv key heads, then its Hkv value heads, every head D wide. No KV cache.
+Status validate_kv_packed(const Checker& c, const Attributes& attrs, const InputDesc (&in)[kNumInputs],
+                          AttentionDims* out) {
+  AttentionDims& r = *out;
+  if (in[kPastKey].present || in[kPastValue].present) {
+    return c.fail(in[kPastKey].present ? kPastKey : kPastValue,
+                  "cannot be combined with packed KV (V omitted): a KV cache needs K and V inputs");
+  }
+  if (attrs.q_num_heads <= 0 || attrs.kv_num_heads <= 0) {
+    return c.fail_attr("packed KV (V omitted) needs the attributes q_num_heads and kv_num_heads (got " +
+                       std::to_string(attrs.q_num_heads) + ", " + std::to_string(attrs.kv_num_heads) + ")");
+  }
+  r.hq = attrs.q_num_heads; r.hkv = attrs.kv_num_heads;
+  r.rank = 3;
+  if (!in[kQ].rank_known || !in[kK].rank_known) return Status::Ok();
+  const auto& qs = in[kQ].shape;
+  const auto& ks = in[kK].shape;
+  if (qs.size() != 3) {
+    return c.fail(kQ, "has shape " + shape_str(qs) + "; with V omitted (packed KV) expected 3-D (B, Sq, " +
+                          std::to_string(r.hq) + " * D)");
+  }
+  if (ks.size() != 3) {
+    return c.fail(kK, "has shape " + shape_str(ks) + "; with V omitted (packed KV) expected 3-D (B, Skv, 2*" +
+                          std::to_string(r.hkv) + " * D)");
+  }
+  r.batch = qs[0]; r.sq = qs[1]; r.skv_new = ks[1];
+  if (qs[2] >= 0 && qs[2] % r.hq != 0) {
+    return c.fail(kQ, "hidden size " + std::to_string(qs[2]) + " is not a multiple of q_num_heads=" + std::to_string(r.hq));
+  }
+  r.d = r.dv = div_or_unknown(qs[2], r.hq);
+  if (ks[2] >= 0 && r.d >= 0 && ks[2] != 2 * r.hkv * r.d) {
+    return c.fail(kK, "has shape " + shape_str(ks) + "; with V omitted (packed KV) its last dim holds K and V: "
+                          "expected 2 * kv_num_heads * D = 2*" + std::to_string(r.hkv) + "*" + std::to_string(r.d) +
+                          " = " + std::to_string(2 * r.hkv * r.d));
+  }
+  if (r.d >= 0 && r.d % 8 != 0) {
+    return c.fail(kQ, "has head size " + std::to_string(r.d) +
+                          "; packed KV needs a multiple of 8 (K and V then start 16-byte aligned)");
+  }
+  return c.dim_eq(kK, 0, r.batch, "batch, like Q's");
 }
 
 // What both layouts check once the dimensions are known: heads, head size, cache, lengths, mask.

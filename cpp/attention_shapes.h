@@ -45,6 +45,8 @@ struct AttentionDims {
   bool has_past = false;
   // Packed QKV: K and V omitted, Q 3-D (B, S, (Hq + 2 Hkv) * D) holding Q | K | V per token.
   bool packed = false;
+  // Packed KV: V omitted, K 3-D (B, Skv, 2 Hkv * D) holding K | V per key token; Q 3-D as usual.
+  bool kv_packed = false;
   MaskKind mask_kind = MaskKind::kNone;
   std::vector<int64_t> mask_shape;  // right-aligned to 4-D, broadcast dims are 1
   int64_t total() const { return (skv_new < 0 || past < 0) ? -1 : past + skv_new; }
@@ -74,6 +76,12 @@ inline void seq_strides(int rank, int64_t heads, int64_t seq, int64_t width, int
 inline void packed_strides(const AttentionDims& d, int64_t out[3]) {
   const int64_t row = (d.hq + 2 * d.hkv) * d.d;
   out[0] = d.sq * row; out[1] = d.d; out[2] = row;
+}
+
+// Element strides (batch, head, sequence) of K and V inside a packed KV tensor (B, Skv, 2 Hkv * D).
+inline void kv_packed_strides(const AttentionDims& d, int64_t out[3]) {
+  const int64_t row = 2 * d.hkv * d.d;
+  out[0] = d.skv_new * row; out[1] = d.d; out[2] = row;
 }
 
 // Strides of a contiguous mask right-aligned to 4-D; broadcast (size-1) axes get stride 0. The

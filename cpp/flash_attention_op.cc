@@ -56,10 +56,10 @@ Status FlashAttentionKernel::init(const OrtKernelInfo* info) {
     return Status::Error("FlashAttention node '" + node_ +
                          "': present_key/present_value cannot be combined with nonpad_kv_seqlen (ONNX Attention)");
   }
-  if ((has_output_[kPresentKey] || has_output_[kPresentValue]) && !in[kK].present) {
+  if ((has_output_[kPresentKey] || has_output_[kPresentValue]) && (!in[kK].present || !in[kV].present)) {
     return Status::Error("FlashAttention node '" + node_ +
                          "': present_key/present_value need K and V inputs; with packed QKV (K and V omitted) "
-                         "only Y and softmax_lse can be produced");
+                         "or packed KV (V omitted) only Y and softmax_lse can be produced");
   }
   if (OrtStatus* st = api_.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_)) {
     std::string msg = api_.GetErrorMessage(st);
@@ -215,6 +215,11 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
     p.v = static_cast<const char*>(data[kQ]) + (dims.hq + dims.hkv) * dims.d * es;
     packed_strides(dims, p.k_stride);
     packed_strides(dims, p.v_stride);
+  } else if (dims.kv_packed) {  // V is a view into K's rows, after its Hkv key heads
+    p.k = data[kK];
+    p.v = static_cast<const char*>(data[kK]) + dims.hkv * dims.d * es;
+    kv_packed_strides(dims, p.k_stride);
+    kv_packed_strides(dims, p.v_stride);
   } else {
     p.k = data[kK];
     p.v = data[kV];
@@ -263,7 +268,8 @@ ONNXTensorElementDataType FlashAttentionOp::GetInputType(size_t index) const {
 }
 
 OrtCustomOpInputOutputCharacteristic FlashAttentionOp::GetInputCharacteristic(size_t index) const {
-  // K and V may be omitted together: Q is then packed QKV (validate() checks the pairing).
+  // K and V may be omitted together (Q is then packed QKV) or V alone (K is then packed KV);
+  // validate() checks the combinations.
   return index == kQ ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
                      : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
 }

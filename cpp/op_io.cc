@@ -180,7 +180,7 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
     OrtTensorTypeAndShapeInfo* info = nullptr;
     if (!take_error(api, api.ShapeInferContext_GetInputTypeShape(ctx, i, &info)).empty() || !info) continue;
     if (!describe_tensor(api, info, &in[i]).ok()) continue;
-    // An omitted optional input (K and V of packed QKV before a mask) comes without a type.
+    // An omitted optional input (K and V of packed QKV, V of packed KV, before a mask) comes without a type.
     if (in[i].elem_type == 0) {
       in[i] = InputDesc();
       continue;

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["attention_reference", "attention_lowp", "error_bound", "split_packed_qkv"]
+__all__ = ["attention_reference", "attention_lowp", "error_bound", "split_packed_kv", "split_packed_qkv"]
 
 
 def split_packed_qkv(qkv: np.ndarray, q_num_heads: int, kv_num_heads: int):
@@ -25,6 +25,13 @@ def split_packed_qkv(qkv: np.ndarray, q_num_heads: int, kv_num_heads: int):
     d = qkv.shape[-1] // (q_num_heads + 2 * kv_num_heads)
     parts = np.split(qkv, [q_num_heads * d, (q_num_heads + kv_num_heads) * d], axis=-1)
     return tuple(np.ascontiguousarray(x) for x in parts)
+
+
+def split_packed_kv(kv: np.ndarray, kv_num_heads: int):
+    """3-D K, V of ort_flash's packed KV input (B, S, 2 Hkv * D): each key token's Hkv key heads,
+    then its Hkv value heads, every head D wide (contiguous copies)."""
+    k, v = np.split(kv, 2, axis=-1)
+    return np.ascontiguousarray(k), np.ascontiguousarray(v)
 
 
 def _to_bnsh(x: np.ndarray, heads: int) -> np.ndarray:

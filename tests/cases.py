@@ -11,8 +11,9 @@ model on ONNX Runtime and checks every output against ``ort_flash.reference``:
   reference has it;
 * present_key / present_value: bit-exact.
 
-``layout``: "bnsh" (4-D), "bsd" (3-D with head attributes) or "packed" (3-D Q holding Q | K | V
-on its last axis, K and V omitted; sq == skv).
+``layout``: "bnsh" (4-D), "bsd" (3-D with head attributes), "packed" (3-D Q holding Q | K | V
+on its last axis, K and V omitted; sq == skv) or "kv_packed" (3-D Q, 3-D K holding K | V on its
+last axis, V omitted).
 
 Mask specs are (kind, dims): kind "bool", "additive" (normal values, ~10% -inf) or "finfo"
 (0 / finfo.min, as Hugging Face builds masks); dims name each mask axis, "1" for a broadcast
@@ -28,7 +29,7 @@ import ml_dtypes
 import numpy as np
 
 from _onnx_models import flash_attention_model, run_model
-from ort_flash.reference import attention_lowp, attention_reference, error_bound, split_packed_qkv
+from ort_flash.reference import attention_lowp, attention_reference, error_bound, split_packed_kv, split_packed_qkv
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 # Floors of the error contract, (Y absolute, lse relative).
@@ -101,6 +102,14 @@ _BASE = [
          mask=("bool", "b11k")),
     dict(name="packed_d32_nonpad_window_softcap", layout="packed", hq=6, hkv=3, sq=77, skv=77,
          d=32, nonpad=True, b=3, window=(20, 5), softcap=4.0),
+    # Packed KV (V omitted): K is (B, Skv, 2 Hkv * D), Q apart (cross-attention lengths too).
+    dict(name="kv_packed", layout="kv_packed", sq=113, skv=113),
+    dict(name="kv_packed_cross_gqa_hf_mask", layout="kv_packed", hq=8, hkv=2, sq=61, skv=203,
+         mask=("finfo", "b11k")),
+    dict(name="kv_packed_d128_causal_bool_mask", layout="kv_packed", hq=4, hkv=4, sq=300, skv=300,
+         d=128, causal=True, mask=("bool", "b11k")),
+    dict(name="kv_packed_d40_nonpad_window_softcap", layout="kv_packed", hq=6, hkv=3, sq=77, skv=90,
+         d=40, nonpad=True, b=3, window=(20, 5), softcap=4.0),
 ]
 _LARGE = [
     dict(name="large_1023x1024", dtype="float16", b=1, hq=2, hkv=2, sq=1023, skv=1024),
@@ -111,6 +120,10 @@ _LARGE = [
          sq=2100, skv=2100, mask=("finfo", "b11k")),
     dict(name="large_packed_1100_d128_causal", dtype="bfloat16", layout="packed", b=1, hq=2,
          hkv=2, sq=1100, skv=1100, d=128, causal=True),
+    dict(name="large_kv_packed_2100_hf_mask", dtype="float16", layout="kv_packed", b=1, hq=12, hkv=12,
+         sq=2100, skv=2100, mask=("finfo", "b11k")),
+    dict(name="large_kv_packed_1100_d128_causal", dtype="bfloat16", layout="kv_packed", b=1, hq=2,
+         hkv=1, sq=1100, skv=1100, d=128, causal=True),
 ]
 CASES = [dict(c, dtype=dt) for c in _BASE for dt in DTYPES] + _LARGE
 
@@ -162,6 +175,10 @@ def make_inputs(case: dict, rng: np.random.Generator):
         if sq != skv or dv != d or c["past"]:
             raise ValueError("packed QKV needs sq == skv, dv == d and no past")
         feeds = {"Q": randn(b, sq, (hq + 2 * hkv) * d)}
+    elif c["layout"] == "kv_packed":
+        if dv != d or c["past"]:
+            raise ValueError("packed KV needs dv == d and no past")
+        feeds = {"Q": randn(b, sq, hq * d), "K": randn(b, skv, 2 * hkv * d)}
     else:
         feeds = {"Q": randn(b, sq, hq * d), "K": randn(b, skv, hkv * d),
                  "V": randn(b, skv, hkv * dv)}
@@ -194,11 +211,13 @@ def make_inputs(case: dict, rng: np.random.Generator):
 
 
 def qkv(case: dict, feeds: dict):
-    """Q, K, V as the reference takes them: the inputs, or the three parts of packed QKV."""
+    """Q, K, V as the reference takes them: the inputs, or the parts of packed QKV / packed KV."""
     c = {**DEFAULTS, **case}
-    if c["layout"] != "packed":
-        return feeds["Q"], feeds["K"], feeds["V"]
-    return split_packed_qkv(feeds["Q"], c["hq"], c["hkv"])
+    if c["layout"] == "packed":
+        return split_packed_qkv(feeds["Q"], c["hq"], c["hkv"])
+    if c["layout"] == "kv_packed":
+        return (feeds["Q"], *split_packed_kv(feeds["K"], c["hkv"]))
+    return feeds["Q"], feeds["K"], feeds["V"]
 
 
 def _lse_err(lse, ref):

@@ -12,7 +12,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from ort_flash.reference import attention_reference, split_packed_qkv
+from ort_flash.reference import attention_reference, split_packed_kv, split_packed_qkv
 
 
 class FlashAttention(OpRun):
@@ -23,6 +23,8 @@ class FlashAttention(OpRun):
              right_window_size=-1, q_num_heads=None, kv_num_heads=None, fp32_precision="ieee"):
         if k is None and v is None:  # packed QKV
             q, k, v = split_packed_qkv(q, q_num_heads, kv_num_heads)
+        elif v is None:  # packed KV
+            k, v = split_packed_kv(k, kv_num_heads)
         y, present_key, present_value, lse = attention_reference(
             q, k, v, attn_mask=attn_mask, past_key=past_key, past_value=past_value,
             nonpad_kv_seqlen=nonpad_kv_seqlen, scale=scale, is_causal=bool(is_causal),

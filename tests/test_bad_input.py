@@ -68,8 +68,8 @@ BAD = [
     ("k_rank_differs", qkv(k=(1, 7, 32)), {}, ["input 'K'", "has rank 3", "expected rank 4 like Q"], True),
     ("q_rank_5", qkv(q=(1, 1, 4, 5, 8), k=(1, 1, 4, 7, 8), v=(1, 1, 4, 7, 8)), {}, ["input 'Q'", "expected 4-D (B, Hq, Sq, D) or 3-D"], True),
     # packed QKV (K and V omitted)
-    ("k_without_v", {"Q": (F32, (1, 5, 32)), "K": (F32, (1, 5, 32))}, {"q_num_heads": 4, "kv_num_heads": 4},
-     ["input 'V'", "is missing", "K and V go together"], True),
+    ("v_without_k", {"Q": (F32, (1, 5, 32)), "V": (F32, (1, 5, 32))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'K'", "is missing", "V cannot be given without K"], True),
     ("packed_without_head_counts", {"Q": (F32, (1, 5, 96))}, {},
      ["packed QKV (K and V omitted) needs the attributes q_num_heads and kv_num_heads", "got 0, 0"], True),
     ("packed_4d", {"Q": (F32, (1, 4, 5, 24))}, {"q_num_heads": 4, "kv_num_heads": 4},
@@ -82,6 +82,22 @@ BAD = [
      {"q_num_heads": 4, "kv_num_heads": 4}, ["input 'past_key'", "cannot be combined with packed QKV"], True),
     ("packed_mask_q_axis", {"Q": (F32, (1, 5, 96)), "attn_mask": (F32, (3, 5))}, {"q_num_heads": 4, "kv_num_heads": 4},
      ["input 'attn_mask'", "q sequence axis is 3, expected 1 or 5"], False),
+    # packed KV (V omitted)
+    ("kv_packed_width", {"Q": (F32, (1, 5, 32)), "K": (F32, (1, 7, 32))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'K'", "packed KV", "expected 2 * kv_num_heads * D = 2*4*8 = 64"], False),
+    ("kv_packed_without_head_counts", {"Q": (F32, (1, 5, 32)), "K": (F32, (1, 7, 64))}, {},
+     ["packed KV (V omitted) needs the attributes q_num_heads and kv_num_heads", "got 0, 0"], True),
+    ("kv_packed_4d_q", {"Q": (F32, (1, 4, 5, 8)), "K": (F32, (1, 7, 64))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'Q'", "packed KV", "expected 3-D (B, Sq, 4 * D)"], True),
+    ("kv_packed_4d_k", {"Q": (F32, (1, 5, 32)), "K": (F32, (1, 4, 7, 16))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'K'", "packed KV", "expected 3-D (B, Skv, 2*4 * D)"], True),
+    ("kv_packed_head_size_12", {"Q": (F32, (1, 5, 48)), "K": (F32, (1, 7, 96))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'Q'", "head size 12", "packed KV needs a multiple of 8"], False),
+    ("kv_packed_batch", {"Q": (F32, (1, 5, 32)), "K": (F32, (2, 7, 64))}, {"q_num_heads": 4, "kv_num_heads": 4},
+     ["input 'K'", "batch", "expected 1"], False),
+    ("kv_packed_with_past", {"Q": (F32, (1, 5, 32)), "K": (F32, (1, 7, 64)), "past_key": (F32, (1, 4, 3, 8)),
+                             "past_value": (F32, (1, 4, 3, 8))},
+     {"q_num_heads": 4, "kv_num_heads": 4}, ["input 'past_key'", "cannot be combined with packed KV"], True),
     # caches
     ("past_key_rank_3", qkv(past_key=(F32, (1, 4, 8)), past_value=(F32, (1, 4, 3, 8))), {},
      ["input 'past_key'", "expected 4-D (B, Hkv, P, D)"], True),
@@ -181,6 +197,15 @@ def test_present_outputs_with_packed_qkv_fail_at_creation():
     with pytest.raises(Exception) as excinfo:
         session(model)
     _assert_names(_error_text(excinfo), ["present_key/present_value need K and V inputs", "packed QKV"])
+
+
+def test_present_outputs_with_packed_kv_fail_at_creation():
+    model = static_model({"Q": (F32, (1, 5, 32)), "K": (F32, (1, 5, 64))},
+                         outputs={"Y": F32, "present_key": F32, "present_value": F32},
+                         q_num_heads=4, kv_num_heads=4)
+    with pytest.raises(Exception) as excinfo:
+        session(model)
+    _assert_names(_error_text(excinfo), ["present_key/present_value need K and V inputs", "packed KV"])
 
 
 def test_shape_errors_leave_the_session_usable():
