@@ -20,7 +20,8 @@ F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
 def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_from="x",
-                  weight_input=None, bias_only_q=False, extra_use=None, split=None) -> onnx.ModelProto:
+                  weight_input=None, bias_only_q=False, extra_use=None, split=None, kv_heads=None,
+                  out_proj=None, mask_fill=-np.inf) -> onnx.ModelProto:
     """x (B, S, H*D) → query/key/value MatMul [+ Add bias] → Reshape (B, S, H, D) → Transpose →
     eager attention [+ (B, 1, 1, S) padding mask] → Transpose → Reshape → output. ``kv_from="y"``:
     K and V project a second input (cross-attention); ``weight_input``: that projection's weight
@@ -28,7 +29,11 @@ def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_fr
     then holds zeros for K and V); ``extra_use``: that projection's
     output is also a graph output; ``split`` ("input" or "attribute"): one projection (hidden,
     3 * hidden) and a Split of its last axis into Q, K and V (GPT-2's c_attn), the sizes a
-    constant input or (opset 11) an attribute."""
+    constant input or (opset 11) an attribute. ``kv_heads``: K and V project to that many heads
+    (GQA, repeated for the scores as eager attention does). ``out_proj`` ("add", "skip_ln",
+    "skip_ln_no_bias"): the merged heads go through an output projection MatMul and its bias Add,
+    or ONNX Runtime's SkipLayerNormalization (residual x, with or without its bias input), as BERT
+    after ONNX Runtime's fusions. ``mask_fill``: the additive mask's value on padded keys."""
     g = Graph()
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     hidden = heads * head_dim
@@ -42,18 +47,31 @@ def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_fr
     outputs = []
     heads_shape = g.const([0, 0, heads, head_dim], np.int64)
 
+    kv_heads = kv_heads or heads
+
     def project(name, source):
+        width = hidden if name == "q" else kv_heads * head_dim
         if name == weight_input:
             w = f"w_{name}"
-            inputs.append(helper.make_tensor_value_info(w, dtype, [hidden, hidden]))
+            inputs.append(helper.make_tensor_value_info(w, dtype, [hidden, width]))
         else:
-            w = g.const((rng.standard_normal((hidden, hidden)) / hidden ** 0.5).astype(np_dtype))
+            w = g.const((rng.standard_normal((hidden, width)) / hidden ** 0.5).astype(np_dtype))
         out = g.op("MatMul", source, w)
         if bias and (name == "q" or not bias_only_q):
-            out = g.op("Add", g.const(rng.standard_normal(hidden).astype(np_dtype) * 0.1), out)
+            out = g.op("Add", g.const(rng.standard_normal(width).astype(np_dtype) * 0.5), out)
         if name == extra_use:
-            outputs.append(helper.make_tensor_value_info(out, dtype, ["B", "S", hidden]))
-        return g.op("Transpose", g.op("Reshape", out, heads_shape), perm=[0, 2, 1, 3])
+            outputs.append(helper.make_tensor_value_info(out, dtype, ["B", "S", width]))
+        shape = heads_shape if name == "q" else g.const([0, 0, kv_heads, head_dim], np.int64)
+        heads_first = g.op("Transpose", g.op("Reshape", out, shape), perm=[0, 2, 1, 3])
+        if name != "q" and kv_heads != heads:  # repeat_kv: (B, Hkv, S, D) -> (B, Hq, S, D)
+            b, s = (g.op("Shape", heads_first, start=i, end=i + 1) for i in (0, 2))
+            group = heads // kv_heads
+            wide = g.op("Expand", g.op("Unsqueeze", heads_first, g.const([2], np.int64)),
+                        g.op("Concat", b, g.const([kv_heads, group], np.int64), s,
+                             g.const([head_dim], np.int64), axis=0))
+            heads_first = g.op("Reshape", wide, g.op("Concat", b, g.const([heads], np.int64), s,
+                                                     g.const([head_dim], np.int64), axis=0))
+        return heads_first
 
     if split:
         w = g.const((rng.standard_normal((hidden, 3 * hidden)) / hidden ** 0.5).astype(np_dtype))
@@ -75,14 +93,29 @@ def encoder_model(*, heads=4, head_dim=8, dtype=F32, bias=True, mask=True, kv_fr
     scores = g.op("Div", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
                   g.const(head_dim ** 0.5, np_dtype))
     if mask:
-        additive = g.op("Where", _padding(g), g.const(0.0, np_dtype), g.const(-np.inf, np_dtype))
+        additive = g.op("Where", _padding(g), g.const(0.0, np_dtype), g.const(mask_fill, np_dtype))
         scores = g.op("Add", scores, additive)
     y = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
     merged = g.op("Reshape", g.op("Transpose", y, perm=[0, 2, 1, 3]), g.const([0, 0, hidden], np.int64))
+    if out_proj:
+        projected = g.op("MatMul", merged, g.const((rng.standard_normal((hidden, hidden)) / hidden ** 0.5).astype(np_dtype)))
+        bo = g.const(rng.standard_normal(hidden).astype(np_dtype) * 0.5)
+        if out_proj == "add":
+            merged = g.op("Add", projected, bo)
+        else:
+            gamma, beta = (g.const(rng.standard_normal(hidden).astype(np_dtype)) for _ in range(2))
+            g.n += 1
+            merged = f"skip_ln_{g.n}"
+            g.nodes.append(helper.make_node(
+                "SkipLayerNormalization", [projected, "x", gamma, beta] + ([bo] if out_proj == "skip_ln" else []),
+                [merged], name=merged, domain="com.microsoft", epsilon=1e-5))
     g.nodes.append(helper.make_node("Identity", [merged], ["out"], name="out"))
     outputs.insert(0, helper.make_tensor_value_info("out", dtype, ["B", "S", hidden]))
     graph = helper.make_graph(g.nodes, "encoder", inputs, outputs, initializer=g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11 if split == "attribute" else 17)])
+    opsets = [helper.make_opsetid("", 11 if split == "attribute" else 17)]
+    if out_proj and out_proj != "add":
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
     return model
 

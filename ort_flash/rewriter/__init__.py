@@ -16,7 +16,9 @@ Two stages, each a set of onnxscript pattern rules (pattern / check / rewrite, o
    and present_key / present_value outputs), ``causal_mask`` (a materialized causal / padding mask becomes is_causal and a (B, 1, 1, S)
    mask, proven by ``mask_analysis``), ``layout_3d`` (the head split/merge Transposes become the
    op's 3-D layout), ``packed_qkv`` (self-attention's three projections of one input become one
-   MatMul whose output the op reads as packed QKV).
+   MatMul whose output the op reads as packed QKV), ``bias_fold`` (a packed QKV's K bias goes and
+   its V bias moves into the output projection's, so that only Q keeps a bias Add; the op reads
+   K and V as packed KV).
 
 The input is never changed: the rules run on a copy (carrying inferred shapes, which the
 rules need to prove a fusion safe), and the output keeps the original graph inputs, outputs,
@@ -41,8 +43,8 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_flash.rewriter import (
-    causal_mask, flash_op, kv_cache, layout_3d, matmul_softmax_attention, ms_multihead_attention,
-    onnx_attention, packed_qkv, repeat_kv, sdpa_attention,
+    bias_fold, causal_mask, flash_op, kv_cache, layout_3d, matmul_softmax_attention,
+    ms_multihead_attention, onnx_attention, packed_qkv, repeat_kv, sdpa_attention,
 )
 from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.model_io import ModelLoadError, load_model
@@ -61,7 +63,7 @@ __all__ = [
 FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihead_attention)
 # Refinements, applied in this order to every FlashAttention node: each proves a cheaper form
 # (fewer K/V heads, is_causal instead of a materialized mask, no transposes) of the same function.
-REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d, packed_qkv)
+REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d, packed_qkv, bias_fold)
 # The families whose rules() take exact_masked_rows (rewrite's option of the same name).
 _EXACT_OPTION = (matmul_softmax_attention, causal_mask)
 
@@ -112,10 +114,12 @@ def rewrite(
     graphs = list(where.labels)
     dead_before = {n for g in graphs for n in _dead_nodes(g)}
     used_initializers = {g: {n for n, v in g.initializers.items() if v.uses()} for g in graphs}
+    initial_initializers = {g: set(g.initializers) for g in graphs}
     fusions = [inst for family in FUSIONS for inst in _family_rules(family, exact_masked_rows)]
     count = pattern.RewriteRuleSet([_as_rule(i, where) for i in fusions],
                                    commute=True).apply_to_model(model)
     refinements = []
+    where.fused = {qualified(f.graph, f.fused_node) for inst in fusions for f in inst.fused}
     for family in REFINEMENTS:
         # What the previous rules left dead would look like other uses of the values they read.
         _remove_new_dead_nodes(model, dead_before, used_initializers)
@@ -126,6 +130,11 @@ def rewrite(
             if inst.family == family.FAMILY:
                 refinements.append(inst)
     _remove_new_dead_nodes(model, dead_before, used_initializers)
+    # Initializers a rule wrote that a later rule replaced (packed_qkv's packed weights after bias_fold).
+    for graph, names in initial_initializers.items():
+        for name in [n for n, v in graph.initializers.items() if n not in names and not v.uses()
+                     and not v.is_graph_input() and not v.is_graph_output()]:
+            graph.initializers.pop(name)
 
     report = _report(model, fusions, refinements, where)
     report.shape_inference = shape_inference
@@ -152,6 +161,9 @@ class _Where:
         self.graph = ""
         self.applied: dict[int, list[tuple[str, dict]]] = {}  # id(rule) -> (node key, changes)
         self.declined: dict[int, dict[str, str]] = {}  # id(rule) -> node key -> reason
+        # Node keys of the FlashAttention nodes this run's fusions wrote: refinements touch only
+        # those (a node an earlier rewrite wrote is left as it is, and not in the report).
+        self.fused: set[str] | None = None
 
     def label(self, graph) -> str:
         return self.labels.get(graph, getattr(graph, "name", None) or "<function>")
@@ -165,6 +177,8 @@ def _as_rule(instance: pattern.RewriteRuleClassBase, where: _Where) -> pattern.R
         where.graph = where.label(context.graph_or_function)
         records = getattr(instance, "declined", None)
         node = instance.flash_node(context) if records is not None else None
+        if node is not None and where.fused is not None and qualified(where.graph, node.name) not in where.fused:
+            return pattern.MatchResult().fail("not fused by this rewrite", node)
         if node is not None:
             records.pop(node.name, None)
         result = instance.check(context, **bindings)
@@ -242,6 +256,8 @@ def _worth_reporting(family: str, reason: str) -> bool:
     """A refinement that had nothing to do is not a decline."""
     if family == packed_qkv.FAMILY:
         return not reason.startswith(packed_qkv.NOTHING_TO_DO)
+    if family == bias_fold.FAMILY:
+        return not reason.startswith(bias_fold.NOTHING_TO_DO)
     return not (family == causal_mask.FAMILY and reason in (
         "the node is already causal", "the mask is already a compact key-padding mask"))
 

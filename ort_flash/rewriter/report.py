@@ -30,7 +30,9 @@ class FusedSubgraph:
     mask: str  # "none", "additive (B,1,S,S)", "bool (B,1,1,S)", ... : kind and shape of attn_mask
     scale: float
     kv_heads: int | str = "?"  # Hkv as the op sees it (fewer than heads after repeat_kv)
-    layout: str = "BNSH"  # "BNSH" (4-D inputs), "BSD" (3-D inputs with head attributes) or "packed" (3-D packed QKV)
+    # "BNSH" (4-D inputs), "BSD" (3-D inputs with head attributes), "packed" (3-D packed QKV) or
+    # "packed KV" (3-D Q and packed KV, after bias_fold)
+    layout: str = "BNSH"
     refined_by: list[str] = dataclasses.field(default_factory=list)  # later rules applied to it
     cache: str = ""  # "past/present" where a KV cache's Concat became the op's past/present
     note: str = ""  # where the fused node is not equal bit for bit, what differs
