@@ -27,9 +27,9 @@ The order is not free (found on the e2e benchmark's BERT, GPT-2 and LLaMA export
 * EmbedLayerNormalization (BERT) is left on: with no fused Attention node it can only take its
   "no mask" form (the mask index it computes is handed to fused Attention nodes only), so the
   mask the rewriter reads stays as exported. With attention fusion off, ONNX Runtime's check for
-  an attention-like subgraph after the embeddings may also decline it (the TorchScript BERT
-  export reads the embeddings' shape for its mask): the embeddings then keep a plain
-  LayerNormalization.
+  an attention-like subgraph after the embeddings declines it on the TorchScript BERT export,
+  whose head reshapes read the embeddings' shape: ``_fuse_embeddings`` runs the same fusion
+  with those Shape readers set aside.
 
 Whatever ONNX Runtime's fusions do to the model is theirs (the e2e benchmark verifies the result
 against the original export). Two seen on LLaMA-style models: its RotaryEmbedding fusion of some
@@ -93,6 +93,8 @@ def optimize(model_or_path: onnx.ModelProto | str | os.PathLike, model_type: str
         with _quiet_about_heads():
             opt = optimize_model(model, model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
                                  optimization_options=options, opt_level=0, use_gpu=use_gpu)
+        if model_type == "bert" and not opt.get_nodes_by_op_type("EmbedLayerNormalization"):
+            _fuse_embeddings(opt)
         fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
         if float16:
             opt.convert_float_to_float16(keep_io_types=True)
@@ -112,6 +114,29 @@ def rewrite(model_or_path: onnx.ModelProto | str | os.PathLike, model_type: str,
     result = flash_rewrite(opt.model, **rewrite_options)
     return OrtFusionsResult(model=result.model, report=result.report, model_type=model_type,
                             ort_fused=fused, float16=float16)
+
+
+def _fuse_embeddings(opt) -> None:
+    """ONNX Runtime's EmbedLayerNormalization fusion (its "no mask" form), where the optimizer
+    declined it only because its attention fusion is off: its check that an attention follows
+    the embeddings accepts the three projections and the residual SkipLayerNormalization, but not
+    the Shape nodes that TorchScript's BERT export hangs on the embeddings for its head reshapes
+    (ONNX Runtime's attention fusion removes them first). A Shape reads no values, so the check
+    runs here with them set aside; everything else is the optimizer's own fusion."""
+    from onnxruntime.transformers.fusion_embedlayer import FusionEmbedLayerNoMask
+
+    class ShapeReadersAside(FusionEmbedLayerNoMask):
+        def check_attention_subgraph(self, layernorm, input_name_to_nodes, is_distil_bert):
+            if super().check_attention_subgraph(layernorm, input_name_to_nodes, is_distil_bert):
+                return True
+            children = input_name_to_nodes.get(layernorm.output[0], [])
+            if is_distil_bert or not any(c.op_type == "Shape" for c in children):
+                return False
+            rest = sorted(c.op_type for c in children if c.op_type != "Shape")
+            return rest in (["MatMul", "MatMul", "MatMul", "SkipLayerNormalization"], ["Add", "MatMul", "MatMul", "MatMul"])
+
+    ShapeReadersAside(opt).apply()
+    opt.topological_sort()
 
 
 def _import_contrib_domain(model: onnx.ModelProto) -> None:
