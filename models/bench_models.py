@@ -115,9 +115,17 @@ def _base_model(spec: ModelSpec):
 
     torch.manual_seed(SEED)
     if spec.family == "bert":
-        return transformers.BertModel(_config(spec), add_pooling_layer=False)
-    cls = {"gpt2": transformers.GPT2Model, "llama": transformers.LlamaModel}[spec.family]
-    return cls(_config(spec))
+        model = transformers.BertModel(_config(spec), add_pooling_layer=False)
+    else:
+        cls = {"gpt2": transformers.GPT2Model, "llama": transformers.LlamaModel}[spec.family]
+        model = cls(_config(spec))
+    # transformers initializes biases to zero; a trained checkpoint's are not, and a rewrite may
+    # not profit from zeros (an Add of zeros it could drop): random biases, as trained ones.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.02)
+    return model
 
 
 def build_torch_model(spec: ModelSpec, dtype: str = "float16", device: str = "cpu"):
@@ -169,7 +177,7 @@ def cache_key(spec: ModelSpec, dtype: str, cache: bool = False) -> str:
     import transformers
 
     recipe = [dataclasses.asdict(spec), dtype, OPSET, IR_VERSION, SEED, torch.__version__,
-              transformers.__version__]
+              transformers.__version__, {"biases": "random"}]
     if cache:  # the uncached exports keep the keys they had before cached steps existed
         recipe.append({"cache": True, "revision": CACHED_STEP_REVISION})
     blob = json.dumps(recipe, sort_keys=True)

@@ -7,6 +7,7 @@ CUPTI sees every kernel the process launches (ONNX Runtime's cuBLAS and fused ke
 ort_flash cubins launched through the driver API) with its device start and end.
 
     python tools/e2e_kernels.py --model bert-base --layers 4 --shapes 8x512p 1x2048 1x4096 --out kernels.json
+    python tools/e2e_kernels.py ... --without bias_fold packed_qkv,bias_fold   # same-run A/B of those steps
 
 Run on the GPU machine with onnxruntime-gpu and the ort_flash build importable (tools/gpu_env.sh).
 """
@@ -71,22 +72,26 @@ def kernels_per_run(timer, runs: int) -> tuple[dict[str, float], int]:
     return dict(per), launches // runs
 
 
-def unpacked(bm, spec, packed_path: pathlib.Path) -> pathlib.Path:
-    """ort_flash_opt as the rewriter wrote it before packed_qkv: the same recipe with that
-    refinement left out of the rewriter's list for this one rewrite."""
+def ablated(bm, spec, flash_opt_path: pathlib.Path, without: tuple[str, ...]) -> pathlib.Path:
+    """ort_flash_opt as the recipe writes it without some of its steps, for a same-run A/B:
+    ``without`` names rewriter refinement families (``packed_qkv``, ``bias_fold``, ...) left out
+    of the rewriter's list for this one rewrite, and/or ``embed`` (ort_fusions' EmbedLayerNormalization
+    step after ONNX Runtime's optimizer declined it)."""
     from ort_flash import ort_fusions, rewriter
     from ort_flash.bench.e2e_suite import OPTIMIZER_TYPE
 
-    fp32 = packed_path.with_name("model.onnx")
-    saved = rewriter.REFINEMENTS
-    rewriter.REFINEMENTS = tuple(r for r in saved if r.FAMILY != "packed_qkv")
+    fp32 = flash_opt_path.with_name("model.onnx")
+    saved, saved_embed = rewriter.REFINEMENTS, ort_fusions._fuse_embeddings
+    rewriter.REFINEMENTS = tuple(r for r in saved if r.FAMILY not in without)
+    if "embed" in without:
+        ort_fusions._fuse_embeddings = lambda opt: None
     try:
         result = ort_fusions.rewrite(str(fp32), OPTIMIZER_TYPE[spec.family], float16=True,
                                      num_heads=spec.heads, hidden_size=spec.hidden, use_gpu=True)
     finally:
-        rewriter.REFINEMENTS = saved
-    assert all(f.layout != "packed" for f in result.report.fused)
-    out = packed_path.with_name("model.flashopt.unpacked.onnx")
+        rewriter.REFINEMENTS, ort_fusions._fuse_embeddings = saved, saved_embed
+    assert not set(without) & {family for f in result.report.fused for family in f.refined_by}
+    out = flash_opt_path.with_name(f"model.flashopt.without-{'-'.join(without)}.onnx")
     bm.save(result.model, out)
     return out
 
@@ -101,8 +106,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--variants", nargs="+", default=["ort_flash", "ort_optimizer", "ort_flash_opt"])
     ap.add_argument("--cache-dir", default="/tmp/ort_flash_bench")
-    ap.add_argument("--unpacked", action="store_true",
-                    help="also ort_flash_opt rewritten without the packed_qkv refinement (the A/B of it)")
+    ap.add_argument("--without", nargs="+", default=[], metavar="STEP[,STEP]",
+                    help="also ort_flash_opt made without these steps (rewriter refinement families such as "
+                         "packed_qkv or bias_fold, or embed: the EmbedLayerNormalization step), one variant per "
+                         "argument, for a same-run A/B, e.g. --without bias_fold bias_fold,embed packed_qkv,bias_fold")
     ap.add_argument("--out", type=pathlib.Path)
     args = ap.parse_args()
 
@@ -120,10 +127,16 @@ def main() -> None:
     result = {"model": args.model, "layers": args.layers, "runs": args.runs,
               "fused": info.get("attention_nodes"), "verify": (info.get("ort_flash_opt") or {}).get("verify"),
               "rows": []}
-    if args.unpacked:
-        paths["ort_flash_opt_unpacked"] = unpacked(bm, spec, paths["ort_flash_opt"])
-    sessions = {v: e2e_suite.open_session("cuda", v.removesuffix("_unpacked"), paths[v])
-                for v in [*args.variants, *(["ort_flash_opt_unpacked"] if args.unpacked else [])] if v in paths}
+    ablations = {}
+    for arg in args.without:
+        without = tuple(arg.split(","))
+        name = "ort_flash_opt-" + "-".join(without)
+        paths[name] = ablated(bm, spec, paths["ort_flash_opt"], without)
+        ablations[name] = {"without": list(without),
+                           "verify": e2e_suite.check("cuda", paths["original"], paths[name])}
+    result["ablations"] = ablations
+    sessions = {v: e2e_suite.open_session("cuda", v.split("-")[0], paths[v])
+                for v in [*args.variants, *ablations] if v in paths}
     for shape in args.shapes:
         padded = shape.endswith("p")
         batch, s = (int(x) for x in shape.rstrip("p").split("x"))
