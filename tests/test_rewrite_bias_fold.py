@@ -47,7 +47,7 @@ def test_k_bias_dropped_v_bias_folded_into_the_output_bias(kwargs):
     model = encoder_model(**kwargs)
     result = _rewritten(model)
     (fused,) = result.report.fused
-    assert fused.layout == "packed KV" and fused.refined_by[-2:] == ["packed_qkv", "bias_fold"], fused
+    assert fused.layout == "packed KV" and fused.refined_by[-3:] == ["packed_qkv", "bias_fold", "merge_reshape"], fused
     node = _flash(result.model)
     assert node.input[1] and (len(node.input) < 3 or not node.input[2]), node  # K given, V omitted
     ops = _ops(result.model)

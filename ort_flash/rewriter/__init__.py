@@ -18,7 +18,8 @@ Two stages, each a set of onnxscript pattern rules (pattern / check / rewrite, o
    op's 3-D layout), ``packed_qkv`` (self-attention's three projections of one input become one
    MatMul whose output the op reads as packed QKV), ``bias_fold`` (a packed QKV's K bias goes and
    its V bias moves into the output projection's, so that only Q keeps a bias Add; the op reads
-   K and V as packed KV).
+   K and V as packed KV), ``merge_reshape`` (Reshapes after the node that give back its Y's shape
+   go, with the shape arithmetic that fed them).
 
 The input is never changed: the rules run on a copy (carrying inferred shapes, which the
 rules need to prove a fusion safe), and the output keeps the original graph inputs, outputs,
@@ -44,7 +45,7 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_flash.rewriter import (
     bias_fold, causal_mask, flash_op, kv_cache, layout_3d, matmul_softmax_attention,
-    ms_multihead_attention, onnx_attention, packed_qkv, repeat_kv, sdpa_attention,
+    merge_reshape, ms_multihead_attention, onnx_attention, packed_qkv, repeat_kv, sdpa_attention,
 )
 from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.model_io import ModelLoadError, load_model
@@ -63,7 +64,7 @@ __all__ = [
 FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihead_attention)
 # Refinements, applied in this order to every FlashAttention node: each proves a cheaper form
 # (fewer K/V heads, is_causal instead of a materialized mask, no transposes) of the same function.
-REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d, packed_qkv, bias_fold)
+REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d, packed_qkv, bias_fold, merge_reshape)
 # The families whose rules() take exact_masked_rows (rewrite's option of the same name).
 _EXACT_OPTION = (matmul_softmax_attention, causal_mask)
 
@@ -258,6 +259,8 @@ def _worth_reporting(family: str, reason: str) -> bool:
         return not reason.startswith(packed_qkv.NOTHING_TO_DO)
     if family == bias_fold.FAMILY:
         return not reason.startswith(bias_fold.NOTHING_TO_DO)
+    if family == merge_reshape.FAMILY:  # declined, the Reshapes stay: views, on the GPU no kernel
+        return False
     return not (family == causal_mask.FAMILY and reason in (
         "the node is already causal", "the mask is already a compact key-padding mask"))
 
