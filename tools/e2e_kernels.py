@@ -103,7 +103,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["1x512", "1x2048"],
                     help="BxS per run; a trailing p pads the batch as a tokenizer would (row 0 full, the "
                          "others right-padded to a length drawn from [S/2, S]), e.g. 8x512p")
-    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=10, help="runs profiled per variant (the kernel sums)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per shape (the wall medians)")
     ap.add_argument("--variants", nargs="+", default=["ort_flash", "ort_optimizer", "ort_flash_opt"])
     ap.add_argument("--cache-dir", default="/tmp/ort_flash_bench")
     ap.add_argument("--without", nargs="+", default=[], metavar="STEP[,STEP]",
@@ -150,7 +151,7 @@ def main() -> None:
             feeds.append({"input_ids": rng.integers(1, spec.vocab, (batch, s), dtype=np.int64),
                           "attention_mask": mask})
         timers = {v: SessionTimer(sess, feeds, "cuda") for v, sess in sessions.items()}
-        walls = dict(zip(timers, interleaved_medians(list(timers.values()), 15, warmup=3)))
+        walls = dict(zip(timers, interleaved_medians(list(timers.values()), args.rounds, warmup=3)))
         print(f"\n{args.model} L{args.layers} {shape}: median wall ms "
               + ", ".join(f"{v} {ms:.3f}" for v, ms in walls.items()))
         for v, timer in timers.items():
