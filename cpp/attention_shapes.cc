@@ -194,22 +194,30 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
 
 namespace {
 
+// What both packed forms ask first: no KV cache (present = past ++ new needs K and V apart) and
+// the head attributes (the 3-D layout's); `form` names the form in the messages.
+Status packed_heads(const Checker& c, const Attributes& attrs, const InputDesc (&in)[kNumInputs],
+                    const std::string& form, AttentionDims* out) {
+  if (in[kPastKey].present || in[kPastValue].present) {
+    return c.fail(in[kPastKey].present ? kPastKey : kPastValue,
+                  "cannot be combined with " + form + ": a KV cache needs K and V inputs");
+  }
+  if (attrs.q_num_heads <= 0 || attrs.kv_num_heads <= 0) {
+    return c.fail_attr(form + " needs the attributes q_num_heads and kv_num_heads (got " +
+                       std::to_string(attrs.q_num_heads) + ", " + std::to_string(attrs.kv_num_heads) + ")");
+  }
+  out->hq = attrs.q_num_heads; out->hkv = attrs.kv_num_heads;
+  out->rank = 3;
+  return Status::Ok();
+}
+
 // Packed QKV (K and V omitted): Q is (B, S, (Hq + 2 Hkv) * D), each token's Hq query heads, then
 // its Hkv key heads, then its Hkv value heads, every head D wide (ONNX Runtime's Attention op
 // packs its QKV projection so). Keys are the same tokens as the queries: no KV cache.
 Status validate_packed(const Checker& c, const Attributes& attrs, const InputDesc (&in)[kNumInputs],
                        AttentionDims* out) {
   AttentionDims& r = *out;
-  if (in[kPastKey].present || in[kPastValue].present) {
-    return c.fail(in[kPastKey].present ? kPastKey : kPastValue,
-                  "cannot be combined with packed QKV (K and V omitted): a KV cache needs K and V inputs");
-  }
-  if (attrs.q_num_heads <= 0 || attrs.kv_num_heads <= 0) {
-    return c.fail_attr("packed QKV (K and V omitted) needs the attributes q_num_heads and kv_num_heads (got " +
-                       std::to_string(attrs.q_num_heads) + ", " + std::to_string(attrs.kv_num_heads) + ")");
-  }
-  r.hq = attrs.q_num_heads; r.hkv = attrs.kv_num_heads;
-  r.rank = 3;
+  ORT_FLASH_RETURN_IF_ERROR(packed_heads(c, attrs, in, "packed QKV (K and V omitted)", &r));
   if (!in[kQ].rank_known) return Status::Ok();
   const auto& qs = in[kQ].shape;
   const int64_t heads = r.hq + 2 * r.hkv;
@@ -235,16 +243,7 @@ Status validate_packed(const Checker& c, const Attributes& attrs, const InputDes
 Status validate_kv_packed(const Checker& c, const Attributes& attrs, const InputDesc (&in)[kNumInputs],
                           AttentionDims* out) {
   AttentionDims& r = *out;
-  if (in[kPastKey].present || in[kPastValue].present) {
-    return c.fail(in[kPastKey].present ? kPastKey : kPastValue,
-                  "cannot be combined with packed KV (V omitted): a KV cache needs K and V inputs");
-  }
-  if (attrs.q_num_heads <= 0 || attrs.kv_num_heads <= 0) {
-    return c.fail_attr("packed KV (V omitted) needs the attributes q_num_heads and kv_num_heads (got " +
-                       std::to_string(attrs.q_num_heads) + ", " + std::to_string(attrs.kv_num_heads) + ")");
-  }
-  r.hq = attrs.q_num_heads; r.hkv = attrs.kv_num_heads;
-  r.rank = 3;
+  ORT_FLASH_RETURN_IF_ERROR(packed_heads(c, attrs, in, "packed KV (V omitted)", &r));
   if (!in[kQ].rank_known || !in[kK].rank_known) return Status::Ok();
   const auto& qs = in[kQ].shape;
   const auto& ks = in[kK].shape;

@@ -125,7 +125,8 @@ def markdown(rows: list[dict], seconds: float) -> str:
         "with the default, which keeps finite (finfo.min) causal + padding masks whole so that "
         "left-padded query rows stay exact; `heads q/kv` after repeat_kv is absorbed; `BSD` how many use the 3-D layout (no "
         "Transposes around the op), in brackets how many of those read packed QKV (one MatMul of "
-        "the three projections, `packed_qkv`); `verify` is `ort_flash.verify` on the CPU EP (seed 0, batch "
+        "the three projections, `packed_qkv`) or, Q apart, packed KV (K's bias dropped and V's folded "
+        "into the output projection's, `bias_fold`); `verify` is `ort_flash.verify` on the CPU EP (seed 0, batch "
         "2, sequence 37, past 12, right-padded masks), largest absolute error over all outputs.",
         "",
         "| family | exporter | attn | dtype | attention layers | fused | past | causal | heads q/kv "
@@ -155,10 +156,12 @@ def markdown(rows: list[dict], seconds: float) -> str:
 
 
 def _three_d(layouts: dict) -> str:
-    """The 3-D layout count, packed QKV (itself 3-D) in brackets where any."""
-    packed = layouts.get("packed", 0)
-    total = layouts.get("BSD", 0) + packed
-    return f"{total} ({packed} packed)" if packed else str(total)
+    """The 3-D layout count, packed QKV and packed KV (themselves 3-D) in brackets where any."""
+    packed, kv = layouts.get("packed", 0), layouts.get("packed KV", 0)
+    total = layouts.get("BSD", 0) + packed + kv
+    parts = [f"{packed} packed QKV" if packed else "", f"{kv} packed KV" if kv else ""]
+    inner = ", ".join(p for p in parts if p)
+    return f"{total} ({inner})" if inner else str(total)
 
 
 def _cell(text: str) -> str:

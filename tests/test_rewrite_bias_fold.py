@@ -14,19 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxscript.rewriter import pattern
 
 from ort_flash.rewriter import bias_fold, rewrite
-from ort_flash.verify import verify
-from test_rewrite_packed_qkv import _flash, _ops, encoder_model
+from test_rewrite_packed_qkv import _flash, _ops, _verified, encoder_model
 
 F16 = TensorProto.FLOAT16
-
-
-def _rewritten(model, **feeds):
-    result = rewrite(model)
-    assert result.report.total_fused == 1, result.report.format_table()
-    onnx.checker.check_model(result.model, full_check=True)
-    check = verify(model, result.model, seq_len=11, batch=3, seed=0, **feeds)
-    assert check.passed, check.format_table()
-    return result
 
 
 def _declined(result) -> str:
@@ -45,7 +35,7 @@ def _declined(result) -> str:
 ], ids=["add", "skip_ln", "skip_ln_no_bias", "fp16_d64", "gqa", "no_mask", "finfo_mask", "bias_only_q"])
 def test_k_bias_dropped_v_bias_folded_into_the_output_bias(kwargs):
     model = encoder_model(**kwargs)
-    result = _rewritten(model)
+    result = _verified(model)
     (fused,) = result.report.fused
     assert fused.layout == "packed KV" and fused.refined_by[-3:] == ["packed_qkv", "bias_fold", "merge_reshape"], fused
     node = _flash(result.model)
@@ -61,7 +51,7 @@ def test_k_bias_dropped_v_bias_folded_into_the_output_bias(kwargs):
 
 def test_folded_bias_is_bo_plus_bv_times_wo():
     model = encoder_model(out_proj="add", kv_heads=2)
-    result = _rewritten(model)
+    result = _verified(model)
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     new = {i.name: numpy_helper.to_array(i) for i in result.model.graph.initializer}
     (out_add,) = [n for n in result.model.graph.node if n.op_type == "Add" and "out_bias" in "".join(n.input)]
@@ -75,7 +65,7 @@ def test_folded_bias_is_bo_plus_bv_times_wo():
 
 
 def test_declines_without_an_output_projection():
-    result = _rewritten(encoder_model())
+    result = _verified(encoder_model())
     (fused,) = result.report.fused
     assert fused.layout == "packed", fused
     assert "does not feed an output projection MatMul" in _declined(result)

@@ -11,25 +11,15 @@ import onnx
 from onnx import helper
 
 from ort_flash.rewriter import rewrite
-from ort_flash.verify import verify
-from test_rewrite_packed_qkv import encoder_model
+from test_rewrite_packed_qkv import _verified, encoder_model
 
 
 def _ops(model):
     return collections.Counter(n.op_type for n in model.graph.node)
 
 
-def _rewritten(model):
-    result = rewrite(model)
-    assert result.report.total_fused == 1, result.report.format_table()
-    onnx.checker.check_model(result.model, full_check=True)
-    check = verify(model, result.model, seq_len=11, batch=3, seed=0)
-    assert check.passed, check.format_table()
-    return result
-
-
 def test_split_and_merge_of_the_heads_go():
-    result = _rewritten(encoder_model(out_proj="add"))
+    result = _verified(encoder_model(out_proj="add"))
     (fused,) = result.report.fused
     assert fused.refined_by[-1] == "merge_reshape", fused
     assert _ops(result.model)["Reshape"] == 0, _ops(result.model)
@@ -55,7 +45,7 @@ def test_the_merge_read_from_shape_nodes_goes_with_them():
     for k, node in enumerate(extra):
         model.graph.node.insert(index + k, node)
     merge.input[1] = "merge_shape"
-    result = _rewritten(model)
+    result = _verified(model)
     ops = _ops(result.model)
     assert ops["Reshape"] == 0 and ops["Shape"] == 0 and ops["Concat"] == 0, ops
 
