@@ -119,12 +119,25 @@ def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
     return sig, attrs, names
 
 
+# ptxas's options on top of Triton's (which passes -lineinfo): -suppress-debug-info keeps the line
+# tables and the PTX text that -lineinfo embeds out of the cubin. The machine code (.text) and the
+# kernel's attributes are byte for byte those of a build without it; each cubin is a third of the
+# size (the PTX text was 58 % of the 448 cubins' 205 MB), and so are the library, the pybind11
+# module that embeds the same table and the wheel that ships both (docs/build-time.md, "Packaging").
+PTXAS_OPTIONS = "-suppress-debug-info"
+
+
+def compile_options(cfg: TileConfig) -> dict:
+    """triton.compile's options for a tile (the warp-specialized Gluon kernel adds maxnreg)."""
+    return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "ptx_options": PTXAS_OPTIONS}
+
+
 def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
     """(source, options, argument names, signature, constexprs) that triton.compile takes for a variant."""
     from triton.compiler import ASTSource
 
     sig, attrs, names = signature(v, cfg)
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    options = compile_options(cfg)
     if v.kind == "fwd_gluon":
         constexprs = {"BLOCK_M": cfg.block_m // cfg.tiles, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
                       "NUM_STAGES": cfg.num_stages}

@@ -205,9 +205,14 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
             return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, tiles[0] if tiles else 1, v.mask)
         return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
     if v.dtype == "fp32":
+        # IEEE dots run on the CUDA cores, each thread's share of the tile unrolled into FMAs: at 4
+        # warps they spilled 1-13 KB a thread (d64-d256), compiled 2-3x slower and ran 1.03-6.6x
+        # slower than at 8 on the H200 (docs/build-time.md, "Spilling tiles"). Head dim 32 (no
+        # spills; 8 warps ran 4-13 % slower) and TF32 dots (tensor cores) keep 4.
+        warps = 8 if v.precision == "ieee" and v.head_dim >= 64 else 4
         if v.head_dim >= 256:
-            return TileConfig(32, 32, 4, 1)
-        return TileConfig(64, 32, 4, 2 if v.head_dim <= 64 else 1)
+            return TileConfig(32, 32, warps, 1)
+        return TileConfig(64, 32, warps, 2 if v.head_dim <= 64 else 1)
     if v.head_dim >= 256:
         return TileConfig(64, 32, 4, 1 if arch < 90 else 2)
     if v.kind == "fwd_tma":  # tuned by experiments/tune.py --tma / --masked on the H200 (docs/perf-notes.md)
@@ -220,6 +225,8 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
             raise ValueError(f"{v.name}: no TMA_TILES entry for causal={v.tile_causal}, "
                              f"min length {v.tile_min_len}")
         return TileConfig(64, 64, 4, 2) if v.head_dim <= 64 else TileConfig(64, 64, 4, 3)
+    if v.head_dim <= 64 and spilling_full_mask(v):
+        return TileConfig(128, 64, 8, 3)
     if arch >= 90:  # tuned by experiments/tune.py on the H200 (docs/perf-notes.md, 2026-11-29)
         if v.head_dim <= 64:
             return TileConfig(128, 64, 4, 3)
@@ -227,6 +234,15 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
     if v.head_dim <= 64:
         return TileConfig(128, 64, 4, 3)
     return TileConfig(128, 32, 8, 2)
+
+
+def spilling_full_mask(v: Variant) -> bool:
+    """A rare-class (superset) forward variant with a full mask tile: at head dims 32 and 64 its
+    128-row tile on 4 warps spilled 2-6 KB a thread (the mask tile, the extras and two interior
+    loops in registers) and was the slowest compile of the build; on 8 warps it spills a tenth of
+    that and compiles 2-3x faster (docs/build-time.md, "Spilling tiles")."""
+    return (v.kind == "fwd" and v.dtype != "fp32" and v.mask != "none" and not v.mask_keys
+            and not is_hot(v.kind, v.dtype, v.head_dim, v.even_d))
 
 
 def tma_tile(head_dim: int, causal: bool, length: int, extras: bool = False) -> TileConfig:

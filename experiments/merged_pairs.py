@@ -146,13 +146,23 @@ AB_CALLS = CALLS + [
     Call("fp16 d80 softcap key mask", "fp16", 4, 12, 12, 1531, 1531, 80, mask="add", softcap=30.0),
     Call("fp16 d64m full mask", "fp16", 4, 12, 12, 1031, 1031, 48, mask="bool", mask_rows=True),
     Call("bf16 d128m full mask causal", "bf16", 2, 8, 8, 1031, 1031, 96, causal=True, mask="add", mask_rows=True),
+    # The tiles of docs/build-time.md "Spilling tiles": fp32 IEEE at every head dim, fp16/bf16 full
+    # masks at head dims 32 and 64 (inexact ones among them).
+    Call("fp32 d128", "fp32", 2, 8, 8, 1000, 1000, 128),
+    Call("fp32 d128 full mask causal", "fp32", 2, 8, 8, 1000, 1000, 128, causal=True, mask="bool", mask_rows=True),
+    Call("fp32 d96 key mask", "fp32", 2, 8, 8, 777, 777, 96, mask="add"),
+    Call("fp32 d256 gqa", "fp32", 2, 8, 4, 777, 777, 256),
+    Call("fp32 d256 full mask causal", "fp32", 2, 8, 8, 777, 777, 256, causal=True, mask="add", mask_rows=True),
+    Call("fp16 d32 full mask", "fp16", 4, 16, 16, 1531, 1531, 32, mask="add", mask_rows=True),
+    Call("bf16 d32 full mask causal", "bf16", 4, 16, 16, 1531, 1531, 32, causal=True, mask="bool", mask_rows=True),
+    Call("bf16 d40 full mask causal", "bf16", 4, 12, 12, 1031, 1031, 40, causal=True, mask="add", mask_rows=True),
 ]
 
 
 def ab_pairs(before_source: str, calls=AB_CALLS, arch: int = ARCH) -> list[Pair]:
     """Each call's variant in today's table, compiled from the folder `before_source` (another
-    version of aot/flash_fwd.py and aot/flash_decode.py) and from aot/: the calls whose variant
-    compiles with EDGE_LOOP."""
+    version of aot/flash_fwd.py, aot/flash_decode.py and/or aot/variants.py: the kernels, the
+    tiles) and from aot/: the calls whose variant compiles with EDGE_LOOP."""
     table = _table(V.all_variants(), arch)
     pairs = []
     for c in calls:
@@ -165,26 +175,41 @@ def ab_pairs(before_source: str, calls=AB_CALLS, arch: int = ARCH) -> list[Pair]
 _MODULES: dict = {}
 
 
-def kernel_fn(v: V.Variant, folder: str | None):
-    """The JIT function v compiles from: aot/'s, or that of the kernel file of its kind in `folder`
-    (flash_fwd.py: flash_fwd; flash_decode.py: flash_decode_split, whose imports from flash_fwd
-    resolve to aot/'s, as they do in the build)."""
-    if folder is None:
-        return build.KERNELS[v.kind]
-    name, fn = {"fwd": ("flash_fwd", "flash_fwd"), "decode": ("flash_decode", "flash_decode_split")}[v.kind]
+def _folder_module(folder: str, name: str):
+    """`folder`/`name`.py imported under a name of its own (None where the folder has no such file)."""
     path = str(Path(folder) / f"{name}.py")
+    if not Path(path).exists():
+        return None
     if path not in _MODULES:
         import importlib.util
         spec = importlib.util.spec_from_file_location(f"{name}_ab{len(_MODULES)}", path)
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up there
         spec.loader.exec_module(mod)
         _MODULES[path] = mod
-    return getattr(_MODULES[path], fn)
+    return _MODULES[path]
 
 
-def constexprs(v: V.Variant, arch: int, edge: bool) -> dict:
+def kernel_fn(v: V.Variant, folder: str | None):
+    """The JIT function v compiles from: aot/'s, or that of the kernel file of its kind in `folder`
+    (flash_fwd.py: flash_fwd; flash_decode.py: flash_decode_split, whose imports from flash_fwd
+    resolve to aot/'s, as they do in the build); aot/'s where the folder has no such file."""
+    name, fn = {"fwd": ("flash_fwd", "flash_fwd"), "decode": ("flash_decode", "flash_decode_split"),
+                "combine": ("flash_decode", "flash_decode_combine")}[v.kind]
+    mod = _folder_module(folder, name) if folder is not None else None
+    return build.KERNELS[v.kind] if mod is None else getattr(mod, fn)
+
+
+def fwd_config(v: V.Variant, arch: int, folder: str | None = None) -> V.TileConfig:
+    """The tile v compiles and launches with: aot/variants.py's, or that of a variants.py in `folder`
+    (an A/B of two tile tables; its get_fwd_config reads only the variant's fields)."""
+    mod = _folder_module(folder, "variants") if folder is not None else None
+    return V.get_fwd_config(arch, v) if mod is None else mod.get_fwd_config(arch, v)
+
+
+def constexprs(v: V.Variant, arch: int, edge: bool, folder: str | None = None) -> dict:
     """The constexprs aot/build.py's _compile_one gives v (tests check they match), EDGE_LOOP as asked."""
-    cfg = V.get_fwd_config(arch, v)
+    cfg = fwd_config(v, arch, folder)
     if v.kind == "combine":
         return {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
     c = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim, "BLOCK_DV": v.head_dim,
@@ -202,10 +227,10 @@ def source(v: V.Variant, arch: int, edge: bool, folder: str | None = None):
     """(ASTSource, compile options, parameter names, signature) as aot/build.py compiles v (from
     the kernel files in `folder` where given, kernel_fn)."""
     from triton.compiler import ASTSource
-    cfg = V.get_fwd_config(arch, v)
+    cfg = fwd_config(v, arch, folder)
     sig, attrs, names = build.signature(v, cfg)
-    src = ASTSource(fn=kernel_fn(v, folder), signature=sig, constexprs=constexprs(v, arch, edge), attrs=attrs)
-    return src, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, names, sig
+    src = ASTSource(fn=kernel_fn(v, folder), signature=sig, constexprs=constexprs(v, arch, edge, folder), attrs=attrs)
+    return src, build.compile_options(cfg), names, sig
 
 
 def combine_variant(v: V.Variant) -> V.Variant:

@@ -20,7 +20,8 @@ table (call, before us, after us, after/before) and writes JSON.
 the build compiles with EDGE_LOOP (merged_pairs.AB_CALLS: CALLS and calls with a softcap or a full
 mask) runs that one variant compiled from DIR's flash_fwd.py / flash_decode.py (e.g. `git show
 REV:aot/flash_fwd.py > DIR/flash_fwd.py`, the same for flash_decode.py) as "before" and from aot/
-as "after".
+as "after"; a variants.py in DIR (`git show REV:aot/variants.py`) gives the "before" side its tile
+(an A/B of tiles), aot/'s kernel files standing in for the ones DIR lacks.
 
 Needs torch, triton 3.6 and numpy; the repository need not be installed (the script imports aot/
 and ort_flash/reference.py from its checkout).
@@ -52,7 +53,7 @@ import triton.testing  # noqa: E402
 import compile_pool  # noqa: E402
 from flash_decode import merge_round_trips  # noqa: E402
 from merged_pairs import (AB_CALLS, ARCH, CALLS, MAX_DECODE_ROWS, Call, Pair, V, ab_pairs,  # noqa: E402
-                          combine_variant, make_pairs, source)
+                          combine_variant, fwd_config, make_pairs, source)
 from tune import save  # noqa: E402
 from tune_decode import MAX_SPLITS, choose_splits  # noqa: E402
 
@@ -83,7 +84,7 @@ def compile_all(jobs: list, arch: int, workers: int) -> dict:
     """Every (variant, EDGE_LOOP, kernel source folder) compiled on `workers` processes (forked before CUDA
     starts), the costliest first; then loaded here from Triton's cache: {job: CompiledKernel}."""
     from triton.backends.compiler import GPUTarget
-    order = sorted(set(jobs), key=lambda j: -compile_pool.estimated_cost(j[0], arch, V.get_fwd_config(arch, j[0])))
+    order = sorted(set(jobs), key=lambda j: -compile_pool.estimated_cost(j[0], arch, fwd_config(j[0], arch, j[2])))
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
         futs = {pool.submit(_compile, (v, arch, e, folder)): (v, e, folder) for v, e, folder in order}
@@ -151,9 +152,9 @@ def inputs(p: Pair, device) -> dict:
     return t
 
 
-def decode_plan(c: Call, v: V.Variant, sms: int) -> tuple[int, bool]:
+def decode_plan(c: Call, v: V.Variant, sms: int, folder: str | None = None) -> tuple[int, bool]:
     """(KV splits, merge in the split kernel) as cpp/cuda_launch.cc plan_decode chooses them."""
-    cfg = V.get_fwd_config(ARCH, v)
+    cfg = fwd_config(v, ARCH, folder)
     rows = c.hq // c.hkv * c.sq
     splits = choose_splits(c.b * c.hkv * -(-rows // cfg.block_m), c.skv, cfg.block_n, sms)
     fused = 1 < splits <= MAX_FUSED_SPLITS and merge_round_trips(min(cfg.block_m, rows), splits) <= MAX_FUSED_TRIPS
@@ -183,16 +184,17 @@ def _ordered(a: dict, names, sig, name: str) -> list:
     return [a[n] if sig[n] != "constexpr" else None for n in names]
 
 
-def runner(p: Pair, v: V.Variant, kern, comb, t: dict, sms: int):
-    """A closure that runs one call through `kern` (+ the combine kernel where the launcher would)."""
+def runner(p: Pair, v: V.Variant, kern, comb, t: dict, sms: int, folder: str | None = None):
+    """A closure that runs one call through `kern` (+ the combine kernel where the launcher would),
+    at the tile of the table it was compiled from (`folder`'s variants.py, where it has one)."""
     c = p.call
-    _, _, names, sig = source(v, ARCH, False)
-    cfg = V.get_fwd_config(ARCH, v)
+    _, _, names, sig = source(v, ARCH, False, folder)
+    cfg = fwd_config(v, ARCH, folder)
     if v.kind == "fwd":
         run = kern[(triton.cdiv(c.sq, cfg.block_m), c.b * c.hq, 1)]
         args = launch_args(c, v, t, names, sig)
         return lambda: run(*args)
-    splits, fused = decode_plan(c, v, sms)
+    splits, fused = decode_plan(c, v, sms, folder)
     run = kern[(splits, c.b * c.hkv, triton.cdiv(c.hq // c.hkv * c.sq, cfg.block_m))]
     args = launch_args(c, v, t, names, sig, splits, fused)
     if splits == 1 or fused:
@@ -309,7 +311,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=compile_pool.available_cpus(), help="compile processes")
     ap.add_argument("--dry-run", action="store_true", help="print and check the pairs; no GPU")
     ap.add_argument("--before-source", metavar="DIR",
-                    help="A/B: each EDGE_LOOP call's variant compiled from DIR's flash_fwd.py / flash_decode.py and from aot/")
+                    help="A/B: each EDGE_LOOP call's variant compiled from DIR's flash_fwd.py / flash_decode.py "
+                         "(and at DIR's variants.py tiles) and from aot/")
     args = ap.parse_args(argv)
     if args.before_source:
         folder = str(Path(args.before_source).resolve())
@@ -342,7 +345,7 @@ def main(argv=None) -> int:
             torch.manual_seed(seed + i)
             t = inputs(p, "cuda")
             comb = kernels.get((combine_variant(p.after), False, None))
-            sides = [runner(p, j[0], kernels[j], comb, t, sms) for j in p.jobs]
+            sides = [runner(p, j[0], kernels[j], comb, t, sms, j[2]) for j in p.jobs]
             row["check_before"], row["check_after"] = (check(p, fn, t) for fn in sides)
         except Exception as e:  # noqa: BLE001 - a call that cannot run is reported, the others go on
             row["error"] = f"{type(e).__name__}: {e}"[:800]

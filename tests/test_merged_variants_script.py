@@ -216,7 +216,7 @@ def test_main_checks_times_and_writes_every_call(mv, monkeypatch, tmp_path):
     real_inputs = mv.inputs
     monkeypatch.setattr(mv, "inputs", lambda p, device: real_inputs(p, "cpu"))
 
-    def runner(p, v, kern, comb, t, sms):
+    def runner(p, v, kern, comb, t, sms, folder=None):
         wrong = v == p.after and p.call.kind == "decode"
         return lambda: (_exact(p.call, t), t["y"].mul_(2.0) if wrong else None)
 
@@ -267,3 +267,29 @@ def test_ab_pairs_compile_one_variant_from_two_sources(mv, tmp_path):
     t = mv.inputs(small, "cpu")
     assert mv.check(small, lambda: _exact(c, t), t)["ok"]
     assert not mv.check(small, lambda: _exact(dataclasses.replace(c, softcap=0.0), t), t)["ok"]
+
+
+def test_ab_pairs_tile_table_from_folder(mv, tmp_path):
+    """--before-source with a variants.py: the "before" side compiles and launches at that table's
+    tile (here one with 4 warps for every fp32 IEEE tile), aot/'s kernel files standing in for the
+    ones the folder lacks; the "after" side at aot/variants.py's."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "variants.py").write_text((ROOT / "aot" / "variants.py").read_text().replace(
+        'warps = 8 if v.precision == "ieee" and v.head_dim >= 64 else 4', "warps = 4"))
+    pairs = {p.call.label: p for p in mv.ab_pairs(str(old))}
+    p = pairs["fp32 d128"]
+    (vb, eb, pb), (va, ea, pa) = p.jobs
+    src_old, opts_old, _, _ = mv.source(vb, mv.ARCH, eb, pb)
+    src_new, opts_new, _, _ = mv.source(va, mv.ARCH, ea, pa)
+    assert src_old.fn is src_new.fn  # no flash_fwd.py in the folder: aot/'s kernel
+    assert (opts_old["num_warps"], opts_new["num_warps"]) == (4, 8)
+    for folder in (pb, None):
+        kern = mv.Recorder()
+        mv.runner(p, vb, kern, None, mv.inputs(p, "meta"), mv.H200_SMS, folder)()
+        (grid, _), = kern.launches
+        assert grid[0] == -(-p.call.sq // mv.fwd_config(vb, mv.ARCH, folder).block_m)
+    full = pairs["fp16 d32 full mask"]
+    assert mv.fwd_config(full.after, mv.ARCH).num_warps == 8
+    assert mv.fwd_config(full.after, mv.ARCH, pb).num_warps == 8  # that table keeps the new full-mask tile
+
