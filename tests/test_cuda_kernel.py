@@ -26,6 +26,10 @@ CASES = [
     dict(b=2, hq=4, hkv=2, sq=129, skv=65, d=80, dv=48),
     dict(b=1, hq=2, hkv=2, sq=70, skv=130, d=256),
     dict(b=1, hq=2, hkv=1, sq=40, skv=50, d=24, dv=24),
+    # Full masks at inexact head dims up to 64 (fp16/bf16: the 8-warp superset tiles of
+    # docs/build-time.md "Spilling tiles"; fp32: the 4-warp d32 and 8-warp d64 IEEE tiles).
+    dict(b=2, hq=4, hkv=2, sq=97, skv=131, d=48, mask="bool", causal=True),
+    dict(b=2, hq=4, hkv=4, sq=90, skv=70, d=32, dv=24, mask="add"),
     dict(b=2, hq=4, hkv=4, sq=97, skv=97, d=64, mask="add"),
     dict(b=2, hq=4, hkv=2, sq=64, skv=190, d=128, mask="bool", causal=True),
     dict(b=2, hq=4, hkv=4, sq=50, skv=120, d=64, window=(16, 3), softcap=20.0),
