@@ -1,0 +1,74 @@
+"""One shape through the warp-specialized Gluon kernel (aot/flash_fwd_gluon_ws.py) at its shipped
+tile, launched a few times, for Nsight Compute to profile one launch on the GPU machine:
+
+    ncu --clock-control none --kernel-name regex:flash_fwd_gluon_ws --launch-skip 3 --launch-count 1 \
+        --section WarpStateStats --section SourceCounters ... \
+        python3 experiments/ws_profile.py --head-dim 128 --seq 8192 [--causal] [--dtype fp16]
+
+Batch x sequence = 16k tokens and hidden 2048, as the op grid. With --time it also prints the
+kernel's TFLOP/s (do_bench median) beside cuDNN's, without a profiler attached.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+
+import torch  # noqa: E402
+
+import gluon_attn  # noqa: E402
+import variants  # noqa: E402
+
+
+def shipped_cfg(dtype: str, d: int, causal: bool, n: int) -> dict:
+    """The tile the AOT build ships for this call (tiles per CTA from GLUON_WS_TILES)."""
+    t = variants.gluon_ws_tile(dtype, d, causal, 1)
+    tiles = [tl for lo, hi, tl in variants.gluon_ws_entries(dtype, d, causal) if lo <= n and (hi == 0 or n < hi)]
+    return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, NUM_STAGES=t.num_stages, PINGPONG=t.pingpong,
+                maxnreg=t.maxnreg, NUM_CONSUMERS=t.consumers, CONSUMER_REGS=t.consumer_regs,
+                TILES_PER_CTA=tiles[0] if tiles else 1, num_warps=t.num_warps)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--launches", type=int, default=5)
+    ap.add_argument("--time", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
+                    help="override a tile knob of the shipped config (NUM_STAGES=3, PINGPONG=0, OVERLAP_PV=1, ...)")
+    args = ap.parse_args(argv)
+    gluon_attn.runtime_ints()
+    d, s = args.head_dim, args.seq
+    h, b = 2048 // d, max(1, 16384 // s)
+    dt = gluon_attn.DTYPES[args.dtype]
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dt) for _ in range(3))
+    y = torch.full_like(q, float("nan"))
+    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+    cfg = shipped_cfg(args.dtype, d, args.causal, s)
+    for item in args.set:
+        key, val = item.split("=")
+        cfg[key] = bool(int(val)) if key in ("PINGPONG", "OVERLAP_PV") else int(val)
+    print(f"{args.dtype} d{d} N{s} B{b} H{h} causal={int(args.causal)} cfg {cfg}", flush=True)
+    for _ in range(args.launches):
+        gluon_attn.run_ws(q, k, v, y, lse, args.causal, 0, cfg)
+    torch.cuda.synchronize()
+    ref = gluon_attn.cudnn(q, k, v, args.causal)
+    err = float((y.float() - ref.float()).abs().max())
+    print(f"max |y - cudnn| {err:.3e}", flush=True)
+    if args.time:
+        flops = 4 * b * h * s * s * d / (2 if args.causal else 1)
+        ours = flops / gluon_attn.bench(lambda: gluon_attn.run_ws(q, k, v, y, lse, args.causal, 0, cfg)) / 1e9
+        peer = flops / gluon_attn.bench(lambda: gluon_attn.cudnn(q, k, v, args.causal)) / 1e9
+        print(f"TFLOP/s: ws {ours:.0f}  cudnn {peer:.0f}  ratio {ours / peer:.2f}", flush=True)
+    return 0 if err < 0.1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
