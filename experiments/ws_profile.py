@@ -22,6 +22,35 @@ import torch  # noqa: E402
 
 import gluon_attn  # noqa: E402
 import variants  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+
+
+@gluon.jit
+def _softmax_pairs(s, m_i, l_i, start_n, mask_from, limit, pos, qk_scale,
+                   s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """flash_fwd_gluon._softmax with the row max and sum taken over S's register pairs first
+    (columns 2c and 2c + 1 of a thread, elementwise), so that each thread's serial FMNMX and FADD
+    chains are half as long (perf-notes prefill v13): an experiment, --pairs."""
+    if start_n + BLOCK_N > mask_from:
+        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        keep = (cols[None, :] <= pos[:, None]) & (cols[None, :] < limit)
+        s = gl.where(keep, s, float("-inf"))
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    a, b = gl.split(gl.reshape(s, [s.shape[0], BLOCK_N // 2, 2]))
+    mx = gl.convert_layout(gl.max(gl.maximum(a, b), axis=1), row_layout)
+    m_new = gl.maximum(m_i, mx * qk_scale)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    pa, pb = gl.split(gl.reshape(p, [s.shape[0], BLOCK_N // 2, 2]))
+    l_i = l_i * alpha + gl.convert_layout(gl.sum(pa + pb, axis=1), row_layout)
+    return p, alpha, m_new, l_i
+
+
+def use_pair_softmax():
+    """The warp-specialized kernel's unmasked softmax through _softmax_pairs (before the first launch)."""
+    gluon_attn.fws._softmax = _softmax_pairs
 
 
 def shipped_cfg(dtype: str, d: int, causal: bool, n: int) -> dict:
@@ -41,10 +70,13 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--launches", type=int, default=5)
     ap.add_argument("--time", action="store_true")
+    ap.add_argument("--pairs", action="store_true", help="row max and sum over register pairs first (experiment)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
                     help="override a tile knob of the shipped config (NUM_STAGES=3, PINGPONG=0, OVERLAP_PV=1, ...)")
     args = ap.parse_args(argv)
     gluon_attn.runtime_ints()
+    if args.pairs:
+        use_pair_softmax()
     d, s = args.head_dim, args.seq
     h, b = 2048 // d, max(1, 16384 // s)
     dt = gluon_attn.DTYPES[args.dtype]
