@@ -121,8 +121,8 @@ def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
 
 # ptxas's options on top of Triton's (which passes -lineinfo): -suppress-debug-info keeps the line
 # tables and the PTX text that -lineinfo embeds out of the cubin. The machine code (.text) and the
-# kernel's attributes are byte for byte those of a build without it; each cubin is a third of the
-# size (the PTX text was 58 % of the 448 cubins' 205 MB), and so are the library, the pybind11
+# kernel's attributes are byte for byte those of a build without it; the cubins are a quarter of
+# their size (the PTX text was 58 % of the 448 cubins' 205 MB), and so are the library, the pybind11
 # module that embeds the same table and the wheel that ships both (docs/build-time.md, "Packaging").
 PTXAS_OPTIONS = "-suppress-debug-info"
 

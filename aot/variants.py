@@ -239,7 +239,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
 def spilling_full_mask(v: Variant) -> bool:
     """A rare-class (superset) forward variant with a full mask tile: at head dims 32 and 64 its
     128-row tile on 4 warps spilled 2-6 KB a thread (the mask tile, the extras and two interior
-    loops in registers) and was the slowest compile of the build; on 8 warps it spills a tenth of
+    loops in registers) and was the slowest compile of the build; on 8 warps it spills a fifth of
     that and compiles 2-3x faster (docs/build-time.md, "Spilling tiles")."""
     return (v.kind == "fwd" and v.dtype != "fp32" and v.mask != "none" and not v.mask_keys
             and not is_hot(v.kind, v.dtype, v.head_dim, v.even_d))
