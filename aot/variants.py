@@ -225,7 +225,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
             raise ValueError(f"{v.name}: no TMA_TILES entry for causal={v.tile_causal}, "
                              f"min length {v.tile_min_len}")
         return TileConfig(64, 64, 4, 2) if v.head_dim <= 64 else TileConfig(64, 64, 4, 3)
-    if v.head_dim <= 64 and spilling_full_mask(v):
+    if spilling_full_mask(v):
         return TileConfig(128, 64, 8, 3)
     if arch >= 90:  # tuned by experiments/tune.py on the H200 (docs/perf-notes.md, 2026-11-29)
         if v.head_dim <= 64:
@@ -241,8 +241,8 @@ def spilling_full_mask(v: Variant) -> bool:
     128-row tile on 4 warps spilled 2-6 KB a thread (the mask tile, the extras and two interior
     loops in registers) and was the slowest compile of the build; on 8 warps it spills a fifth of
     that and compiles 2-3x faster (docs/build-time.md, "Spilling tiles")."""
-    return (v.kind == "fwd" and v.dtype != "fp32" and v.mask != "none" and not v.mask_keys
-            and not is_hot(v.kind, v.dtype, v.head_dim, v.even_d))
+    return (v.kind == "fwd" and v.dtype != "fp32" and v.head_dim <= 64 and v.mask != "none"
+            and not v.mask_keys and not is_hot(v.kind, v.dtype, v.head_dim, v.even_d))
 
 
 def tma_tile(head_dim: int, causal: bool, length: int, extras: bool = False) -> TileConfig:

@@ -54,12 +54,10 @@ def use_pair_softmax():
 
 
 def shipped_cfg(dtype: str, d: int, causal: bool, n: int) -> dict:
-    """The tile the AOT build ships for this call (tiles per CTA from GLUON_WS_TILES)."""
-    t = variants.gluon_ws_tile(dtype, d, causal, 1)
+    """The tile the AOT build ships for this call: the kernel module's get_ws_config, with the tiles
+    per CTA of the cubin whose length range holds n (variants.gluon_ws_entries)."""
     tiles = [tl for lo, hi, tl in variants.gluon_ws_entries(dtype, d, causal) if lo <= n and (hi == 0 or n < hi)]
-    return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, NUM_STAGES=t.num_stages, PINGPONG=t.pingpong,
-                maxnreg=t.maxnreg, NUM_CONSUMERS=t.consumers, CONSUMER_REGS=t.consumer_regs,
-                TILES_PER_CTA=tiles[0] if tiles else 1, num_warps=t.num_warps)
+    return dict(gluon_attn.fws.get_ws_config(dtype, d, causal), TILES_PER_CTA=tiles[0] if tiles else 1)
 
 
 def main(argv=None) -> int:
