@@ -39,6 +39,13 @@ sequence's prologue and epilogue overlap the neighbouring tile's work: Q is doub
 its output from that slot has read it), the producer streams the next tile's Q and K/V while the
 consumers finish the current one, and the ring phases and turns follow running counts over the
 CTA's tiles. TILES_PER_CTA = 1 compiles to the same code as before it existed.
+
+With PERSISTENT_GRID (non-causal unmasked cubins, get_ws_config) the grid is one row of at most a
+CTA per SM, and each CTA takes the call's tiles g, g + CTAs, ... of all (batch, head) pairs in turn
+(_cta_tile: a head's tiles next to each other, so that the CTAs running at once share its K/V in
+L2), with the two-tile machinery above (two Q buffers, running ring and turn counts); B * Hq
+arrives in window_right. A tile's loads then run under the last tile's work across heads too, and
+no CTA launches, sets up its barriers or waits for its first loads per tile.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -55,16 +62,19 @@ def get_ws_config(dtype: str, head_dim: int, causal: bool, mask: str = "none") -
     slots (164 KB); d64 three consumers (192 rows), three slots (123 KB), under a key-vector
     `mask` BLOCK_N 64 and four slots (experiments/gluon_mask.py: its fastest spill-free d64 tile). Registers: 168 a thread
     outside the partitions (12 or 16 warps, one CTA per SM), 240 or 160 per consumer, 24 for the
-    producer."""
-    del dtype, causal
+    producer. PERSISTENT (CTAs per SM of a persistent grid; 0: a CTA per tile): non-causal unmasked
+    calls (perf-notes "prefill v14": 1.01-1.14x the per-tile grid at d128, 1.00-1.17x at d64; under
+    causal the static order measured slower than a CTA per tile)."""
+    del dtype
+    persistent = 1 if (not causal and mask == "none") else 0
     if head_dim == 128:
         return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=int(CONSUMER_WARPS), maxnreg=168,
-                    NUM_CONSUMERS=2, CONSUMER_REGS=240, PINGPONG=True)
+                    NUM_CONSUMERS=2, CONSUMER_REGS=240, PINGPONG=True, PERSISTENT=persistent)
     if mask != "none":  # the mask row's registers: BLOCK_N 128 at 160 a consumer spilled (255-328 LDL/STL)
         return dict(BLOCK_M=192, BLOCK_N=64, NUM_STAGES=4, num_warps=int(CONSUMER_WARPS), maxnreg=128,
-                    NUM_CONSUMERS=3, CONSUMER_REGS=160, PINGPONG=True)
+                    NUM_CONSUMERS=3, CONSUMER_REGS=160, PINGPONG=True, PERSISTENT=0)
     return dict(BLOCK_M=192, BLOCK_N=128, NUM_STAGES=3, num_warps=int(CONSUMER_WARPS), maxnreg=128,
-                NUM_CONSUMERS=3, CONSUMER_REGS=160, PINGPONG=True)
+                NUM_CONSUMERS=3, CONSUMER_REGS=160, PINGPONG=True, PERSISTENT=persistent)
 
 
 def desc_rows(cfg: dict) -> tuple:
@@ -233,10 +243,32 @@ def _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v
 
 
 @gluon.jit
+def _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, group, b, h, hk, pid_bh, BLOCK_M: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """The CTA's t-th tile: (query tile, b, h, hk, pid_bh). Without PERSISTENT tiles g0 + n_valid - 1
+    down to g0 of the CTA's (b, h). With PERSISTENT the grid's CTAs take the bh_all * cdiv(Sq,
+    BLOCK_M) tiles of the call in turn, tile g0 + t * (CTAs): without causal each head's tiles
+    together (a head's K/V in L2 for its tiles at once), under causal every head's longest tile
+    first, then the next longest (longest-processing-time order over the CTAs)."""
+    if PERSISTENT:
+        n_m = gl.cdiv(Sq, BLOCK_M)
+        tid = g0 + t * gl.num_programs(0)
+        bh = tid // n_m
+        m_t = n_m - 1 - tid % n_m
+        if causal != 0:  # every head's longest tile first, then the next longest, ...
+            bh = tid % bh_all
+            m_t = n_m - 1 - tid // bh_all
+        hq_t = bh % Hq
+        return m_t, bh // Hq, hq_t, hq_t // group, bh
+    else:
+        return g0 + n_valid - 1 - t, b, h, hk, pid_bh
+
+
+@gluon.jit
 def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-              b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal, lim_smem, lim_bar,
+              b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
               WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
-              TILES: gl.constexpr, PREFIX: gl.constexpr):
+              TILES: gl.constexpr, PREFIX: gl.constexpr, PERSISTENT: gl.constexpr):
     if PREFIX:
         # Q and block 0 before the first consumer's range check is in (every tile runs block 0
         # but a left-padded one, whose consumers drop it), then the tile's blocks over its
@@ -267,9 +299,11 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
         # Runs ahead into the next tile: its Q into the other buffer, its blocks through the ring.
         c0 = n_valid * 0
         for t in range(n_valid):
-            m0_t, hi_t, nb_t = _tile_span(g0 + n_valid - 1 - t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
+            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, group, b, h, hk, 0, WG_M * NC,
+                                                  PERSISTENT)
+            m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
             _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                           b, h, hk, m0_t, nb_t, t, c0, WG_M, BLOCK_N, NUM_STAGES, NC, 2)
+                           b_t, h_t, hk_t, m0_t, nb_t, t, c0, WG_M, BLOCK_N, NUM_STAGES, NC, 2)
             c0 += nb_t
 
 
@@ -403,12 +437,169 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
 
 
 @gluon.jit
+def _row_bounds(r0, hi, Skv, offset, causal, WG_M: gl.constexpr, row_layout: gl.constexpr):
+    """A consumer's rows from r0 in one tile: the last key each row keeps (lim = min(pos, hi - 1),
+    pos = row + offset under causal) and the first key at which any row masks (mask_from)."""
+    rows = r0 + gl.arange(0, WG_M, layout=row_layout)
+    pos = rows + offset
+    mask_from = Skv
+    if causal != 0:
+        mask_from = gl.minimum(Skv, r0 + offset + 1)
+    else:
+        pos = rows * 0 + Skv
+    return gl.minimum(pos, hi - 1), mask_from
+
+
+@gluon.jit
+def _store_tile(Y, Lse, acc, m_i, l_i, q_slot, b, h, pid_bh, r0, Sq, store_lse,
+                WG_M: gl.constexpr, BLOCK_D: gl.constexpr, o_layout: gl.constexpr, row_layout: gl.constexpr):
+    """A consumer's rows of a finished tile: O / l into its Q slot, a TMA store from there (not
+    waited for), and the LSE."""
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    q_slot.reshape([WG_M, BLOCK_D]).store(out.to(q_slot.dtype))  # TMA clips past Sq
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(Y, [b, h, r0, 0], q_slot)
+    if store_lse != 0:
+        rows = r0 + gl.arange(0, WG_M, layout=row_layout)
+        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+        gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
+
+
+@gluon.jit
+def _consumer_flat(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   turns, b, h, pid_bh, Sq, Skv, offset, causal, qk_scale, store_lse, g0, n_valid,
+                   WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr):
+    """CROSS_TILE: one consumer's rows of the CTA's tiles as one pipeline over the ring's running
+    block count c (a turn per block after the first). Each tile's key loop is _consumer_tile's;
+    between two tiles one step issues the next tile's S = Q K_0^T beside this tile's last P V and
+    runs the next tile's first softmax while that P V is in flight, then stores this tile's output.
+    The wait for that store (which frees its Q slot for the producer's next-but-one tile) is left
+    to the next tile's first iteration. So a tile's prologue (the Q and K_0 waits, the first S and
+    softmax) runs under the last one's tensor-core work instead of after its epilogue."""
+    NW: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = q_smem.dtype
+    BLOCK_M: gl.constexpr = WG_M * NC
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
+
+    # The first tile's first block.
+    m0, hi, nb = _tile_span(g0 + n_valid - 1, Sq, Skv, offset, causal, BLOCK_M, BLOCK_N)
+    r0 = m0 + WG * WG_M
+    lim, mask_from = _row_bounds(r0, hi, Skv, offset, causal, WG_M, row_layout)
+    q_idx = WG
+    mbarrier.wait(q_ready.index(q_idx), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    k0 = k_ring.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+    s = warpgroup_mma(q_smem.index(q_idx).reshape([WG_M, BLOCK_D]), k0, s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s])
+    mbarrier.arrive(k_empty.index(0))
+    m_i = gl.full([WG_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([WG_M], gl.float32, row_layout)
+    p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, 0, mask_from, lim, qk_scale, s_layout, BLOCK_N)
+    p = gl.convert_layout(p.to(dtype), p_layout)
+    acc = gl.zeros([WG_M, BLOCK_D], gl.float32, o_layout)
+
+    c0 = n_valid * 0  # ring block of the tile's block 0
+    pending = c0      # 1: the last tile's output store is in flight from Q slot q_pend
+    q_pend = c0
+    for t in range(n_valid):
+        q = q_smem.index(q_idx).reshape([WG_M, BLOCK_D])
+        for j in range(1, nb):  # _consumer_tile's key loop (unmasked, turn c - 1)
+            c = c0 + j
+            st = c % NUM_STAGES
+            prev = (c - 1) % NUM_STAGES
+            mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turns.index(WG), ((c - 1) & 1) ^ (1 if WG == 0 else 0))
+            k_j = k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+            s_tok = warpgroup_mma(q, k_j, s_zero, use_acc=False, is_async=True)
+            v_prev = v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
+            acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turns.index((WG + 1) % NC))
+            if pending != 0:  # the last tile's store has had an iteration to read its slot
+                tma.store_wait(0)
+                mbarrier.arrive(q_empty.index(q_pend))
+                pending = 0
+            s = warpgroup_mma_wait(1, deps=[s_tok])
+            mbarrier.arrive(k_empty.index(st))
+            p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, j * BLOCK_N, mask_from, lim, qk_scale,
+                                              s_layout, BLOCK_N)
+            acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
+            mbarrier.arrive(v_empty.index(prev))
+            p = gl.convert_layout(p.to(dtype), p_layout)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        c = c0 + nb  # the next tile's block 0; this tile's last block is c - 1
+        prev = (c - 1) % NUM_STAGES
+        if pending != 0:  # a one-block tile: the producer needs this slot for the next tile's Q
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(q_pend))
+            pending = 0
+        mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
+        if t + 1 < n_valid:
+            # The next tile's first S beside this tile's last P V (one turn).
+            m0_n, hi_n, nb_n = _tile_span(g0 + n_valid - 2 - t, Sq, Skv, offset, causal, BLOCK_M, BLOCK_N)
+            r0_n = m0_n + WG * WG_M
+            lim_n, mask_from_n = _row_bounds(r0_n, hi_n, Skv, offset, causal, WG_M, row_layout)
+            q_n = ((t + 1) % 2) * NC + WG
+            st = c % NUM_STAGES
+            mbarrier.wait(q_ready.index(q_n), ((t + 1) // 2) & 1)
+            mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turns.index(WG), ((c - 1) & 1) ^ (1 if WG == 0 else 0))
+            k_n = k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+            s_tok = warpgroup_mma(q_smem.index(q_n).reshape([WG_M, BLOCK_D]), k_n, s_zero, use_acc=False,
+                                  is_async=True)
+            acc_tok = warpgroup_mma(p, v_ring.index(prev).reshape([BLOCK_N, BLOCK_D]), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turns.index((WG + 1) % NC))
+            s = warpgroup_mma_wait(1, deps=[s_tok])
+            mbarrier.arrive(k_empty.index(st))
+            m_n = gl.full([WG_M], float("-inf"), gl.float32, row_layout)
+            l_n = gl.zeros([WG_M], gl.float32, row_layout)
+            p, alpha, m_n, l_n = _softmax_lim(s, m_n, l_n, 0, mask_from_n, lim_n, qk_scale, s_layout, BLOCK_N)
+            acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
+            mbarrier.arrive(v_empty.index(prev))
+            p = gl.convert_layout(p.to(dtype), p_layout)
+            _store_tile(Y, Lse, acc, m_i, l_i, q_smem.index(q_idx), b, h, pid_bh, r0, Sq, store_lse,
+                        WG_M, BLOCK_D, o_layout, row_layout)
+            pending = 1
+            q_pend = q_idx
+            acc = gl.zeros([WG_M, BLOCK_D], gl.float32, o_layout)
+            m_i = m_n
+            l_i = l_n
+            r0 = r0_n
+            lim = lim_n
+            mask_from = mask_from_n
+            q_idx = q_n
+            nb = nb_n
+        else:
+            acc = warpgroup_mma(p, v_ring.index(prev).reshape([BLOCK_N, BLOCK_D]), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            mbarrier.arrive(v_empty.index(prev))
+            _store_tile(Y, Lse, acc, m_i, l_i, q_smem.index(q_idx), b, h, pid_bh, r0, Sq, store_lse,
+                        WG_M, BLOCK_D, o_layout, row_layout)
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty.index(q_idx))
+        c0 = c
+
+@gluon.jit
 def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
               m_base, lim_smem, lim_bar,
               WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-              MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr):
+              MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
+              FLAT: gl.constexpr, PERSISTENT: gl.constexpr):
     if PREFIX:
         # Every consumer checks the keys its tile sees ([0, hi)) itself; the first one tells the
         # producer. A visible run [lo, end) runs unmasked over end - lo keys from lo (where lo > 0
@@ -440,14 +631,20 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
                        turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                        0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
                        MASK_KIND, OVERLAP)
+    elif FLAT:
+        _consumer_flat(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                       turns, b, h, pid_bh, Sq, Skv, offset, causal, qk_scale, store_lse, g0, n_valid,
+                       WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)
     else:
         # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
         # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
         c0 = n_valid * 0
         for t in range(n_valid):
-            m0_t, hi_t, nb_t = _tile_span(g0 + n_valid - 1 - t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
+            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, 0, b, h, 0, pid_bh, WG_M * NC,
+                                                  PERSISTENT)
+            m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
             _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                           turns, b, h, pid_bh, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
+                           turns, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
                            t, c0, c0 - t, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
                            NC, 2, MASK_KIND, OVERLAP)
             c0 += nb_t
@@ -455,28 +652,30 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
 
 @gluon.jit
 def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                m_base, lim_smem, lim_bar,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr):
+               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
+               FLAT: gl.constexpr, PERSISTENT: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
               m_base, lim_smem, lim_bar, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-              MASK_KIND, OVERLAP, PREFIX)
+              MASK_KIND, OVERLAP, PREFIX, FLAT, PERSISTENT)
 
 
 @gluon.jit
 def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                m_base, lim_smem, lim_bar,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr):
+               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
+               FLAT: gl.constexpr, PERSISTENT: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
               m_base, lim_smem, lim_bar, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-              MASK_KIND, OVERLAP, PREFIX)
+              MASK_KIND, OVERLAP, PREFIX, FLAT, PERSISTENT)
 
 
 @gluon.jit
@@ -493,20 +692,28 @@ def flash_fwd_gluon_ws(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
     TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0, OVERLAP_PV: gl.constexpr = False,
-    MASK_PREFIX: gl.constexpr = False,
+    MASK_PREFIX: gl.constexpr = False, CROSS_TILE: gl.constexpr = False, PERSISTENT_GRID: gl.constexpr = False,
 ):
     gl.static_assert(gl.num_warps() == CONSUMER_WARPS, "the default partition is one consumer warpgroup")
     gl.static_assert((NUM_CONSUMERS == 2) | (NUM_CONSUMERS == 3), "two or three consumer warpgroups")
+    # (An unnamed constexpr after a named one arrives as a wrapped None, which `is None` misses.)
+    MASKED: gl.constexpr = 1 if MASK_KIND == 1 else (2 if MASK_KIND == 2 else 0)
+    # PERSISTENT_GRID (no mask): a grid of (CTAs, 1) takes all of the call's tiles in turn, each CTA
+    # with two Q buffers as TILES_PER_CTA 2 (_cta_tile); window_right carries B * Hq (this kernel
+    # takes no windows: the launcher passes it so for such a cubin).
+    PERSISTENT: gl.constexpr = True if (PERSISTENT_GRID == True) & (MASKED == 0) else False  # noqa: E712
     # An AOT source that does not name a constexpr passes None, not the default.
-    TILES: gl.constexpr = 1 if TILES_PER_CTA is None else TILES_PER_CTA
+    TILES: gl.constexpr = 2 if PERSISTENT else (1 if TILES_PER_CTA is None else TILES_PER_CTA)
     gl.static_assert(TILES >= 1, "at least one query tile per CTA")
     NC: gl.constexpr = NUM_CONSUMERS
     WG_M: gl.constexpr = BLOCK_M // NUM_CONSUMERS
     QB: gl.constexpr = 1 if TILES == 1 else 2  # Q buffers: the next tile's loads run under this one
-    # (An unnamed constexpr after a named one arrives as a wrapped None, which `is None` misses.)
-    MASKED: gl.constexpr = 1 if MASK_KIND == 1 else (2 if MASK_KIND == 2 else 0)
     OVERLAP: gl.constexpr = True if OVERLAP_PV == True else False  # noqa: E712 (a wrapped None is False)
     PREFIX: gl.constexpr = True if MASK_PREFIX == True else False  # noqa: E712
+    # CROSS_TILE (TILES > 1, no mask, not persistent; measured, not shipped: perf-notes prefill v14):
+    # each consumer runs its tiles as one pipeline (_consumer_flat).
+    FLAT: gl.constexpr = True if (CROSS_TILE == True) & (TILES > 1) & (MASKED == 0) & (not PERSISTENT) else False  # noqa: E712
+    bh_all = window_right
     gl.static_assert((not PREFIX) | ((MASKED != 0) & (TILES == 1)),
                      "the visible-range check needs a key-vector mask and one tile per CTA")
     dtype: gl.constexpr = Q.dtype
@@ -536,6 +743,9 @@ def flash_fwd_gluon_ws(
         n_blocks = 0
         g0 = pid_m * TILES
         n_valid = gl.minimum(gl.cdiv(Sq, BLOCK_M) - g0, TILES)
+        if PERSISTENT:
+            g0 = gl.program_id(0)
+            n_valid = gl.cdiv(gl.cdiv(Sq, BLOCK_M) * bh_all - g0, gl.num_programs(0))
     qk_scale = scale * LOG2E
 
     q_smem = gl.allocate_shared_memory(dtype, [QB * NC, 1, 1, WG_M, BLOCK_D], Q.layout)
@@ -575,34 +785,34 @@ def flash_fwd_gluon_ws(
     if NC == 2:
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                         MASKED, OVERLAP, PREFIX)),
+                         MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                           m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX)),
+                          MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                         b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX)),
+                         b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
+                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT)),
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                         MASKED, OVERLAP, PREFIX)),
+                         MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                           m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX)),
+                          MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
             (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid,
+                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                           m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX)),
+                          MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                         b, h, hk, m0, n_blocks, g0, n_valid, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX)),
+                         b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
+                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT)),
         ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
     for i in gl.static_range(NC):

@@ -60,15 +60,18 @@ GLUON_HEAD_DIMS = (64, 128)
 # warp-specialized kernel at d128 was 1.09-1.18x the one-partition kernel from N 1024 non-causal
 # and 1.04-1.17x from N 2048 causal, even at N 512 non-causal, 0.95-0.99x causal at N 512-1024;
 # at d64 (three consumers, 192 rows) 1.05-1.18x from N 2048 non-causal, 1.03-1.13x from N 4096
-# causal, 0.58-0.92x below.
+# causal, 0.58-0.92x below. Non-causal calls run a persistent grid (get_ws_config PERSISTENT; perf-notes
+# prefill v14, docs/measurements/prefill/gluon-v14-persistent.json): at d64 1.01-1.07x the
+# one-partition kernel at N 512-1024 and 1.01-1.07x the per-tile warp-specialized grid from 2048.
 GLUON_WS_MODULE = "flash_fwd_gluon_ws"
-_WS_FROM = {(128, False): 0, (128, True): 2048, (64, False): 2048, (64, True): 4096}
+_WS_FROM = {(128, False): 0, (128, True): 2048, (64, False): 512, (64, True): 4096}
 GLUON_WS_LENGTHS = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c), lo in _WS_FROM.items()}
 # Query tiles per CTA of the warp-specialized kernel, from a min(Sq, Skv) on (1 elsewhere): a CTA
 # running two tiles in turn has the next tile's Q and K/V loads in flight under the last one's
-# epilogue. d128 non-causal, two tiles: 1.02-1.10x one tile at N 512-2048, 0.98-1.01x at N 8192
-# (experiments/gluon_attn.py --runtime-ints on the H200: docs/measurements/prefill/gluon-v7-tiles.json).
-GLUON_WS_TILES = {(128, False): {0: 2, 8192: 1}}
+# epilogue (perf-notes prefill v7: d128 non-causal, two tiles 1.02-1.10x one tile at N 512-2048).
+# None now: the persistent grid that replaced two tiles per CTA for d128 non-causal calls measured
+# 1.06-1.14x it at N 512-2048 and 1.01-1.04x from 4096 (perf-notes prefill v14).
+GLUON_WS_TILES: dict = {}
 # Key-vector masks (a (B, 1, 1, S) padding mask: padded batches) in the warp-specialized kernel,
 # per head dim, over the same length range as its unmasked cubins; below it, at other head
 # dims and for full masks, the TMA and pointer kernels as before. From experiments/gluon_mask.py on
@@ -84,6 +87,10 @@ GLUON_WS_TILES = {(128, False): {0: 2, 8192: 1}}
 # (GLUON_WS_MASKED_CAUSAL: its causal masked speed was not measured).
 GLUON_WS_MASKS = {128: ("bool", "add"), 64: ("bool", "add")}
 GLUON_WS_MASKED_CAUSAL = (128,)  # head dims whose masked cubins also take causal calls
+# The masked cubins' lower bound where it lies above the unmasked ones' (GLUON_WS_LENGTHS): d64's
+# masked kernel was measured from 2048 keys only (perf-notes prefill v10); its unmasked calls run the
+# persistent grid from 512 (prefill v14).
+GLUON_WS_MASKED_FROM = {64: 2048}
 GLUON_LENGTHS: dict = {}
 # Split-KV decode: memory-bound, so fp32 always uses IEEE dots (TF32 would gain nothing); head
 # dims 64 and 128 (exact and masked) and 256 (masked). Shapes outside it use the "fwd" kernel.
@@ -177,6 +184,7 @@ class TileConfig:
     pingpong: bool = field(default=False, repr=False)  # the consumers take turns issuing their GEMMs
     tiles: int = field(default=1, repr=False)          # query tiles a CTA runs in turn (block_m: all of them)
     overlap: bool = field(default=False, repr=False)   # a consumer's softmax also runs under its own P V
+    persistent: int = field(default=0, repr=False)     # CTAs per SM of a persistent grid (0: a CTA per tile)
 
     @property
     def desc_rows(self) -> tuple[int, int]:
@@ -274,7 +282,8 @@ def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask:
     query tiles per CTA (block_m counts all of them: the launcher's grid is cdiv(Sq, block_m))."""
     c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal, mask)
     return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
-                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles, c.get("OVERLAP_PV", False))
+                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles, c.get("OVERLAP_PV", False),
+                      c.get("PERSISTENT", 0) if mask == "none" else 0)
 
 
 def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, int]]:
@@ -285,6 +294,8 @@ def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none"
     if rng is None or (mask != "none" and causal and head_dim not in GLUON_WS_MASKED_CAUSAL):
         return []
     lo, hi = rng
+    if mask != "none":
+        lo = max(lo, GLUON_WS_MASKED_FROM.get(head_dim, 0))
     steps = sorted((GLUON_WS_TILES.get((head_dim, bool(causal)), {0: 1}) if mask == "none" else {0: 1}).items())
     cuts = [lo] + [k for k, _ in steps if lo < k and (hi == 0 or k < hi)]
     # Each cubin's tiles: those of the last step at or below its lower bound (1 before any step).

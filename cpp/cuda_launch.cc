@@ -571,9 +571,17 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   const size_t expected = (launched == k ? kLaunchArgCount
                            : (plan.kind == KernelKind::kFwdGluon ? kGluonLaunchArgCount : kTmaLaunchArgCount)) + 2;
   if (args.size() != expected) return Status::Error("internal error: launch argument count mismatch");
-  const int64_t grid_m = (p.sq + le.block_m - 1) / le.block_m;
+  int64_t grid_m = (p.sq + le.block_m - 1) / le.block_m;
+  int64_t grid_y = grid_bh;
+  if (le.persistent > 0) {
+    // One row of CTAs over all grid_m x grid_bh tiles; the kernel reads B * Hq from window_right
+    // (pushed above as p.window_right, which a call this kernel takes leaves at -1).
+    a.ints[9] = static_cast<int32_t>(grid_bh);
+    grid_m = std::min<int64_t>(grid_m * grid_bh, static_cast<int64_t>(le.persistent) * std::max(1, dk->sm_count));
+    grid_y = 1;
+  }
   return cuda_check(d->cuLaunchKernel(launched->function, static_cast<unsigned>(grid_m),
-                                      static_cast<unsigned>(grid_bh), 1, 32 * le.num_warps, 1, 1,
+                                      static_cast<unsigned>(grid_y), 1, 32 * le.num_warps, 1, 1,
                                       static_cast<unsigned>(le.shared), stream, args.data(), nullptr),
                     (std::string("cuLaunchKernel(") + le.variant_name + ")").c_str());
 }

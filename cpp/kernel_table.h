@@ -63,6 +63,10 @@ struct KernelEntry {
   bool pdl;
   // kFwdGluon: the entry serves min(Sq, Skv) < tile_max_len only (0: no bound; GLUON_LENGTHS).
   int tile_max_len;
+  // kFwdGluon: a persistent kernel (aot/flash_fwd_gluon_ws.py PERSISTENT_GRID): launched with
+  // min(persistent x SMs, its tiles) CTAs in one row, each taking the call's tiles in turn; it
+  // reads B * Hq from its window_right argument (it takes no windows). 0: a CTA per tile.
+  int persistent;
 };
 
 // Runtime arguments of each kernel, in order (the launch ABI; aot/build.py asserts the counts).

@@ -82,7 +82,8 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
         if x.mask != "none":
             assert x.ws and x.mask_keys and x.mask in variants.GLUON_WS_MASKS.get(x.head_dim, ()), x
             twins = [y for y in plain if y.ws and (y.dtype, y.head_dim, y.tile_causal) == (x.dtype, x.head_dim, x.tile_causal)]
-            assert twins and x.tile_min_len == min(y.tile_min_len for y in twins), x
+            assert twins and x.tile_min_len == max(min(y.tile_min_len for y in twins),
+                                                   variants.GLUON_WS_MASKED_FROM.get(x.head_dim, 0)), x
             assert x.tile_max_len == (0 if any(y.tile_max_len == 0 for y in twins) else max(y.tile_max_len for y in twins))
             assert variants.get_fwd_config(90, x).tiles == 1, x
             assert x.tile_causal != 1 or x.head_dim in variants.GLUON_WS_MASKED_CAUSAL, x
@@ -252,7 +253,7 @@ def _ws_sass(v, cfg, tiles=None, unnamed=()) -> tuple:
 @pytest.mark.parametrize("hd", [128, 64])
 def test_ws_tiles_per_cta_compiles_for_sm90(monkeypatch, hd):
     """TILES_PER_CTA = 2 (two query tiles per CTA, the second's loads under the first's epilogue;
-    shipped for d128 non-causal below 8192) compiles for sm_90 at the shipped tile with no spills (cuobjdump
+    what the persistent grid's CTAs run too) compiles for sm_90 at the shipped tile with no spills (cuobjdump
     -res-usage: no local memory, no stack) and within the shared-memory limit; naming
     TILES_PER_CTA and MASK_KIND unnamed (the kernel's defaults, 1 and 0) gives the same SASS as
     the shipped variant, which names them (d128)."""
@@ -266,6 +267,43 @@ def test_ws_tiles_per_cta_compiles_for_sm90(monkeypatch, hd):
     assert sass.count("HGMMA") > 0 and "STL" not in sass
     if hd == 128:
         assert _ws_sass(v, cfg, unnamed=("TILES_PER_CTA", "MASK_KIND"))[2] == _ws_sass(v, cfg)[2]
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path):
+    """Non-causal unmasked warp-specialized cubins are persistent (one CTA per SM takes the call's
+    tiles in turn: perf-notes prefill v14); causal and key-vector-masked ones keep a CTA per tile.
+    The build names PERSISTENT_GRID for every one of them (the compile cache keys constexprs by
+    value and position), their cache keys differ by it, and the generated table row carries it as
+    KernelEntry's last field (the launcher's grid)."""
+    monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    ws = [x for x in variants.gluon_variants() if x.ws]
+    assert ws
+    seen = set()
+    for x in ws:
+        cfg = variants.get_fwd_config(90, x)
+        want = 1 if (x.mask == "none" and x.tile_causal == 0) else 0
+        assert x.tile_causal in (0, 1) or want == 0, x
+        assert cfg.persistent == want and cfg.tiles == 1, (x, cfg)
+        constexprs = build.triton_source(x, 90, cfg)[4]
+        assert constexprs["PERSISTENT_GRID"] is bool(want), x
+        seen.add(want)
+        if want:
+            off = dataclasses.replace(cfg, persistent=0)
+            assert build.cache_key(x, 90, off) != build.cache_key(x, 90, cfg)
+    assert seen == {0, 1}
+    x = next(y for y in ws if variants.get_fwd_config(90, y).persistent)
+    cfg = variants.get_fwd_config(90, x)
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\0")
+    meta = dict(variant=x.name, arch=90, kernel_name="flash_fwd_gluon_ws", num_warps=12, shared=0,
+                block_m=cfg.block_m, block_n=cfg.block_n, num_stages=cfg.num_stages, cubin=str(cubin), tma=[],
+                pdl=False, persistent=cfg.persistent)
+    build.write_outputs(tmp_path / "out", [meta], {x.name: x})
+    row = next(line for line in (tmp_path / "out" / "kernel_table.gen.cc").read_text().splitlines() if x.name in line)
+    assert row.rstrip().endswith(f", {x.tile_max_len}, 1}},"), row
+    header = (ROOT / "cpp" / "kernel_table.h").read_text()
+    assert re.search(r"int tile_max_len;\s*(//[^\n]*\n\s*)*int persistent;\s*};", header)
 
 
 def test_shipped_gluon_ranges_split_the_lengths():
@@ -284,7 +322,8 @@ def test_shipped_gluon_ranges_split_the_lengths():
                 assert spans == [], (dtype, hd, causal, mask, spans)
                 continue
             ws = variants.gluon_lengths(dtype, hd, causal, ws=True)
-            assert spans == [(ws[0], ws[1] or 1 << 40)], (dtype, hd, causal, mask, spans)
+            lo = max(ws[0], variants.GLUON_WS_MASKED_FROM.get(hd, 0))
+            assert spans == [(lo, ws[1] or 1 << 40)], (dtype, hd, causal, mask, spans)
             continue
         assert spans, (dtype, hd, causal)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
