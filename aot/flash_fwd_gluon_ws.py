@@ -62,9 +62,10 @@ def get_ws_config(dtype: str, head_dim: int, causal: bool, mask: str = "none") -
     slots (164 KB); d64 three consumers (192 rows), three slots (123 KB), under a key-vector
     `mask` BLOCK_N 64 and four slots (experiments/gluon_mask.py: its fastest spill-free d64 tile). Registers: 168 a thread
     outside the partitions (12 or 16 warps, one CTA per SM), 240 or 160 per consumer, 24 for the
-    producer. PERSISTENT (CTAs per SM of a persistent grid; 0: a CTA per tile): non-causal unmasked
-    calls (perf-notes "prefill v14": 1.01-1.14x the per-tile grid at d128, 1.00-1.17x at d64; under
-    causal the static order measured slower than a CTA per tile)."""
+    producer. PERSISTENT (CTAs per SM of a persistent grid; 0: a CTA per tile) for non-causal
+    unmasked calls, which the build takes where variants.GLUON_WS_PERSISTENT is on (perf-notes
+    "prefill v14": in JIT 1.01-1.13x the shipped grid at d128, 1.00-1.07x at d64; under causal its
+    static tile order measured 0.82-0.98x the shipped kernels, so causal calls keep a CTA per tile)."""
     del dtype
     persistent = 1 if (not causal and mask == "none") else 0
     if head_dim == 128:

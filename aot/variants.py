@@ -60,18 +60,32 @@ GLUON_HEAD_DIMS = (64, 128)
 # warp-specialized kernel at d128 was 1.09-1.18x the one-partition kernel from N 1024 non-causal
 # and 1.04-1.17x from N 2048 causal, even at N 512 non-causal, 0.95-0.99x causal at N 512-1024;
 # at d64 (three consumers, 192 rows) 1.05-1.18x from N 2048 non-causal, 1.03-1.13x from N 4096
-# causal, 0.58-0.92x below. Non-causal calls run a persistent grid (get_ws_config PERSISTENT; perf-notes
-# prefill v14, docs/measurements/prefill/gluon-v14-persistent.json): at d64 1.01-1.07x the
-# one-partition kernel at N 512-1024 and 1.01-1.07x the per-tile warp-specialized grid from 2048.
+# causal, 0.58-0.92x below.
 GLUON_WS_MODULE = "flash_fwd_gluon_ws"
-_WS_FROM = {(128, False): 0, (128, True): 2048, (64, False): 512, (64, True): 4096}
-GLUON_WS_LENGTHS = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c), lo in _WS_FROM.items()}
-# Query tiles per CTA of the warp-specialized kernel, from a min(Sq, Skv) on (1 elsewhere): a CTA
-# running two tiles in turn has the next tile's Q and K/V loads in flight under the last one's
-# epilogue (perf-notes prefill v7: d128 non-causal, two tiles 1.02-1.10x one tile at N 512-2048).
-# None now: the persistent grid that replaced two tiles per CTA for d128 non-causal calls measured
-# 1.06-1.14x it at N 512-2048 and 1.01-1.04x from 4096 (perf-notes prefill v14).
-GLUON_WS_TILES: dict = {}
+# GLUON_WS_PERSISTENT: non-causal unmasked calls on the persistent grid (get_ws_config PERSISTENT:
+# one CTA per SM over all tiles; cpp/cuda_launch.cc launches it). Measured in JIT on the H200 (perf-notes
+# prefill v14, docs/measurements/prefill/gluon-v14-persistent.json): d128 1.03-1.13x the shipped
+# grid at N 512-2048, 1.01-1.06x from 4096; d64 1.01-1.06x the one-partition kernel at N 512-1024
+# and 1.00-1.07x the per-tile grid from 2048 (fp16 and bf16). Off until its AOT cubins and the
+# launcher's grid have run through the library on a GPU (the GPU suite and `ort-flash bench --suite
+# op`): the session that built it lost its GPU before that run. On: d128 non-causal one cubin at
+# every length (no two-tile split), d64 non-causal from 512 keys (masked d64 still from 2048).
+GLUON_WS_PERSISTENT = False
+
+
+def ws_tables(persistent: bool) -> tuple[dict, dict]:
+    """GLUON_WS_LENGTHS and GLUON_WS_TILES with the persistent grid off or on (tests build both).
+    GLUON_WS_TILES: query tiles per CTA of the warp-specialized kernel, from a min(Sq, Skv) on (1
+    elsewhere): a CTA running two tiles in turn has the next tile's Q and K/V loads in flight under
+    the last one's epilogue (perf-notes prefill v7: d128 non-causal, two tiles 1.02-1.10x one tile
+    at N 512-2048). With the persistent grid none: it measured 1.03-1.13x two tiles per CTA at N
+    512-2048 and 1.01-1.06x the shipped tiles from 4096 (perf-notes prefill v14)."""
+    ws_from = {(128, False): 0, (128, True): 2048, (64, False): 512 if persistent else 2048, (64, True): 4096}
+    lengths = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c), lo in ws_from.items()}
+    return lengths, ({} if persistent else {(128, False): {0: 2, 8192: 1}})
+
+
+GLUON_WS_LENGTHS, GLUON_WS_TILES = ws_tables(GLUON_WS_PERSISTENT)
 # Key-vector masks (a (B, 1, 1, S) padding mask: padded batches) in the warp-specialized kernel,
 # per head dim, over the same length range as its unmasked cubins; below it, at other head
 # dims and for full masks, the TMA and pointer kernels as before. From experiments/gluon_mask.py on
@@ -283,7 +297,7 @@ def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask:
     c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal, mask)
     return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
                       c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles, c.get("OVERLAP_PV", False),
-                      c.get("PERSISTENT", 0) if mask == "none" else 0)
+                      c.get("PERSISTENT", 0) if (mask == "none" and GLUON_WS_PERSISTENT) else 0)
 
 
 def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, int]]:

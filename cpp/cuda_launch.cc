@@ -525,6 +525,15 @@ Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split
 
 }  // namespace
 
+FwdGrid fwd_grid(const KernelEntry& e, const FlashParams& p, int sm_count, int32_t* window_right) {
+  const int64_t tiles_m = (p.sq + e.block_m - 1) / e.block_m;
+  const int64_t bh = p.batch * p.hq;
+  if (e.persistent <= 0) return {tiles_m, bh};
+  // The kernel takes no windows (a call with one never reaches it), so the argument is free.
+  *window_right = static_cast<int32_t>(bh);
+  return {std::min<int64_t>(tiles_m * bh, static_cast<int64_t>(e.persistent) * std::max(1, sm_count)), 1};
+}
+
 Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace) {
   if (p.sq == 0 || p.batch == 0 || p.hq == 0) return Status::Ok();
   const CudaDriver* d = nullptr;
@@ -571,17 +580,10 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   const size_t expected = (launched == k ? kLaunchArgCount
                            : (plan.kind == KernelKind::kFwdGluon ? kGluonLaunchArgCount : kTmaLaunchArgCount)) + 2;
   if (args.size() != expected) return Status::Error("internal error: launch argument count mismatch");
-  int64_t grid_m = (p.sq + le.block_m - 1) / le.block_m;
-  int64_t grid_y = grid_bh;
-  if (le.persistent > 0) {
-    // One row of CTAs over all grid_m x grid_bh tiles; the kernel reads B * Hq from window_right
-    // (pushed above as p.window_right, which a call this kernel takes leaves at -1).
-    a.ints[9] = static_cast<int32_t>(grid_bh);
-    grid_m = std::min<int64_t>(grid_m * grid_bh, static_cast<int64_t>(le.persistent) * std::max(1, dk->sm_count));
-    grid_y = 1;
-  }
-  return cuda_check(d->cuLaunchKernel(launched->function, static_cast<unsigned>(grid_m),
-                                      static_cast<unsigned>(grid_y), 1, 32 * le.num_warps, 1, 1,
+  // a.ints[9] is window_right, pushed above by address: a persistent kernel reads B * Hq there.
+  const FwdGrid grid = fwd_grid(le, p, dk->sm_count, &a.ints[9]);
+  return cuda_check(d->cuLaunchKernel(launched->function, static_cast<unsigned>(grid.x),
+                                      static_cast<unsigned>(grid.y), 1, 32 * le.num_warps, 1, 1,
                                       static_cast<unsigned>(le.shared), stream, args.data(), nullptr),
                     (std::string("cuLaunchKernel(") + le.variant_name + ")").c_str());
 }

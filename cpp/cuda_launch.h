@@ -54,6 +54,15 @@ struct LaunchPlan {
 // ORT_FLASH_GLUON nor ORT_FLASH_TMA is "0".
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 
+// The grid of a forward launch of entry `e` for `p` on a GPU with `sm_count` SMs: (ceil(Sq /
+// block_m), B * Hq), or for a persistent entry (KernelEntry::persistent) one row of min(persistent x
+// SMs, ceil(Sq / block_m) x B * Hq) CTAs, whose kernel reads B * Hq from its window_right argument:
+// *window_right is set to it then, left as it is otherwise.
+struct FwdGrid {
+  int64_t x, y;
+};
+FwdGrid fwd_grid(const KernelEntry& e, const FlashParams& p, int sm_count, int32_t* window_right);
+
 // The variant `p` needs, or an error naming what this build cannot run.
 Status select_variant(const FlashParams& p, VariantKey* key);
 

@@ -228,6 +228,17 @@ PYBIND11_MODULE(_C, m) {
         "as aot/variants.py codes; num_warps, block_m, block_n, tile_causal, tile_min_len, pdl, "
         "tile_max_len): "
         "(kind, the variant it launches, its fallback or second kernel, KV splits). Needs no GPU.");
+  m.def("fwd_grid", [](const FlashParams& p, int block_m, int persistent, int sm_count) {
+    KernelEntry e{};
+    e.block_m = block_m;
+    e.persistent = persistent;
+    int32_t window_right = static_cast<int32_t>(p.window_right);
+    const FwdGrid g = fwd_grid(e, p, sm_count, &window_right);
+    return py::make_tuple(g.x, g.y, window_right);
+  }, py::arg("p"), py::arg("block_m"), py::arg("persistent") = 0, py::arg("sm_count") = 132,
+     "The grid a forward kernel of tile block_m (persistent: CTAs per SM of a persistent kernel, "
+     "0 none) is launched with for `p` on `sm_count` SMs, and the window_right it is passed: "
+     "(grid x, grid y, window_right). Needs no GPU.");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     const CudaDriver* d = nullptr;
     check(cuda_driver(&d));

@@ -269,29 +269,45 @@ def test_ws_tiles_per_cta_compiles_for_sm90(monkeypatch, hd):
         assert _ws_sass(v, cfg, unnamed=("TILES_PER_CTA", "MASK_KIND"))[2] == _ws_sass(v, cfg)[2]
 
 
-@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path):
-    """Non-causal unmasked warp-specialized cubins are persistent (one CTA per SM takes the call's
-    tiles in turn: perf-notes prefill v14); causal and key-vector-masked ones keep a CTA per tile.
-    The build names PERSISTENT_GRID for every one of them (the compile cache keys constexprs by
-    value and position), their cache keys differ by it, and the generated table row carries it as
-    KernelEntry's last field (the launcher's grid)."""
+def _persistent_on(monkeypatch):
+    """The tables as the build makes them with variants.GLUON_WS_PERSISTENT on."""
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    monkeypatch.setattr(variants, "GLUON_WS_PERSISTENT", True)
+    lengths, tiles = variants.ws_tables(True)
+    monkeypatch.setattr(variants, "GLUON_WS_LENGTHS", lengths)
+    monkeypatch.setattr(variants, "GLUON_WS_TILES", tiles)
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+@pytest.mark.parametrize("on", [False, True], ids=["shipped", "persistent-on"])
+def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on):
+    """With variants.GLUON_WS_PERSISTENT on, the non-causal unmasked warp-specialized cubins are
+    persistent (one CTA per SM takes the call's tiles in turn: perf-notes prefill v14), one per
+    (dtype, head dim) over the whole range, and causal and key-vector-masked ones keep a CTA per
+    tile; as shipped (off) none is. The build names PERSISTENT_GRID for every one of them (the
+    compile cache keys constexprs by value and position), their cache keys differ by it, and the
+    generated table row carries it as KernelEntry's last field (the launcher's grid)."""
+    if on:
+        _persistent_on(monkeypatch)
+    else:
+        monkeypatch.setattr(variants, "GLUON_ENABLED", True)
     ws = [x for x in variants.gluon_variants() if x.ws]
     assert ws
     seen = set()
     for x in ws:
         cfg = variants.get_fwd_config(90, x)
-        want = 1 if (x.mask == "none" and x.tile_causal == 0) else 0
-        assert x.tile_causal in (0, 1) or want == 0, x
-        assert cfg.persistent == want and cfg.tiles == 1, (x, cfg)
+        want = 1 if (on and x.mask == "none" and x.tile_causal == 0) else 0
+        assert cfg.persistent == want, (x, cfg)
         constexprs = build.triton_source(x, 90, cfg)[4]
         assert constexprs["PERSISTENT_GRID"] is bool(want), x
         seen.add(want)
         if want:
+            assert cfg.tiles == 1 and x.tile_max_len == 0, (x, cfg)
             off = dataclasses.replace(cfg, persistent=0)
             assert build.cache_key(x, 90, off) != build.cache_key(x, 90, cfg)
-    assert seen == {0, 1}
+    assert seen == ({0, 1} if on else {0})
+    if not on:
+        return
     x = next(y for y in ws if variants.get_fwd_config(90, y).persistent)
     cfg = variants.get_fwd_config(90, x)
     cubin = tmp_path / "k.cubin"
@@ -304,6 +320,63 @@ def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path):
     assert row.rstrip().endswith(f", {x.tile_max_len}, 1}},"), row
     header = (ROOT / "cpp" / "kernel_table.h").read_text()
     assert re.search(r"int tile_max_len;\s*(//[^\n]*\n\s*)*int persistent;\s*};", header)
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+@pytest.mark.parametrize("hd", [128, 64])
+def test_persistent_ws_kernel_compiles_for_sm90(monkeypatch, hd):
+    """The persistent cubins (GLUON_WS_PERSISTENT on) compile for sm_90 at their tile with no
+    spills, within the shared-memory limit (two Q buffers, as two tiles per CTA)."""
+    _persistent_on(monkeypatch)
+    v = next(x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws, x.mask, x.tile_causal)
+             == ("bf16", hd, True, "none", 0))
+    cfg = variants.get_fwd_config(90, v)
+    assert cfg.persistent == 1
+    shared, res, sass = _ws_sass(v, cfg)
+    assert re.search(r"STACK:0 ", res) and re.search(r"LOCAL:0 ", res), res
+    assert 0 < shared <= build.SMEM_LIMIT[90]
+    assert sass.count("HGMMA") > 0 and "STL" not in sass
+
+
+def _tile_walk(grid_x: int, bh_all: int, sq: int, block_m: int, causal: bool) -> list:
+    """The (batch x head, query tile) pairs each CTA of a persistent launch runs, in the order
+    aot/flash_fwd_gluon_ws.py's _cta_tile takes them (mirrored; test_persistent_launch_covers_every_tile_once
+    checks the mirror against the kernel's source)."""
+    n_m = -(-sq // block_m)
+    out = []
+    for g in range(grid_x):
+        mine = []
+        for t in range(-(-(n_m * bh_all - g) // grid_x)):  # n_valid
+            tid = g + t * grid_x
+            mine.append((tid % bh_all, n_m - 1 - tid // bh_all) if causal else (tid // n_m, n_m - 1 - tid % n_m))
+        out.append(mine)
+    return out
+
+
+@pytest.mark.parametrize("b,hq,sq,sms,causal", [(1, 1, 100, 132, False), (2, 3, 1000, 132, False),
+                                                (32, 16, 512, 132, False), (1, 16, 16384, 132, True),
+                                                (3, 5, 777, 7, True), (2, 8, 129, 132, False)])
+def test_persistent_launch_covers_every_tile_once(b, hq, sq, sms, causal):
+    """The launcher's grid for a persistent entry (ort_flash._C.fwd_grid, what launch_flash_cuda
+    launches with; no GPU needed) and the kernel's walk over tiles run every (batch, head, query
+    tile) exactly once, with B * Hq in window_right; a per-tile entry keeps (ceil(Sq / block_m),
+    B * Hq) and leaves window_right alone."""
+    from ort_flash import _C
+    src = (ROOT / "aot" / "flash_fwd_gluon_ws.py").read_text()
+    for line in ("tid = g0 + t * gl.num_programs(0)", "bh = tid // n_m", "m_t = n_m - 1 - tid % n_m",
+                 "bh = tid % bh_all", "m_t = n_m - 1 - tid // bh_all",
+                 "n_valid = gl.cdiv(gl.cdiv(Sq, BLOCK_M) * bh_all - g0, gl.num_programs(0))", "bh_all = window_right"):
+        assert line in src, f"the kernel's tile walk changed ({line!r}): update _tile_walk"
+    p = _params(b=b, hq=hq, hkv=1, sq=sq, skv=sq, causal=causal)
+    p.window_right = -1
+    n_m = -(-sq // 128)
+    x, y, wr = _C.fwd_grid(p, 128, 1, sms)
+    assert (y, wr) == (1, b * hq) and x == min(sms, n_m * b * hq), (x, y, wr)
+    walk = _tile_walk(x, wr, sq, 128, causal)
+    assert sorted(t for cta in walk for t in cta) == [(bh, m) for bh in range(b * hq) for m in range(n_m)]
+    if causal:  # each CTA takes its tiles longest first
+        assert all([m for _, m in cta] == sorted((m for _, m in cta), reverse=True) for cta in walk)
+    assert _C.fwd_grid(p, 128, 0, sms) == (n_m, b * hq, -1)
 
 
 def test_shipped_gluon_ranges_split_the_lengths():
@@ -349,7 +422,7 @@ def _rows(arch: int, gluon: bool = True) -> list[dict]:
                         precision=v.PRECISION_CODES[x.precision] if x.dtype == "fp32" else 0,
                         mask_keys=x.mask_keys, num_warps=cfg.num_warps, block_m=cfg.block_m,
                         block_n=cfg.block_n, tile_causal=x.tile_causal, tile_min_len=x.tile_min_len,
-                        tile_max_len=x.tile_max_len,
+                        tile_max_len=x.tile_max_len, persistent=cfg.persistent,
                         pdl=x.kind == "decode" and arch >= build.PDL_MIN_ARCH))
     return out
 
