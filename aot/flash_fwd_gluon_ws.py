@@ -438,169 +438,13 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
 
 
 @gluon.jit
-def _row_bounds(r0, hi, Skv, offset, causal, WG_M: gl.constexpr, row_layout: gl.constexpr):
-    """A consumer's rows from r0 in one tile: the last key each row keeps (lim = min(pos, hi - 1),
-    pos = row + offset under causal) and the first key at which any row masks (mask_from)."""
-    rows = r0 + gl.arange(0, WG_M, layout=row_layout)
-    pos = rows + offset
-    mask_from = Skv
-    if causal != 0:
-        mask_from = gl.minimum(Skv, r0 + offset + 1)
-    else:
-        pos = rows * 0 + Skv
-    return gl.minimum(pos, hi - 1), mask_from
-
-
-@gluon.jit
-def _store_tile(Y, Lse, acc, m_i, l_i, q_slot, b, h, pid_bh, r0, Sq, store_lse,
-                WG_M: gl.constexpr, BLOCK_D: gl.constexpr, o_layout: gl.constexpr, row_layout: gl.constexpr):
-    """A consumer's rows of a finished tile: O / l into its Q slot, a TMA store from there (not
-    waited for), and the LSE."""
-    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
-    q_slot.reshape([WG_M, BLOCK_D]).store(out.to(q_slot.dtype))  # TMA clips past Sq
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(Y, [b, h, r0, 0], q_slot)
-    if store_lse != 0:
-        rows = r0 + gl.arange(0, WG_M, layout=row_layout)
-        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
-        gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
-
-
-@gluon.jit
-def _consumer_flat(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                   turns, b, h, pid_bh, Sq, Skv, offset, causal, qk_scale, store_lse, g0, n_valid,
-                   WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr):
-    """CROSS_TILE: one consumer's rows of the CTA's tiles as one pipeline over the ring's running
-    block count c (a turn per block after the first). Each tile's key loop is _consumer_tile's;
-    between two tiles one step issues the next tile's S = Q K_0^T beside this tile's last P V and
-    runs the next tile's first softmax while that P V is in flight, then stores this tile's output.
-    The wait for that store (which frees its Q slot for the producer's next-but-one tile) is left
-    to the next tile's first iteration. So a tile's prologue (the Q and K_0 waits, the first S and
-    softmax) runs under the last one's tensor-core work instead of after its epilogue."""
-    NW: gl.constexpr = gl.num_warps()
-    dtype: gl.constexpr = q_smem.dtype
-    BLOCK_M: gl.constexpr = WG_M * NC
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                       instr_shape=[16, BLOCK_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
-
-    # The first tile's first block.
-    m0, hi, nb = _tile_span(g0 + n_valid - 1, Sq, Skv, offset, causal, BLOCK_M, BLOCK_N)
-    r0 = m0 + WG * WG_M
-    lim, mask_from = _row_bounds(r0, hi, Skv, offset, causal, WG_M, row_layout)
-    q_idx = WG
-    mbarrier.wait(q_ready.index(q_idx), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    k0 = k_ring.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
-    s = warpgroup_mma(q_smem.index(q_idx).reshape([WG_M, BLOCK_D]), k0, s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=[s])
-    mbarrier.arrive(k_empty.index(0))
-    m_i = gl.full([WG_M], float("-inf"), gl.float32, row_layout)
-    l_i = gl.zeros([WG_M], gl.float32, row_layout)
-    p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, 0, mask_from, lim, qk_scale, s_layout, BLOCK_N)
-    p = gl.convert_layout(p.to(dtype), p_layout)
-    acc = gl.zeros([WG_M, BLOCK_D], gl.float32, o_layout)
-
-    c0 = n_valid * 0  # ring block of the tile's block 0
-    pending = c0      # 1: the last tile's output store is in flight from Q slot q_pend
-    q_pend = c0
-    for t in range(n_valid):
-        q = q_smem.index(q_idx).reshape([WG_M, BLOCK_D])
-        for j in range(1, nb):  # _consumer_tile's key loop (unmasked, turn c - 1)
-            c = c0 + j
-            st = c % NUM_STAGES
-            prev = (c - 1) % NUM_STAGES
-            mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
-            if PINGPONG:
-                mbarrier.wait(turns.index(WG), ((c - 1) & 1) ^ (1 if WG == 0 else 0))
-            k_j = k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
-            s_tok = warpgroup_mma(q, k_j, s_zero, use_acc=False, is_async=True)
-            v_prev = v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
-            acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turns.index((WG + 1) % NC))
-            if pending != 0:  # the last tile's store has had an iteration to read its slot
-                tma.store_wait(0)
-                mbarrier.arrive(q_empty.index(q_pend))
-                pending = 0
-            s = warpgroup_mma_wait(1, deps=[s_tok])
-            mbarrier.arrive(k_empty.index(st))
-            p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, j * BLOCK_N, mask_from, lim, qk_scale,
-                                              s_layout, BLOCK_N)
-            acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
-            mbarrier.arrive(v_empty.index(prev))
-            p = gl.convert_layout(p.to(dtype), p_layout)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        c = c0 + nb  # the next tile's block 0; this tile's last block is c - 1
-        prev = (c - 1) % NUM_STAGES
-        if pending != 0:  # a one-block tile: the producer needs this slot for the next tile's Q
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(q_pend))
-            pending = 0
-        mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
-        if t + 1 < n_valid:
-            # The next tile's first S beside this tile's last P V (one turn).
-            m0_n, hi_n, nb_n = _tile_span(g0 + n_valid - 2 - t, Sq, Skv, offset, causal, BLOCK_M, BLOCK_N)
-            r0_n = m0_n + WG * WG_M
-            lim_n, mask_from_n = _row_bounds(r0_n, hi_n, Skv, offset, causal, WG_M, row_layout)
-            q_n = ((t + 1) % 2) * NC + WG
-            st = c % NUM_STAGES
-            mbarrier.wait(q_ready.index(q_n), ((t + 1) // 2) & 1)
-            mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)
-            if PINGPONG:
-                mbarrier.wait(turns.index(WG), ((c - 1) & 1) ^ (1 if WG == 0 else 0))
-            k_n = k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
-            s_tok = warpgroup_mma(q_smem.index(q_n).reshape([WG_M, BLOCK_D]), k_n, s_zero, use_acc=False,
-                                  is_async=True)
-            acc_tok = warpgroup_mma(p, v_ring.index(prev).reshape([BLOCK_N, BLOCK_D]), acc, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turns.index((WG + 1) % NC))
-            s = warpgroup_mma_wait(1, deps=[s_tok])
-            mbarrier.arrive(k_empty.index(st))
-            m_n = gl.full([WG_M], float("-inf"), gl.float32, row_layout)
-            l_n = gl.zeros([WG_M], gl.float32, row_layout)
-            p, alpha, m_n, l_n = _softmax_lim(s, m_n, l_n, 0, mask_from_n, lim_n, qk_scale, s_layout, BLOCK_N)
-            acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
-            mbarrier.arrive(v_empty.index(prev))
-            p = gl.convert_layout(p.to(dtype), p_layout)
-            _store_tile(Y, Lse, acc, m_i, l_i, q_smem.index(q_idx), b, h, pid_bh, r0, Sq, store_lse,
-                        WG_M, BLOCK_D, o_layout, row_layout)
-            pending = 1
-            q_pend = q_idx
-            acc = gl.zeros([WG_M, BLOCK_D], gl.float32, o_layout)
-            m_i = m_n
-            l_i = l_n
-            r0 = r0_n
-            lim = lim_n
-            mask_from = mask_from_n
-            q_idx = q_n
-            nb = nb_n
-        else:
-            acc = warpgroup_mma(p, v_ring.index(prev).reshape([BLOCK_N, BLOCK_D]), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            mbarrier.arrive(v_empty.index(prev))
-            _store_tile(Y, Lse, acc, m_i, l_i, q_smem.index(q_idx), b, h, pid_bh, r0, Sq, store_lse,
-                        WG_M, BLOCK_D, o_layout, row_layout)
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(q_idx))
-        c0 = c
-
-@gluon.jit
 def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
               m_base, lim_smem, lim_bar,
               WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-              FLAT: gl.constexpr, PERSISTENT: gl.constexpr):
+              PERSISTENT: gl.constexpr):
     if PREFIX:
         # Every consumer checks the keys its tile sees ([0, hi)) itself; the first one tells the
         # producer. A visible run [lo, end) runs unmasked over end - lo keys from lo (where lo > 0
@@ -632,10 +476,6 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
                        turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                        0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
                        MASK_KIND, OVERLAP)
-    elif FLAT:
-        _consumer_flat(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                       turns, b, h, pid_bh, Sq, Skv, offset, causal, qk_scale, store_lse, g0, n_valid,
-                       WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC)
     else:
         # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
         # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
@@ -658,11 +498,11 @@ def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
                MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-               FLAT: gl.constexpr, PERSISTENT: gl.constexpr):
+               PERSISTENT: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
               m_base, lim_smem, lim_bar, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-              MASK_KIND, OVERLAP, PREFIX, FLAT, PERSISTENT)
+              MASK_KIND, OVERLAP, PREFIX, PERSISTENT)
 
 
 @gluon.jit
@@ -672,11 +512,11 @@ def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
                MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-               FLAT: gl.constexpr, PERSISTENT: gl.constexpr):
+               PERSISTENT: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
               m_base, lim_smem, lim_bar, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-              MASK_KIND, OVERLAP, PREFIX, FLAT, PERSISTENT)
+              MASK_KIND, OVERLAP, PREFIX, PERSISTENT)
 
 
 @gluon.jit
@@ -693,7 +533,7 @@ def flash_fwd_gluon_ws(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
     TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0, OVERLAP_PV: gl.constexpr = False,
-    MASK_PREFIX: gl.constexpr = False, CROSS_TILE: gl.constexpr = False, PERSISTENT_GRID: gl.constexpr = False,
+    MASK_PREFIX: gl.constexpr = False, PERSISTENT_GRID: gl.constexpr = False,
 ):
     gl.static_assert(gl.num_warps() == CONSUMER_WARPS, "the default partition is one consumer warpgroup")
     gl.static_assert((NUM_CONSUMERS == 2) | (NUM_CONSUMERS == 3), "two or three consumer warpgroups")
@@ -711,9 +551,6 @@ def flash_fwd_gluon_ws(
     QB: gl.constexpr = 1 if TILES == 1 else 2  # Q buffers: the next tile's loads run under this one
     OVERLAP: gl.constexpr = True if OVERLAP_PV == True else False  # noqa: E712 (a wrapped None is False)
     PREFIX: gl.constexpr = True if MASK_PREFIX == True else False  # noqa: E712
-    # CROSS_TILE (TILES > 1, no mask, not persistent; measured, not shipped: perf-notes prefill v14):
-    # each consumer runs its tiles as one pipeline (_consumer_flat).
-    FLAT: gl.constexpr = True if (CROSS_TILE == True) & (TILES > 1) & (MASKED == 0) & (not PERSISTENT) else False  # noqa: E712
     bh_all = window_right
     gl.static_assert((not PREFIX) | ((MASKED != 0) & (TILES == 1)),
                      "the visible-range check needs a key-vector mask and one tile per CTA")
@@ -788,11 +625,11 @@ def flash_fwd_gluon_ws(
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                         MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
+                         MASKED, OVERLAP, PREFIX, PERSISTENT)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                           m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
+                          MASKED, OVERLAP, PREFIX, PERSISTENT)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
                          WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT)),
@@ -802,15 +639,15 @@ def flash_fwd_gluon_ws(
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                         MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
+                         MASKED, OVERLAP, PREFIX, PERSISTENT)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                           m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
+                          MASKED, OVERLAP, PREFIX, PERSISTENT)),
             (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                           m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX, FLAT, PERSISTENT)),
+                          MASKED, OVERLAP, PREFIX, PERSISTENT)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
                          WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT)),

@@ -10,9 +10,8 @@ run, on the benchmark grid (batch x seqlen = 16k tokens, hidden 2048). Prints a 
 --configs times (and checks) the Gluon kernel at each tile given as head_dim:BLOCK_M,BLOCK_N,
 NUM_STAGES,num_warps[,OVERLAP_PV] besides the tile table's; --ws the warp-specialized kernel at
 head_dim:BLOCK_M,BLOCK_N,NUM_STAGES,PINGPONG[,maxnreg[,consumers[,consumer regs[,TILES_PER_CTA[,OVERLAP_PV
-[,CROSS_TILE[,PERSISTENT_GRID]]]]]]] (TILES_PER_CTA query tiles of BLOCK_M rows per CTA, grid cdiv(Sq, BLOCK_M * TILES_PER_CTA);
+[,PERSISTENT_GRID]]]]]] (TILES_PER_CTA query tiles of BLOCK_M rows per CTA, grid cdiv(Sq, BLOCK_M * TILES_PER_CTA);
 OVERLAP_PV 1: a consumer's softmax also runs under its own P V, the wait in an opaque branch;
-CROSS_TILE 1: a consumer runs its tiles as one pipeline, the next tile's first S beside the last P V;
 PERSISTENT_GRID n: a persistent grid of n CTAs per SM over all tiles, B * Hq passed in window_right).
 --runtime-ints compiles the Gluon kernels with their integer arguments unspecialized, as aot/build.py
 compiles them (JIT otherwise folds causal == 1 and compiles anew per Sq % 16, group == 1, ...): one
@@ -89,7 +88,7 @@ def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
         PINGPONG=c["PINGPONG"], NUM_CONSUMERS=c.get("NUM_CONSUMERS", 2),
         CONSUMER_REGS=c.get("CONSUMER_REGS", 240), TILES_PER_CTA=tiles, OVERLAP_PV=c.get("OVERLAP_PV", False),
-        CROSS_TILE=c.get("CROSS_TILE", False), PERSISTENT_GRID=bool(persistent), num_warps=c["num_warps"],
+        PERSISTENT_GRID=bool(persistent), num_warps=c["num_warps"],
         maxnreg=c["maxnreg"])
 
 
@@ -179,7 +178,7 @@ def _label(cfg) -> str:
         return "one-partition"
     if cfg.get("WS"):
         return (f"ws M{cfg['BLOCK_M']} T{cfg.get('TILES_PER_CTA', 1)}" + (" O" if cfg.get("OVERLAP_PV") else "")
-                + (" X" if cfg.get("CROSS_TILE") else "") + (" P" if cfg.get("PERSISTENT_GRID") else ""))
+                + (" P" if cfg.get("PERSISTENT_GRID") else ""))
     return ",".join(f"{val}" for key, val in cfg.items())
 
 
@@ -232,7 +231,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--configs", default="", help="extra tiles, head_dim:BM,BN,stages,warps;...")
     ap.add_argument("--ws", default="", help="warp-specialized tiles, head_dim:BM,BN,stages,pingpong[,maxnreg[,consumers"
-                    "[,consumer regs[,tiles per CTA[,overlap P V[,cross tile[,persistent CTAs per SM]]]]]]];...")
+                    "[,consumer regs[,tiles per CTA[,overlap P V[,persistent CTAs per SM]]]]]];...")
     ap.add_argument("--runtime-ints", action="store_true", help="Gluon integer arguments unspecialized, as AOT")
     ap.add_argument("--no-triton", action="store_true", help="leave out the shipped Triton kernel's timing")
     ap.add_argument("--no-plain", action="store_true", help="leave out the one-partition kernel's own tile")
@@ -253,10 +252,9 @@ def main(argv=None) -> int:
     for item in filter(None, args.ws.split(";")):
         d, tile = item.split(":")
         bm, bn, st, pp, *more = map(int, tile.split(","))
-        extra = dict(zip(("maxnreg", "NUM_CONSUMERS", "CONSUMER_REGS", "TILES_PER_CTA", "OVERLAP_PV", "CROSS_TILE",
-                                  "PERSISTENT_GRID"),
-                         more))
-        for flag in ("OVERLAP_PV", "CROSS_TILE"):
+        extra = dict(zip(("maxnreg", "NUM_CONSUMERS", "CONSUMER_REGS", "TILES_PER_CTA", "OVERLAP_PV",
+                          "PERSISTENT_GRID"), more))
+        for flag in ("OVERLAP_PV",):
             if flag in extra:
                 extra[flag] = bool(extra[flag])
         cfgs.append(dict(BLOCK_D=int(d), WS=True, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=st, PINGPONG=bool(pp), **extra))

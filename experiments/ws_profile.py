@@ -55,9 +55,13 @@ def use_pair_softmax():
 
 def shipped_cfg(dtype: str, d: int, causal: bool, n: int) -> dict:
     """The tile the AOT build ships for this call: the kernel module's get_ws_config, with the tiles
-    per CTA of the cubin whose length range holds n (variants.gluon_ws_entries)."""
+    per CTA of the cubin whose length range holds n (variants.gluon_ws_entries), and the persistent
+    grid (PERSISTENT_GRID, CTAs per SM) where variants.GLUON_WS_PERSISTENT turns it on."""
     tiles = [tl for lo, hi, tl in variants.gluon_ws_entries(dtype, d, causal) if lo <= n and (hi == 0 or n < hi)]
-    return dict(gluon_attn.fws.get_ws_config(dtype, d, causal), TILES_PER_CTA=tiles[0] if tiles else 1)
+    cfg = gluon_attn.fws.get_ws_config(dtype, d, causal)
+    persistent = cfg.pop("PERSISTENT", 0) if variants.GLUON_WS_PERSISTENT else 0
+    cfg.pop("PERSISTENT", None)
+    return dict(cfg, TILES_PER_CTA=tiles[0] if tiles else 1, **({"PERSISTENT_GRID": persistent} if persistent else {}))
 
 
 def main(argv=None) -> int:
