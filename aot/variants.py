@@ -297,7 +297,7 @@ def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask:
     c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal, mask)
     return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
                       c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles, c.get("OVERLAP_PV", False),
-                      c.get("PERSISTENT", 0) if (mask == "none" and GLUON_WS_PERSISTENT) else 0)
+                      c.get("PERSISTENT", 0) if GLUON_WS_PERSISTENT else 0)
 
 
 def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, int]]:

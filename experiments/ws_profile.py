@@ -59,8 +59,8 @@ def shipped_cfg(dtype: str, d: int, causal: bool, n: int) -> dict:
     grid (PERSISTENT_GRID, CTAs per SM) where variants.GLUON_WS_PERSISTENT turns it on."""
     tiles = [tl for lo, hi, tl in variants.gluon_ws_entries(dtype, d, causal) if lo <= n and (hi == 0 or n < hi)]
     cfg = gluon_attn.fws.get_ws_config(dtype, d, causal)
-    persistent = cfg.pop("PERSISTENT", 0) if variants.GLUON_WS_PERSISTENT else 0
-    cfg.pop("PERSISTENT", None)
+    del cfg["PERSISTENT"]  # what the build makes of it is variants.gluon_ws_tile's
+    persistent = variants.gluon_ws_tile(dtype, d, causal).persistent
     return dict(cfg, TILES_PER_CTA=tiles[0] if tiles else 1, **({"PERSISTENT_GRID": persistent} if persistent else {}))
 
 
