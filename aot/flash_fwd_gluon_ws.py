@@ -46,6 +46,15 @@ CTA per SM, and each CTA takes the call's tiles g, g + CTAs, ... of all (batch, 
 L2), with the two-tile machinery above (two Q buffers, running ring and turn counts); B * Hq
 arrives in window_right. A tile's loads then run under the last tile's work across heads too, and
 no CTA launches, sets up its barriers or waits for its first loads per tile.
+
+With DYNAMIC_TILES as well (causal calls, variants.GLUON_WS_DYNAMIC) the producer hands out the
+tiles: the CTAs claim them through an int64 counter as they free up (_claim; the launcher passes
+the stream's counter pair in SeqlensK and has_seqlens 1, else the tiles go round robin in the same
+order), in _tile_of's order (heads in groups whose K/V share L2, each group's longest tiles first),
+and each tile's id reaches the consumers through shared memory with its Q (_publish_tile,
+_read_tile; -1 ends). The last CTA to make its one claim past the end zeroes the counter for the
+next launch on the stream. With SKIP_PAST_ROWS a consumer whose rows of a tile all lie past Sq
+passes the tile's barriers without its GEMMs (_consumer_pass).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -266,10 +275,63 @@ def _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, group, b, h, hk, pid_bh, B
 
 
 @gluon.jit
+def _tile_of(tid, n_m, bh_all, grp, Hq, group):
+    """Tile `tid` of a DYNAMIC_TILES call: (query tile, b, h, hk, bh). The (batch, head) pairs go
+    in groups of `grp` (a group's K/V fit in L2 together), each group's tiles longest first across
+    its heads (every head's longest tile, then every head's next, ...): the CTAs running at once
+    share a few heads' K/V, and the last tiles handed out are short ones."""
+    per = grp * n_m
+    g = tid // per
+    gsz = gl.minimum(grp, bh_all - g * grp)
+    i = tid - g * per
+    bh = g * grp + i % gsz
+    hq_t = bh % Hq
+    return n_m - 1 - i // gsz, bh // Hq, hq_t, hq_t // group, bh
+
+
+@gluon.jit
+def _claim(ctr, use_ctr, tid):
+    """The producer's next tile after `tid`: the grid's CTAs claim tiles num_programs(0),
+    num_programs(0) + 1, ... through the counter at ctr[0] (so that a CTA whose tiles were short
+    takes more), or without a counter (use_ctr 0) take every num_programs(0)-th tile."""
+    nxt = tid + gl.num_programs(0)
+    if use_ctr != 0:
+        nxt = gl.num_programs(0) + gl.atomic_add(ctr, 1, sem="relaxed").to(gl.int32)
+    return nxt
+
+
+@gluon.jit
+def _publish_tile(ids, q_ready, q_empty, tid, tt, NC: gl.constexpr, SENTINEL: gl.constexpr):
+    """Tile tt's id into its Q buffer's slot of `ids`, once every consumer has freed that buffer
+    (its tile tt - 2 stored), before the Q loads that carry it to the consumers: each consumer
+    reads it after its wait on q_ready. With SENTINEL (tid is then -1, no tile left) the producer
+    arrives on q_ready itself, with no load."""
+    qb = tt % 2
+    for w in gl.static_range(NC):
+        mbarrier.wait(q_empty.index(qb * NC + w), ((tt // 2) & 1) ^ 1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    ids.index(qb).store(gl.full([1], 0, gl.int32, layout) + tid)
+    gl.thread_barrier()  # every thread's store before the (one-thread) arrives
+    if SENTINEL:
+        for w in gl.static_range(NC):
+            mbarrier.arrive(q_ready.index(qb * NC + w))
+
+
+@gluon.jit
+def _read_tile(ids, q_ready, tt, WG: gl.constexpr, NC: gl.constexpr):
+    """The id of the consumer's tile tt (-1: none left), once its Q buffer's barrier has passed."""
+    qb = tt % 2
+    mbarrier.wait(q_ready.index(qb * NC + WG), (tt // 2) & 1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.max(ids.index(qb).load(layout), axis=0)
+
+
+@gluon.jit
 def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
               b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
+              ids, ctr, use_ctr, grp,
               WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
-              TILES: gl.constexpr, PREFIX: gl.constexpr, PERSISTENT: gl.constexpr):
+              TILES: gl.constexpr, PREFIX: gl.constexpr, PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr):
     if PREFIX:
         # Q and block 0 before the first consumer's range check is in (every tile runs block 0
         # but a left-padded one, whose consumers drop it), then the tile's blocks over its
@@ -296,6 +358,34 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
     elif TILES == 1:
         _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                        b, h, hk, m0, n_blocks, 0, 0, WG_M, BLOCK_N, NUM_STAGES, NC, 1)
+    elif DYNAMIC:
+        # Tiles as the counter hands them out (_claim, one claim ahead so that its latency hides
+        # under a tile's loads), each tile's id to the consumers with its Q (_publish_tile), then
+        # -1. Every CTA makes exactly one claim past the last tile; the last CTA to get there
+        # zeroes the counter for the next launch on this stream.
+        n_m = gl.cdiv(Sq, WG_M * NC)
+        total = n_m * bh_all
+        tid = gl.program_id(0)
+        nxt = _claim(ctr, use_ctr, tid)
+        c0 = tid * 0
+        tt = tid * 0
+        while tid < total:
+            m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, bh_all, grp, Hq, group)
+            m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
+            _publish_tile(ids, q_ready, q_empty, tid, tt, NC, False)
+            _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                           b_t, h_t, hk_t, m0_t, nb_t, tt, c0, WG_M, BLOCK_N, NUM_STAGES, NC, 2)
+            c0 += nb_t
+            tt += 1
+            tid = nxt
+            if tid < total:
+                nxt = _claim(ctr, use_ctr, tid)
+        _publish_tile(ids, q_ready, q_empty, -1, tt, NC, True)
+        if use_ctr != 0:
+            done = gl.atomic_add(ctr + 1, 1, sem="acq_rel")
+            if done == gl.num_programs(0) - 1:
+                gl.atomic_xchg(ctr, 0, sem="relaxed")
+                gl.atomic_xchg(ctr + 1, 0, sem="relaxed")
     else:
         # Runs ahead into the next tile: its Q into the other buffer, its blocks through the ring.
         c0 = n_valid * 0
@@ -309,7 +399,63 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
 
 
 @gluon.jit
+def _consumer_pass(q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, n_blocks, t, c0, i0,
+                   WG: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr,
+                   QB: gl.constexpr):
+    """A consumer whose rows of a tile all lie at or past Sq (the last tile of a length that is not
+    a multiple of BLOCK_M): no GEMMs, no softmax, no store; only its part in the barriers, in
+    _consumer_rows' order (each wait before the arrive it guards, so that it never runs ahead of the
+    producer), so that the other consumers have the tensor cores to themselves."""
+    q_idx = (t % QB) * NC + WG
+    mbarrier.wait(q_ready.index(q_idx), (t // QB) & 1)
+    st0 = c0 % NUM_STAGES
+    mbarrier.wait(k_ready.index(st0), (c0 // NUM_STAGES) & 1)
+    mbarrier.arrive(k_empty.index(st0))
+    for j in range(1, n_blocks):
+        c = c0 + j
+        st = c % NUM_STAGES
+        prev = (c - 1) % NUM_STAGES
+        mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
+        if PINGPONG:
+            mbarrier.wait(turns.index(WG), ((i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))
+            mbarrier.arrive(turns.index((WG + 1) % NC))
+        mbarrier.arrive(k_empty.index(st))
+        mbarrier.arrive(v_empty.index(prev))
+    c_last = c0 + n_blocks - 1
+    mbarrier.wait(v_ready.index(c_last % NUM_STAGES), (c_last // NUM_STAGES) & 1)
+    if QB > 1:
+        mbarrier.arrive(v_empty.index(c_last % NUM_STAGES))
+        mbarrier.arrive(q_empty.index(q_idx))
+
+
+@gluon.jit
 def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+                   t, c0, i0, m_base,
+                   WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+                   NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr,
+                   MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, SKIP: gl.constexpr):
+    """_consumer_rows, or with SKIP, for a consumer (not the first) whose rows all lie past Sq,
+    _consumer_pass."""
+    if SKIP & (WG > 0):
+        if m0 + WG * WG_M >= Sq:
+            _consumer_pass(q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, n_blocks, t, c0, i0,
+                           WG, NUM_STAGES, PINGPONG, NC, QB)
+        else:
+            _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                           turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+                           t, c0, i0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, QB,
+                           MASK_KIND, OVERLAP)
+    else:
+        _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                       turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+                       t, c0, i0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, QB,
+                       MASK_KIND, OVERLAP)
+
+
+@gluon.jit
+def _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                    turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                    t, c0, i0, m_base,
                    WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
@@ -440,11 +586,11 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
 @gluon.jit
 def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-              m_base, lim_smem, lim_bar,
+              m_base, lim_smem, lim_bar, ids, grp,
               WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-              PERSISTENT: gl.constexpr):
+              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr, SKIP: gl.constexpr):
     if PREFIX:
         # Every consumer checks the keys its tile sees ([0, hi)) itself; the first one tells the
         # producer. A visible run [lo, end) runs unmasked over end - lo keys from lo (where lo > 0
@@ -465,17 +611,33 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
             _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                            turns, b, h, pid_bh, m0, Sq, n_run, offset, causal, gl.maximum(gl.cdiv(n_run, BLOCK_N), 1),
                            n_run, qk_scale, store_lse, 0, c0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES,
-                           PINGPONG, NC, 1, 0, OVERLAP)
+                           PINGPONG, NC, 1, 0, OVERLAP, SKIP)
         else:
             _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                            turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                            0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
-                           MASK_KIND, OVERLAP)
+                           MASK_KIND, OVERLAP, SKIP)
     elif TILES == 1:
         _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                        turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                        0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
-                       MASK_KIND, OVERLAP)
+                       MASK_KIND, OVERLAP, SKIP)
+    elif DYNAMIC:
+        # The producer's tiles in its order, each id read once its Q buffer is in; -1 ends.
+        n_m = gl.cdiv(Sq, WG_M * NC)
+        c0 = Sq * 0
+        tt = Sq * 0
+        tid = _read_tile(ids, q_ready, tt, WG, NC)
+        while tid >= 0:
+            m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, bh_all, grp, Hq, 1)
+            m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
+            _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                           turns, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
+                           tt, c0, c0 - tt, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
+                           NC, 2, MASK_KIND, OVERLAP, SKIP)
+            c0 += nb_t
+            tt += 1
+            tid = _read_tile(ids, q_ready, tt, WG, NC)
     else:
         # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
         # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
@@ -487,36 +649,36 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
             _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                            turns, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
                            t, c0, c0 - t, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
-                           NC, 2, MASK_KIND, OVERLAP)
+                           NC, 2, MASK_KIND, OVERLAP, SKIP)
             c0 += nb_t
 
 
 @gluon.jit
 def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-               m_base, lim_smem, lim_bar,
+               m_base, lim_smem, lim_bar, ids, grp,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
                MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-               PERSISTENT: gl.constexpr):
+               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr, SKIP: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-              m_base, lim_smem, lim_bar, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-              MASK_KIND, OVERLAP, PREFIX, PERSISTENT)
+              m_base, lim_smem, lim_bar, ids, grp, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+              MASK_KIND, OVERLAP, PREFIX, PERSISTENT, DYNAMIC, SKIP)
 
 
 @gluon.jit
 def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-               m_base, lim_smem, lim_bar,
+               m_base, lim_smem, lim_bar, ids, grp,
                WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
                MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-               PERSISTENT: gl.constexpr):
+               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr, SKIP: gl.constexpr):
     _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-              m_base, lim_smem, lim_bar, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-              MASK_KIND, OVERLAP, PREFIX, PERSISTENT)
+              m_base, lim_smem, lim_bar, ids, grp, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
+              MASK_KIND, OVERLAP, PREFIX, PERSISTENT, DYNAMIC, SKIP)
 
 
 @gluon.jit
@@ -533,7 +695,8 @@ def flash_fwd_gluon_ws(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
     TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0, OVERLAP_PV: gl.constexpr = False,
-    MASK_PREFIX: gl.constexpr = False, PERSISTENT_GRID: gl.constexpr = False,
+    MASK_PREFIX: gl.constexpr = False, PERSISTENT_GRID: gl.constexpr = False, DYNAMIC_TILES: gl.constexpr = False,
+    SKIP_PAST_ROWS: gl.constexpr = False,
 ):
     gl.static_assert(gl.num_warps() == CONSUMER_WARPS, "the default partition is one consumer warpgroup")
     gl.static_assert((NUM_CONSUMERS == 2) | (NUM_CONSUMERS == 3), "two or three consumer warpgroups")
@@ -543,6 +706,16 @@ def flash_fwd_gluon_ws(
     # with two Q buffers as TILES_PER_CTA 2 (_cta_tile); window_right carries B * Hq (this kernel
     # takes no windows: the launcher passes it so for such a cubin).
     PERSISTENT: gl.constexpr = True if (PERSISTENT_GRID == True) & (MASKED == 0) else False  # noqa: E712
+    # DYNAMIC_TILES (with PERSISTENT_GRID): the producer hands out the tiles (_tile_of's order) as
+    # CTAs free up, through the int64 counter pair at SeqlensK where has_seqlens is 1 (zero at
+    # launch; the launch leaves it zero), else every CTAs-th tile; each tile's id reaches the
+    # consumers through shared memory with its Q (this kernel takes no key lengths, so those
+    # arguments are free).
+    DYN: gl.constexpr = True if (DYNAMIC_TILES == True) & PERSISTENT else False  # noqa: E712
+    # SKIP_PAST_ROWS: a consumer whose rows of a tile all lie past Sq takes no part in its GEMMs
+    # (_consumer_pass): at d64 (192-row tiles) the last tile of N 512 or 1024 leaves one or two of
+    # three consumers without rows.
+    SKIP: gl.constexpr = True if SKIP_PAST_ROWS == True else False  # noqa: E712
     # An AOT source that does not name a constexpr passes None, not the default.
     TILES: gl.constexpr = 2 if PERSISTENT else (1 if TILES_PER_CTA is None else TILES_PER_CTA)
     gl.static_assert(TILES >= 1, "at least one query tile per CTA")
@@ -617,6 +790,12 @@ def flash_fwd_gluon_ws(
     else:
         lim_smem = q_ready  # never used
         lim_bar = q_ready
+    if DYN:  # a tile id per Q buffer; heads in groups whose K/V take about 16 MB of L2
+        ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        grp = gl.maximum(gl.minimum((4194304 // BLOCK_D) // gl.maximum(Skv, 1), 8), 1)
+    else:
+        ids = q_ready  # never used
+        grp = 1
     fence_async_shared()
 
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
@@ -624,33 +803,35 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                         MASKED, OVERLAP, PREFIX, PERSISTENT)),
+                         m_base, lim_smem, lim_bar, ids, grp, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
+                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                          m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX, PERSISTENT)),
+                          m_base, lim_smem, lim_bar, ids, grp, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
+                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT)),
+                         ids, SeqlensK, has_seqlens, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
+                         DYN)),
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, 24])
     else:
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                         MASKED, OVERLAP, PREFIX, PERSISTENT)),
+                         m_base, lim_smem, lim_bar, ids, grp, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
+                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                          m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX, PERSISTENT)),
+                          m_base, lim_smem, lim_bar, ids, grp, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
+                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
                           b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                          m_base, lim_smem, lim_bar, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-                          MASKED, OVERLAP, PREFIX, PERSISTENT)),
+                          m_base, lim_smem, lim_bar, ids, grp, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
+                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT)),
+                         ids, SeqlensK, has_seqlens, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
+                         DYN)),
         ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
     for i in gl.static_range(NC):

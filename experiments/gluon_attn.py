@@ -10,9 +10,12 @@ run, on the benchmark grid (batch x seqlen = 16k tokens, hidden 2048). Prints a 
 --configs times (and checks) the Gluon kernel at each tile given as head_dim:BLOCK_M,BLOCK_N,
 NUM_STAGES,num_warps[,OVERLAP_PV] besides the tile table's; --ws the warp-specialized kernel at
 head_dim:BLOCK_M,BLOCK_N,NUM_STAGES,PINGPONG[,maxnreg[,consumers[,consumer regs[,TILES_PER_CTA[,OVERLAP_PV
-[,PERSISTENT_GRID]]]]]] (TILES_PER_CTA query tiles of BLOCK_M rows per CTA, grid cdiv(Sq, BLOCK_M * TILES_PER_CTA);
+[,PERSISTENT_GRID[,DYNAMIC_TILES[,SKIP_PAST_ROWS]]]]]]]] (TILES_PER_CTA query tiles of BLOCK_M rows per CTA, grid cdiv(Sq, BLOCK_M * TILES_PER_CTA);
 OVERLAP_PV 1: a consumer's softmax also runs under its own P V, the wait in an opaque branch;
-PERSISTENT_GRID n: a persistent grid of n CTAs per SM over all tiles, B * Hq passed in window_right).
+PERSISTENT_GRID n: a persistent grid of n CTAs per SM over all tiles, B * Hq passed in window_right;
+DYNAMIC_TILES 1: with it, the CTAs claim tiles through a counter (an int64 pair passed as SeqlensK,
+which every check then finds back at zero), 2: the same tile order, claimed round robin without one;
+SKIP_PAST_ROWS 1: a consumer whose rows of a tile all lie past Sq only passes the barriers).
 --runtime-ints compiles the Gluon kernels with their integer arguments unspecialized, as aot/build.py
 compiles them (JIT otherwise folds causal == 1 and compiles anew per Sq % 16, group == 1, ...): one
 compile per variant instead of one per shape class.
@@ -64,6 +67,15 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
         OVERLAP_PV=c.get("OVERLAP_PV", False), num_warps=c["num_warps"])
 
 
+_COUNTERS = {}  # device -> the DYNAMIC_TILES counter pair (the kernel leaves it at zero)
+
+
+def counter(device) -> torch.Tensor:
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(2, dtype=torch.int64, device=device)
+    return _COUNTERS[device]
+
+
 def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     """One launch of the warp-specialized kernel (aot/flash_fwd_gluon_ws.py); `cfg` overrides its
     tile table (BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, maxnreg, NUM_CONSUMERS, CONSUMER_REGS,
@@ -80,15 +92,18 @@ def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     if persistent:  # the experiment's grid: that many CTAs per SM over all tiles; window_right = B * Hq
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         grid = (min(sms * persistent, triton.cdiv(sq, c["BLOCK_M"]) * b * hq), 1)
+    dynamic = c.get("DYNAMIC_TILES", 0) if persistent else 0
+    ctr = counter(q.device) if dynamic else lse
     fws.flash_fwd_gluon_ws[grid](
-        *descs, lse, lse, lse, 1.0 / math.sqrt(d), 0.0,
-        hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, b * hq if persistent else -1, skv, 0,
-        int(store_lse),
+        *descs, lse, lse, ctr, 1.0 / math.sqrt(d), 0.0,
+        hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, b * hq if persistent else -1, skv,
+        int(dynamic == 1), int(store_lse),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
         PINGPONG=c["PINGPONG"], NUM_CONSUMERS=c.get("NUM_CONSUMERS", 2),
         CONSUMER_REGS=c.get("CONSUMER_REGS", 240), TILES_PER_CTA=tiles, OVERLAP_PV=c.get("OVERLAP_PV", False),
-        PERSISTENT_GRID=bool(persistent), num_warps=c["num_warps"],
+        PERSISTENT_GRID=bool(persistent), DYNAMIC_TILES=bool(dynamic),
+        SKIP_PAST_ROWS=bool(c.get("SKIP_PAST_ROWS", False)), num_warps=c["num_warps"],
         maxnreg=c["maxnreg"])
 
 
@@ -135,6 +150,9 @@ CHECKS = [  # (B, Hq, Hkv, Sq, Skv, causal, offset)
     # upper consumer rows all lie past Sq, causal offsets both ways, K/V rings over many blocks.
     (1, 3, 1, 300, 700, True, 57), (2, 2, 1, 777, 1999, False, 0), (1, 2, 1, 1000, 1500, True, 500),
     (1, 2, 1, 300, 171, True, -129), (1, 2, 1, 129, 129, True, 0), (1, 4, 2, 2000, 2000, True, 0),
+    # More tiles than a persistent grid has CTAs (DYNAMIC_TILES: claims through the counter), B * Hq
+    # not a multiple of the head group, and a group of 3 heads (d128 at 9000 keys).
+    (5, 6, 2, 777, 777, True, 0), (5, 6, 3, 1000, 1000, False, 0), (1, 5, 1, 2000, 9000, True, 7000),
 ]
 
 
@@ -158,6 +176,8 @@ def check(dtypes, head_dims, cfgs) -> list:
         lse_err = float((lse[finite] - ref_lse[finite]).abs().max()) if finite.any() else 0.0
         lse_ok = bool(torch.equal(torch.isneginf(lse), ~finite))
         ok = (not torch.isnan(y).any()) and err < (1e-2 if dt == "bf16" else 3e-3) and lse_err < 1e-2 and lse_ok
+        if cfg and cfg.get("DYNAMIC_TILES") == 1 and cfg.get("PERSISTENT_GRID"):
+            ok = ok and counter(q.device).tolist() == [0, 0]  # the launch left the counter at zero
         failed += not ok
         shape = f"B{b} Hq{hq} Hkv{hkv} Sq{sq} Skv{skv} causal={int(causal)} off={off}"
         print(f"check {dt} d{d} {shape} {cfg or ''}: rel err {err:.1e}, lse err {lse_err:.1e}"
@@ -178,7 +198,9 @@ def _label(cfg) -> str:
         return "one-partition"
     if cfg.get("WS"):
         return (f"ws M{cfg['BLOCK_M']} T{cfg.get('TILES_PER_CTA', 1)}" + (" O" if cfg.get("OVERLAP_PV") else "")
-                + (" P" if cfg.get("PERSISTENT_GRID") else ""))
+                + (" P" if cfg.get("PERSISTENT_GRID") else "")
+                + ({1: " D", 2: " S"}.get(cfg.get("DYNAMIC_TILES", 0), "") if cfg.get("PERSISTENT_GRID") else "")
+                + (" K" if cfg.get("SKIP_PAST_ROWS") else ""))
     return ",".join(f"{val}" for key, val in cfg.items())
 
 
@@ -231,7 +253,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--configs", default="", help="extra tiles, head_dim:BM,BN,stages,warps;...")
     ap.add_argument("--ws", default="", help="warp-specialized tiles, head_dim:BM,BN,stages,pingpong[,maxnreg[,consumers"
-                    "[,consumer regs[,tiles per CTA[,overlap P V[,persistent CTAs per SM]]]]]];...")
+                    "[,consumer regs[,tiles per CTA[,overlap P V[,persistent CTAs per SM[,dynamic tiles[,skip past rows]]]]]]]];...")
     ap.add_argument("--runtime-ints", action="store_true", help="Gluon integer arguments unspecialized, as AOT")
     ap.add_argument("--no-triton", action="store_true", help="leave out the shipped Triton kernel's timing")
     ap.add_argument("--no-plain", action="store_true", help="leave out the one-partition kernel's own tile")
@@ -253,7 +275,7 @@ def main(argv=None) -> int:
         d, tile = item.split(":")
         bm, bn, st, pp, *more = map(int, tile.split(","))
         extra = dict(zip(("maxnreg", "NUM_CONSUMERS", "CONSUMER_REGS", "TILES_PER_CTA", "OVERLAP_PV",
-                          "PERSISTENT_GRID"), more))
+                          "PERSISTENT_GRID", "DYNAMIC_TILES", "SKIP_PAST_ROWS"), more))
         for flag in ("OVERLAP_PV",):
             if flag in extra:
                 extra[flag] = bool(extra[flag])
