@@ -150,7 +150,8 @@ def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
             # Under a key-vector mask the visible-range check (padded batches whose keys show one
             # visible run attend over it unmasked).
             constexprs.update(TILES_PER_CTA=cfg.tiles, MASK_KIND=MASK_KINDS[v.mask], OVERLAP_PV=cfg.overlap,
-                              MASK_PREFIX=v.mask != "none", PERSISTENT_GRID=cfg.persistent > 0)
+                              MASK_PREFIX=v.mask != "none", PERSISTENT_GRID=cfg.persistent > 0,
+                              DYNAMIC_TILES=cfg.dynamic, SKIP_PAST_ROWS=cfg.skip)
             options["maxnreg"] = cfg.maxnreg
     elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
@@ -212,7 +213,7 @@ def _compile_one(job: tuple[Variant, int, TileConfig, str]) -> dict:
         "variant": v.name, "arch": arch, "kernel_name": md.name, "num_warps": md.num_warps,
         "shared": md.shared, "block_m": cfg.block_m, "block_n": cfg.block_n,
         "num_stages": cfg.num_stages, "args": runtime_args, "triton": triton.__version__,
-        "tma": tma, "pdl": bool(constexprs.get("PDL", 0)), "persistent": cfg.persistent,
+        "tma": tma, "pdl": bool(constexprs.get("PDL", 0)), "persistent": cfg.persistent, "dynamic": cfg.dynamic,
         "stage_s": {k: round(t, 3) for k, t in stage_s.items()},
     }
     cached.mkdir(parents=True, exist_ok=True)
@@ -314,6 +315,8 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
         tile += f"tiles({cfg.tiles})" if cfg.tiles > 1 else ""
         tile += "overlap" if cfg.overlap else ""
         tile += f"persistent({cfg.persistent})" if cfg.persistent else ""
+        tile += "dynamic" if cfg.dynamic else ""
+        tile += "skip" if cfg.skip else ""
     for part in (source_hash(v.kind), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"
@@ -376,7 +379,7 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
             f"{m['arch']}, \"{v.name}\", \"{m['kernel_name']}\", {m['num_warps']}, {m['shared']}, "
             f"{cfg.block_m}, {cfg.block_n}, {sym}, {sym}_end, {_cxx_tma(m.get('tma', []))}, "
             f"{v.tile_causal}, {v.tile_min_len}, {_cxx_bool(m.get('pdl', False))}, {v.tile_max_len}, "
-            f"{m.get('persistent', 0)}}},")
+            f"{m.get('persistent', 0)}, {_cxx_bool(m.get('dynamic', False))}}},")
     if not rows:  # a CPU-only build (no archs): an empty table
         cc[-1] = "static const KernelEntry* const kEntries = nullptr;"
         cc += ["", "const KernelEntry* kernel_table(size_t* count) {", "  *count = 0;",

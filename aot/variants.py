@@ -22,6 +22,7 @@ memory and have not been tuned.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
 
 TRITON_VERSION = "3.6.0"
@@ -71,21 +72,41 @@ GLUON_WS_MODULE = "flash_fwd_gluon_ws"
 # op`): the session that built it lost its GPU before that run. On: d128 non-causal one cubin at
 # every length (no two-tile split), d64 non-causal from 512 keys (masked d64 still from 2048).
 GLUON_WS_PERSISTENT = False
+# GLUON_WS_DYNAMIC: causal unmasked calls on the persistent grid too, its CTAs claiming tiles through
+# a per-stream counter as they free up (DYNAMIC_TILES; heads in groups that share L2, each group's
+# longest tiles first), where the static order of v14 measured 0.82-0.98x. Written after the last
+# GPU session (perf-notes prefill v15): compiled, not yet run. Off until it is measured in JIT
+# (experiments/gluon_attn.py) and runs through the library on a GPU.
+GLUON_WS_DYNAMIC = False
+# GLUON_WS_SKIP: on the unmasked warp-specialized cubins, a consumer whose rows of a tile all lie
+# past Sq passes the tile's barriers without its GEMMs (SKIP_PAST_ROWS; at d64 the last of N 512's
+# or 1024's 192-row tiles leaves one or two of three consumers without rows). Not yet run: off.
+# (Masked cubins never: with it their consumers spill.)
+GLUON_WS_SKIP = False
+# A development build may turn these on without an edit: ORT_FLASH_GLUON_WS_ON="persistent,dynamic,skip"
+# (any of them), so that one build on the GPU machine measures what the switches would ship.
+for _name in filter(None, os.environ.get("ORT_FLASH_GLUON_WS_ON", "").replace(" ", "").split(",")):
+    if _name not in ("persistent", "dynamic", "skip"):
+        raise ValueError(f"ORT_FLASH_GLUON_WS_ON: unknown switch {_name!r} (persistent, dynamic, skip)")
+    globals()["GLUON_WS_" + _name.upper()] = True
 
 
-def ws_tables(persistent: bool) -> tuple[dict, dict]:
+def ws_tables(persistent: bool, dynamic: bool = False) -> tuple[dict, dict]:
     """GLUON_WS_LENGTHS and GLUON_WS_TILES with the persistent grid off or on (tests build both).
     GLUON_WS_TILES: query tiles per CTA of the warp-specialized kernel, from a min(Sq, Skv) on (1
     elsewhere): a CTA running two tiles in turn has the next tile's Q and K/V loads in flight under
     the last one's epilogue (perf-notes prefill v7: d128 non-causal, two tiles 1.02-1.10x one tile
     at N 512-2048). With the persistent grid none: it measured 1.03-1.13x two tiles per CTA at N
-    512-2048 and 1.01-1.06x the shipped tiles from 4096 (perf-notes prefill v14)."""
-    ws_from = {(128, False): 0, (128, True): 2048, (64, False): 512 if persistent else 2048, (64, True): 4096}
+    512-2048 and 1.01-1.06x the shipped tiles from 4096 (perf-notes prefill v14). With dynamic
+    tiles causal calls take the persistent grid at every length too (the prediction of perf-notes
+    prefill v15, to be measured against the one-partition kernel below 2048 / 4096 keys)."""
+    ws_from = {(128, False): 0, (128, True): 0 if dynamic else 2048, (64, False): 512 if persistent else 2048,
+               (64, True): 512 if dynamic else 4096}
     lengths = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c), lo in ws_from.items()}
     return lengths, ({} if persistent else {(128, False): {0: 2, 8192: 1}})
 
 
-GLUON_WS_LENGTHS, GLUON_WS_TILES = ws_tables(GLUON_WS_PERSISTENT)
+GLUON_WS_LENGTHS, GLUON_WS_TILES = ws_tables(GLUON_WS_PERSISTENT, GLUON_WS_DYNAMIC)
 # Key-vector masks (a (B, 1, 1, S) padding mask: padded batches) in the warp-specialized kernel,
 # per head dim, over the same length range as its unmasked cubins; below it, at other head
 # dims and for full masks, the TMA and pointer kernels as before. From experiments/gluon_mask.py on
@@ -199,6 +220,8 @@ class TileConfig:
     tiles: int = field(default=1, repr=False)          # query tiles a CTA runs in turn (block_m: all of them)
     overlap: bool = field(default=False, repr=False)   # a consumer's softmax also runs under its own P V
     persistent: int = field(default=0, repr=False)     # CTAs per SM of a persistent grid (0: a CTA per tile)
+    dynamic: bool = field(default=False, repr=False)   # its CTAs claim tiles through a counter
+    skip: bool = field(default=False, repr=False)      # consumers without rows in a tile skip its GEMMs
 
     @property
     def desc_rows(self) -> tuple[int, int]:
@@ -295,9 +318,11 @@ def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask:
     """The warp-specialized kernel's tile for a call, from its module's get_ws_config; `tiles`
     query tiles per CTA (block_m counts all of them: the launcher's grid is cdiv(Sq, block_m))."""
     c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal, mask)
+    persistent = c.get("PERSISTENT", 0) if GLUON_WS_PERSISTENT else 0
+    dynamic = GLUON_WS_DYNAMIC and causal and mask == "none"
     return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
                       c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles, c.get("OVERLAP_PV", False),
-                      c.get("PERSISTENT", 0) if GLUON_WS_PERSISTENT else 0)
+                      1 if dynamic else persistent, dynamic, GLUON_WS_SKIP and mask == "none")
 
 
 def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, int]]:

@@ -103,8 +103,9 @@ bool fuse_combine(int splits, int64_t rows) {
 }
 
 // The arrival counters the split kernel's fused merge uses on `stream`, or 0 (the merge then
-// runs as its own kernel). The counters must be zero at launch, and no two launches may use one
-// set at once. One set per (context, stream): launches on one stream run one after another, the
+// runs as its own kernel); the set's tile counter pair is at *out + kTileCounterOffset (a
+// DYNAMIC_TILES kernel: aot/flash_fwd_gluon_ws.py, its last CTA zeroes it again). The counters
+// must be zero at launch, and no two launches may use one set at once. One set per (context, stream): launches on one stream run one after another, the
 // last CTA of each row block resets its counter, and a set is zeroed on the stream before its
 // first use. Concurrent runs of ONNX Runtime use different streams, so different sets; a CUDA
 // graph replays its launches on the stream it was captured on or on one serialized with it (ORT
@@ -121,7 +122,7 @@ Status stream_counters(const CudaDriver& d, const DeviceKernels& dk, CUstream st
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_pair(dk.context, stream);
   auto it = slots->find(key);
-  constexpr size_t kSlotBytes = sizeof(int32_t) * static_cast<size_t>(kDecodeCountersPerSlot);
+  constexpr size_t kSlotBytes = kCounterSlotBytes;
   if (it == slots->end()) {
     int capturing = CU_STREAM_CAPTURE_STATUS_NONE;
     ORT_FLASH_RETURN_IF_ERROR(cuda_check(d.cuStreamIsCapturing(stream, &capturing), "cuStreamIsCapturing"));
@@ -582,6 +583,15 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   if (args.size() != expected) return Status::Error("internal error: launch argument count mismatch");
   // a.ints[9] is window_right, pushed above by address: a persistent kernel reads B * Hq there.
   const FwdGrid grid = fwd_grid(le, p, dk->sm_count, &a.ints[9]);
+  if (le.dynamic) {
+    // The tile counter pair rides in the (unused) key-lengths pointer, has_seqlens (a.ints[11])
+    // saying whether there is one: without (no set for this stream) the kernel takes its tiles
+    // round robin, in the same order.
+    CUdeviceptr counters = 0;
+    ORT_FLASH_RETURN_IF_ERROR(stream_counters(*d, *dk, stream, 0, &counters));
+    a.seqlens = counters ? counters + kTileCounterOffset : 0;
+    a.ints[11] = counters ? 1 : 0;
+  }
   return cuda_check(d->cuLaunchKernel(launched->function, static_cast<unsigned>(grid.x),
                                       static_cast<unsigned>(grid.y), 1, 32 * le.num_warps, 1, 1,
                                       static_cast<unsigned>(le.shared), stream, args.data(), nullptr),

@@ -86,8 +86,7 @@ Status load_into_context(const CudaDriver* d, CUcontext ctx, CUdevice dev, int d
     dk->kernels.push_back({&e, fn});
   }
   // Never freed, like the modules (1 MiB). A failure here only costs the fused merge.
-  if (d->cuMemAlloc(&dk->decode_counters, sizeof(int32_t) * kDecodeCounterSlots * kDecodeCountersPerSlot) !=
-      CUDA_SUCCESS) {
+  if (d->cuMemAlloc(&dk->decode_counters, kCounterSlotBytes * kDecodeCounterSlots) != CUDA_SUCCESS) {
     dk->decode_counters = 0;
   }
   *out = dk.get();

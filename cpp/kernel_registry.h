@@ -29,12 +29,17 @@ struct DeviceKernels {
   std::vector<LoadedKernel> kernels;
   // Arrival counters for the split-KV kernel's fused merge (aot/flash_decode.py):
   // kDecodeCounterSlots sets of kDecodeCountersPerSlot int32, handed out one set per CUDA stream
-  // by cpp/cuda_launch.cc. 0 if the allocation failed: the merge then runs as its own kernel.
+  // by cpp/cuda_launch.cc, each followed by the tile counter pair (two int64) of the persistent
+  // kernels that hand out tiles dynamically (KernelEntry::dynamic). 0 if the allocation failed:
+  // the merge then runs as its own kernel, those kernels take their tiles round robin.
   CUdeviceptr decode_counters = 0;
 };
 
 constexpr int kDecodeCounterSlots = 64;
 constexpr long long kDecodeCountersPerSlot = 4096;
+// One stream's set: the decode counters, then the tile counter pair at kTileCounterOffset.
+constexpr size_t kTileCounterOffset = sizeof(int32_t) * static_cast<size_t>(kDecodeCountersPerSlot);
+constexpr size_t kCounterSlotBytes = kTileCounterOffset + 2 * sizeof(int64_t);
 
 // Loads every kernel compiled for `device`'s arch into its primary context (the one ONNX
 // Runtime's CUDA EP uses). Safe to call from many threads; loads happen once.

@@ -67,6 +67,10 @@ struct KernelEntry {
   // min(persistent x SMs, its tiles) CTAs in one row, each taking the call's tiles in turn; it
   // reads B * Hq from its window_right argument (it takes no windows). 0: a CTA per tile.
   int persistent;
+  // A persistent kernel that hands out its tiles as CTAs free up (DYNAMIC_TILES): the launcher
+  // passes the stream's tile counter pair (cpp/cuda_launch.cc stream_counters) in its key-lengths
+  // pointer and has_seqlens 1 (it takes no key lengths), or 0 and round-robin tiles without one.
+  bool dynamic;
 };
 
 // Runtime arguments of each kernel, in order (the launch ABI; aot/build.py asserts the counts).

@@ -61,6 +61,7 @@ py::list kernels() {
     d["tile_min_len"] = e.tile_min_len;
     d["tile_max_len"] = e.tile_max_len;
     d["persistent"] = e.persistent;
+    d["dynamic"] = e.dynamic;
     d["pdl"] = e.pdl;
     d["cubin_bytes"] = static_cast<size_t>(e.cubin_end - e.cubin);
     if (e.key.kind == KernelKind::kFwdTma || e.key.kind == KernelKind::kFwdGluon) {
@@ -123,6 +124,7 @@ py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& row
     e.pdl = r.contains("pdl") && r["pdl"].cast<bool>();
     e.tile_max_len = r.contains("tile_max_len") ? r["tile_max_len"].cast<int>() : 0;
     e.persistent = r.contains("persistent") ? r["persistent"].cast<int>() : 0;
+    e.dynamic = r.contains("dynamic") && r["dynamic"].cast<bool>();
   }
   DeviceKernels dk{};
   dk.device = -1;

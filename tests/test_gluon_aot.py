@@ -317,9 +317,9 @@ def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on
                 pdl=False, persistent=cfg.persistent)
     build.write_outputs(tmp_path / "out", [meta], {x.name: x})
     row = next(line for line in (tmp_path / "out" / "kernel_table.gen.cc").read_text().splitlines() if x.name in line)
-    assert row.rstrip().endswith(f", {x.tile_max_len}, 1}},"), row
+    assert row.rstrip().endswith(f", {x.tile_max_len}, 1, false}},"), row
     header = (ROOT / "cpp" / "kernel_table.h").read_text()
-    assert re.search(r"int tile_max_len;\s*(//[^\n]*\n\s*)*int persistent;\s*};", header)
+    assert re.search(r"int tile_max_len;\s*(//[^\n]*\n\s*)*int persistent;\s*(//[^\n]*\n\s*)*bool dynamic;\s*};", header)
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
@@ -379,6 +379,180 @@ def test_persistent_launch_covers_every_tile_once(b, hq, sq, sms, causal):
     assert _C.fwd_grid(p, 128, 0, sms) == (n_m, b * hq, -1)
 
 
+def _dynamic_on(monkeypatch):
+    """The tables as the build makes them with variants.GLUON_WS_DYNAMIC and GLUON_WS_SKIP on."""
+    monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    monkeypatch.setattr(variants, "GLUON_WS_DYNAMIC", True)
+    monkeypatch.setattr(variants, "GLUON_WS_SKIP", True)
+    lengths, tiles = variants.ws_tables(variants.GLUON_WS_PERSISTENT, True)
+    monkeypatch.setattr(variants, "GLUON_WS_LENGTHS", lengths)
+    monkeypatch.setattr(variants, "GLUON_WS_TILES", tiles)
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+@pytest.mark.parametrize("on", [False, True], ids=["shipped", "dynamic-on"])
+def test_dynamic_tiles_for_causal_unmasked_calls(monkeypatch, tmp_path, on):
+    """With variants.GLUON_WS_DYNAMIC on, the causal unmasked warp-specialized cubins run on the
+    persistent grid with dynamic tiles, over every length, and with GLUON_WS_SKIP every unmasked
+    one skips the consumers without rows; masked cubins neither. As shipped (off) none does. The
+    build names DYNAMIC_TILES and SKIP_PAST_ROWS for every one of them, the cache keys differ by
+    them, and the generated table row ends with KernelEntry::dynamic."""
+    if on:
+        _dynamic_on(monkeypatch)
+    else:
+        monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    ws = [x for x in variants.gluon_variants() if x.ws]
+    seen = set()
+    for x in ws:
+        cfg = variants.get_fwd_config(90, x)
+        want = on and x.mask == "none" and x.tile_causal == 1
+        assert cfg.dynamic is want and cfg.skip is (on and x.mask == "none"), (x, cfg)
+        constexprs = build.triton_source(x, 90, cfg)[4]
+        assert (constexprs["DYNAMIC_TILES"], constexprs["SKIP_PAST_ROWS"]) == (cfg.dynamic, cfg.skip), x
+        seen.add(want)
+        if want:
+            assert cfg.persistent == 1 and cfg.tiles == 1 and x.tile_max_len == 0, (x, cfg)
+            assert x.tile_min_len <= 512, x  # every length the warp-specialized kernel takes
+            for off in (dataclasses.replace(cfg, dynamic=False), dataclasses.replace(cfg, skip=False)):
+                assert build.cache_key(x, 90, off) != build.cache_key(x, 90, cfg)
+    assert seen == ({False, True} if on else {False})
+    if not on:
+        return
+    x = next(y for y in ws if variants.get_fwd_config(90, y).dynamic)
+    cfg = variants.get_fwd_config(90, x)
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\0")
+    meta = dict(variant=x.name, arch=90, kernel_name="flash_fwd_gluon_ws", num_warps=12, shared=0,
+                block_m=cfg.block_m, block_n=cfg.block_n, num_stages=cfg.num_stages, cubin=str(cubin), tma=[],
+                pdl=False, persistent=cfg.persistent, dynamic=cfg.dynamic)
+    build.write_outputs(tmp_path / "out", [meta], {x.name: x})
+    row = next(line for line in (tmp_path / "out" / "kernel_table.gen.cc").read_text().splitlines() if x.name in line)
+    assert row.rstrip().endswith(f", {x.tile_max_len}, 1, true}},"), row
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+@pytest.mark.parametrize("hd,causal", [(128, 1), (64, 1), (64, 0)])
+def test_dynamic_and_skip_ws_kernels_compile_for_sm90(monkeypatch, hd, causal):
+    """With GLUON_WS_DYNAMIC and GLUON_WS_SKIP on, the unmasked cubins compile for sm_90 at their
+    tile with no spills, within the shared-memory limit; the dynamic ones claim tiles with 64-bit
+    atomics (the claims, the count of CTAs done, the two resets) and the others have none."""
+    _dynamic_on(monkeypatch)
+    v = next(x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws, x.mask, x.tile_causal)
+             == ("fp16", hd, True, "none", causal))
+    cfg = variants.get_fwd_config(90, v)
+    assert cfg.skip and cfg.dynamic is bool(causal)
+    shared, res, sass = _ws_sass(v, cfg)
+    assert re.search(r"STACK:0 ", res) and re.search(r"LOCAL:0 ", res), res
+    assert 0 < shared <= build.SMEM_LIMIT[90]
+    assert sass.count("HGMMA") > 0 and "STL" not in sass
+    assert sass.count("ATOMG.E.ADD.64") == (3 if causal else 0), sass.count("ATOMG.E.ADD.64")
+    assert sass.count("ATOMG.E.EXCH.64") == (2 if causal else 0)
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+@pytest.mark.parametrize("d,sq", [(128, 512), (128, 1000), (64, 512), (64, 4096)])
+def test_dynamic_dispatch_takes_the_warp_specialized_kernel_for_causal_calls(monkeypatch, d, sq):
+    """With GLUON_WS_DYNAMIC on, causal unmasked calls take the warp-specialized cubin (its dynamic
+    persistent grid) from 512 keys; as shipped, below 2048 (d128) / 4096 (d64) keys they keep the
+    one-partition Gluon kernel."""
+    from ort_flash import _C
+    p = _params(b=2, hq=8, hkv=2, sq=sq, skv=sq, d=d, causal=True)
+    monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+    shipped = _C.plan_with_table(p, _rows(90))
+    assert shipped[0] == "fwd_gluon" and ("_ws_" in shipped[1]) is (sq >= (2048 if d == 128 else 4096)), shipped
+    _dynamic_on(monkeypatch)
+    rows = _rows(90)
+    kind, name, _, _ = _C.plan_with_table(p, rows)
+    assert kind == "fwd_gluon" and "_ws_" in name, name
+    row = next(r for r in rows if r["variant"] == name)
+    assert row["dynamic"] and row["persistent"] == 1, row
+
+
+def _claims(n_ctas: int, total: int, rng) -> tuple[list, int, int]:
+    """The dynamic tile protocol of aot/flash_fwd_gluon_ws.py's producer (mirrored: _claim and the
+    DYNAMIC branch of _producer) with the CTAs' claims interleaved at random: (the tile ids each CTA
+    runs, the counter's value at the end, how many claims came back past the last tile)."""
+    ctr, past, tiles = 0, 0, [[] for _ in range(n_ctas)]
+    nxt = {}
+    for g in range(n_ctas):  # tid = program_id(0); nxt = _claim(...) before the loop
+        nxt[g] = n_ctas + ctr
+        ctr += 1
+    cur = {g: g for g in range(n_ctas)}
+    live = list(range(n_ctas))
+    while live:
+        g = rng.choice(live)
+        tiles[g].append(cur[g])  # the loop body runs tile cur[g] (tid < total)
+        cur[g] = nxt[g]
+        if cur[g] < total:
+            nxt[g] = n_ctas + ctr
+            ctr += 1
+        else:
+            past += 1
+            live.remove(g)
+    return tiles, ctr, past
+
+
+def _tile_of(tid: int, n_m: int, bh_all: int, grp: int) -> tuple[int, int]:
+    """(batch x head, query tile) of tile id tid (aot/flash_fwd_gluon_ws.py _tile_of, mirrored)."""
+    per = grp * n_m
+    g = tid // per
+    gsz = min(grp, bh_all - g * grp)
+    i = tid - g * per
+    return g * grp + i % gsz, n_m - 1 - i // gsz
+
+
+@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
+@pytest.mark.parametrize("b,hq,sq,block_m,hd", [(1, 16, 16384, 128, 128), (32, 16, 512, 128, 128),
+                                                (5, 6, 777, 128, 128), (3, 7, 1000, 192, 64), (1, 1, 100, 192, 64)])
+def test_dynamic_tiles_run_every_tile_once(b, hq, sq, block_m, hd):
+    """A DYNAMIC_TILES launch (the launcher's persistent grid, _C.fwd_grid) runs every (batch, head,
+    query tile) exactly once whatever order its CTAs claim in (random interleavings), each CTA's
+    first tile is its program id, every CTA makes exactly one claim past the last tile (the count
+    the reset waits for) and the counter then reads CTAs + tiles - CTAs = tiles, which the last CTA
+    zeroes. The heads go in groups of grp (K/V of about 16 MB), longest tiles first within one."""
+    import random
+    from ort_flash import _C
+    src = (ROOT / "aot" / "flash_fwd_gluon_ws.py").read_text()
+    for line in ("per = grp * n_m", "gsz = gl.minimum(grp, bh_all - g * grp)", "bh = g * grp + i % gsz",
+                 "return n_m - 1 - i // gsz, bh // Hq, hq_t, hq_t // group, bh",
+                 "nxt = gl.num_programs(0) + gl.atomic_add(ctr, 1, sem=\"relaxed\").to(gl.int32)",
+                 "tid = gl.program_id(0)", "if done == gl.num_programs(0) - 1:",
+                 "grp = gl.maximum(gl.minimum((4194304 // BLOCK_D) // gl.maximum(Skv, 1), 8), 1)"):
+        assert line in src, f"the kernel's dynamic tiles changed ({line!r}): update _claims / _tile_of"
+    p = _params(b=b, hq=hq, hkv=1, sq=sq, skv=sq, causal=True)
+    p.window_right = -1
+    n_m = -(-sq // block_m)
+    x, y, wr = _C.fwd_grid(p, block_m, 1, 132)
+    assert (y, wr) == (1, b * hq) and x == min(132, n_m * b * hq)
+    grp = max(min((4194304 // hd) // sq, 8), 1)
+    order = [_tile_of(t, n_m, wr, grp) for t in range(n_m * wr)]
+    assert sorted(order) == [(bh, m) for bh in range(wr) for m in range(n_m)]
+    for t0 in range(0, len(order), grp * n_m):  # within a group of heads, longest tiles first
+        ms = [m for _, m in order[t0:t0 + grp * n_m]]
+        assert ms == sorted(ms, reverse=True)
+    rng = random.Random(sq)
+    for _ in range(5):
+        tiles, ctr, past = _claims(x, n_m * wr, rng)
+        assert sorted(t for cta in tiles for t in cta) == list(range(n_m * wr))
+        assert [cta[0] for cta in tiles] == list(range(x))
+        assert past == x and ctr == n_m * wr
+
+
+def test_gluon_ws_switches_from_the_environment():
+    """ORT_FLASH_GLUON_WS_ON turns the named switches on for a development build (the GPU machine
+    measures them without an edit); an unknown name is an error that names the valid ones."""
+    code = "import variants as v; print(v.GLUON_WS_PERSISTENT, v.GLUON_WS_DYNAMIC, v.GLUON_WS_SKIP)"
+    run = dict(capture_output=True, text=True, cwd=ROOT / "aot")
+    for value, want in (("", "False False False"), ("dynamic, skip", "False True True"),
+                        ("persistent,dynamic,skip", "True True True")):
+        env = dict(os.environ, ORT_FLASH_GLUON_WS_ON=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, **run)
+        assert out.returncode == 0 and out.stdout.split("\n")[0] == want, (value, out.stdout, out.stderr)
+    env = dict(os.environ, ORT_FLASH_GLUON_WS_ON="persistant")
+    out = subprocess.run([sys.executable, "-c", code], env=env, **run)
+    assert out.returncode != 0 and "unknown switch 'persistant' (persistent, dynamic, skip)" in out.stderr
+
+
 def test_shipped_gluon_ranges_split_the_lengths():
     """Per (dtype, head dim, causal flag) the shipped Gluon cubins' min(Sq, Skv) ranges do not
     overlap, and together with the TMA kernel's they cover every length once (pick_tile takes the
@@ -422,7 +596,7 @@ def _rows(arch: int, gluon: bool = True) -> list[dict]:
                         precision=v.PRECISION_CODES[x.precision] if x.dtype == "fp32" else 0,
                         mask_keys=x.mask_keys, num_warps=cfg.num_warps, block_m=cfg.block_m,
                         block_n=cfg.block_n, tile_causal=x.tile_causal, tile_min_len=x.tile_min_len,
-                        tile_max_len=x.tile_max_len, persistent=cfg.persistent,
+                        tile_max_len=x.tile_max_len, persistent=cfg.persistent, dynamic=cfg.dynamic,
                         pdl=x.kind == "decode" and arch >= build.PDL_MIN_ARCH))
     return out
 
