@@ -14,12 +14,18 @@
 #                                     # 7 pytest workers each): memcheck on the GPU suite,
 #                                     # racecheck on the direct-kernel tests
 #   bash tools/gpu_release.sh tune    # the tile sweeps: experiments/tune.py --tma, experiments/tune_decode.py
+#   bash tools/gpu_release.sh try     # built-but-off kernel switches: the sm_90 build with
+#                                     # ORT_FLASH_GLUON_WS_ON (e.g. persistent,dynamic,skip) in the
+#                                     # background while experiments/gluon_attn.py checks and times
+#                                     # the JIT specs in WS_SPECS (JIT_ARGS: more of its flags), then
+#                                     # the direct-kernel tests on that build (carrying .orth)
 #
 # Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache and .gpumodels (with .ortgpu4).
 # Everything lands in $OUT: logs, bench-{decode,op-full,e2e,decode_e2e}.json, tune-tma.json,
 # tune-decode.json.
 # Set ORT_FLASH_BENCH_COMMIT to the commit under test (the copy on the machine has no history).
-# Budgets (seconds) per part: DECODE_S, OP_S, E2E_S, DECODE_E2E_S, MEMCHECK_S, RACECHECK_S, TUNE_S.
+# Budgets (seconds) per part: DECODE_S, OP_S, E2E_S, DECODE_E2E_S, MEMCHECK_S, RACECHECK_S, TUNE_S,
+# JIT_S (try: the JIT checks and timings, cut there should a kernel hang).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -68,5 +74,20 @@ case "${1:-}" in
       | grep -v "^  skip" | tail -10
     timeout "${TUNE_S:-100}" python3 experiments/tune_decode.py --out "$OUT/tune-decode.json" 2>&1 | grep -v "^  skip" | tail -6
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune"; exit 2 ;;
+  try)
+    . tools/gpu_env.sh
+    echo "== ORT_FLASH_GLUON_WS_ON=${ORT_FLASH_GLUON_WS_ON:-}"
+    build_ort_flash & build=$!
+    if [ -n "${WS_SPECS:-}" ]; then
+      # Checks first (odd shapes, NaN-poisoned outputs, the dynamic counter back at zero), then the grid.
+      timeout "${JIT_S:-330}" python3 experiments/gluon_attn.py --runtime-ints --no-triton --ws "$WS_SPECS" \
+        ${JIT_ARGS:-} --out "$OUT/try-jit.json" 2>&1 | tee "$OUT/try-jit.log" | grep -E "FAIL|checks:|gluon/best" | tail -60
+      echo "== JIT exit ${PIPESTATUS[0]} (124: cut at JIT_S)"
+    fi
+    wait "$build" || exit 1
+    python3 -m ort_flash.cli info 2>&1 | tail -4
+    python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 tests/test_cuda_kernel.py -n 8 2>&1 \
+      | tee "$OUT/pytest-kernels.log" | grep -v "^\." | tail -15
+    ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try"; exit 2 ;;
 esac
