@@ -278,6 +278,20 @@ def _persistent_on(monkeypatch):
     monkeypatch.setattr(variants, "GLUON_WS_TILES", tiles)
 
 
+def _table_row(tmp_path, x) -> str:
+    """The generated kernel table's row of warp-specialized variant x (a stand-in cubin, the
+    metadata aot/build.py records for its tile)."""
+    cfg = variants.get_fwd_config(90, x)
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\0")
+    meta = dict(variant=x.name, arch=90, kernel_name="flash_fwd_gluon_ws", num_warps=12, shared=0,
+                block_m=cfg.block_m, block_n=cfg.block_n, num_stages=cfg.num_stages, cubin=str(cubin), tma=[],
+                pdl=False, persistent=cfg.persistent, dynamic=cfg.dynamic)
+    build.write_outputs(tmp_path / "out", [meta], {x.name: x})
+    return next(line for line in (tmp_path / "out" / "kernel_table.gen.cc").read_text().splitlines()
+                if x.name in line)
+
+
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
 @pytest.mark.parametrize("on", [False, True], ids=["shipped", "persistent-on"])
 def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on):
@@ -309,14 +323,7 @@ def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on
     if not on:
         return
     x = next(y for y in ws if variants.get_fwd_config(90, y).persistent)
-    cfg = variants.get_fwd_config(90, x)
-    cubin = tmp_path / "k.cubin"
-    cubin.write_bytes(b"\0")
-    meta = dict(variant=x.name, arch=90, kernel_name="flash_fwd_gluon_ws", num_warps=12, shared=0,
-                block_m=cfg.block_m, block_n=cfg.block_n, num_stages=cfg.num_stages, cubin=str(cubin), tma=[],
-                pdl=False, persistent=cfg.persistent)
-    build.write_outputs(tmp_path / "out", [meta], {x.name: x})
-    row = next(line for line in (tmp_path / "out" / "kernel_table.gen.cc").read_text().splitlines() if x.name in line)
+    row = _table_row(tmp_path, x)
     assert row.rstrip().endswith(f", {x.tile_max_len}, 1, false}},"), row
     header = (ROOT / "cpp" / "kernel_table.h").read_text()
     assert re.search(r"int tile_max_len;\s*(//[^\n]*\n\s*)*int persistent;\s*(//[^\n]*\n\s*)*bool dynamic;\s*};", header)
@@ -419,14 +426,7 @@ def test_dynamic_tiles_for_causal_unmasked_calls(monkeypatch, tmp_path, on):
     if not on:
         return
     x = next(y for y in ws if variants.get_fwd_config(90, y).dynamic)
-    cfg = variants.get_fwd_config(90, x)
-    cubin = tmp_path / "k.cubin"
-    cubin.write_bytes(b"\0")
-    meta = dict(variant=x.name, arch=90, kernel_name="flash_fwd_gluon_ws", num_warps=12, shared=0,
-                block_m=cfg.block_m, block_n=cfg.block_n, num_stages=cfg.num_stages, cubin=str(cubin), tma=[],
-                pdl=False, persistent=cfg.persistent, dynamic=cfg.dynamic)
-    build.write_outputs(tmp_path / "out", [meta], {x.name: x})
-    row = next(line for line in (tmp_path / "out" / "kernel_table.gen.cc").read_text().splitlines() if x.name in line)
+    row = _table_row(tmp_path, x)
     assert row.rstrip().endswith(f", {x.tile_max_len}, 1, true}},"), row
 
 
