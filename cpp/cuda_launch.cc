@@ -555,12 +555,6 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
     return Status::Error("no CUDA kernel in this build for " + describe(key) + " on sm_" +
                          std::to_string(dk->arch) + "; see `ort-flash info` for the compiled variants");
   }
-  const int64_t grid_bh = p.batch * p.hq;
-  if (grid_bh > 65535) {
-    return Status::Error("batch x query heads = " + std::to_string(grid_bh) +
-                         " exceeds the CUDA grid limit of 65535");
-  }
-
   // The launch ABI (aot/build.py): runtime arguments in kernel order, then two scratch pointers.
   KernelArgs a(p);
   std::vector<void*> args;
@@ -583,6 +577,13 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   if (args.size() != expected) return Status::Error("internal error: launch argument count mismatch");
   // a.ints[9] is window_right, pushed above by address: a persistent kernel reads B * Hq there.
   const FwdGrid grid = fwd_grid(le, p, dk->sm_count, &a.ints[9]);
+  // A CTA per tile puts B * Hq on the grid's y; a persistent kernel numbers the call's tiles in int32.
+  if (grid.y > 65535) {
+    return Status::Error("batch x query heads = " + std::to_string(grid.y) + " exceeds the CUDA grid limit of 65535");
+  }
+  if (le.persistent > 0 && (p.sq + le.block_m - 1) / le.block_m * p.batch * p.hq > INT32_MAX) {
+    return Status::Error("batch x query heads x query tiles exceeds 2^31 - 1 for " + std::string(le.variant_name));
+  }
   if (le.dynamic) {
     // The tile counter pair rides in the (unused) key-lengths pointer, has_seqlens (a.ints[11])
     // saying whether there is one: without (no set for this stream) the kernel takes its tiles
