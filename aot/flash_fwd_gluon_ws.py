@@ -253,6 +253,13 @@ def _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v
 
 
 @gluon.jit
+def _heads_of(bh, Hq, group):
+    """(b, h, hk) of the (batch x head) index bh."""
+    hq_t = bh % Hq
+    return bh // Hq, hq_t, hq_t // group
+
+
+@gluon.jit
 def _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, group, b, h, hk, pid_bh, BLOCK_M: gl.constexpr,
               PERSISTENT: gl.constexpr):
     """The CTA's t-th tile: (query tile, b, h, hk, pid_bh). Without PERSISTENT tiles g0 + n_valid - 1
@@ -268,8 +275,8 @@ def _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, group, b, h, hk, pid_bh, B
         if causal != 0:  # every head's longest tile first, then the next longest, ...
             bh = tid % bh_all
             m_t = n_m - 1 - tid // bh_all
-        hq_t = bh % Hq
-        return m_t, bh // Hq, hq_t, hq_t // group, bh
+        b_t, h_t, hk_t = _heads_of(bh, Hq, group)
+        return m_t, b_t, h_t, hk_t, bh
     else:
         return g0 + n_valid - 1 - t, b, h, hk, pid_bh
 
@@ -285,8 +292,8 @@ def _tile_of(tid, n_m, bh_all, grp, Hq, group):
     gsz = gl.minimum(grp, bh_all - g * grp)
     i = tid - g * per
     bh = g * grp + i % gsz
-    hq_t = bh % Hq
-    return n_m - 1 - i // gsz, bh // Hq, hq_t, hq_t // group, bh
+    b_t, h_t, hk_t = _heads_of(bh, Hq, group)
+    return n_m - 1 - i // gsz, b_t, h_t, hk_t, bh
 
 
 @gluon.jit

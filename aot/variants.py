@@ -319,7 +319,7 @@ def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask:
     query tiles per CTA (block_m counts all of them: the launcher's grid is cdiv(Sq, block_m))."""
     c = gluon_module(ws=True).get_ws_config(dtype, head_dim, causal, mask)
     persistent = c.get("PERSISTENT", 0) if GLUON_WS_PERSISTENT else 0
-    dynamic = GLUON_WS_DYNAMIC and causal and mask == "none"
+    dynamic = bool(GLUON_WS_DYNAMIC and causal and mask == "none")
     return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
                       c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles, c.get("OVERLAP_PV", False),
                       1 if dynamic else persistent, dynamic, GLUON_WS_SKIP and mask == "none")

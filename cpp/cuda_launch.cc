@@ -105,8 +105,9 @@ bool fuse_combine(int splits, int64_t rows) {
 // The arrival counters the split kernel's fused merge uses on `stream`, or 0 (the merge then
 // runs as its own kernel); the set's tile counter pair is at *out + kTileCounterOffset (a
 // DYNAMIC_TILES kernel: aot/flash_fwd_gluon_ws.py, its last CTA zeroes it again). The counters
-// must be zero at launch, and no two launches may use one set at once. One set per (context, stream): launches on one stream run one after another, the
-// last CTA of each row block resets its counter, and a set is zeroed on the stream before its
+// must be zero at launch, and no two launches may use one set at once. One set per (context,
+// stream): launches on one stream run one after another, the last CTA of each row block resets
+// its counter (of a dynamic launch, the pair), and a set is zeroed on the stream before its
 // first use. Concurrent runs of ONNX Runtime use different streams, so different sets; a CUDA
 // graph replays its launches on the stream it was captured on or on one serialized with it (ORT
 // replays its graphs on the capturing stream). A stream first seen while it is capturing gets
@@ -122,17 +123,17 @@ Status stream_counters(const CudaDriver& d, const DeviceKernels& dk, CUstream st
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_pair(dk.context, stream);
   auto it = slots->find(key);
-  constexpr size_t kSlotBytes = kCounterSlotBytes;
   if (it == slots->end()) {
     int capturing = CU_STREAM_CAPTURE_STATUS_NONE;
     ORT_FLASH_RETURN_IF_ERROR(cuda_check(d.cuStreamIsCapturing(stream, &capturing), "cuStreamIsCapturing"));
     int& n = (*used)[dk.context];
     if (capturing != CU_STREAM_CAPTURE_STATUS_NONE || n >= kDecodeCounterSlots) return Status::Ok();
-    ORT_FLASH_RETURN_IF_ERROR(cuda_check(d.cuMemsetD8Async(dk.decode_counters + n * kSlotBytes, 0, kSlotBytes, stream),
-                                         "cuMemsetD8Async (split-KV counters)"));
+    ORT_FLASH_RETURN_IF_ERROR(cuda_check(
+        d.cuMemsetD8Async(dk.decode_counters + n * kCounterSlotBytes, 0, kCounterSlotBytes, stream),
+        "cuMemsetD8Async (split-KV counters)"));
     it = slots->emplace(key, n++).first;
   }
-  *out = dk.decode_counters + static_cast<size_t>(it->second) * kSlotBytes;
+  *out = dk.decode_counters + static_cast<size_t>(it->second) * kCounterSlotBytes;
   return Status::Ok();
 }
 
@@ -529,10 +530,11 @@ Status plan_decode(const FlashParams& p, const DeviceKernels& dk, bool can_split
 FwdGrid fwd_grid(const KernelEntry& e, const FlashParams& p, int sm_count, int32_t* window_right) {
   const int64_t tiles_m = (p.sq + e.block_m - 1) / e.block_m;
   const int64_t bh = p.batch * p.hq;
-  if (e.persistent <= 0) return {tiles_m, bh};
+  if (e.persistent <= 0) return {tiles_m, bh, tiles_m * bh};
   // The kernel takes no windows (a call with one never reaches it), so the argument is free.
   *window_right = static_cast<int32_t>(bh);
-  return {std::min<int64_t>(tiles_m * bh, static_cast<int64_t>(e.persistent) * std::max(1, sm_count)), 1};
+  return {std::min<int64_t>(tiles_m * bh, static_cast<int64_t>(e.persistent) * std::max(1, sm_count)), 1,
+          tiles_m * bh};
 }
 
 Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace) {
@@ -581,7 +583,7 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
   if (grid.y > 65535) {
     return Status::Error("batch x query heads = " + std::to_string(grid.y) + " exceeds the CUDA grid limit of 65535");
   }
-  if (le.persistent > 0 && (p.sq + le.block_m - 1) / le.block_m * p.batch * p.hq > INT32_MAX) {
+  if (le.persistent > 0 && grid.tiles > INT32_MAX) {
     return Status::Error("batch x query heads x query tiles exceeds 2^31 - 1 for " + std::string(le.variant_name));
   }
   if (le.dynamic) {

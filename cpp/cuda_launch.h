@@ -57,9 +57,10 @@ Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_s
 // The grid of a forward launch of entry `e` for `p` on a GPU with `sm_count` SMs: (ceil(Sq /
 // block_m), B * Hq), or for a persistent entry (KernelEntry::persistent) one row of min(persistent x
 // SMs, ceil(Sq / block_m) x B * Hq) CTAs, whose kernel reads B * Hq from its window_right argument:
-// *window_right is set to it then, left as it is otherwise.
+// *window_right is set to it then, left as it is otherwise. `tiles`: the call's query tiles,
+// ceil(Sq / block_m) x B * Hq.
 struct FwdGrid {
-  int64_t x, y;
+  int64_t x, y, tiles;
 };
 FwdGrid fwd_grid(const KernelEntry& e, const FlashParams& p, int sm_count, int32_t* window_right);
 

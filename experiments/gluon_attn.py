@@ -276,9 +276,8 @@ def main(argv=None) -> int:
         bm, bn, st, pp, *more = map(int, tile.split(","))
         extra = dict(zip(("maxnreg", "NUM_CONSUMERS", "CONSUMER_REGS", "TILES_PER_CTA", "OVERLAP_PV",
                           "PERSISTENT_GRID", "DYNAMIC_TILES", "SKIP_PAST_ROWS"), more))
-        for flag in ("OVERLAP_PV",):
-            if flag in extra:
-                extra[flag] = bool(extra[flag])
+        if "OVERLAP_PV" in extra:
+            extra["OVERLAP_PV"] = bool(extra["OVERLAP_PV"])
         cfgs.append(dict(BLOCK_D=int(d), WS=True, BLOCK_M=bm, BLOCK_N=bn, NUM_STAGES=st, PINGPONG=bool(pp), **extra))
     if args.no_plain:
         cfgs.remove(None)
