@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import build  # noqa: E402
 import variants  # noqa: E402
+from _ws_tiles import cta_tile, tile_of  # noqa: E402
 
 SHIPPED = (ROOT / "aot" / f"{variants.GLUON_MODULE}.py").exists()
 
@@ -354,8 +355,7 @@ def _tile_walk(grid_x: int, bh_all: int, sq: int, block_m: int, causal: bool) ->
     for g in range(grid_x):
         mine = []
         for t in range(-(-(n_m * bh_all - g) // grid_x)):  # n_valid
-            tid = g + t * grid_x
-            mine.append((tid % bh_all, n_m - 1 - tid // bh_all) if causal else (tid // n_m, n_m - 1 - tid % n_m))
+            mine.append(cta_tile(g + t * grid_x, n_m, bh_all, causal))
         out.append(mine)
     return out
 
@@ -373,7 +373,7 @@ def test_persistent_launch_covers_every_tile_once(b, hq, sq, sms, causal):
     for line in ("tid = g0 + t * gl.num_programs(0)", "bh = tid // n_m", "m_t = n_m - 1 - tid % n_m",
                  "bh = tid % bh_all", "m_t = n_m - 1 - tid // bh_all",
                  "n_valid = gl.cdiv(gl.cdiv(Sq, BLOCK_M) * bh_all - g0, gl.num_programs(0))", "bh_all = window_right"):
-        assert line in src, f"the kernel's tile walk changed ({line!r}): update _tile_walk"
+        assert line in src, f"the kernel's tile walk changed ({line!r}): update _ws_tiles.cta_tile"
     p = _params(b=b, hq=hq, hkv=1, sq=sq, skv=sq, causal=causal)
     p.window_right = -1
     n_m = -(-sq // 128)
@@ -492,15 +492,6 @@ def _claims(n_ctas: int, total: int, rng) -> tuple[list, int, int]:
     return tiles, ctr, past
 
 
-def _tile_of(tid: int, n_m: int, bh_all: int, grp: int) -> tuple[int, int]:
-    """(batch x head, query tile) of tile id tid (aot/flash_fwd_gluon_ws.py _tile_of, mirrored)."""
-    per = grp * n_m
-    g = tid // per
-    gsz = min(grp, bh_all - g * grp)
-    i = tid - g * per
-    return g * grp + i % gsz, n_m - 1 - i // gsz
-
-
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
 @pytest.mark.parametrize("b,hq,sq,block_m,hd", [(1, 16, 16384, 128, 128), (32, 16, 512, 128, 128),
                                                 (5, 6, 777, 128, 128), (3, 7, 1000, 192, 64), (1, 1, 100, 192, 64)])
@@ -514,18 +505,18 @@ def test_dynamic_tiles_run_every_tile_once(b, hq, sq, block_m, hd):
     from ort_flash import _C
     src = (ROOT / "aot" / "flash_fwd_gluon_ws.py").read_text()
     for line in ("per = grp * n_m", "gsz = gl.minimum(grp, bh_all - g * grp)", "bh = g * grp + i % gsz",
-                 "return n_m - 1 - i // gsz, bh // Hq, hq_t, hq_t // group, bh",
+                 "return n_m - 1 - i // gsz, b_t, h_t, hk_t, bh",
                  "nxt = gl.num_programs(0) + gl.atomic_add(ctr, 1, sem=\"relaxed\").to(gl.int32)",
                  "tid = gl.program_id(0)", "if done == gl.num_programs(0) - 1:",
                  "grp = gl.maximum(gl.minimum((4194304 // BLOCK_D) // gl.maximum(Skv, 1), 8), 1)"):
-        assert line in src, f"the kernel's dynamic tiles changed ({line!r}): update _claims / _tile_of"
+        assert line in src, f"the kernel's dynamic tiles changed ({line!r}): update _claims / _ws_tiles.tile_of"
     p = _params(b=b, hq=hq, hkv=1, sq=sq, skv=sq, causal=True)
     p.window_right = -1
     n_m = -(-sq // block_m)
     x, y, wr = _C.fwd_grid(p, block_m, 1, 132)
     assert (y, wr) == (1, b * hq) and x == min(132, n_m * b * hq)
     grp = max(min((4194304 // hd) // sq, 8), 1)
-    order = [_tile_of(t, n_m, wr, grp) for t in range(n_m * wr)]
+    order = [tile_of(t, n_m, wr, grp) for t in range(n_m * wr)]
     assert sorted(order) == [(bh, m) for bh in range(wr) for m in range(n_m)]
     for t0 in range(0, len(order), grp * n_m):  # within a group of heads, longest tiles first
         ms = [m for _, m in order[t0:t0 + grp * n_m]]

@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 
 import pytest
+from _ws_tiles import cta_tile, tile_of
 
 SRC = (Path(__file__).resolve().parents[1] / "aot" / "flash_fwd_gluon_ws.py").read_text()
 
@@ -105,18 +106,11 @@ class Sim:
         self.errors = []
 
     # The tile maps, as in the kernel.
-    def tile_of(self, tid):  # _tile_of
-        per = self.grp * self.n_m
-        g = tid // per
-        gsz = min(self.grp, self.bh_all - g * self.grp)
-        i = tid - g * per
-        return g * self.grp + i % gsz, self.n_m - 1 - i // gsz
+    def tile_of(self, tid):
+        return tile_of(tid, self.n_m, self.bh_all, self.grp)
 
-    def cta_tile(self, g0, t):  # _cta_tile, PERSISTENT
-        tid = g0 + t * self.ctas
-        if self.causal:
-            return tid % self.bh_all, self.n_m - 1 - tid // self.bh_all
-        return tid // self.n_m, self.n_m - 1 - tid % self.n_m
+    def cta_tile(self, g0, t):
+        return cta_tile(g0 + t * self.ctas, self.n_m, self.bh_all, self.causal)
 
     def span(self, m):  # _tile_span, offset 0, Skv == Sq
         m0 = m * self.block_m
