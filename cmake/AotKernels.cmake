@@ -7,13 +7,14 @@ string(REPLACE ";" "," _archs "${ORT_FLASH_CUDA_ARCHS}")
 if(_archs STREQUAL "")
   message(WARNING "ort_flash: ORT_FLASH_CUDA_ARCHS is empty: a CPU-only build, no CUDA kernels are compiled (the op runs on ONNX Runtime's CPU EP only; the CUDA EP reports that no kernels were compiled)")
 endif()
-set(_aot_sources
-  "${PROJECT_SOURCE_DIR}/aot/build.py"
-  "${PROJECT_SOURCE_DIR}/aot/compile_pool.py"
-  "${PROJECT_SOURCE_DIR}/aot/flash_decode.py"
-  "${PROJECT_SOURCE_DIR}/aot/flash_fwd.py"
-  "${PROJECT_SOURCE_DIR}/aot/flash_fwd_gluon.py"
-  "${PROJECT_SOURCE_DIR}/aot/variants.py")
+# Every kernel source and build script: a change to any reruns the step (the cache keeps the
+# kernels that did not change).
+file(GLOB _aot_sources CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/aot/*.py")
+# aot/variants.py reads ORT_FLASH_GLUON_WS_ON (development switches): a build with another value
+# makes another table, so the value is a dependency too (file(CONFIGURE) rewrites it only when
+# it changes).
+file(CONFIGURE OUTPUT "${ORT_FLASH_AOT_DIR}/gluon_ws_on.txt" CONTENT "$ENV{ORT_FLASH_GLUON_WS_ON}\n")
+list(APPEND _aot_sources "${ORT_FLASH_AOT_DIR}/gluon_ws_on.txt")
 add_custom_command(
   OUTPUT "${ORT_FLASH_AOT_DIR}/kernels.gen.S" "${ORT_FLASH_AOT_DIR}/kernel_table.gen.cc"
          "${ORT_FLASH_AOT_DIR}/manifest.json"
