@@ -18,7 +18,8 @@
 #                                     # ORT_FLASH_GLUON_WS_ON (e.g. persistent,dynamic,skip) in the
 #                                     # background while experiments/gluon_attn.py checks and times
 #                                     # the JIT specs in WS_SPECS (JIT_ARGS: more of its flags), then
-#                                     # the direct-kernel tests on that build (carrying .orth)
+#                                     # the launch-argument and direct-kernel tests on that build
+#                                     # (carrying .orth)
 #
 # Carried (git-ignored): .ortgpu0-4, .orth, optionally .gpucache and .gpumodels (with .ortgpu4).
 # Everything lands in $OUT: logs, bench-{decode,op-full,e2e,decode_e2e}.json, tune-tma.json,
@@ -86,6 +87,9 @@ case "${1:-}" in
     fi
     wait "$build" || exit 1
     python3 -m ort_flash.cli info 2>&1 | tail -4
+    # The launch arguments of that build's kernels (dynamic tile counters included) over the fake
+    # driver first: a second, no GPU time.
+    python3 -m pytest -q -p no:cacheprovider tests/test_launch_abi.py 2>&1 | tail -3
     python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 tests/test_cuda_kernel.py -n 8 2>&1 \
       | tee "$OUT/pytest-kernels.log" | grep -v "^\." | tail -15
     ;;

@@ -1,0 +1,436 @@
+"""What the GPU would receive, checked with no GPU: the launcher's grids, blocks, shared memory,
+TMA descriptors and every kernel parameter, by name, against the call.
+
+cpp/cuda_launch.cc runs here over a fake CUDA driver (tests/fake_cuda/fake_libcuda.c, via
+tests/_fake_cuda.py). The fake loads this build's real cubins, lays each launch's parameters
+out by the cubin's own parameter table (offsets and sizes from its .nv.info section, as the
+driver does) and refuses what the driver would refuse (a cubin for another SM, a block other
+than the kernel's required one, a grid or shared memory over the limits). The tests decode
+that buffer by the kernels' signatures (aot/build.py's launch ABI) and compare each value with
+what the call asks for, for every kind of forward kernel this build has (the Gluon ones, TMA,
+pointer, split-KV decode and its merge), the per-stream counters and the errors the launcher
+gives instead of launching. The GPU suite checks that the kernels compute the right thing
+from these arguments; this checks the arguments on every CI run.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "aot"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import _fake_cuda  # noqa: E402
+
+_C = pytest.importorskip("ort_flash._C", reason="the native module is not built")
+KERNELS = _C.kernels()
+ARCHS = sorted({e["arch"] for e in KERNELS})
+pytestmark = [
+    pytest.mark.skipif(not KERNELS, reason="a CPU-only build (ORT_FLASH_CUDA_ARCHS empty): no CUDA kernels to launch"),
+    pytest.mark.skipif(_fake_cuda.compiler() is None, reason="no C compiler to build the fake CUDA driver"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fake driver is an ELF shared library"),
+]
+ARCH = 90 if 90 in ARCHS else (ARCHS[-1] if ARCHS else 0)
+SMS = 132
+COUNTER_SLOT = 4096 * 4 + 2 * 8  # cpp/kernel_registry.h kCounterSlotBytes
+TILE_COUNTERS = 4096 * 4  # kTileCounterOffset
+TMA_KINDS = ("fwd_tma", "fwd_gluon")
+POINTERS = {"Q", "K", "V", "Y", "Lse", "Mask", "SeqlensK", "OPart", "LsePart", "Counter",
+            "global_scratch", "profile_scratch"}
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    return _fake_cuda.build(tmp_path_factory.mktemp("fake_cuda"))
+
+
+def _run(driver, tmp_path, calls, **env):
+    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), **env}
+    return _fake_cuda.run(driver, tmp_path / "cuda.log", calls, env)
+
+
+def params(b=2, hq=8, hkv=2, sq=1000, skv=1000, d=128, dv=None, dtype="float16", layout="bhsd", **kw) -> dict:
+    """A call's FlashParams fields, with distinct 256-byte aligned fake device pointers."""
+    dv = d if dv is None else dv
+    if layout == "bshd":
+        qs, ys = [sq * hq * d, d, hq * d], [sq * hq * dv, dv, hq * dv]
+        ks, vs = [skv * hkv * d, d, hkv * d], [skv * hkv * dv, dv, hkv * dv]
+    else:
+        qs, ys = [hq * sq * d, sq * d, d], [hq * sq * dv, sq * dv, dv]
+        ks, vs = [hkv * skv * d, skv * d, d], [hkv * skv * dv, skv * dv, dv]
+    p = dict(dtype=dtype, batch=b, hq=hq, hkv=hkv, sq=sq, skv=skv, d=d, dv=dv, q_stride=qs, k_stride=ks,
+             v_stride=vs, y_stride=ys, q=0x10000000, k=0x20000000, v=0x30000000, y=0x40000000,
+             lse=0x50000000, scale=0.0883883)
+    p.update(kw)
+    return p
+
+
+def key_mask(p: dict, kind: str) -> dict:
+    """A (B, 1, 1, S) padding mask: one key vector per batch."""
+    return dict(p, mask_kind=kind, mask=0x60000000, mask_stride=[p["skv"], 0, 0, 1], mask_len=p["skv"])
+
+
+def f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def abi_names(kind: str, kernel: str) -> list[str]:
+    """The kernel's parameters in launch order (aot/build.py): each TMA tensor as its map, 4 dims
+    and 4 strides, then Triton's two scratch pointers."""
+    import build  # aot/build.py
+
+    fn = {"flash_fwd": lambda: build.kernel_fn(kind), "flash_fwd_gluon": lambda: build.kernel_fn(kind),
+          "flash_fwd_gluon_ws": lambda: build.kernel_fn(kind, ws=True),
+          "flash_decode_split": lambda: build.kernel_fn("decode"),
+          "flash_decode_combine": lambda: build.kernel_fn("combine")}[kernel]()
+    names = []
+    for name, prm in inspect.signature(fn.fn).parameters.items():
+        if "constexpr" in str(prm.annotation):
+            continue
+        if kind in TMA_KINDS and name in build.TMA_ARGS:
+            names += [f"{name}.map"] + [f"{name}.dim{i}" for i in range(4)] + [f"{name}.stride{i}" for i in range(4)]
+        else:
+            names.append(name)
+    return names + ["global_scratch", "profile_scratch"]
+
+
+def decode_params(names: list[str], raw: list[bytes]) -> dict:
+    """Each parameter's value by its ABI type; fails where the cubin's size is not the type's."""
+    assert len(names) == len(raw), f"the launcher's ABI has {len(names)} parameters, the cubin {len(raw)}"
+    out = {}
+    for name, b in zip(names, raw):
+        if name.endswith(".map"):
+            size, (magic, index) = 128, struct.unpack_from("<QQ", b)
+            assert magic == _fake_cuda.MAP_MAGIC, f"{name} is not a map cuTensorMapEncodeTiled wrote"
+            value = ("map", index)
+        elif name in POINTERS or ".stride" in name or name.startswith("stride_"):
+            size, value = 8, struct.unpack("<q", b)[0]
+        elif name in ("scale", "softcap"):
+            size, value = 4, struct.unpack("<f", b)[0]
+        else:
+            size, value = 4, struct.unpack("<i", b)[0]
+        assert len(b) == size, f"parameter {name}: the cubin takes {len(b)} bytes, its ABI type {size}"
+        out[name] = value
+    return out
+
+
+def table_entries(arch: int) -> list[dict]:
+    """The entries a device of `arch` loads, in load order (cpp/kernel_registry.cc)."""
+    return [e for e in KERNELS if e["arch"] == arch]
+
+
+class Log:
+    """One child's driver log: its modules, functions and each call's events."""
+
+    def __init__(self, events: list[dict], arch: int = ARCH):
+        assert not [e for e in events if e["ev"] == "error"], [e for e in events if e["ev"] == "error"]
+        loads = [e for e in events if e["ev"] == "load"]
+        entries = table_entries(arch)
+        if loads:
+            assert len(loads) == len(entries) and all(m["arch"] == arch for m in loads)
+        self.entry_of_module = {m["module"]: entries[i] for i, m in enumerate(loads)}
+        self.functions = {e["function"]: e for e in events if e["ev"] == "function"}
+        self.encodes = {e["index"]: e for e in events if e["ev"] == "encode"}
+        self.attrs = [e for e in events if e["ev"] == "attr"]
+        self.calls = _fake_cuda.per_call(events)
+        allocs = [e for e in events if e["ev"] == "alloc" and e["stream"] is None]
+        self.counters = allocs[0]["ptr"] if allocs else 0
+        # Each stream's counter set: the one zeroed on it (cpp/cuda_launch.cc stream_counters).
+        self.slots = {}
+        for e in events:
+            if e["ev"] == "memset" and e["bytes"] == COUNTER_SLOT:
+                assert e["stream"] not in self.slots, f"stream {e['stream']}'s counters zeroed twice"
+                assert e["value"] == 0 and (e["dst"] - self.counters) % COUNTER_SLOT == 0
+                self.slots[e["stream"]] = e["dst"]
+
+    def launches(self, i: int) -> list[tuple[dict, dict, dict]]:
+        """Call i's launches: (launch, the entry whose cubin it ran, its parameters by name)."""
+        out = []
+        for ev in self.calls[i]:
+            if ev["ev"] != "launch":
+                continue
+            fn = self.functions[ev["function"]]
+            entry = self.entry_of_module[fn["module"]]
+            names = abi_names(entry["kind"], fn["name"])
+            out.append((ev, entry, decode_params(names, _fake_cuda.param_bytes(ev, fn))))
+        return out
+
+
+def _fwd_expected(p: dict, e: dict, counters: int) -> dict:
+    b, hq, hkv, sq, skv = (p[k] for k in ("batch", "hq", "hkv", "sq", "skv"))
+    seqlens, lse = p.get("seqlens_k", 0), p.get("lse", 0)
+    x = {"Lse": lse, "Mask": p.get("mask", 0), "SeqlensK": seqlens, "scale": f32(p["scale"]),
+         "softcap": f32(p.get("softcap", 0.0)), "Hq": hq, "group": hq // hkv, "Sq": sq, "Skv": skv,
+         "D": p["d"], "Dv": p["dv"], "offset": p.get("offset", 0), "causal": int(p.get("causal", False)),
+         "window_left": p.get("window_left", -1), "window_right": p.get("window_right", -1),
+         "mask_len": p["mask_len"] if p.get("mask_kind", "none") != "none" else skv,
+         "has_seqlens": int(bool(seqlens)), "store_lse": int(bool(lse)), "global_scratch": 0, "profile_scratch": 0}
+    ms = p.get("mask_stride", [0, 0, 0, 1])
+    for t, s in zip("qkvy", ("q_stride", "k_stride", "v_stride", "y_stride")):
+        for j, dim in enumerate(("b", "h", "m" if t in "qy" else "n")):
+            x[f"stride_{t}{dim}"] = p[s][j]
+    x.update(stride_mb=ms[0], stride_mh=ms[1], stride_mm=ms[2])
+    if e["persistent"]:
+        x["window_right"] = b * hq  # a persistent kernel reads B * Hq there (it takes no windows)
+    if e["dynamic"]:
+        x["SeqlensK"] = counters + TILE_COUNTERS if counters else 0
+        x["has_seqlens"] = int(bool(counters))
+    views = {"Q": (p["q"], hq, sq, p["d"], p["q_stride"]), "K": (p["k"], hkv, skv, p["d"], p["k_stride"]),
+             "V": (p["v"], hkv, skv, p["dv"], p["v_stride"]), "Y": (p["y"], hq, sq, p["dv"], p["y_stride"])}
+    for i, (t, (ptr, h, s, d, st)) in enumerate(views.items()):
+        if e["kind"] not in TMA_KINDS:
+            x[t] = ptr
+            continue
+        x.update({f"{t}.dim{j}": v for j, v in enumerate((b, h, s, d))})
+        x.update({f"{t}.stride{j}": v for j, v in enumerate((*st, 1))})
+        swizzle, rows, cols = e["tma"][i]
+        x[f"{t}.map"] = {"dtype": 9 if p["dtype"] == "bfloat16" else 6, "rank": 4, "address": ptr,
+                         "dims": [d, s, h, b], "strides": [st[2] * 2, st[1] * 2, st[0] * 2],
+                         "box": [cols, rows, 1, 1], "elem_strides": [1, 1, 1, 1], "interleave": 0,
+                         "swizzle": swizzle, "l2": 2, "oob": 0}
+    return x
+
+
+def check_fwd_launch(p: dict, log: Log, i: int, stream: int = 7) -> dict:
+    """Call i ran one forward kernel with exactly the arguments `p` asks for; returns its entry."""
+    (ev, e, got), = log.launches(i)
+    want = _fwd_expected(p, e, log.slots.get(stream, 0))
+    for name, value in got.items():
+        if name.endswith(".map"):
+            enc = {k: v for k, v in log.encodes[value[1]].items() if k != "index" and k != "ev"}
+            assert enc == want[name], f"{e['variant']}: the {name[0]} descriptor"
+        else:
+            assert value == want[name], f"{e['variant']}: parameter {name} is {value}, expected {want[name]}"
+    tiles_m = math.ceil(p["sq"] / e["block_m"])
+    bh = p["batch"] * p["hq"]
+    grid = [min(tiles_m * bh, e["persistent"] * SMS), 1, 1] if e["persistent"] else [tiles_m, bh, 1]
+    assert ev["grid"] == grid and ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"]
+    assert ev["stream"] == stream and ev["call"] == "cuLaunchKernel"
+    return e
+
+
+CALLS_STREAM = 7  # check_fwd_launch's default stream
+# (what the call is, its FlashParams, the kind of kernel it must run on sm_90 / sm_80 builds)
+FWD_CALLS = [
+    ("gqa d128 fp16", params(), "fwd_gluon"),
+    ("bf16 d64", params(dtype="bfloat16", d=64), "fwd_gluon"),
+    ("odd lengths causal d64", params(sq=113, skv=203, d=64, causal=True), "fwd_gluon"),
+    ("causal offset", params(sq=1000, skv=1300, causal=True, offset=300), "fwd_gluon"),
+    ("mqa d64 N4096", params(hq=8, hkv=1, sq=4096, skv=4096, d=64), "fwd_gluon"),
+    ("long causal bf16", params(b=1, hq=16, hkv=16, sq=16384, skv=16384, dtype="bfloat16", causal=True), "fwd_gluon"),
+    ("long d128 N16k", params(b=1, hq=16, hkv=16, sq=16384, skv=16384), "fwd_gluon"),
+    ("bshd causal", params(layout="bshd", sq=300, skv=333, causal=True), "fwd_gluon"),
+    ("no lse", params(lse=0), "fwd_gluon"),
+    ("bool key mask d128", key_mask(params(), "bool"), "fwd_gluon"),
+    ("additive key mask d64", key_mask(params(d=64, sq=3000, skv=3000), "add"), "fwd_gluon"),
+    ("softcap", params(softcap=30.0), "fwd_tma"),
+    ("window", params(window_left=64, window_right=0), "fwd_tma"),
+    ("nonpad_kv_seqlen", params(seqlens_k=0x70000000, causal=True), "fwd_tma"),
+    ("full additive mask", dict(params(), mask_kind="add", mask=0x60000000, mask_stride=[8000000, 0, 1000, 1],
+                                mask_len=1000), "fwd"),
+    ("fp32", params(dtype="float32"), "fwd"),
+    ("head dim 80", params(d=80), "fwd"),
+    ("d128 dv64", params(d=128, dv=64), "fwd"),
+    ("unaligned base", params(q=0x10000008), "fwd"),
+]
+
+
+@pytest.fixture(scope="module")
+def fwd_run(driver, tmp_path_factory):
+    calls = [{"params": p, "stream": CALLS_STREAM} for _, p, _ in FWD_CALLS]
+    results, events = _run(driver, tmp_path_factory.mktemp("fwd"), calls)
+    return results, Log(events)
+
+
+@pytest.mark.parametrize("i", range(len(FWD_CALLS)), ids=[c[0] for c in FWD_CALLS])
+def test_forward_launch_arguments(fwd_run, i):
+    """Each forward call launches the planned variant's cubin with its grid, block and shared
+    memory, and every parameter (descriptors included) as the call asks."""
+    results, log = fwd_run
+    what, p, kind = FWD_CALLS[i]
+    r = results[i]
+    assert r["error"] is None, r["error"]
+    want_kind = kind if ARCH == 90 else "fwd"
+    assert r["plan"][0] == want_kind, f"{what}: planned {r['plan']}"
+    e = check_fwd_launch(p, log, i)
+    assert e["variant"] == r["variant"] and e["kind"] == want_kind
+
+
+def _entry_call(e: dict) -> dict:
+    """A call inside a Gluon entry's table range (its mask, dtype, head dim, causal flag, lengths)."""
+    n = e["tile_min_len"] + 333 if e["tile_min_len"] else (e["tile_max_len"] - 333 if e["tile_max_len"] else 1500)
+    p = params(b=1, hq=6, hkv=2, sq=n, skv=n, d=e["head_dim"], dtype=e["dtype"], causal=bool(e["tile_causal"]))
+    return key_mask(p, e["mask"]) if e["mask"] != "none" else p
+
+
+GLUON_ENTRIES = [e for e in KERNELS if e["arch"] == ARCH and e["kind"] == "fwd_gluon"]
+
+
+@pytest.fixture(scope="module")
+def gluon_run(driver, tmp_path_factory):
+    calls = [{"params": _entry_call(e), "stream": CALLS_STREAM} for e in GLUON_ENTRIES]
+    results, events = _run(driver, tmp_path_factory.mktemp("gluon"), calls)
+    return results, Log(events)
+
+
+@pytest.mark.parametrize("i", range(len(GLUON_ENTRIES)), ids=[e["variant"] for e in GLUON_ENTRIES])
+def test_every_gluon_entry(gluon_run, i):
+    """Each Gluon entry of the table runs the calls of its range, with their arguments."""
+    results, log = gluon_run
+    e = GLUON_ENTRIES[i]
+    assert results[i]["error"] is None, results[i]["error"]
+    assert results[i]["variant"] == e["variant"], f"a call in {e['variant']}'s range planned {results[i]['variant']}"
+    assert check_fwd_launch(_entry_call(e), log, i)["variant"] == e["variant"]
+
+
+def test_module_load(fwd_run):
+    """Every cubin of the device's arch loads (the fake checks the ELF and its SM), its kernel is
+    found by name (with its parameter table), and each one over 48 KiB of shared memory is allowed
+    exactly what its entry says it uses."""
+    _, log = fwd_run
+    assert len(log.functions) == len(log.entry_of_module) == len(table_entries(ARCH))
+    for fn in log.functions.values():
+        e = log.entry_of_module[fn["module"]]
+        assert fn["params"], e["variant"]
+        attrs = [a["value"] for a in log.attrs if a["function"] == fn["function"] and a["attr"] == 8]
+        assert attrs == ([e["shared"]] if e["shared"] > 48 * 1024 else []), e["variant"]
+
+
+DECODE_CALLS = [
+    ("split gqa", params(b=1, hq=32, hkv=8, sq=1, skv=8192)),
+    ("split mqa sq4", params(sq=4, skv=3000, hq=8, hkv=1, d=64)),
+    ("split bf16 no lse", params(b=3, hq=16, hkv=4, sq=1, skv=20000, dtype="bfloat16", lse=0)),
+]
+
+
+@pytest.mark.parametrize("streams,pdl_env", [((11, 11, 12, 13), None), ((21, 21, 21, 13), "0")],
+                         ids=["three streams", "one stream, ORT_FLASH_PDL=0"])
+def test_decode_launch_arguments(driver, tmp_path, streams, pdl_env):
+    """The split-KV decode: its partials in the workspace run_cuda allocates on the stream, each
+    stream's merge counters (zeroed on the stream before its first use), and the merge: fused
+    into the split kernel where the plan says so, else (the plan's choice, or a stream first
+    seen capturing a graph, 13, which has no counters) the combine kernel's own launch on the
+    same outputs."""
+    calls = [{"params": p, "stream": s} for (_, p), s in zip(DECODE_CALLS + DECODE_CALLS[:1], streams)]
+    results, events = _run(driver, tmp_path, calls, FAKE_CUDA_CAPTURING="13",
+                           **({"ORT_FLASH_PDL": pdl_env} if pdl_env else {}))
+    log = Log(events)
+    seen = set()
+    for i, ((what, p), s) in enumerate(zip(DECODE_CALLS + DECODE_CALLS[:1], streams)):
+        assert results[i]["error"] is None and results[i]["plan"][0] == "decode", (what, results[i])
+        _, splits, ws_bytes, fused_plan = results[i]["plan"]
+        assert splits > 1, f"{what}: expected a split-KV plan"
+        fused = fused_plan and s != 13
+        evs = log.calls[i]
+        launches = log.launches(i)
+        ev, e, got = launches[0]
+        assert e["kind"] == "decode" and e["variant"] == results[i]["variant"]
+        alloc, = [x for x in evs if x["ev"] == "alloc"]
+        assert alloc["bytes"] == ws_bytes and alloc["stream"] == s
+        parts = p["batch"] * p["hq"] * p["sq"] * splits
+        assert got["OPart"] == alloc["ptr"] and got["LsePart"] == alloc["ptr"] + -(-parts * p["dv"] * 4 // 256) * 256
+        memsets = [x["stream"] for x in evs if x["ev"] == "memset"]
+        assert memsets == ([s] if fused and s not in seen else []), f"{what}: a stream's counters are zeroed once"
+        seen |= {s} if fused else set()
+        assert got["Counter"] == (log.slots[s] if fused else 0) and got["fused"] == int(fused)
+        assert got["num_splits"] == splits
+        common = _fwd_expected(p, dict(e, persistent=0, dynamic=False, kind="fwd"), 0)
+        for name in set(got) & set(common):
+            assert got[name] == common[name], f"{what}: {name}"
+        m_blocks = math.ceil(p["sq"] * (p["hq"] // p["hkv"]) / e["block_m"])
+        assert ev["grid"] == [splits, p["batch"] * p["hkv"], m_blocks] and ev["stream"] == s
+        assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"]
+        # Programmatic dependent launch where the cubin waits for it (sm_90 decode), unless turned off.
+        pdl = e["pdl"] and pdl_env != "0"
+        assert (ev["call"], ev["pdl"]) == (("cuLaunchKernelEx", 1) if pdl else ("cuLaunchKernel", 0))
+        # The workspace is freed on the stream after the last kernel that reads it.
+        assert [x["ev"] for x in evs if x["ev"] in ("launch", "free")][-1] == "free"
+        if fused:
+            assert len(launches) == 1
+            continue
+        (cev, ce, cgot), = launches[1:]
+        assert ce["kind"] == "combine" and cev["grid"] == [p["batch"] * p["hq"] * p["sq"], 1, 1] and cev["stream"] == s
+        assert cev["block"] == [32 * ce["num_warps"], 1, 1] and (cev["call"], cev["pdl"]) == ("cuLaunchKernel", 0)
+        assert (cgot["OPart"], cgot["LsePart"], cgot["Y"], cgot["Lse"]) == (got["OPart"], got["LsePart"], p["y"], p.get("lse", 0))
+        assert (cgot["Hq"], cgot["Sq"], cgot["Dv"], cgot["num_splits"], cgot["store_lse"]) == (
+            p["hq"], p["sq"], p["dv"], splits, int(bool(p.get("lse", 0))))
+        assert [cgot[f"stride_y{x}"] for x in "bhm"] == p["y_stride"]
+    assert 13 not in log.slots and len(set(log.slots.values())) == len(log.slots)
+
+
+def test_dynamic_tile_counters(driver, tmp_path):
+    """A dynamic persistent entry (aot/variants.py GLUON_WS_DYNAMIC) gets its stream's tile
+    counter pair in its key-lengths pointer with has_seqlens 1, the set zeroed once per stream
+    before its first launch; a stream first seen capturing a graph gets none (round-robin tiles)."""
+    dyn = [e for e in KERNELS if e["arch"] == ARCH and e["dynamic"]]
+    if not dyn:
+        pytest.skip("no dynamic-tile entries in this build (aot/variants.py GLUON_WS_DYNAMIC is off; "
+                    "ORT_FLASH_GLUON_WS_ON=dynamic builds them)")
+    e = dyn[0]
+    d = e["head_dim"]
+    p = params(b=2, hq=16, hkv=16, sq=4096, skv=4096, d=d, dtype=e["dtype"], causal=True)
+    calls = [{"params": p, "stream": s} for s in (31, 31, 32, 33)]
+    results, events = _run(driver, tmp_path, calls, FAKE_CUDA_CAPTURING="33")
+    log = Log(events)
+    seen = set()
+    for i, s in enumerate((31, 31, 32, 33)):
+        assert results[i]["error"] is None
+        memsets = [x for x in log.calls[i] if x["ev"] == "memset"]
+        # Zeroed on the stream in its first call, before the launch; never for the capturing one.
+        assert [x["stream"] for x in memsets] == ([s] if s not in seen and s != 33 else [])
+        assert all(log.calls[i].index(m) < log.calls[i].index(log.launches(i)[0][0]) for m in memsets)
+        seen.add(s)
+        assert check_fwd_launch(p, log, i, stream=s)["dynamic"]
+    assert 33 not in log.slots and log.slots[31] != log.slots[32]
+
+
+def test_sm80_device(driver, tmp_path):
+    """An sm_80 device loads the sm_80 cubins only (the fake refuses others) and runs the pointer
+    kernels, with the same arguments."""
+    if 80 not in ARCHS:
+        pytest.skip("no sm_80 kernels in this build")
+    calls = [{"params": p, "stream": CALLS_STREAM} for _, p, _ in FWD_CALLS[:4]]
+    results, events = _run(driver, tmp_path, calls, FAKE_CUDA_ARCH="80", FAKE_CUDA_SMS="108")
+    log = Log(events, arch=80)
+    for i, (_, p, _) in enumerate(FWD_CALLS[:4]):
+        assert results[i]["error"] is None and results[i]["plan"][0] == "fwd"
+        e = check_fwd_launch(p, log, i)
+        assert e["arch"] == 80
+
+
+@pytest.mark.parametrize("env,call,message", [
+    ({"FAKE_CUDA_ARCH": "75"}, params(), "has no FlashAttention kernels in this build"),
+    ({"FAKE_CUDA_SMEM": str(99 * 1024)}, params(), "bytes of shared memory, the device allows 101376"),
+    ({}, params(b=1, hq=65536, hkv=1, sq=1000, skv=64, d=64), "exceeds the CUDA grid limit of 65535"),
+    ({"FAKE_CUDA_CAPTURING": "7"}, params(), "cannot be loaded during CUDA graph capture"),
+], ids=["sm75", "small shared memory", "grid y", "first use while capturing"])
+def test_launch_errors(driver, tmp_path, env, call, message):
+    """What the launcher refuses, it refuses with a message and launches nothing."""
+    if env.get("FAKE_CUDA_SMEM") and ARCH != 90:
+        pytest.skip("the sm_90 table's shared memory")
+    # No plan first: prepare_device would load the kernels outside the capture.
+    results, events = _run(driver, tmp_path, [{"params": call, "stream": CALLS_STREAM, "plan": False}], **env)
+    err = results[0]["error"] or ""
+    assert message in err, err
+    assert not [e for e in events if e["ev"] == "launch"]
+
+
+@pytest.mark.parametrize("env,kind", [({"ORT_FLASH_GLUON": "0"}, "fwd_tma"), ({"ORT_FLASH_TMA": "0"}, "fwd")],
+                         ids=["ORT_FLASH_GLUON=0", "ORT_FLASH_TMA=0"])
+def test_kernel_switches(driver, tmp_path, env, kind):
+    """The environment switches that keep a call off the Gluon (or every TMA) kernel: the call
+    then runs that kernel, with its own arguments."""
+    if ARCH != 90:
+        pytest.skip("no sm_90 kernels in this build")
+    calls = [{"params": p, "stream": CALLS_STREAM} for _, p, k in FWD_CALLS[:3]]
+    results, events = _run(driver, tmp_path, calls, **env)
+    log = Log(events)
+    for i, (_, p, _) in enumerate(FWD_CALLS[:3]):
+        assert results[i]["error"] is None and results[i]["plan"][0] == kind
+        assert check_fwd_launch(p, log, i)["kind"] == kind
