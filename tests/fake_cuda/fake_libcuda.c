@@ -15,7 +15,7 @@
  *     MAX_DYNAMIC_SHARED_SIZE_BYTES attribute allow;
  *   - cuTensorMapEncodeTiled logs its arguments and writes a map that names that log entry
  *     (opaque[0] = FAKE_MAP_MAGIC, opaque[1] = the entry's index);
- *   - allocations return distinct fake addresses; memsets, copies and frees are logged.
+ *   - allocations return distinct fake addresses; memsets and frees are logged.
  * The device: $FAKE_CUDA_ARCH (default 90), $FAKE_CUDA_SMS (132), $FAKE_CUDA_SMEM (232448, the
  * opt-in shared memory per block). $FAKE_CUDA_CAPTURING: a comma-separated list of stream
  * handles (decimal) that report capturing. */
@@ -319,26 +319,11 @@ CUresult cuLaunchKernelEx(const struct LaunchConfig* cfg, void* fn, void** param
   return launch("cuLaunchKernelEx", fn, cfg->grid, cfg->block, cfg->shared, cfg->stream, params, extra, pdl);
 }
 
-struct Memcpy2D {
-  size_t srcXInBytes, srcY;
-  int srcMemoryType;
-  const void* srcHost;
-  CUdeviceptr srcDevice;
-  void* srcArray;
-  size_t srcPitch;
-  size_t dstXInBytes, dstY;
-  int dstMemoryType;
-  void* dstHost;
-  CUdeviceptr dstDevice;
-  void* dstArray;
-  size_t dstPitch;
-  size_t WidthInBytes, Height;
-};
-
-CUresult cuMemcpy2DAsync_v2(const struct Memcpy2D* c, void* stream) {
-  logf_("{\"ev\": \"memcpy2d\", \"src\": %llu, \"src_pitch\": %zu, \"dst\": %llu, \"dst_pitch\": %zu, "
-        "\"width\": %zu, \"height\": %zu, \"stream\": %llu}", c->srcDevice, c->srcPitch, c->dstDevice,
-        c->dstPitch, c->WidthInBytes, c->Height, (unsigned long long)(uintptr_t)stream);
+/* ort_flash copies the KV cache with it (cpp/cuda_launch.cc append_kv_cuda), which the launch
+ * tests do not reach: it need only exist. */
+CUresult cuMemcpy2DAsync_v2(const void* copy, void* stream) {
+  (void)copy;
+  logf_("{\"ev\": \"memcpy2d\", \"stream\": %llu}", (unsigned long long)(uintptr_t)stream);
   return OK;
 }
 
