@@ -13,8 +13,9 @@
  *     and log the buffer; they refuse a block other than the required one, a grid over the
  *     driver's limits and more dynamic shared memory than 48 KiB or the function's
  *     MAX_DYNAMIC_SHARED_SIZE_BYTES attribute allow;
- *   - cuTensorMapEncodeTiled logs its arguments and writes a map that names that log entry
- *     (opaque[0] = FAKE_MAP_MAGIC, opaque[1] = the entry's index);
+ *   - cuTensorMapEncodeTiled refuses what the driver's rules for a tiled map refuse (alignment,
+ *     strides, box and swizzle span), logs its arguments and writes a map that names that log
+ *     entry (opaque[0] = FAKE_MAP_MAGIC, opaque[1] = the entry's index);
  *   - allocations return distinct fake addresses; memsets and frees are logged.
  * The device: $FAKE_CUDA_ARCH (default 90), $FAKE_CUDA_SMS (132), $FAKE_CUDA_SMEM (232448, the
  * opt-in shared memory per block). $FAKE_CUDA_CAPTURING: a comma-separated list of stream
@@ -365,6 +366,25 @@ CUresult cuTensorMapEncodeTiled(TensorMap* map, int dtype, uint32_t rank, void* 
                                 int oob) {
   if (rank < 1 || rank > 5) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "rank outside 1..5");
   if ((uintptr_t)map % 64 != 0) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "map not 64-byte aligned");
+  /* The driver's rules for a tiled map (cuTensorMapEncodeTiled's documentation). */
+  const int elem = dtype == 6 || dtype == 9 ? 2 : 0; /* FLOAT16, BFLOAT16: the types ort_flash uses */
+  if (!elem) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "a data type ort_flash does not use");
+  if ((uintptr_t)address % 16 != 0) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "address not 16-byte aligned");
+  for (uint32_t i = 0; i < rank; ++i) {
+    if (dims[i] == 0 || dims[i] > (1ULL << 32)) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "a dim outside 1..2^32");
+    if (box[i] == 0 || box[i] > 256) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "a box dim outside 1..256");
+    if (elem_strides[i] == 0 || elem_strides[i] > 8) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "an element stride outside 1..8");
+    if (i + 1 < rank && (strides[i] % 16 != 0 || strides[i] >= (1ULL << 40))) {
+      return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "a stride not a multiple of 16 below 2^40");
+    }
+  }
+  if (interleave != 0) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "interleaved layouts are not used");
+  if ((box[0] * (uint32_t)elem) % 16 != 0) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "inner box not a multiple of 16 bytes");
+  const uint32_t span[4] = {0, 32, 64, 128}; /* NONE, 32B, 64B, 128B */
+  if (swizzle < 0 || swizzle > 3) return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "unknown swizzle");
+  if (swizzle && box[0] * (uint32_t)elem > span[swizzle]) {
+    return fail("cuTensorMapEncodeTiled", ERR_INVALID_VALUE, "inner box wider than the swizzle span");
+  }
   char d[128] = "", s[128] = "", b[128] = "", es[128] = "";
   size_t nd = 0, ns = 0, nb = 0, ne = 0;
   for (uint32_t i = 0; i < rank; ++i) {
