@@ -17,6 +17,9 @@ import textwrap
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "fake_cuda" / "fake_libcuda.c"
+# The environment variables cpp/cuda_launch.cc reads to choose kernels.
+LAUNCH_SWITCHES = ("ORT_FLASH_GLUON", "ORT_FLASH_TMA", "ORT_FLASH_PDL", "ORT_FLASH_FUSED_COMBINE",
+                   "ORT_FLASH_DECODE_SPLITS")
 # The map the fake's cuTensorMapEncodeTiled writes: opaque[0] this, opaque[1] its log index.
 MAP_MAGIC = 0x70616d656b6166
 
@@ -74,7 +77,8 @@ def run(driver_dir: Path, log: Path, calls: list[dict], env: dict | None = None)
     ask launch_variant and launch_plan first (default true)}) in a child over the fake driver. Returns (per call: variant, plan and error; the fake's log, one dict per
     driver call, with {"ev": "call", "index": i} where call i's run_cuda starts)."""
     log.unlink(missing_ok=True)
-    e = dict(os.environ)
+    # The launcher's own switches come from `env` only, not from the caller's shell.
+    e = {k: v for k, v in os.environ.items() if k not in LAUNCH_SWITCHES}
     e.update({"LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(driver_dir), e.get("LD_LIBRARY_PATH")])),
               "FAKE_CUDA_LOG": str(log)})
     e.update(env or {})

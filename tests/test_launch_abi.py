@@ -434,3 +434,11 @@ def test_kernel_switches(driver, tmp_path, env, kind):
     for i, (_, p, _) in enumerate(FWD_CALLS[:3]):
         assert results[i]["error"] is None and results[i]["plan"][0] == kind
         assert check_fwd_launch(p, log, i)["kind"] == kind
+
+
+def test_launch_switches_listed():
+    """tests/_fake_cuda.py keeps the caller's launcher switches out of the child: it names every
+    ORT_FLASH_* variable the CUDA launcher reads."""
+    import re
+    read = set(re.findall(r'getenv\("(ORT_FLASH_\w+)"\)', (ROOT / "cpp" / "cuda_launch.cc").read_text()))
+    assert read and read <= set(_fake_cuda.LAUNCH_SWITCHES), read - set(_fake_cuda.LAUNCH_SWITCHES)
