@@ -72,22 +72,34 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def run(driver_dir: Path, log: Path, calls: list[dict], env: dict | None = None) -> tuple[list[dict], list[dict]]:
-    """Runs `calls` (each {"params": {FlashParams field: value}, "stream": int, "plan": whether to
-    ask launch_variant and launch_plan first (default true)}) in a child over the fake driver. Returns (per call: variant, plan and error; the fake's log, one dict per
-    driver call, with {"ev": "call", "index": i} where call i's run_cuda starts)."""
-    log.unlink(missing_ok=True)
-    # The launcher's own switches come from `env` only, not from the caller's shell.
+def child_env(driver_dir: Path, log: Path, env: dict | None = None) -> dict:
+    """The environment of a child over the fake: it first on LD_LIBRARY_PATH, its log, and the
+    launcher's switches from `env` only (not from the caller's shell)."""
     e = {k: v for k, v in os.environ.items() if k not in LAUNCH_SWITCHES}
     e.update({"LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(driver_dir), e.get("LD_LIBRARY_PATH")])),
               "FAKE_CUDA_LOG": str(log)})
     e.update(env or {})
-    r = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(calls), env=e,
+    return e
+
+
+def run_python(driver_dir: Path, log: Path, code: str, stdin: str = "", env: dict | None = None) -> str:
+    """Runs `code` in a child Python over the fake driver; returns its stdout."""
+    r = subprocess.run([sys.executable, "-c", code], input=stdin, env=child_env(driver_dir, log, env),
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"the child over the fake driver failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    return r.stdout
+
+
+def run(driver_dir: Path, log: Path, calls: list[dict], env: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """Runs `calls` (each {"params": {FlashParams field: value}, "stream": int, "plan": whether to
+    ask launch_variant and launch_plan first (default true)}) in a child over the fake driver.
+    Returns (per call: variant, plan and error; the fake's log, one dict per driver call, with
+    {"ev": "call", "index": i} where call i's run_cuda starts)."""
+    log.unlink(missing_ok=True)
+    out = run_python(driver_dir, log, _CHILD, json.dumps(calls), env)
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return json.loads(r.stdout.strip().splitlines()[-1]), events
+    return json.loads(out.strip().splitlines()[-1]), events
 
 
 def per_call(events: list[dict]) -> dict[int, list[dict]]:

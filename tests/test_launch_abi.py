@@ -8,8 +8,9 @@ driver does) and refuses what the driver would refuse (a cubin for another SM, a
 than the kernel's required one, a grid or shared memory over the limits). The tests decode
 that buffer by the kernels' signatures (aot/build.py's launch ABI) and compare each value with
 what the call asks for, for every kind of forward kernel this build has (the Gluon ones, TMA,
-pointer, split-KV decode and its merge), the per-stream counters and the errors the launcher
-gives instead of launching. The GPU suite checks that the kernels compute the right thing
+pointer, split-KV decode and its merge), the per-stream counters, the errors the launcher
+gives instead of launching, and which compiled arch serves which device (the loader and
+`ort-flash info` alike). The GPU suite checks that the kernels compute the right thing
 from these arguments; this checks the arguments on every CI run.
 """
 from __future__ import annotations
@@ -442,3 +443,24 @@ def test_launch_switches_listed():
     import re
     read = set(re.findall(r'getenv\("(ORT_FLASH_\w+)"\)', (ROOT / "cpp" / "cuda_launch.cc").read_text()))
     assert read and read <= set(_fake_cuda.LAUNCH_SWITCHES), read - set(_fake_cuda.LAUNCH_SWITCHES)
+
+
+@pytest.mark.parametrize("arch", [75, 80, 86, 89, 90, 100])
+def test_info_verdict_matches_loader(driver, tmp_path, arch):
+    """`ort-flash info`'s GPU line and the loader agree on every device: the kernels of the
+    highest compiled arch of the device's major version not above it, or the same refusal."""
+    code = ("from ort_flash import _C\n"
+            "from ort_flash.info import format_info\n"
+            "print([l for l in format_info().splitlines() if l.startswith('GPU:')][0])\n"
+            "try:\n    print(_C.prepare_device(0))\nexcept RuntimeError as e:\n    print('error:', e)\n")
+    out = _fake_cuda.run_python(driver, tmp_path / "cuda.log", code,
+                                env={"FAKE_CUDA_ARCH": str(arch), "FAKE_CUDA_SMS": str(SMS)})
+    gpu, loaded = out.strip().splitlines()[-2:]
+    served = max((a for a in ARCHS if a // 10 == arch // 10 and a <= arch), default=None)
+    assert gpu.startswith(f"GPU:          fake sm_{arch}, sm_{arch}: ")
+    if served is None:
+        assert "NOT supported by this build" in gpu and loaded.startswith("error:")
+        assert f"sm_{arch}) has no FlashAttention kernels in this build" in loaded
+    else:
+        assert f"supported (runs the sm_{served} kernels)" in gpu
+        assert loaded == str((arch, served, SMS, len(table_entries(served))))
