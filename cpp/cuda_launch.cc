@@ -539,23 +539,32 @@ FwdGrid fwd_grid(const KernelEntry& e, const FlashParams& p, int sm_count, int32
 
 Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace) {
   if (p.sq == 0 || p.batch == 0 || p.hq == 0) return Status::Ok();
-  const CudaDriver* d = nullptr;
-  ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&d));
+  // A call no kernel can take fails before the kernels load.
   VariantKey key{};
   ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
   const DeviceKernels* dk = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(kernels_for_stream(stream, &dk));
+  return launch_flash_cuda_with(p, *dk, stream, workspace);
+}
+
+Status launch_flash_cuda_with(const FlashParams& p, const DeviceKernels& dk, CUstream stream,
+                              const WorkspaceFn& workspace) {
+  if (p.sq == 0 || p.batch == 0 || p.hq == 0) return Status::Ok();
+  const CudaDriver* d = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&d));
+  VariantKey key{};
+  ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
   if (p.sq > INT32_MAX || p.skv > INT32_MAX) {
     return Status::Error("sequence lengths above 2^31 - 1 are not supported");
   }
   LaunchPlan plan;
-  ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(p, *dk, static_cast<bool>(workspace), &plan));
-  if (plan.kind == KernelKind::kDecode) return launch_decode(p, *dk, plan, stream, workspace);
+  ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(p, dk, static_cast<bool>(workspace), &plan));
+  if (plan.kind == KernelKind::kDecode) return launch_decode(p, dk, plan, stream, workspace);
   const bool described = plan.kind == KernelKind::kFwdTma || plan.kind == KernelKind::kFwdGluon;
   const LoadedKernel* k = described ? plan.second : plan.loaded;
   if (!k) {
     return Status::Error("no CUDA kernel in this build for " + describe(key) + " on sm_" +
-                         std::to_string(dk->arch) + "; see `ort-flash info` for the compiled variants");
+                         std::to_string(dk.arch) + "; see `ort-flash info` for the compiled variants");
   }
   // The launch ABI (aot/build.py): runtime arguments in kernel order, then two scratch pointers.
   KernelArgs a(p);
@@ -578,7 +587,7 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
                            : (plan.kind == KernelKind::kFwdGluon ? kGluonLaunchArgCount : kTmaLaunchArgCount)) + 2;
   if (args.size() != expected) return Status::Error("internal error: launch argument count mismatch");
   // a.ints[9] is window_right, pushed above by address: a persistent kernel reads B * Hq there.
-  const FwdGrid grid = fwd_grid(le, p, dk->sm_count, &a.ints[9]);
+  const FwdGrid grid = fwd_grid(le, p, dk.sm_count, &a.ints[9]);
   // A CTA per tile puts B * Hq on the grid's y; a persistent kernel numbers the call's tiles in int32.
   if (grid.y > 65535) {
     return Status::Error("batch x query heads = " + std::to_string(grid.y) + " exceeds the CUDA grid limit of 65535");
@@ -591,7 +600,7 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
     // saying whether there is one: without (no set for this stream) the kernel takes its tiles
     // round robin, in the same order.
     CUdeviceptr counters = 0;
-    ORT_FLASH_RETURN_IF_ERROR(stream_counters(*d, *dk, stream, 0, &counters));
+    ORT_FLASH_RETURN_IF_ERROR(stream_counters(*d, dk, stream, 0, &counters));
     a.seqlens = counters ? counters + kTileCounterOffset : 0;
     a.ints[11] = counters ? 1 : 0;
   }

@@ -71,6 +71,11 @@ Status select_variant(const FlashParams& p, VariantKey* key);
 // nothing. Without `workspace` the decode path runs unsplit.
 Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace = nullptr);
 
+// The same with the kernels of `dk` (launch_flash_cuda: those loaded in the stream's
+// context). ort_flash._C's launch_with_table passes a table of its own (tests).
+Status launch_flash_cuda_with(const FlashParams& p, const DeviceKernels& dk, CUstream stream,
+                              const WorkspaceFn& workspace = nullptr);
+
 // present = past ++ new along the sequence axis, on `stream`. `past` is (B, H, P, D) contiguous;
 // `cur` is addressed by element strides (b, h, s) with a contiguous last dim of D elements;
 // `present` is (B, H, P + S, D) contiguous.

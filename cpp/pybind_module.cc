@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <functional>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -93,38 +95,44 @@ void check(const Status& s) {
   if (!s.ok()) throw std::runtime_error(s.message());
 }
 
+// A table entry from a row of aot/variants.py's codes and tiles (plan_with_table, launch_with_table).
+// `name` must outlive the entry.
+KernelEntry entry_from_row(const py::dict& r, int arch, const std::string& name) {
+  KernelEntry e{};
+  e.key.dtype = static_cast<DType>(r["dtype"].cast<int>());
+  e.key.head_dim = r["head_dim"].cast<int>();
+  e.key.even_d = r["even_d"].cast<bool>();
+  e.key.mask = static_cast<MaskKind>(r["mask"].cast<int>());
+  e.key.extras = r["extras"].cast<bool>();
+  e.key.precision = static_cast<Fp32Precision>(r["precision"].cast<int>());
+  e.key.kind = static_cast<KernelKind>(r["kind"].cast<int>());
+  e.key.mask_keys = r["mask_keys"].cast<bool>();
+  e.arch = arch;
+  e.variant_name = name.c_str();
+  e.kernel_name = "";
+  e.num_warps = r["num_warps"].cast<int>();
+  e.block_m = r["block_m"].cast<int>();
+  e.block_n = r["block_n"].cast<int>();
+  e.tile_causal = r["tile_causal"].cast<int>();
+  e.tile_min_len = r["tile_min_len"].cast<int>();
+  e.pdl = r.contains("pdl") && r["pdl"].cast<bool>();
+  e.tile_max_len = r.contains("tile_max_len") ? r["tile_max_len"].cast<int>() : 0;
+  e.persistent = r.contains("persistent") ? r["persistent"].cast<int>() : 0;
+  e.dynamic = r.contains("dynamic") && r["dynamic"].cast<bool>();
+  return e;
+}
+
 // The dispatcher over a table given as rows (aot/variants.py's codes and tiles) rather than the
 // compiled one: the launch plan for any build and GPU, checked where there is neither.
 py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& rows, int arch, int sm_count,
                           bool tensor_maps) {
   std::vector<std::string> names;
   names.reserve(rows.size());
-  std::vector<KernelEntry> entries(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const py::dict& r = rows[i];
+  std::vector<KernelEntry> entries;
+  entries.reserve(rows.size());
+  for (const py::dict& r : rows) {
     names.push_back(r["variant"].cast<std::string>());
-    KernelEntry& e = entries[i];
-    e = KernelEntry{};
-    e.key.dtype = static_cast<DType>(r["dtype"].cast<int>());
-    e.key.head_dim = r["head_dim"].cast<int>();
-    e.key.even_d = r["even_d"].cast<bool>();
-    e.key.mask = static_cast<MaskKind>(r["mask"].cast<int>());
-    e.key.extras = r["extras"].cast<bool>();
-    e.key.precision = static_cast<Fp32Precision>(r["precision"].cast<int>());
-    e.key.kind = static_cast<KernelKind>(r["kind"].cast<int>());
-    e.key.mask_keys = r["mask_keys"].cast<bool>();
-    e.arch = arch;
-    e.variant_name = names[i].c_str();
-    e.kernel_name = "";
-    e.num_warps = r["num_warps"].cast<int>();
-    e.block_m = r["block_m"].cast<int>();
-    e.block_n = r["block_n"].cast<int>();
-    e.tile_causal = r["tile_causal"].cast<int>();
-    e.tile_min_len = r["tile_min_len"].cast<int>();
-    e.pdl = r.contains("pdl") && r["pdl"].cast<bool>();
-    e.tile_max_len = r.contains("tile_max_len") ? r["tile_max_len"].cast<int>() : 0;
-    e.persistent = r.contains("persistent") ? r["persistent"].cast<int>() : 0;
-    e.dynamic = r.contains("dynamic") && r["dynamic"].cast<bool>();
+    entries.push_back(entry_from_row(r, arch, names.back()));
   }
   DeviceKernels dk{};
   dk.device = -1;
@@ -136,6 +144,58 @@ py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& row
   check(plan_flash_cuda(p, dk, true, &plan));
   auto name = [](const LoadedKernel* k) { return std::string(k ? k->entry->variant_name : ""); };
   return py::make_tuple(kind_name(plan.kind), name(plan.loaded), name(plan.second), plan.num_splits);
+}
+
+// Runs `launch` on `stream` with a stream-ordered workspace for the split-KV partials, freed on
+// the stream after the kernels.
+void run_on_stream(uintptr_t stream, const std::function<Status(CUstream, const WorkspaceFn&)>& launch) {
+  const CudaDriver* d = nullptr;
+  check(cuda_driver(&d));
+  const CUstream s = reinterpret_cast<CUstream>(stream);
+  CUdeviceptr ws = 0;
+  Status st = launch(s, [&](size_t bytes, void** ptr) {
+    ORT_FLASH_RETURN_IF_ERROR(cuda_check(d->cuMemAllocAsync(&ws, bytes, s), "cuMemAllocAsync"));
+    *ptr = reinterpret_cast<void*>(ws);
+    return Status::Ok();
+  });
+  if (ws) {
+    Status f = cuda_check(d->cuMemFreeAsync(ws, s), "cuMemFreeAsync");
+    if (st.ok()) st = f;
+  }
+  check(st);
+}
+
+// run_cuda over a table of `rows` instead of the build's: each row as plan_with_table takes it,
+// plus "cubin_of", the variant of this build whose loaded cubin it launches (its function, block,
+// shared memory, TMA boxes). A table the build could make (aot/variants.py's kernel switches), launched
+// with cubins of the same launch ABI it has: the launcher's handling of entries the shipped table
+// lacks, checked over tests/fake_cuda's driver.
+void launch_with_table(const FlashParams& p, const std::vector<py::dict>& rows, uintptr_t stream) {
+  const DeviceKernels* loaded = nullptr;
+  check(kernels_for_stream(reinterpret_cast<CUstream>(stream), &loaded));
+  std::vector<std::string> names;
+  names.reserve(rows.size());
+  std::vector<KernelEntry> entries;
+  entries.reserve(rows.size());
+  DeviceKernels dk = *loaded;  // the context, SMs and counters
+  dk.kernels.clear();
+  for (const py::dict& r : rows) {
+    names.push_back(r["variant"].cast<std::string>());
+    entries.push_back(entry_from_row(r, loaded->table_arch, names.back()));
+    const std::string of = r["cubin_of"].cast<std::string>();
+    auto src = std::find_if(loaded->kernels.begin(), loaded->kernels.end(),
+                            [&](const LoadedKernel& k) { return of == k.entry->variant_name; });
+    if (src == loaded->kernels.end()) throw std::invalid_argument("cubin_of: no variant " + of + " in this build");
+    KernelEntry& e = entries.back();
+    e.kernel_name = src->entry->kernel_name;
+    e.num_warps = src->entry->num_warps;  // the cubin's block (a row may give the tile's config warps)
+    e.shared = src->entry->shared;
+    e.cubin = src->entry->cubin;
+    e.cubin_end = src->entry->cubin_end;
+    std::copy(std::begin(src->entry->tma), std::end(src->entry->tma), std::begin(e.tma));
+    dk.kernels.push_back({&e, src->function});
+  }
+  run_on_stream(stream, [&](CUstream s, const WorkspaceFn& ws) { return launch_flash_cuda_with(p, dk, s, ws); });
 }
 
 }  // namespace
@@ -242,20 +302,9 @@ PYBIND11_MODULE(_C, m) {
      "0 none) is launched with for `p` on `sm_count` SMs, and the window_right it is passed: "
      "(grid x, grid y, window_right). Needs no GPU.");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
-    const CudaDriver* d = nullptr;
-    check(cuda_driver(&d));
-    const CUstream s = reinterpret_cast<CUstream>(stream);
-    CUdeviceptr ws = 0;
-    // Split-KV partials: stream-ordered allocation, freed on the stream after the kernels.
-    Status st = launch_flash_cuda(p, s, [&](size_t bytes, void** ptr) {
-      ORT_FLASH_RETURN_IF_ERROR(cuda_check(d->cuMemAllocAsync(&ws, bytes, s), "cuMemAllocAsync"));
-      *ptr = reinterpret_cast<void*>(ws);
-      return Status::Ok();
-    });
-    if (ws) {
-      Status f = cuda_check(d->cuMemFreeAsync(ws, s), "cuMemFreeAsync");
-      if (st.ok()) st = f;
-    }
-    check(st);
+    run_on_stream(stream, [&](CUstream s, const WorkspaceFn& ws) { return launch_flash_cuda(p, s, ws); });
   }, "Launches the CUDA kernels on device pointers, on `stream` (a CUstream as int; 0 = legacy default).");
+  m.def("launch_with_table", &launch_with_table, py::arg("p"), py::arg("rows"), py::arg("stream"),
+        "run_cuda over a table of `rows` (plan_with_table's, each with \"cubin_of\": the variant of "
+        "this build whose cubin it launches) instead of the build's (tests, over tests/fake_cuda).");
 }

@@ -46,10 +46,11 @@ _CHILD = textwrap.dedent("""
     import json, os, sys
     from ort_flash import _C
 
-    calls = json.load(sys.stdin)
+    job = json.load(sys.stdin)
+    rows = job["rows"]
     log = os.environ["FAKE_CUDA_LOG"]
     out = []
-    for i, call in enumerate(calls):
+    for i, call in enumerate(job["calls"]):
         p = _C.FlashParams()
         for k, v in call["params"].items():
             if k == "dtype":
@@ -59,12 +60,18 @@ _CHILD = textwrap.dedent("""
             setattr(p, k, v)
         r = {"variant": None, "plan": None, "error": None}
         try:
-            if call.get("plan", True):
+            if call.get("plan", True) and rows is None:
                 r["variant"] = _C.launch_variant(p)
                 r["plan"] = list(_C.launch_plan(p))
+            elif call.get("plan", True):
+                kind, name, _, splits = _C.plan_with_table(p, rows)
+                r["variant"], r["plan"] = name, [kind, splits]
             with open(log, "a") as f:
                 f.write(json.dumps({"ev": "call", "index": i}) + "\\n")
-            _C.run_cuda(p, call.get("stream", 0))
+            if rows is None:
+                _C.run_cuda(p, call.get("stream", 0))
+            else:
+                _C.launch_with_table(p, rows, call.get("stream", 0))
         except RuntimeError as e:
             r["error"] = str(e)
         out.append(r)
@@ -91,13 +98,16 @@ def run_python(driver_dir: Path, log: Path, code: str, stdin: str = "", env: dic
     return r.stdout
 
 
-def run(driver_dir: Path, log: Path, calls: list[dict], env: dict | None = None) -> tuple[list[dict], list[dict]]:
+def run(driver_dir: Path, log: Path, calls: list[dict], env: dict | None = None,
+        rows: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
     """Runs `calls` (each {"params": {FlashParams field: value}, "stream": int, "plan": whether to
-    ask launch_variant and launch_plan first (default true)}) in a child over the fake driver.
-    Returns (per call: variant, plan and error; the fake's log, one dict per driver call, with
-    {"ev": "call", "index": i} where call i's run_cuda starts)."""
+    ask launch_variant and launch_plan first (default true)}) in a child over the fake driver;
+    with `rows`, over that table instead of the build's (_C.launch_with_table, planned by
+    _C.plan_with_table: plan is then (kind, splits)). Returns (per call: variant, plan and error;
+    the fake's log, one dict per driver call, with {"ev": "call", "index": i} where call i's
+    launch starts)."""
     log.unlink(missing_ok=True)
-    out = run_python(driver_dir, log, _CHILD, json.dumps(calls), env)
+    out = run_python(driver_dir, log, _CHILD, json.dumps({"calls": calls, "rows": rows}), env)
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return json.loads(out.strip().splitlines()[-1]), events
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import build  # noqa: E402
 import variants  # noqa: E402
+from _table_rows import table_rows as _rows  # noqa: E402
 from _ws_tiles import cta_tile, tile_of  # noqa: E402
 
 SHIPPED = (ROOT / "aot" / f"{variants.GLUON_MODULE}.py").exists()
@@ -573,23 +574,8 @@ def test_shipped_gluon_ranges_split_the_lengths():
             assert all(a[1] == b[0] for a, b in zip(mine, mine[1:])), mine
 
 
-# The dispatcher, over tables built from aot/variants.py as the build would compile them.
-
-def _rows(arch: int, gluon: bool = True) -> list[dict]:
-    v = variants
-    out = []
-    for x in v.all_variants():
-        if arch < x.min_arch or (x.kind == "fwd_gluon" and not gluon):
-            continue
-        cfg = v.get_fwd_config(arch, x)
-        out.append(dict(variant=x.name, dtype=v.DTYPE_CODES[x.dtype], head_dim=x.head_dim, even_d=x.even_d,
-                        mask=v.MASK_KINDS[x.mask], extras=x.extras, kind=v.KIND_CODES[x.kind],
-                        precision=v.PRECISION_CODES[x.precision] if x.dtype == "fp32" else 0,
-                        mask_keys=x.mask_keys, num_warps=cfg.num_warps, block_m=cfg.block_m,
-                        block_n=cfg.block_n, tile_causal=x.tile_causal, tile_min_len=x.tile_min_len,
-                        tile_max_len=x.tile_max_len, persistent=cfg.persistent, dynamic=cfg.dynamic,
-                        pdl=x.kind == "decode" and arch >= build.PDL_MIN_ARCH))
-    return out
+# The dispatcher, over tables built from aot/variants.py as the build would compile them
+# (tests/_table_rows.py).
 
 
 def _params(b=2, hq=8, hkv=2, sq=1000, skv=1000, d=128, dtype="float16", layout="bhsd", **kw):

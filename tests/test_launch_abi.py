@@ -8,7 +8,8 @@ driver does) and refuses what the driver would refuse (a cubin for another SM, a
 than the kernel's required one, a grid or shared memory over the limits). The tests decode
 that buffer by the kernels' signatures (aot/build.py's launch ABI) and compare each value with
 what the call asks for, for every kind of forward kernel this build has (the Gluon ones, TMA,
-pointer, split-KV decode and its merge), the per-stream counters, the errors the launcher
+pointer, split-KV decode and its merge; the entries aot/variants.py's kernel switches would add,
+launched with this build's cubins), the per-stream counters, the errors the launcher
 gives instead of launching, and which compiled arch serves which device (the loader and
 `ort-flash info` alike). The GPU suite checks that the kernels compute the right thing
 from these arguments; this checks the arguments on every CI run.
@@ -16,8 +17,11 @@ from these arguments; this checks the arguments on every CI run.
 from __future__ import annotations
 
 import inspect
+import json
 import math
+import os
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,9 +55,9 @@ def driver(tmp_path_factory):
     return _fake_cuda.build(tmp_path_factory.mktemp("fake_cuda"))
 
 
-def _run(driver, tmp_path, calls, **env):
+def _run(driver, tmp_path, calls, rows=None, **env):
     env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), **env}
-    return _fake_cuda.run(driver, tmp_path / "cuda.log", calls, env)
+    return _fake_cuda.run(driver, tmp_path / "cuda.log", calls, env, rows)
 
 
 def params(b=2, hq=8, hkv=2, sq=1000, skv=1000, d=128, dv=None, dtype="float16", layout="bhsd", **kw) -> dict:
@@ -198,9 +202,14 @@ def _fwd_expected(p: dict, e: dict, counters: int) -> dict:
     return x
 
 
-def check_fwd_launch(p: dict, log: Log, i: int, stream: int = 7) -> dict:
-    """Call i ran one forward kernel with exactly the arguments `p` asks for; returns its entry."""
+def check_fwd_launch(p: dict, log: Log, i: int, stream: int = 7, entry: dict | None = None) -> dict:
+    """Call i ran one forward kernel with exactly the arguments `p` asks for; returns its entry
+    (`entry`: the table entry it ran, where the table is not the build's: launched with the
+    cubin of the build's entry of the same name as its "cubin_of")."""
     (ev, e, got), = log.launches(i)
+    if entry is not None:
+        assert e["variant"] == entry["cubin_of"]
+        e = entry
     want = _fwd_expected(p, e, log.slots.get(stream, 0))
     for name, value in got.items():
         if name.endswith(".map"):
@@ -365,32 +374,6 @@ def test_decode_launch_arguments(driver, tmp_path, streams, pdl_env):
     assert 13 not in log.slots and len(set(log.slots.values())) == len(log.slots)
 
 
-def test_dynamic_tile_counters(driver, tmp_path):
-    """A dynamic persistent entry (aot/variants.py GLUON_WS_DYNAMIC) gets its stream's tile
-    counter pair in its key-lengths pointer with has_seqlens 1, the set zeroed once per stream
-    before its first launch; a stream first seen capturing a graph gets none (round-robin tiles)."""
-    dyn = [e for e in KERNELS if e["arch"] == ARCH and e["dynamic"]]
-    if not dyn:
-        pytest.skip("no dynamic-tile entries in this build (aot/variants.py GLUON_WS_DYNAMIC is off; "
-                    "ORT_FLASH_GLUON_WS_ON=dynamic builds them)")
-    e = dyn[0]
-    d = e["head_dim"]
-    p = params(b=2, hq=16, hkv=16, sq=4096, skv=4096, d=d, dtype=e["dtype"], causal=True)
-    calls = [{"params": p, "stream": s} for s in (31, 31, 32, 33)]
-    results, events = _run(driver, tmp_path, calls, FAKE_CUDA_CAPTURING="33")
-    log = Log(events)
-    seen = set()
-    for i, s in enumerate((31, 31, 32, 33)):
-        assert results[i]["error"] is None
-        memsets = [x for x in log.calls[i] if x["ev"] == "memset"]
-        # Zeroed on the stream in its first call, before the launch; never for the capturing one.
-        assert [x["stream"] for x in memsets] == ([s] if s not in seen and s != 33 else [])
-        assert all(log.calls[i].index(m) < log.calls[i].index(log.launches(i)[0][0]) for m in memsets)
-        seen.add(s)
-        assert check_fwd_launch(p, log, i, stream=s)["dynamic"]
-    assert 33 not in log.slots and log.slots[31] != log.slots[32]
-
-
 def test_sm80_device(driver, tmp_path):
     """An sm_80 device loads the sm_80 cubins only (the fake refuses others) and runs the pointer
     kernels, with the same arguments."""
@@ -464,3 +447,74 @@ def test_info_verdict_matches_loader(driver, tmp_path, arch):
     else:
         assert f"supported (runs the sm_{served} kernels)" in gpu
         assert loaded == str((arch, served, SMS, len(table_entries(served))))
+
+
+# The table a build with every kernel switch of aot/variants.py on makes, launched with this
+# build's cubins (_C.launch_with_table): the persistent grid and dynamic tiles reach the launcher
+# on every CI run, while the shipped table has them off.
+SWITCHES = "persistent,dynamic,skip"
+DTYPES = {0: "float32", 1: "float16", 2: "bfloat16"}
+MASKS = {0: "none", 1: "bool", 2: "add"}
+
+
+@pytest.fixture(scope="module")
+def switched_table():
+    """(rows, the Gluon ones as entries): every row with "cubin_of", its own cubin where this
+    build has the variant, else a Gluon cubin of the same kernel (warp-specialized or not),
+    dtype, head dim and mask: the same launch ABI (its block and shared memory come with it)."""
+    if ARCH != 90:
+        pytest.skip("no sm_90 kernels in this build")
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "_table_rows.py"), "90"], check=True,
+                         env=dict(os.environ, ORT_FLASH_GLUON_WS_ON=SWITCHES), capture_output=True, text=True)
+    rows = json.loads(out.stdout)
+    shipped = {e["variant"]: e for e in table_entries(90)}
+    entries = []
+    for r in rows:
+        if r["variant"] in shipped:
+            r["cubin_of"] = r["variant"]
+        else:
+            like = [e for e in shipped.values() if e["kind"] == "fwd_gluon"
+                    and ("_ws_" in e["variant"]) == ("_ws_" in r["variant"]) and e["dtype"] == DTYPES[r["dtype"]]
+                    and (e["head_dim"], e["mask"]) == (r["head_dim"], MASKS[r["mask"]])]
+            assert like, f"no cubin of this build has {r['variant']}'s launch ABI"
+            r["cubin_of"] = like[0]["variant"]
+        if r["kind"] == 4:  # fwd_gluon (aot/variants.py KIND_CODES)
+            src = shipped[r["cubin_of"]]
+            entries.append(dict(src, variant=r["variant"], cubin_of=r["cubin_of"], block_m=r["block_m"],
+                                tile_causal=r["tile_causal"], tile_min_len=r["tile_min_len"],
+                                tile_max_len=r["tile_max_len"], persistent=r["persistent"], dynamic=r["dynamic"]))
+    assert any(e["dynamic"] for e in entries) and any(e["persistent"] and not e["dynamic"] for e in entries)
+    return rows, entries
+
+
+def test_switched_table(driver, tmp_path, switched_table):
+    """Every Gluon entry of the switched table runs a call of its range with its arguments: the
+    persistent ones on min(SMs, tiles) CTAs with B * Hq in window_right, the dynamic ones with
+    their stream's tile counter pair (zeroed on the stream once, before its first launch)."""
+    rows, entries = switched_table
+    calls = [{"params": _entry_call(e), "stream": CALLS_STREAM} for e in entries]
+    results, events = _run(driver, tmp_path, calls, rows=rows)
+    log = Log(events)
+    for i, e in enumerate(entries):
+        assert results[i]["error"] is None, results[i]["error"]
+        assert results[i]["variant"] == e["variant"], f"a call in {e['variant']}'s range planned {results[i]['variant']}"
+        check_fwd_launch(_entry_call(e), log, i, entry=e)
+    assert list(log.slots) == [CALLS_STREAM]
+
+
+def test_switched_dynamic_streams(driver, tmp_path, switched_table):
+    """Dynamic tiles on several streams: each its own counter set, zeroed once before its first
+    launch; a stream first seen capturing a graph gets none (the kernel's round-robin order)."""
+    rows, entries = switched_table
+    e = next(x for x in entries if x["dynamic"] and x["head_dim"] == 128)
+    p = _entry_call(e)
+    streams = (41, 41, 42, 43)
+    results, events = _run(driver, tmp_path, [{"params": p, "stream": s} for s in streams], rows=rows,
+                           FAKE_CUDA_CAPTURING="43")
+    log = Log(events)
+    for i, s in enumerate(streams):
+        assert results[i]["error"] is None and results[i]["variant"] == e["variant"]
+        memsets = [x["stream"] for x in log.calls[i] if x["ev"] == "memset"]
+        assert memsets == ([s] if s not in streams[:i] and s != 43 else [])
+        check_fwd_launch(p, log, i, stream=s, entry=e)
+    assert 43 not in log.slots and log.slots[41] != log.slots[42]
