@@ -588,12 +588,14 @@ Status launch_flash_cuda_with(const FlashParams& p, const DeviceKernels& dk, CUs
   if (args.size() != expected) return Status::Error("internal error: launch argument count mismatch");
   // a.ints[9] is window_right, pushed above by address: a persistent kernel reads B * Hq there.
   const FwdGrid grid = fwd_grid(le, p, dk.sm_count, &a.ints[9]);
-  // A CTA per tile puts B * Hq on the grid's y; a persistent kernel numbers the call's tiles in int32.
+  // A CTA per tile puts B * Hq on the grid's y; a persistent kernel numbers the call's tiles in
+  // int32, up to one past the last for each CTA (its next tile: this one + the CTAs).
   if (grid.y > 65535) {
     return Status::Error("batch x query heads = " + std::to_string(grid.y) + " exceeds the CUDA grid limit of 65535");
   }
-  if (le.persistent > 0 && grid.tiles > INT32_MAX) {
-    return Status::Error("batch x query heads x query tiles exceeds 2^31 - 1 for " + std::string(le.variant_name));
+  if (le.persistent > 0 && grid.tiles > INT32_MAX - grid.x) {
+    return Status::Error("batch x query heads x query tiles = " + std::to_string(grid.tiles) + " is too many for " +
+                         std::string(le.variant_name) + ": its CTAs number the tiles, and one past the last each, in int32");
   }
   if (le.dynamic) {
     // The tile counter pair rides in the (unused) key-lengths pointer, has_seqlens (a.ints[11])

@@ -471,17 +471,19 @@ def test_dynamic_dispatch_takes_the_warp_specialized_kernel_for_causal_calls(mon
 
 def _claims(n_ctas: int, total: int, rng) -> tuple[list, int, int]:
     """The dynamic tile protocol of aot/flash_fwd_gluon_ws.py's producer (mirrored: _claim and the
-    DYNAMIC branch of _producer) with the CTAs' claims interleaved at random: (the tile ids each CTA
-    runs, the counter's value at the end, how many claims came back past the last tile)."""
+    DYNAMIC branch of _producer) with the CTAs' claims interleaved at random, their first ones
+    included (a CTA may start after others have run tiles): (the tile ids each CTA runs, the
+    counter's value at the end, how many claims came back past the last tile)."""
     ctr, past, tiles = 0, 0, [[] for _ in range(n_ctas)]
     nxt = {}
-    for g in range(n_ctas):  # tid = program_id(0); nxt = _claim(...) before the loop
-        nxt[g] = n_ctas + ctr
-        ctr += 1
-    cur = {g: g for g in range(n_ctas)}
+    cur = {g: g for g in range(n_ctas)}  # tid = program_id(0)
     live = list(range(n_ctas))
     while live:
         g = rng.choice(live)
+        if g not in nxt:  # nxt = _claim(...) before the loop
+            nxt[g] = n_ctas + ctr
+            ctr += 1
+            continue
         tiles[g].append(cur[g])  # the loop body runs tile cur[g] (tid < total)
         cur[g] = nxt[g]
         if cur[g] < total:

@@ -518,3 +518,22 @@ def test_switched_dynamic_streams(driver, tmp_path, switched_table):
         assert memsets == ([s] if s not in streams[:i] and s != 43 else [])
         check_fwd_launch(p, log, i, stream=s, entry=e)
     assert 43 not in log.slots and log.slots[41] != log.slots[42]
+
+
+def test_persistent_tile_numbers_fit_int32(driver, tmp_path, switched_table):
+    """A persistent kernel numbers the call's tiles in int32, and each CTA's next one past the
+    last: the launcher refuses a call whose tiles plus CTAs would not fit, and launches one below."""
+    rows, entries = switched_table
+    e = next(x for x in entries if x["persistent"] and not x["dynamic"] and x["head_dim"] == 128
+             and x["dtype"] == "float16" and x["mask"] == "none")
+    bm = e["block_m"]
+    # B 128 x Hq 1 (every TMA stride below 2^40 bytes) x 2^31 / block_m tiles: 128 tiles under 2^31.
+    over = params(b=128, hq=1, hkv=1, sq=(2**31 // bm - 1) * bm, skv=(2**31 // bm - 1) * bm)
+    under = params(b=128, hq=1, hkv=1, sq=(2**31 // bm - 2) * bm, skv=(2**31 // bm - 2) * bm)
+    results, events = _run(driver, tmp_path, [{"params": over, "stream": 51}, {"params": under, "stream": 51}],
+                           rows=rows)
+    assert results[0]["variant"] == results[1]["variant"] == e["variant"]
+    assert "is too many for " + e["variant"] in (results[0]["error"] or ""), results[0]
+    log = Log(events)
+    assert not log.launches(0) and results[1]["error"] is None
+    check_fwd_launch(under, log, 1, stream=51, entry=e)

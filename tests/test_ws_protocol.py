@@ -266,12 +266,9 @@ class Sim:
 
     def _run(self):
         procs = [p for g in range(self.ctas) for p in self.cta(g)]
-        waits = {}
-        for p in procs:  # start each to its first wait
-            try:
-                waits[p] = next(p)
-            except StopIteration:
-                pass
+        # Each partition starts when the schedule picks it: CTAs start (and make their first
+        # claims) in any order, some after others have run tiles.
+        waits = {p: _STARTING for p in procs}
         while waits or self.tma:
             runnable = [p for p, w in waits.items() if w.ready()]
             choices = runnable + [None] * len(self.tma)
@@ -288,6 +285,16 @@ class Sim:
                 waits[pick] = pick.send(None)
             except StopIteration:
                 del waits[pick]
+
+
+class _Starting:
+    """What a partition not yet started waits on: nothing."""
+
+    def ready(self):
+        return True
+
+
+_STARTING = _Starting()
 
 
 def test_mirror_matches_the_kernel_source():
