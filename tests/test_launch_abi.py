@@ -43,6 +43,7 @@ pytestmark = [
 ]
 ARCH = 90 if 90 in ARCHS else (ARCHS[-1] if ARCHS else 0)
 SMS = 132
+CALLS_STREAM = 7  # the stream the calls run on where a test names none
 COUNTER_SLOT = 4096 * 4 + 2 * 8  # cpp/kernel_registry.h kCounterSlotBytes
 TILE_COUNTERS = 4096 * 4  # kTileCounterOffset
 TMA_KINDS = ("fwd_tma", "fwd_gluon")
@@ -90,10 +91,8 @@ def abi_names(kind: str, kernel: str) -> list[str]:
     and 4 strides, then Triton's two scratch pointers."""
     import build  # aot/build.py
 
-    fn = {"flash_fwd": lambda: build.kernel_fn(kind), "flash_fwd_gluon": lambda: build.kernel_fn(kind),
-          "flash_fwd_gluon_ws": lambda: build.kernel_fn(kind, ws=True),
-          "flash_decode_split": lambda: build.kernel_fn("decode"),
-          "flash_decode_combine": lambda: build.kernel_fn("combine")}[kernel]()
+    fn = build.kernel_fn({"flash_decode_split": "decode", "flash_decode_combine": "combine"}.get(kernel, kind),
+                         ws=kernel == "flash_fwd_gluon_ws")
     names = []
     for name, prm in inspect.signature(fn.fn).parameters.items():
         if "constexpr" in str(prm.annotation):
@@ -202,7 +201,7 @@ def _fwd_expected(p: dict, e: dict, counters: int) -> dict:
     return x
 
 
-def check_fwd_launch(p: dict, log: Log, i: int, stream: int = 7, entry: dict | None = None) -> dict:
+def check_fwd_launch(p: dict, log: Log, i: int, stream: int = CALLS_STREAM, entry: dict | None = None) -> dict:
     """Call i ran one forward kernel with exactly the arguments `p` asks for; returns its entry
     (`entry`: the table entry it ran, where the table is not the build's: launched with the
     cubin of the build's entry of the same name as its "cubin_of")."""
@@ -225,7 +224,6 @@ def check_fwd_launch(p: dict, log: Log, i: int, stream: int = 7, entry: dict | N
     return e
 
 
-CALLS_STREAM = 7  # check_fwd_launch's default stream
 # (what the call is, its FlashParams, the kind of kernel it must run on sm_90 / sm_80 builds)
 FWD_CALLS = [
     ("gqa d128 fp16", params(), "fwd_gluon"),
