@@ -10,7 +10,9 @@ Inputs and layout
      each token holding its Hq query heads, then Hkv key heads, then Hkv value heads (key and
      value absent). Hq % Hkv == 0; query head h reads kv head h // (Hq/Hkv). D % 8 == 0.
   2. past_key/past_value (B, Hkv, M, D) (BNSH); outputs present_key/present_value (B, Hkv,
-     max(TOTAL, M), D) and output (B, S, Hq*D).
+     max(TOTAL, M), D) and output (B, S, Hq*D). Without a past TOTAL == S; with one, TOTAL <= M
+     (a static, max-length cache) or TOTAL == M + S (a growing cache); else ORT refuses.
+     0 <= seqlens_k[b] < max(TOTAL, M). With do_rotary D % 16 == 0 and R/2 % 8 == 0.
 
 Phase: first prompt or continuation
   3. S > 1 and S != TOTAL: a continuation ("subsequent prompt"); only B == 1 is allowed.
@@ -41,7 +43,8 @@ Attention of query (b, h, s) at position q = P_b + s
   9. Keys and values are read from present rows j < T_b of kv head h // (Hq/Hkv) (after 6-8).
      Allowed keys: j < T_b, and with causal=1 (the default) j <= q, and with local_window_size
      W >= 0 also j > q - W, i.e. exactly the W keys q-W+1..q (W = 0 allows none; ONNX
-     Attention's left_window_size is W - 1).
+     Attention's left_window_size is W - 1). causal=0 (ORT 1.31's attribute; W must be -1)
+     allows every j < T_b.
  10. A first-prompt padding row (s >= T_b) is computed, never zeroed, and its position depends
      on the dtype: float32 keeps q = s, so it sees the keys j < T_b with j > s - W (none, output
      0, once s >= T_b + W - 1); float16 clamps q to T_b - 1, so it sees the last real token's
@@ -129,6 +132,11 @@ def gqa_problem(
     t_b = np.asarray(seqlens_k, dtype=np.int64).reshape(bsz) + 1
     m_past = 0 if past_key is None else past_key.shape[2]
 
+    if not (total <= m_past or total == m_past + s_len):
+        raise ValueError(f"total_sequence_length {total} is neither <= the past's {m_past} "
+                         f"nor past + new ({m_past} + {s_len})")
+    if do_rotary and (d % 16 or cos_cache.shape[1] % 8 or 2 * cos_cache.shape[1] > d):
+        raise ValueError(f"rotary needs D % 16 == 0 (D {d}) and cos_cache.shape[1] a multiple of 8 <= D/2")
     continuation = s_len > 1 and s_len != total
     if continuation and bsz != 1:
         raise ValueError("ORT allows S > 1 after a past (S != total_sequence_length) only for batch 1")

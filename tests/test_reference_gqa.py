@@ -36,6 +36,8 @@ CASES = {
     "prompt_smooth_softmax": (1, 6, 2, 64, 32, "prompt", [17], 17, None, dict(smooth_softmax=1)),
     "prompt_head_sink_bias": (2, 6, 2, 64, 32, "prompt", [17, 17], 17, None,
                               dict(head_sink=True, attention_bias=True)),
+    "prompt_bidirectional_padded": (2, 6, 2, 64, 32, "prompt", [17, 10], 17, None, dict(causal=0)),
+    "decode_bidirectional": (2, 4, 1, 64, 0, "decode", [30, 12], 1, 32, dict(causal=0)),
     "prompt_position_ids": (2, 4, 2, 64, 32, "prompt", [7, 7], 7, None, dict(position_ids=True)),
     "decode_shared": (3, 6, 2, 64, 32, "decode", [1, 40, 64], 1, 64, dict(packed=True)),
     "decode_shared_window_softcap": (2, 8, 1, 80, 16, "decode", [50, 9], 1, 130, dict(
@@ -77,7 +79,7 @@ def _inputs(rng, dtype, spec):
         feeds["attention_bias"] = rnd(b, 1, s, total)
     if extra.get("head_sink"):
         feeds["head_sink"] = rnd(hq)
-    for name in ("local_window_size", "softcap", "scale", "smooth_softmax"):
+    for name in ("local_window_size", "softcap", "scale", "smooth_softmax", "causal"):
         if name in extra:
             attrs[name] = extra[name]
     shared = m is not None and not extra.get("separate")
@@ -122,3 +124,26 @@ def test_gqa_reference_matches_onnxruntime(name, dtype):
     ulp = 2.0 ** -10 if dtype == "float16" else 2.0 ** -23  # one rounding of the rotated K
     k_err = np.abs(pk[written] - ref_pk[written])
     assert np.all(k_err <= 2 * ulp * np.abs(ref_pk[written]) + 1e-6), f"{ctx}: present_key's new rows"
+
+
+# Calls ORT 1.31.1's CPU op refuses; the reference refuses them too (names: (spec, the change)).
+REFUSED = {
+    "rotary_d40": (CASES["prompt_no_rotary_d40"], dict(half=8)),
+    "total_between_past_and_past_plus_new": (CASES["decode_separate_short_past"], dict(total=25)),
+    "continuation_batch_2": ((2, 4, 4, 64, 0, "cont", [20, 20], 7, 32, {}), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_gqa_reference_refuses_what_onnxruntime_refuses(name):
+    spec, change = REFUSED[name]
+    spec = list(spec)
+    if "half" in change:
+        spec[4] = change["half"]
+    feeds, attrs, shared = _inputs(np.random.default_rng(0), np.float32, tuple(spec))
+    if "total" in change:
+        feeds["total_sequence_length"] = np.array(change["total"], np.int32)
+    with pytest.raises(Exception, match="GroupQueryAttention"):
+        run_gqa(feeds, shared=shared, **attrs)
+    with pytest.raises(ValueError):
+        _reference(gqa_reference, feeds, attrs, shared)
