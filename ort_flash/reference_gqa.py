@@ -55,7 +55,7 @@ Attention of query (b, h, s) at position q = P_b + s
      TOTAL), column = absolute key position); masked keys get probability 0.
  12. softmax over the allowed keys; with head_sink (Hq,) or smooth_softmax=1 (sink 0) the
      denominator gains exp(sink_h - m), m = max(max score, sink_h): a virtual key of logit
-     sink_h and value 0 (head_sink and smooth_softmax=1 together are refused by ORT).
+     sink_h and value 0. Given both, ORT 1.31.1 runs and head_sink wins (sink_h = head_sink[h]).
  13. A row with no allowed key (W = 0, or a float32 padding row of 10) outputs 0.
  14. Precision of the CPU op: float16 Q/K/V are widened to float32 for the scores, softmax and
      P.V; the rotated Q/K and the output are rounded to float16.

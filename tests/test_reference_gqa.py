@@ -34,6 +34,8 @@ CASES = {
     "prompt_window_padded": (2, 6, 2, 64, 32, "prompt_buf", [33, 12], 33, 40, dict(local_window_size=8)),
     "prompt_softcap_scale": (1, 8, 1, 64, 32, "prompt", [33], 33, None, dict(softcap=2.5, scale=0.4)),
     "prompt_smooth_softmax": (1, 6, 2, 64, 32, "prompt", [17], 17, None, dict(smooth_softmax=1)),
+    "decode_head_sink_and_smooth": (2, 6, 2, 64, 0, "decode", [9, 30], 1, 32, dict(
+        smooth_softmax=1, head_sink=True)),
     "prompt_head_sink_bias": (2, 6, 2, 64, 32, "prompt", [17, 17], 17, None,
                               dict(head_sink=True, attention_bias=True)),
     "prompt_bidirectional_padded": (2, 6, 2, 64, 32, "prompt", [17, 10], 17, None, dict(causal=0)),
