@@ -10,8 +10,8 @@ const char* const kInputNames[kNumInputs] = {"Q", "K", "V", "attn_mask", "past_k
 const char* const kOutputNames[kNumOutputs] = {"Y", "present_key", "present_value", "softmax_lse"};
 
 namespace {
-
 constexpr int kFloat = 1, kBool = 9, kFloat16 = 10, kBFloat16 = 16, kInt64 = 7;
+}  // namespace
 
 std::string type_name(int t) {
   switch (t) {
@@ -33,6 +33,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
   o << ")";
   return o.str();
 }
+
+namespace {
 
 class Checker {
  public:

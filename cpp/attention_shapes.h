@@ -61,6 +61,11 @@ Status validate(const std::string& node, const Attributes& attrs, const InputDes
 
 int onnx_type_of(DType t);
 
+// For messages: an ONNX element type code's name ("float16", "int32", ...), a shape with "?" for
+// unknown dims.
+std::string type_name(int onnx_type);
+std::string shape_str(const std::vector<int64_t>& shape);
+
 // Element strides (batch, head, sequence) of a contiguous tensor in the op's layouts:
 // 4-D (B, H, S, W) or 3-D (B, S, H*W).
 inline void seq_strides(int rank, int64_t heads, int64_t seq, int64_t width, int64_t out[3]) {

@@ -178,4 +178,8 @@ void run_flash_cpu(const FlashParams& p, const ParallelFor& parallel_for) {
 
 const char* cpu_flash_isa() { return kernel().name; }
 
+void cpu_row_to_float(DType t, const void* src, int64_t n, float* dst) { kernel().row_to_float(t, src, n, dst); }
+
+void cpu_row_from_float(DType t, const float* src, int64_t n, void* dst) { kernel().row_from_float(t, src, n, dst); }
+
 }  // namespace ort_flash

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 #include "flash_params.h"
@@ -24,5 +25,10 @@ void run_flash_cpu(const FlashParams& p, const ParallelFor& parallel_for);
 // use from the CPU's features, or forced by ORT_FLASH_CPU_ISA=baseline|avx2|avx512 (throws
 // std::runtime_error if this CPU lacks it, std::invalid_argument for another value).
 const char* cpu_flash_isa();
+
+// n elements of `t` to fp32, and fp32 back to `t` (round to nearest even), with the kernel's
+// conversions (the GroupQueryAttention op's rotary embedding computes in fp32).
+void cpu_row_to_float(DType t, const void* src, int64_t n, float* dst);
+void cpu_row_from_float(DType t, const float* src, int64_t n, void* dst);
 
 }  // namespace ort_flash

@@ -46,6 +46,9 @@ struct Kernel {
   // `mask_rows` from classify_mask_rows when p has a mask. Throws nothing.
   void (*run)(const FlashParams& p, const MaskRow* mask_rows, int64_t tile_rows, void* scratch,
               int64_t begin, int64_t end);
+  // n elements of type `t` to fp32 and back (stores round to nearest even). Throw nothing.
+  void (*row_to_float)(DType t, const void* src, int64_t n, float* dst);
+  void (*row_from_float)(DType t, const float* src, int64_t n, void* dst);
 };
 
 Kernel baseline_kernel();

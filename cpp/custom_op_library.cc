@@ -1,12 +1,14 @@
 // The library's one entry point: ONNX Runtime calls RegisterCustomOps when a session's options
 // register this library (SessionOptions::RegisterCustomOpsLibrary). It registers
-// ort_flash::FlashAttention for the CUDA and CPU execution providers.
+// ort_flash::FlashAttention and ort_flash::GroupQueryAttention for the CUDA and CPU execution
+// providers.
 #include "custom_op_library.h"
 
 #include <mutex>
 #include <string>
 
 #include "flash_attention_op.h"
+#include "gqa_op.h"
 
 namespace {
 
@@ -16,6 +18,14 @@ constexpr const char* kDomain = "ort_flash";
 // may release sessions after this library's static destructors would have run.
 struct Registry {
   ort_flash::FlashAttentionOp ops[6] = {
+      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
+      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
+      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+  };
+  ort_flash::GqaOp gqa_ops[6] = {
       {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
       {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
       {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
@@ -56,6 +66,9 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
       return st;
     }
     for (auto& op : r->ops) {
+      if (OrtStatus* st = api->CustomOpDomain_Add(r->domain, &op)) return st;
+    }
+    for (auto& op : r->gqa_ops) {
       if (OrtStatus* st = api->CustomOpDomain_Add(r->domain, &op)) return st;
     }
     g_registry = r;

@@ -58,43 +58,54 @@ std::string kernel_node_name(const OrtApi& api, const OrtKernelInfo* info) {
   return s;
 }
 
+int64_t int_attribute(const OrtApi& api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t v = fallback;
+  return take_error(api, api.KernelInfoGetAttribute_int64(info, name, &v)).empty() ? v : fallback;
+}
+
+float float_attribute(const OrtApi& api, const OrtKernelInfo* info, const char* name, float fallback) {
+  float v = fallback;
+  return take_error(api, api.KernelInfoGetAttribute_float(info, name, &v)).empty() ? v : fallback;
+}
+
+std::string string_attribute(const OrtApi& api, const OrtKernelInfo* info, const char* name,
+                             const std::string& fallback) {
+  size_t size = 0;
+  if (!take_error(api, api.KernelInfoGetAttribute_string(info, name, nullptr, &size)).empty() || size == 0) {
+    return fallback;
+  }
+  std::string s(size, '\0');
+  if (!take_error(api, api.KernelInfoGetAttribute_string(info, name, &s[0], &size)).empty()) return fallback;
+  s.resize(size - 1);
+  return s;
+}
+
 Status read_attributes(const OrtApi& api, const OrtKernelInfo* info, const std::string& node, Attributes* a) {
-  auto get_int = [&](const char* name, int64_t* v) {
-    take_error(api, api.KernelInfoGetAttribute_int64(info, name, v));  // absent: keep default
-  };
-  float f = 0;
-  if (take_error(api, api.KernelInfoGetAttribute_float(info, "scale", &f)).empty()) a->scale = f;
-  if (take_error(api, api.KernelInfoGetAttribute_float(info, "softcap", &f)).empty()) a->softcap = f;
-  get_int("is_causal", &a->is_causal);
-  get_int("left_window_size", &a->left_window);
-  get_int("right_window_size", &a->right_window);
-  get_int("q_num_heads", &a->q_num_heads);
-  get_int("kv_num_heads", &a->kv_num_heads);
-  int64_t unsupported = 0;
-  get_int("qk_matmul_output_mode", &unsupported);
-  if (unsupported != 0) {
+  a->scale = float_attribute(api, info, "scale", a->scale);
+  a->softcap = float_attribute(api, info, "softcap", a->softcap);
+  a->is_causal = int_attribute(api, info, "is_causal", a->is_causal);
+  a->left_window = int_attribute(api, info, "left_window_size", a->left_window);
+  a->right_window = int_attribute(api, info, "right_window_size", a->right_window);
+  a->q_num_heads = int_attribute(api, info, "q_num_heads", a->q_num_heads);
+  a->kv_num_heads = int_attribute(api, info, "kv_num_heads", a->kv_num_heads);
+  if (int_attribute(api, info, "qk_matmul_output_mode", 0) != 0) {
     return Status::Error("FlashAttention node '" + node + "': qk_matmul_output_mode is not supported (the fused op never materializes QK^T)");
   }
-  size_t size = 0;
-  if (take_error(api, api.KernelInfoGetAttribute_string(info, "fp32_precision", nullptr, &size)).empty() && size > 0) {
-    std::string s(size, '\0');
-    take_error(api, api.KernelInfoGetAttribute_string(info, "fp32_precision", &s[0], &size));
-    s.resize(size - 1);
-    // No kernel offers 'tf32x3' (its enum value stays for the table's codes), so it is refused
-    // here rather than failing later on CUDA only.
-    if (s == "ieee") a->fp32_precision = Fp32Precision::kIeee;
-    else if (s == "tf32") a->fp32_precision = Fp32Precision::kTf32;
-    else return Status::Error("FlashAttention node '" + node + "': attribute fp32_precision is '" + s + "'; expected 'ieee' or 'tf32'");
-  }
+  const std::string s = string_attribute(api, info, "fp32_precision", "");
+  // No kernel offers 'tf32x3' (its enum value stays for the table's codes), so it is refused
+  // here rather than failing later on CUDA only.
+  if (s.empty() || s == "ieee") a->fp32_precision = Fp32Precision::kIeee;
+  else if (s == "tf32") a->fp32_precision = Fp32Precision::kTf32;
+  else return Status::Error("FlashAttention node '" + node + "': attribute fp32_precision is '" + s + "'; expected 'ieee' or 'tf32'");
   return Status::Ok();
 }
 
-Status describe_kernel_io(const OrtApi& api, const OrtKernelInfo* info, InputDesc (&in)[kNumInputs],
-                          bool (&has_output)[kNumOutputs]) {
-  size_t n_in = 0, n_out = 0;
-  take_error(api, api.KernelInfo_GetInputCount(info, &n_in));
-  take_error(api, api.KernelInfo_GetOutputCount(info, &n_out));
-  for (size_t i = 0; i < n_in && i < kNumInputs; ++i) {
+Status describe_kernel_io(const OrtApi& api, const OrtKernelInfo* info, InputDesc* in, size_t n_in,
+                          bool* has_output, size_t n_out) {
+  size_t got_in = 0, got_out = 0;
+  take_error(api, api.KernelInfo_GetInputCount(info, &got_in));
+  take_error(api, api.KernelInfo_GetOutputCount(info, &got_out));
+  for (size_t i = 0; i < got_in && i < n_in; ++i) {
     if (io_name(api, info, i, true).empty()) continue;
     OrtTypeInfo* ti = nullptr;
     if (!take_error(api, api.KernelInfo_GetInputTypeInfo(info, i, &ti)).empty() || !ti) continue;
@@ -110,22 +121,27 @@ Status describe_kernel_io(const OrtApi& api, const OrtKernelInfo* info, InputDes
     if (in[i].shape.empty()) in[i].rank_known = false;
     api.ReleaseTypeInfo(ti);
   }
-  for (size_t i = 0; i < n_out && i < kNumOutputs; ++i) has_output[i] = !io_name(api, info, i, false).empty();
+  for (size_t i = 0; i < got_out && i < n_out; ++i) has_output[i] = !io_name(api, info, i, false).empty();
   return Status::Ok();
 }
 
-Status describe_context_inputs(const OrtApi& api, OrtKernelContext* ctx, InputDesc (&in)[kNumInputs],
-                               const void* (&data)[kNumInputs]) {
+Status describe_kernel_io(const OrtApi& api, const OrtKernelInfo* info, InputDesc (&in)[kNumInputs],
+                          bool (&has_output)[kNumOutputs]) {
+  return describe_kernel_io(api, info, in, kNumInputs, has_output, kNumOutputs);
+}
+
+Status describe_context_inputs(const OrtApi& api, OrtKernelContext* ctx, InputDesc* in, const void** data,
+                               size_t n_in, const char* const* names) {
   size_t n = 0;
   take_error(api, api.KernelContext_GetInputCount(ctx, &n));
-  for (size_t i = 0; i < n && i < kNumInputs; ++i) {
+  for (size_t i = 0; i < n && i < n_in; ++i) {
     const OrtValue* v = nullptr;
     std::string err = take_error(api, api.KernelContext_GetInput(ctx, i, &v));
     if (!err.empty()) return Status::Error(err);
     if (!v) continue;
     OrtTensorTypeAndShapeInfo* info = nullptr;
     err = take_error(api, api.GetTensorTypeAndShape(v, &info));
-    if (!err.empty()) return Status::Error(std::string("input '") + kInputNames[i] + "': " + err);
+    if (!err.empty()) return Status::Error(std::string("input '") + names[i] + "': " + err);
     Status s = describe_tensor(api, info, &in[i]);
     api.ReleaseTensorTypeAndShapeInfo(info);
     ORT_FLASH_RETURN_IF_ERROR(s);
@@ -137,19 +153,26 @@ Status describe_context_inputs(const OrtApi& api, OrtKernelContext* ctx, InputDe
   return Status::Ok();
 }
 
+Status describe_context_inputs(const OrtApi& api, OrtKernelContext* ctx, InputDesc (&in)[kNumInputs],
+                               const void* (&data)[kNumInputs]) {
+  return describe_context_inputs(api, ctx, in, data, kNumInputs, kInputNames);
+}
+
+Status allocate_output(const OrtApi& api, OrtKernelContext* ctx, size_t index, const std::vector<int64_t>& shape,
+                       const char* name, void** out) {
+  OrtValue* v = nullptr;
+  std::string err = take_error(api, api.KernelContext_GetOutput(ctx, index, shape.data(), shape.size(), &v));
+  if (!err.empty() || !v) return Status::Error(std::string("cannot allocate output '") + name + "': " + err);
+  err = take_error(api, api.GetTensorMutableData(v, out));
+  return err.empty() ? Status::Ok() : Status::Error(err);
+}
+
 Status allocate_outputs(const OrtApi& api, OrtKernelContext* ctx, const AttentionDims& dims,
                         const bool (&has_output)[kNumOutputs], void* (&out)[kNumOutputs]) {
   const std::vector<int64_t> shapes[kNumOutputs] = {dims.y_shape(), dims.present_shape(false),
                                                    dims.present_shape(true), dims.lse_shape()};
   for (int i = 0; i < kNumOutputs; ++i) {
-    if (!has_output[i]) continue;
-    OrtValue* v = nullptr;
-    std::string err = take_error(api, api.KernelContext_GetOutput(ctx, i, shapes[i].data(), shapes[i].size(), &v));
-    if (!err.empty() || !v) {
-      return Status::Error(std::string("cannot allocate output '") + kOutputNames[i] + "': " + err);
-    }
-    err = take_error(api, api.GetTensorMutableData(v, &out[i]));
-    if (!err.empty()) return Status::Error(err);
+    if (has_output[i]) ORT_FLASH_RETURN_IF_ERROR(allocate_output(api, ctx, i, shapes[i], kOutputNames[i], &out[i]));
   }
   return Status::Ok();
 }

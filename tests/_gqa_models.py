@@ -13,6 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import helper
 
+from _onnx_models import _ort_value
+
 INPUT_NAMES = (
     "query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
     "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink",
@@ -22,14 +24,15 @@ IR_VERSION = 10  # onnxruntime loads IR <= 13; onnx's helpers would write a newe
 OPSETS = (("", 21), ("com.microsoft", 1))
 
 
-def gqa_model(inputs: Mapping[str, np.ndarray], **attrs) -> bytes:
-    """A model whose one node is GroupQueryAttention over the present ``inputs`` (names from
-    INPUT_NAMES; absent optional inputs become the empty name); attributes with None are left out."""
+def gqa_model(inputs: Mapping[str, np.ndarray], domain: str = "com.microsoft", **attrs) -> bytes:
+    """A model whose one node is GroupQueryAttention of ``domain`` (ONNX Runtime's, or
+    "ort_flash") over the present ``inputs`` (names from INPUT_NAMES; absent optional inputs
+    become the empty name); attributes with None are left out."""
     node_inputs = [n if n in inputs else "" for n in INPUT_NAMES]
     while node_inputs[-1] == "":
         node_inputs.pop()
     node = helper.make_node(
-        "GroupQueryAttention", node_inputs, list(OUTPUT_NAMES), domain="com.microsoft",
+        "GroupQueryAttention", node_inputs, list(OUTPUT_NAMES), domain=domain,
         **{k: v for k, v in attrs.items() if v is not None})
     dtype = inputs["query"].dtype
     elem = helper.np_dtype_to_tensor_dtype(dtype)
@@ -37,38 +40,56 @@ def gqa_model(inputs: Mapping[str, np.ndarray], **attrs) -> bytes:
         [node], "gqa",
         [helper.make_tensor_value_info(
             n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)) for n, a in inputs.items()],
-        [helper.make_tensor_value_info("output", elem, None),
-         helper.make_tensor_value_info("present_key", elem, None),
-         helper.make_tensor_value_info("present_value", elem, None)],
+        [helper.make_tensor_value_info("output", elem, ["batch", "sequence", "hidden"]),
+         helper.make_tensor_value_info("present_key", elem, ["batch", "kv_heads", "total", "head_size"]),
+         helper.make_tensor_value_info("present_value", elem, ["batch", "kv_heads", "total", "head_size"])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in OPSETS])
+    opsets = OPSETS if domain == "com.microsoft" else (*OPSETS, (domain, 1))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
     model.ir_version = IR_VERSION
     return model.SerializeToString()
 
 
-def run_gqa(inputs: Mapping[str, np.ndarray], *, shared: bool = False, **attrs):
-    """(output, present_key, present_value) of ONNX Runtime's CPU GroupQueryAttention."""
+def run_gqa(inputs: Mapping[str, np.ndarray], *, shared: bool = False, library: str | None = None,
+            threads: int = 1, **attrs):
+    """(output, present_key, present_value) of ONNX Runtime's CPU GroupQueryAttention, or with
+    ``library`` (libort_flash.so) of ort_flash's, in the same one-node model. Every output is
+    bound to a NaN-filled buffer (a separate present too), so that an element the op leaves
+    unwritten shows; with ``shared`` the presents are the past buffers themselves."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(gqa_model(inputs, **attrs), opts, providers=["CPUExecutionProvider"])
-    if not shared:
-        return tuple(sess.run(list(OUTPUT_NAMES), dict(inputs)))
+    opts.intra_op_num_threads = threads
+    domain = "com.microsoft"
+    if library is not None:
+        opts.register_custom_ops_library(library)
+        domain = "ort_flash"
+    sess = ort.InferenceSession(gqa_model(inputs, domain, **attrs), opts, providers=["CPUExecutionProvider"])
+    # Buffers of our own, kept alive here: an OrtValue over a numpy array does not keep it.
+    feeds = {n: np.ascontiguousarray(a).copy() for n, a in inputs.items()}
+    q = feeds["query"]
+    b, s, hidden = q.shape
+    hq, hkv = attrs["num_heads"], attrs["kv_num_heads"]
+    d = hidden // hq if "key" in feeds else hidden // (hq + 2 * hkv)
+    past = feeds["past_key"].shape[2] if "past_key" in feeds else 0
+    total = int(np.asarray(feeds["total_sequence_length"]).reshape(-1)[0])
+    outputs = {"output": np.full((b, s, hq * d), np.nan, q.dtype)}
+    if shared:
+        outputs.update(present_key=feeds["past_key"], present_value=feeds["past_value"])
+    elif library is not None:
+        # (ONNX Runtime's op infers a separate present as long as the past and refuses a bound
+        # one of the length it then writes, so its presents are allocated by the run.)
+        for name in ("present_key", "present_value"):
+            outputs[name] = np.full((b, hkv, max(total, past), d), np.nan, q.dtype)
     binding = sess.io_binding()
-    caches = {}
-    for name, array in inputs.items():
-        # ORT-owned memory: a numpy-backed OrtValue does not keep its array alive.
-        value = ort.OrtValue.ortvalue_from_shape_and_type(array.shape, array.dtype)
-        value.update_inplace(np.ascontiguousarray(array))
-        binding.bind_ortvalue_input(name, value)
-        if name in ("past_key", "past_value"):
-            caches[name] = value
-    binding.bind_output("output")
-    binding.bind_ortvalue_output("present_key", caches["past_key"])
-    binding.bind_ortvalue_output("present_value", caches["past_value"])
+    for name, array in feeds.items():
+        binding.bind_ortvalue_input(name, _ort_value(array))
+    for name in OUTPUT_NAMES:
+        if name in outputs:
+            binding.bind_ortvalue_output(name, _ort_value(outputs[name]))
+        else:
+            binding.bind_output(name)
     sess.run_with_iobinding(binding)
-    out = binding.get_outputs()[0].numpy().copy()
-    return out, caches["past_key"].numpy().copy(), caches["past_value"].numpy().copy()
-
+    results = dict(zip(OUTPUT_NAMES, binding.get_outputs()))
+    return tuple(outputs[n].copy() if n in outputs else results[n].numpy() for n in OUTPUT_NAMES)

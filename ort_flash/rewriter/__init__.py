@@ -10,7 +10,9 @@ Two stages, each a set of onnxscript pattern rules (pattern / check / rewrite, o
    ``sdpa_attention`` (torch's SDPA decomposition), ``matmul_softmax_attention`` (eager
    attention), ``onnx_attention`` (ONNX Attention 23-25), ``ms_multihead_attention`` (ORT's
    com.microsoft.MultiHeadAttention). The node first takes the mask exactly as the model
-   computed it, in the BNSH layout.
+   computed it, in the BNSH layout. ``group_query_attention`` swaps ORT's
+   com.microsoft.GroupQueryAttention (ONNX Runtime GenAI's LLMs) for ``ort_flash.GroupQueryAttention``,
+   the same interface; refinements leave that node alone.
 2. Refinements prove cheaper forms of each new node: ``repeat_kv`` (K/V keep their Hkv heads),
    ``kv_cache`` (a KV cache's Concat(past, new) becomes the op's past_key / past_value inputs
    and present_key / present_value outputs), ``causal_mask`` (a materialized causal / padding mask becomes is_causal and a (B, 1, 1, S)
@@ -44,8 +46,9 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_flash.rewriter import (
-    bias_fold, causal_mask, flash_op, kv_cache, layout_3d, matmul_softmax_attention,
-    merge_reshape, ms_multihead_attention, onnx_attention, packed_qkv, repeat_kv, sdpa_attention,
+    bias_fold, causal_mask, flash_op, group_query_attention, kv_cache, layout_3d,
+    matmul_softmax_attention, merge_reshape, ms_multihead_attention, onnx_attention, packed_qkv,
+    repeat_kv, sdpa_attention,
 )
 from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.model_io import ModelLoadError, load_model
@@ -61,7 +64,8 @@ __all__ = [
 
 # Fusion rules, in the order they are tried; each module's rules() gives its variants. Each
 # creates FlashAttention nodes from an attention subgraph (or an attention node).
-FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihead_attention)
+FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihead_attention,
+           group_query_attention)
 # Refinements, applied in this order to every FlashAttention node: each proves a cheaper form
 # (fewer K/V heads, is_causal instead of a materialized mask, no transposes) of the same function.
 REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d, packed_qkv, bias_fold, merge_reshape)
@@ -250,7 +254,7 @@ def _report(model: ir.Model, fusions: list, refinements: list, where: _Where) ->
 
 
 _ATTENTION_NODES = {("", "Attention"), ("ai.onnx", "Attention"),
-                    ("com.microsoft", "MultiHeadAttention")}
+                    ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "GroupQueryAttention")}
 
 
 def _worth_reporting(family: str, reason: str) -> bool:

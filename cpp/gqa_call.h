@@ -1,0 +1,50 @@
+// One GroupQueryAttention call with its concrete values, and how it maps onto FlashParams:
+// which cache positions the new tokens go to, their rotary positions, and the attention that
+// then runs over the present buffer. The semantics are ONNX Runtime's op's
+// (ort_flash/reference_gqa.py holds them as a float64 reference).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu_flash.h"
+#include "flash_params.h"
+#include "gqa_shapes.h"
+#include "status.h"
+
+namespace ort_flash {
+
+struct GqaCall {
+  GqaDims dims;
+  GqaAttributes attrs;
+  const void* query = nullptr;
+  const void* key = nullptr;    // null: packed QKV in query
+  const void* value = nullptr;
+  const void* past_key = nullptr;
+  const void* past_value = nullptr;
+  const int32_t* seqlens_k = nullptr;  // (B,): total length - 1 per batch row
+  int32_t total_sequence_length = 0;
+  const void* cos_cache = nullptr;
+  const void* sin_cache = nullptr;
+  const int64_t* position_ids = nullptr;  // (B, S) or null
+  void* output = nullptr;
+  void* present_key = nullptr;
+  void* present_value = nullptr;
+  int64_t present_len = 0;  // present's sequence length
+};
+
+// Per batch row: keys seen after this call (total) and where the new tokens start (past).
+struct GqaLengths {
+  bool first_prompt = false;  // S == total_sequence_length: the prompt, right-padded to S
+  std::vector<int64_t> total, past;
+};
+
+// The lengths of `c` from seqlens_k (host memory), or an error naming the node and the value.
+Status gqa_lengths(const std::string& node, const GqaCall& c, GqaLengths* out);
+
+// Runs the call on the host: the new K and V (K rotated) written into the present buffers at
+// each row's position (the past copied first unless past and present share one buffer), Q
+// rotated, then the fused attention over the present buffer.
+Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor& parallel_for);
+
+}  // namespace ort_flash

@@ -1,0 +1,145 @@
+#include "gqa_op.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "gqa_call.h"
+#include "op_io.h"
+
+namespace ort_flash {
+
+class GqaKernel {
+ public:
+  GqaKernel(const OrtApi& api, bool cuda) : api_(api), cuda_(cuda) {}
+  Status init(const OrtKernelInfo* info);
+  OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
+    Status s = compute(ctx);
+    return s.ok() ? nullptr : api_.CreateStatus(ORT_FAIL, s.message().c_str());
+  }
+
+ private:
+  Status compute(OrtKernelContext* ctx);
+
+  const OrtApi& api_;
+  const bool cuda_;
+  std::string node_;
+  GqaAttributes attrs_;
+  bool has_output_[kGqaNumOutputs] = {};
+};
+
+Status GqaKernel::init(const OrtKernelInfo* info) {
+  node_ = kernel_node_name(api_, info);
+  GqaAttributes& a = attrs_;
+  a.num_heads = int_attribute(api_, info, "num_heads", 0);
+  a.kv_num_heads = int_attribute(api_, info, "kv_num_heads", 0);
+  a.scale = float_attribute(api_, info, "scale", 0.0f);
+  a.softcap = float_attribute(api_, info, "softcap", 0.0f);
+  a.local_window_size = int_attribute(api_, info, "local_window_size", -1);
+  a.do_rotary = int_attribute(api_, info, "do_rotary", 0);
+  a.rotary_interleaved = int_attribute(api_, info, "rotary_interleaved", 0);
+  a.causal = int_attribute(api_, info, "causal", 1);
+  a.smooth_softmax = int_attribute(api_, info, "smooth_softmax", -1);
+  a.qk_output = int_attribute(api_, info, "qk_output", 0);
+  a.sliding_window_cache = int_attribute(api_, info, "sliding_window_cache", 0);
+  a.k_quant_type = string_attribute(api_, info, "k_quant_type", "NONE");
+  a.v_quant_type = string_attribute(api_, info, "v_quant_type", "NONE");
+  InputDesc in[kGqaNumInputs];
+  ORT_FLASH_RETURN_IF_ERROR(describe_kernel_io(api_, info, in, kGqaNumInputs, has_output_, kGqaNumOutputs));
+  GqaDims dims;
+  ORT_FLASH_RETURN_IF_ERROR(validate_gqa(node_, attrs_, in, has_output_, cuda_, &dims));
+  if (!has_output_[kGqaPresentKey] || !has_output_[kGqaPresentValue]) {
+    return Status::Error("GroupQueryAttention node '" + node_ + "': outputs 'present_key' and 'present_value' are required");
+  }
+  if (cuda_) {
+    return Status::Error("GroupQueryAttention node '" + node_ +
+                         "': ort_flash's GroupQueryAttention runs on the CPU execution provider only in this "
+                         "build (its CUDA kernel is not built yet); run the original model on CUDA");
+  }
+  return Status::Ok();
+}
+
+Status GqaKernel::compute(OrtKernelContext* ctx) {
+  InputDesc in[kGqaNumInputs];
+  const void* data[kGqaNumInputs] = {};
+  ORT_FLASH_RETURN_IF_ERROR(describe_context_inputs(api_, ctx, in, data, kGqaNumInputs, kGqaInputNames));
+  GqaCall c;
+  ORT_FLASH_RETURN_IF_ERROR(validate_gqa(node_, attrs_, in, has_output_, cuda_, &c.dims));
+  c.attrs = attrs_;
+  c.query = data[kGqaQuery];
+  c.key = data[kGqaKey];
+  c.value = data[kGqaValue];
+  c.past_key = data[kGqaPastKey];
+  c.past_value = data[kGqaPastValue];
+  c.seqlens_k = static_cast<const int32_t*>(data[kGqaSeqlensK]);
+  c.total_sequence_length = *static_cast<const int32_t*>(data[kGqaTotalSeqLen]);
+  c.cos_cache = data[kGqaCos];
+  c.sin_cache = data[kGqaSin];
+  c.position_ids = c.dims.has_position_ids ? static_cast<const int64_t*>(data[kGqaPositionIds]) : nullptr;
+  const std::vector<int64_t> present = c.dims.present_shape(c.total_sequence_length);
+  c.present_len = present[2];
+  ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaOutput, c.dims.output_shape(), kGqaOutputNames[kGqaOutput], &c.output));
+  ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaPresentKey, present, kGqaOutputNames[kGqaPresentKey], &c.present_key));
+  ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaPresentValue, present, kGqaOutputNames[kGqaPresentValue], &c.present_value));
+  if (c.dims.batch == 0 || c.dims.sq == 0) return Status::Ok();
+  return run_gqa_cpu(node_, c, ort_parallel_for(api_, ctx));
+}
+
+namespace {
+
+// past_key may share present_key's buffer, past_value present_value's (ONNX Runtime's own op
+// declares the same); ORT_API's arrays are released by release_pairs.
+size_t inplace_pairs(int** inputs, int** outputs) {
+  *inputs = new int[2]{kGqaPastKey, kGqaPastValue};
+  *outputs = new int[2]{kGqaPresentKey, kGqaPresentValue};
+  return 2;
+}
+
+void release_pairs(int* inputs, int* outputs) {
+  delete[] inputs;
+  delete[] outputs;
+}
+
+}  // namespace
+
+GqaOp::GqaOp(const char* provider, ONNXTensorElementDataType type) : provider_(provider), type_(type) {
+  OrtCustomOp::GetMayInplace = inplace_pairs;
+  OrtCustomOp::ReleaseMayInplace = release_pairs;
+}
+
+OrtStatusPtr GqaOp::CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+  auto k = std::make_unique<GqaKernel>(api, std::strcmp(provider_, "CUDAExecutionProvider") == 0);
+  Status s = k->init(info);
+  if (!s.ok()) return api.CreateStatus(ORT_INVALID_ARGUMENT, s.message().c_str());
+  *kernel = k.release();
+  return nullptr;
+}
+
+ONNXTensorElementDataType GqaOp::GetInputType(size_t index) const {
+  switch (index) {
+    case kGqaQuery: return type_;
+    case kGqaSeqlensK:
+    case kGqaTotalSeqLen: return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // checked by validate_gqa with a clear message
+  }
+}
+
+OrtCustomOpInputOutputCharacteristic GqaOp::GetInputCharacteristic(size_t index) const {
+  const bool required = index == kGqaQuery || index == kGqaSeqlensK || index == kGqaTotalSeqLen;
+  return required ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+}
+
+OrtMemType GqaOp::GetInputMemoryType(size_t index) const {
+  // The host reads it to size present (ONNX Runtime's op keeps it in CPU memory too).
+  return index == kGqaTotalSeqLen ? OrtMemTypeCPUInput : OrtMemTypeDefault;
+}
+
+ONNXTensorElementDataType GqaOp::GetOutputType(size_t) const { return type_; }
+
+OrtCustomOpInputOutputCharacteristic GqaOp::GetOutputCharacteristic(size_t index) const {
+  return index == kGqaOutput ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                             : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+}
+
+}  // namespace ort_flash
