@@ -37,8 +37,12 @@ def layers_for(gb: float, hidden: int = 2048, ffn: int = 5632, itemsize: int = 4
 
 
 def build(folder: str, layers: int, *, hidden: int = 2048, heads: int = 16, ffn: int = 5632,
-          vocab: int = 1024, float16: bool = False, name: str = "model.onnx") -> str:
-    """Write the model into ``folder`` (created); returns the model's path."""
+          vocab: int = 1024, float16: bool = False, name: str = "model.onnx",
+          genai_ops: bool = False) -> str:
+    """Write the model into ``folder`` (created); returns the model's path. ``genai_ops``: norms
+    are ``SimplifiedLayerNormalization`` in the ONNX domain and the MLP's activation is
+    ``com.microsoft.Gelu``, as ONNX Runtime GenAI's builder writes them (ONNX Runtime runs both;
+    onnx.checker knows neither)."""
     os.makedirs(folder, exist_ok=True)
     dtype = np.float16 if float16 else np.float32
     elem = TensorProto.FLOAT16 if float16 else TensorProto.FLOAT
@@ -69,6 +73,10 @@ def build(folder: str, layers: int, *, hidden: int = 2048, heads: int = 16, ffn:
             initializers.append(onnx.numpy_helper.from_array(np.array(values, np_dtype), tensor_name))
             return tensor_name
 
+        def norm(inputs, outputs):
+            op = "SimplifiedLayerNormalization" if genai_ops else "LayerNormalization"
+            return helper.make_node(op, inputs, outputs, axis=-1, epsilon=1e-5)
+
         d = hidden // heads
         const("split_heads", [0, 0, heads, d], np.int64)
         const("merge_heads", [0, 0, hidden], np.int64)
@@ -77,8 +85,7 @@ def build(folder: str, layers: int, *, hidden: int = 2048, heads: int = 16, ffn:
         nodes.append(helper.make_node("Gather", [weight("embed", (vocab, hidden)), "input_ids"], [x]))
         for i in range(layers):
             p = f"l{i}_"
-            ln = weight(p + "ln1", (hidden,), 1.0)
-            nodes.append(helper.make_node("LayerNormalization", [x, ln], [p + "n1"], axis=-1))
+            nodes.append(norm([x, weight(p + "ln1", (hidden,), 1.0)], [p + "n1"]))
             for t, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
                 nodes += [
                     helper.make_node("MatMul", [p + "n1", weight(p + "w" + t, (hidden, hidden))], [p + t]),
@@ -94,10 +101,10 @@ def build(folder: str, layers: int, *, hidden: int = 2048, heads: int = 16, ffn:
                 helper.make_node("Reshape", [p + "ot", "merge_heads"], [p + "om"]),
                 helper.make_node("MatMul", [p + "om", weight(p + "wo", (hidden, hidden))], [p + "a"]),
                 helper.make_node("Add", [x, p + "a"], [p + "x1"]),
-                helper.make_node("LayerNormalization", [p + "x1", weight(p + "ln2", (hidden,), 1.0)],
-                                 [p + "n2"], axis=-1),
+                norm([p + "x1", weight(p + "ln2", (hidden,), 1.0)], [p + "n2"]),
                 helper.make_node("MatMul", [p + "n2", weight(p + "w1", (hidden, ffn))], [p + "h"]),
-                helper.make_node("Relu", [p + "h"], [p + "r"]),
+                (helper.make_node("Gelu", [p + "h"], [p + "r"], domain="com.microsoft") if genai_ops
+                 else helper.make_node("Relu", [p + "h"], [p + "r"])),
                 helper.make_node("MatMul", [p + "r", weight(p + "w2", (ffn, hidden))], [p + "m"]),
                 helper.make_node("Add", [p + "x1", p + "m"], [p + "x2"]),
             ]
@@ -109,7 +116,8 @@ def build(folder: str, layers: int, *, hidden: int = 2048, heads: int = 16, ffn:
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
         [helper.make_tensor_value_info("hidden_states", elem, ["batch", "sequence", hidden])],
         initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)],
+    opsets = [helper.make_opsetid("", 21)] + ([helper.make_opsetid("com.microsoft", 1)] if genai_ops else [])
+    model = helper.make_model(graph, opset_imports=opsets,
                               producer_name="ort_flash.models.big_model")
     model.ir_version = 10
     onnx.save_model(model, path)

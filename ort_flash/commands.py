@@ -53,7 +53,11 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
                      "written); 3 nothing fused (the unchanged model written, with a warning; "
                      "with --require-fusion nothing written)")
     parser.add_argument("input", help="ONNX model to rewrite (never modified)")
-    parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
+    parser.add_argument("-o", "--output", required=True,
+                        help="where to write the rewritten model; where the input keeps its weights as "
+                             "external data (or the output would pass 2 GB) they go to OUTPUT.data beside "
+                             "it, one file with every weight the output uses (the input's files are "
+                             "never referred to or changed)")
     parser.add_argument(
         "--fast-padded-rows", action="store_true",
         help="map causal + key-padding masks with a finite mask value (eager finfo.min) to "
@@ -185,6 +189,9 @@ def write_model(result, output: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(output))
     fd, data_tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(data_path)}.", suffix=".tmp")
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(data_tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
     try:
         _write_atomic(output, graph, before_replace=lambda: written[0] and os.replace(data_tmp, data_path))
     finally:
