@@ -66,6 +66,10 @@ def main(argv=None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except MemoryError:
+        return commands._user_error("out of memory")
+    except Exception as e:  # noqa: BLE001 - any other failure: one line, exit 2, no traceback
+        return commands._user_error(f"{type(e).__name__}: {e}")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,11 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
                      "written); 3 nothing fused (the unchanged model written, with a warning; "
                      "with --require-fusion nothing written)")
     parser.add_argument("input", help="ONNX model to rewrite (never modified)")
-    parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
+    parser.add_argument("-o", "--output", required=True,
+                        help="where to write the rewritten model; where the input keeps its weights as "
+                             "external data (or the output would pass 2 GB) they go to OUTPUT.data beside "
+                             "it, one file with every weight the output uses (the input's files are "
+                             "never referred to or changed)")
     parser.add_argument(
         "--fast-padded-rows", action="store_true",
         help="map causal + key-padding masks with a finite mask value (eager finfo.min) to "
@@ -108,42 +112,55 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_rewrite(args: argparse.Namespace) -> int:
     from ort_flash import ort_fusions
+    from ort_flash.progress import Progress, wanted
     from ort_flash.rewriter import RewriteRefusedError, rewrite
 
     model_type = getattr(args, "ort_fusions", None)
     if getattr(args, "float16", False) and not model_type:
         return _user_error("--float16 converts between ONNX Runtime's optimizer and the rewrite: "
                            "it needs --ort-fusions")
-    try:
-        if _same_file(args.input, args.output):
-            raise ModelLoadError(f"{args.output}: is the input model; choose another output path")
-        _check_writable(args.output)  # before the work, not after it
-        if args.report:
-            _check_writable(args.report)
-        model = load_model(args.input)
-        options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
-                       fp32_precision=getattr(args, "fp32_precision", "ieee"))
-        if model_type:
-            with _optimizer_messages_in_our_terms(model_type):
-                result = ort_fusions.rewrite(model, model_type, float16=getattr(args, "float16", False),
-                                             **options)
-            print("\n".join(textwrap.wrap(result.summary(), 100, subsequent_indent="  ")))
-            report = json.dumps({**result.report.to_dict(), "ort_fusions": result.to_dict()}, indent=2)
-        else:
-            result = rewrite(model, **options)
-            report = result.report.to_json()
-        print(result.report.format_table())
-        nothing = result.report.total_fused == 0
-        if nothing and getattr(args, "require_fusion", False):
-            print(f"ort-flash: error: no attention was fused in {args.input} (--require-fusion): "
-                  f"nothing written", file=sys.stderr)
-            return EXIT_NOTHING_FUSED
-        _write_atomic(args.output, lambda path: onnx.save_model(result.model, path))
-        if args.report:
-            _write_atomic(args.report, lambda path: _write_text(path, report))
-    except (ModelLoadError, RewriteRefusedError, ort_fusions.OrtFusionError, OSError) as e:
-        return _user_error(e)
-    print(f"wrote {args.output}")
+    with Progress(wanted()) as progress:
+        try:
+            if _same_file(args.input, args.output):
+                raise ModelLoadError(f"{args.output}: is the input model; choose another output path")
+            _check_writable(args.output)  # before the work, not after it
+            if args.report:
+                _check_writable(args.report)
+            options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
+                           fp32_precision=getattr(args, "fp32_precision", "ieee"), progress=progress)
+            progress("loading")
+            if model_type:
+                with _optimizer_messages_in_our_terms(model_type):
+                    result = ort_fusions.rewrite(args.input, model_type,
+                                                 float16=getattr(args, "float16", False), **options)
+                summary = "\n".join(textwrap.wrap(result.summary(), 100, subsequent_indent="  "))
+                report = json.dumps({**result.report.to_dict(), "ort_fusions": result.to_dict()}, indent=2)
+            else:
+                result = rewrite(args.input, **options)
+                summary, report = None, result.report.to_json()
+            progress.close()
+            if summary:
+                print(summary)
+            print(result.report.format_table())
+            nothing = result.report.total_fused == 0
+            if nothing and getattr(args, "require_fusion", False):
+                print(f"ort-flash: error: no attention was fused in {args.input} (--require-fusion): "
+                      f"nothing written", file=sys.stderr)
+                return EXIT_NOTHING_FUSED
+            progress("writing")
+            data = write_model(result, args.output)
+            if args.report:
+                _write_atomic(args.report, lambda path: _write_text(path, report))
+        except (ModelLoadError, RewriteRefusedError, ort_fusions.OrtFusionError, OSError) as e:
+            progress.close()
+            return _user_error(e)
+    if data is None:
+        print(f"wrote {args.output}")
+    else:
+        why = ("as the input's were" if result.external else
+               "as the model would pass protobuf's 2 GB limit in one file")
+        print(f"wrote {args.output} and its weights {data} ({_gb(os.path.getsize(data))}; external "
+              f"data, {why})")
     if nothing:
         unfused = len(result.report.unfused)
         why = (f"its {unfused} Softmax node(s) stay unfused, for the reasons in the table above" if unfused
@@ -152,6 +169,39 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
               f"computes the same graph (exit status {EXIT_NOTHING_FUSED})", file=sys.stderr)
         return EXIT_NOTHING_FUSED
     return EXIT_OK
+
+
+def write_model(result, output: str) -> str | None:
+    """Write ``result.model`` to ``output`` (and its weights to ``output + ".data"`` where the
+    input kept them as external data, or the model would pass 2 GB: ``external_data.save``),
+    both through temp files in the output's folder, so that a failure leaves neither. Returns
+    the data file's path, or None."""
+    from ort_flash.rewriter import external_data
+
+    written = []
+
+    def graph(path):
+        written.append(external_data.save(result.model, path, result.base_dir,
+                                          external=result.external, name=output,
+                                          data_path=data_tmp))
+
+    data_path = output + ".data"
+    folder = os.path.dirname(os.path.abspath(output))
+    fd, data_tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(data_path)}.", suffix=".tmp")
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(data_tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+    try:
+        _write_atomic(output, graph, before_replace=lambda: written[0] and os.replace(data_tmp, data_path))
+    finally:
+        if os.path.exists(data_tmp):
+            os.unlink(data_tmp)
+    return data_path if written and written[0] else None
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
 @contextlib.contextmanager
@@ -183,22 +233,28 @@ def _optimizer_messages_in_our_terms(model_type: str):
 def cmd_verify(args: argparse.Namespace) -> int:
     from ort_flash.verify import InputShapeError, ModelMismatchError, verify
 
-    try:
-        load_model(args.original)  # a clear message for a bad file before ONNX Runtime sees it
-        _load_rewritten(args.rewritten)
-        if args.seq_len is not None and args.seq_len < 1:
-            raise ModelLoadError(f"--seq-len must be at least 1, not {args.seq_len}")
-        result = verify(
-            args.original, args.rewritten, providers=PROVIDERS[args.provider],
-            batch=getattr(args, "batch", 2), seq_len=args.seq_len,
-            past_len=getattr(args, "past_len", None), seed=getattr(args, "seed", None),
-            atol=getattr(args, "atol", None), rtol=getattr(args, "rtol", None),
-            shapes=dict(getattr(args, "shape", None) or []),
-        )
-    except (ModelLoadError, ModelMismatchError, InputShapeError, OSError) as e:
-        return _user_error(e)
-    except _onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library
-        return _user_error(f"onnxruntime: {e}")
+    from ort_flash.progress import Progress, wanted
+
+    with Progress(wanted(json_run=bool(getattr(args, "json", None)))) as progress:
+        try:
+            progress("loading")
+            load_model(args.original)  # a clear message for a bad file before ONNX Runtime sees it
+            load_model(args.rewritten)
+            if args.seq_len is not None and args.seq_len < 1:
+                raise ModelLoadError(f"--seq-len must be at least 1, not {args.seq_len}")
+            result = verify(
+                args.original, args.rewritten, providers=PROVIDERS[args.provider],
+                batch=getattr(args, "batch", 2), seq_len=args.seq_len,
+                past_len=getattr(args, "past_len", None), seed=getattr(args, "seed", None),
+                atol=getattr(args, "atol", None), rtol=getattr(args, "rtol", None),
+                shapes=dict(getattr(args, "shape", None) or []), progress=progress,
+            )
+        except (ModelLoadError, ModelMismatchError, InputShapeError, OSError) as e:
+            progress.close()
+            return _user_error(e)
+        except _onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library
+            progress.close()
+            return _user_error(f"onnxruntime: {e}")
     if args.provider == "cuda":
         not_on_cuda = _fused_op_off_cuda(args, result)
         if not_on_cuda:
@@ -227,34 +283,13 @@ def _fused_op_off_cuda(args: argparse.Namespace, result) -> str:
                         seq_len=args.seq_len or DEFAULT_SEQ_LEN,
                         past_len=getattr(args, "past_len", None) or DEFAULT_PAST_LEN, seed=result.seed,
                         shapes=dict(getattr(args, "shape", None) or []))
-    placed = node_placements(_source_bytes(args.rewritten), feeds, PROVIDERS["cuda"],
+    placed = node_placements(args.rewritten, feeds, PROVIDERS["cuda"],
                              ort_flash.session_options())
     elsewhere = {p: n for (op, p), n in placed.items() if op == "FlashAttention" and p != "CUDAExecutionProvider"}
     if elsewhere:
         return ("the FlashAttention nodes ran on " + ", ".join(f"{p} x{n}" for p, n in elsewhere.items())
                 + " (ONNX Runtime's profiler); `ort-flash info` says which GPUs this build has kernels for")
     return ""
-
-
-def _source_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-# Ops ONNX Runtime's transformer optimizer writes into the ONNX domain (``rewrite --ort-fusions``
-# on LLaMA-style models): ONNX Runtime runs them, onnx.checker does not know them.
-ORT_OPS_IN_ONNX_DOMAIN = ("SimplifiedLayerNormalization",)
-
-
-def _load_rewritten(path: str) -> None:
-    """``load_model``'s checks, except that an op of ORT_OPS_IN_ONNX_DOMAIN is left to ONNX
-    Runtime, which runs the comparison (and reports a model it cannot load in one line)."""
-    try:
-        load_model(path)
-    except ModelLoadError as e:
-        known = [f"No Op registered for {op} with domain_version" for op in ORT_OPS_IN_ONNX_DOMAIN]
-        if not (isinstance(e.__cause__, onnx.checker.ValidationError) and any(k in str(e) for k in known)):
-            raise
 
 
 def _onnxruntime_errors() -> tuple[type[BaseException], ...]:
@@ -295,8 +330,9 @@ def _check_writable(path: str) -> None:
     os.unlink(probe)
 
 
-def _write_atomic(path: str, write) -> None:
-    """Write through a temp file in the same folder, then os.replace: never a half-written file."""
+def _write_atomic(path: str, write, before_replace=None) -> None:
+    """Write through a temp file in the same folder, then os.replace: never a half-written file.
+    ``before_replace``: called after the write, before the file takes its name."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
@@ -308,6 +344,8 @@ def _write_atomic(path: str, write) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
         write(tmp)
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except OSError as e:
         if os.path.exists(tmp):

@@ -46,8 +46,9 @@ import os
 
 import onnx
 
-from ort_flash.rewriter import RewriteReport, load_model
+from ort_flash.rewriter import RewriteReport, external_data
 from ort_flash.rewriter import rewrite as flash_rewrite
+from ort_flash.rewriter.model_io import load
 
 # ONNX Runtime's optimizer model types this was checked with (``gpt2`` also serves LLaMA-style
 # decoders, as in the e2e benchmark).
@@ -65,6 +66,8 @@ class OrtFusionsResult:
     model_type: str
     ort_fused: dict[str, int]  # what ONNX Runtime's optimizer fused (its operator statistics, non-zero)
     float16: bool
+    external: bool = False  # the input kept its weights as external data: so does the output
+    base_dir: str = ""  # as RewriteResult's (the optimizer's model holds its weights in memory)
 
     def summary(self) -> str:
         fused = ", ".join(f"{k} {v}" for k, v in self.ort_fused.items()) or "nothing"
@@ -86,7 +89,11 @@ def optimize(model_or_path: onnx.ModelProto | str | os.PathLike, model_type: str
 
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}, not {model_type!r}")
-    model = load_model(model_or_path)  # a copy: the optimizer changes the proto it is given
+    model, _ = load(model_or_path)  # a copy: the optimizer changes the proto it is given
+    if external_data.has_external_data(model):  # the optimizer and converter read every weight
+        base_dir = (os.path.dirname(os.path.abspath(model_or_path))
+                    if isinstance(model_or_path, (str, os.PathLike)) else "")
+        external_data.load_all(model, base_dir)
     options = FusionOptions(model_type)
     options.enable_attention = False
     try:
@@ -109,11 +116,15 @@ def optimize(model_or_path: onnx.ModelProto | str | os.PathLike, model_type: str
 def rewrite(model_or_path: onnx.ModelProto | str | os.PathLike, model_type: str, *, float16: bool = False,
             num_heads: int = 0, hidden_size: int = 0, use_gpu: bool = False, **rewrite_options) -> OrtFusionsResult:
     """``optimize`` and then ``ort_flash.rewrite`` (``rewrite_options``: its keyword arguments)."""
+    external = (isinstance(model_or_path, (str, os.PathLike))
+                and external_data.file_has_external_data(os.fspath(model_or_path)))
     opt, fused = optimize(model_or_path, model_type, float16=float16, num_heads=num_heads,
                           hidden_size=hidden_size, use_gpu=use_gpu)
-    result = flash_rewrite(opt.model, **rewrite_options)
+    model = opt.model
+    del opt  # the optimizer's copies of the weights
+    result = flash_rewrite(model, **rewrite_options)
     return OrtFusionsResult(model=result.model, report=result.report, model_type=model_type,
-                            ort_fused=fused, float16=float16)
+                            ort_fused=fused, float16=float16, external=external or result.external)
 
 
 def _fuse_embeddings(opt) -> None:

@@ -117,10 +117,15 @@ def verify(
     atol: float | None = None,
     rtol: float | None = None,
     shapes: dict[str, Sequence[int]] | None = None,
+    progress=None,
 ) -> VerifyResult:
     """Compare the two models' outputs on the same random inputs (module docstring); where an
     input is an If condition, once per value (the first run's result holds the others in
-    ``more``). ``shapes``: input name -> shape, overriding the default sizes."""
+    ``more``). ``shapes``: input name -> shape, overriding the default sizes. ``progress``: as
+    ``rewrite``'s, called per stage.
+
+    One model is in ONNX Runtime at a time (the original runs every input, its session goes,
+    then the rewritten one's is made): the memory is that of one model, not two."""
     import onnxruntime as ort
 
     import ort_flash
@@ -137,30 +142,44 @@ def verify(
     conditions = branch_conditions(original_proto)
     past_len = DEFAULT_PAST_LEN if past_len is None else past_len
 
-    base_opts = ort.SessionOptions()
-    base_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    base = ort.InferenceSession(_source(original), base_opts, providers=providers)
-    ort_flash.check_op_version(_source(rewritten))
-    fast = ort.InferenceSession(_source(rewritten), ort_flash.session_options(), providers=providers)
-
-    names = [o.name for o in base.get_outputs()]
-    missing = sorted(set(names) - {o.name for o in fast.get_outputs()})
-    if missing:
-        raise ModelMismatchError(f"the rewritten model lacks outputs {missing}")
-    runs = []
-    for value in (True, False) if conditions else (None,):
+    tell = progress or (lambda stage, done=None, total=None: None)
+    values = (True, False) if conditions else (None,)
+    all_feeds = []
+    for value in values:
         feeds = make_inputs(original_proto, batch=batch, seq_len=seq_len or DEFAULT_SEQ_LEN,
                             past_len=past_len if value is not False else 0, seed=seed,
                             shapes=shapes)
         for name, shape in conditions.items():
             feeds[name] = np.full(shape, value, dtype=bool)
+        all_feeds.append(feeds)
+    del original_proto
+    ort_flash.check_op_version(_source(rewritten))
+
+    tell("running the original")
+    base_opts = ort.SessionOptions()
+    base_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    _one_run(base_opts)
+    base = ort.InferenceSession(_source(original), base_opts, providers=providers)
+    names = [o.name for o in base.get_outputs()]
+    base_providers = base.get_providers()
+    wants = [dict(zip(names, base.run(names, feeds))) for feeds in all_feeds]
+    del base
+
+    tell("running the rewritten model")
+    fast = ort.InferenceSession(_source(rewritten), _one_run(ort_flash.session_options()),
+                                providers=providers)
+    missing = sorted(set(names) - {o.name for o in fast.get_outputs()})
+    if missing:
+        raise ModelMismatchError(f"the rewritten model lacks outputs {missing}")
+    runs = []
+    for value, feeds, want in zip(values, all_feeds, wants):
         extra = sorted({i.name for i in fast.get_inputs()} - set(feeds))
         if extra:
             raise ModelMismatchError(f"the rewritten model needs inputs the original lacks: {extra}")
-        want = dict(zip(names, base.run(names, feeds)))
         got = dict(zip(names, fast.run(names, feeds)))
+        tell("comparing")
         runs.append(VerifyResult(
-            providers=providers, baseline_providers=base.get_providers(),
+            providers=providers, baseline_providers=base_providers,
             rewritten_providers=fast.get_providers(), seed=seed,
             inputs={k: f"{_dtype_name(v.dtype)}[{','.join(map(str, v.shape))}]"
                     for k, v in feeds.items()},
@@ -168,6 +187,14 @@ def verify(
             branch=", ".join(f"{n}={value}" for n in conditions)))
     runs[0].more = runs[1:]
     return runs[0]
+
+
+def _one_run(options):
+    """Session options for a model run once or twice: weights are not prepacked (a copy of every
+    MatMul weight, which saves nothing over one run; without it ONNX Runtime maps external data
+    and the session costs the model's size once)."""
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    return options
 
 
 def _compare(name, got, want, atol, rtol) -> OutputComparison:

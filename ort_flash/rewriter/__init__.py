@@ -1,8 +1,13 @@
 """Rewrite attention subgraphs of an ONNX model into ``ort_flash.FlashAttention``.
 
     result = ort_flash.rewriter.rewrite("model.onnx")
-    onnx.save(result.model, "model.flash.onnx")
+    result.save("model.flash.onnx")  # + model.flash.onnx.data where the weights are external
     print(result.report.format_table())
+
+A model of any size: large external-data weights stay in their files (``external_data``); the
+rules work on the graph and read a weight only where they change it (packed QKV). ``result.model``
+then refers to the input's data files by their names relative to ``result.base_dir``; ``save``
+writes the output with a data file of its own (``onnx.save`` serves a model with no external data).
 
 Two stages, each a set of onnxscript pattern rules (pattern / check / rewrite, one per file):
 
@@ -46,12 +51,12 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from ort_flash.rewriter import (
-    bias_fold, causal_mask, flash_op, group_query_attention, kv_cache, layout_3d,
+    bias_fold, causal_mask, external_data, flash_op, group_query_attention, kv_cache, layout_3d,
     matmul_softmax_attention, merge_reshape, ms_multihead_attention, onnx_attention, packed_qkv,
     repeat_kv, sdpa_attention,
 )
 from ort_flash.rewriter.diagnose import structural_reason
-from ort_flash.rewriter.model_io import ModelLoadError, load_model
+from ort_flash.rewriter.model_io import ModelLoadError, load, load_model
 from ort_flash.rewriter.output_check import RewriteRefusedError, check_output
 from ort_flash.rewriter.report import FusedSubgraph, RewriteReport, UnfusedSoftmax
 from ort_flash.rewriter.shapes import infer_shapes
@@ -84,11 +89,23 @@ def _family_rules(family, exact_masked_rows: bool) -> list:
 class RewriteResult:
     model: onnx.ModelProto
     report: RewriteReport
+    base_dir: str = ""  # the folder the model's external data locations are relative to
+    external: bool = False  # the input kept its weights as external data: so does the output
+
+    def save(self, path: str | os.PathLike) -> str | None:
+        """Write the model (``external_data.save``): one file, or with ``path + ".data"`` where
+        its weights are external or it would pass 2 GB. Returns the data file's path, or None.
+        Afterwards ``model`` refers to the written data file."""
+        path = os.fspath(path)
+        data = external_data.save(self.model, path, self.base_dir, external=self.external)
+        if data is not None:
+            self.base_dir = os.path.dirname(os.path.abspath(path))
+        return data
 
 
 def rewrite(
     model_or_path: onnx.ModelProto | str | os.PathLike | bytes, *, exact_masked_rows: bool = True,
-    fp32_precision: str = "ieee",
+    fp32_precision: str = "ieee", base_dir: str | os.PathLike | None = None, progress=None,
 ) -> RewriteResult:
     """Fuse every provable attention of the model; see the module docstring.
 
@@ -104,14 +121,28 @@ def rewrite(
     float32 accuracy; "tf32" opts in to TF32 tensor-core dots (about 1e-3 relative error),
     stamped on every fused node as the op's ``fp32_precision`` attribute.
 
+    ``base_dir``: where a given ModelProto's external data lies (default: the model file's
+    folder for a path, else the current directory). ``progress``: called as
+    ``progress(stage, done, total)`` as the work goes (stage "shapes", "fusing", "refining",
+    "checking"; done/total count fused attention nodes while fusing, else None).
+
     Raises ``ModelLoadError`` for an input that is not a valid ONNX model and
     ``RewriteRefusedError`` where the rewritten model would not load (``output_check``).
     """
     if fp32_precision not in ("ieee", "tf32"):
         raise ValueError(f"fp32_precision must be 'ieee' or 'tf32', not {fp32_precision!r}")
-    original = load_model(model_or_path)
+    tell = progress or (lambda stage, done=None, total=None: None)
+    if base_dir is None:
+        base_dir = (os.path.dirname(os.path.abspath(model_or_path))
+                    if isinstance(model_or_path, (str, os.PathLike)) else "")
+    base_dir = os.fspath(base_dir)
+    original, external = load(model_or_path)
+    tell("shapes")
     inferred, shape_inference = infer_shapes(original)
     model = ir.from_proto(inferred)
+    del inferred
+    # A rule that reads a weight's values (packed_qkv) maps it from its file.
+    ir.external_data.set_base_dir(model.graph, os.path.abspath(base_dir or "."))
 
     # onnxscript's rule sets recurse into subgraphs (If branches, Loop/Scan bodies) themselves;
     # ``where`` follows which graph a rule is looking at, for the report.
@@ -121,8 +152,14 @@ def rewrite(
     used_initializers = {g: {n for n, v in g.initializers.items() if v.uses()} for g in graphs}
     initial_initializers = {g: set(g.initializers) for g in graphs}
     fusions = [inst for family in FUSIONS for inst in _family_rules(family, exact_masked_rows)]
+    where.tell = lambda: tell("fusing", sum(len(i.fused) for i in fusions), candidates)
+    candidates = sum(1 for n in _all_nodes(model) if n.op_type == "Softmax"
+                     or (n.domain, n.op_type) in _ATTENTION_NODES)
+    tell("fusing", 0, candidates)
     count = pattern.RewriteRuleSet([_as_rule(i, where) for i in fusions],
                                    commute=True).apply_to_model(model)
+    where.tell = None
+    tell("refining")
     refinements = []
     where.fused = {qualified(f.graph, f.fused_node) for inst in fusions for f in inst.fused}
     for family in REFINEMENTS:
@@ -145,6 +182,10 @@ def rewrite(
     report.shape_inference = shape_inference
     assert report.total_fused == count, (report.total_fused, count)
     out = ir.to_proto(model)
+    for value in (v for g in graphs for v in g.initializers.values()):
+        if isinstance(value.const_value, ir.ExternalTensor):
+            value.const_value.release()  # unmap the weights a rule read
+    del model
     _restore_interface(out, original)
     if count:
         _ensure_opset(out, flash_op.DOMAIN, flash_op.VERSION)
@@ -152,8 +193,9 @@ def rewrite(
         for node in (n for _, graph in subgraphs(out.graph) for n in graph.node):
             if node.domain == flash_op.DOMAIN and node.op_type == flash_op.OP_TYPE:
                 node.attribute.append(onnx.helper.make_attribute("fp32_precision", fp32_precision))
-    check_output(out, original)
-    return RewriteResult(model=out, report=report)
+    tell("checking")
+    check_output(out, original, base_dir)
+    return RewriteResult(model=out, report=report, base_dir=base_dir, external=external)
 
 
 class _Where:
@@ -166,6 +208,7 @@ class _Where:
         self.graph = ""
         self.applied: dict[int, list[tuple[str, dict]]] = {}  # id(rule) -> (node key, changes)
         self.declined: dict[int, dict[str, str]] = {}  # id(rule) -> node key -> reason
+        self.tell = None  # progress: called after each fusion
         # Node keys of the FlashAttention nodes this run's fusions wrote: refinements touch only
         # those (a node an earlier rewrite wrote is left as it is, and not in the report).
         self.fused: set[str] | None = None
@@ -202,6 +245,8 @@ def _as_rule(instance: pattern.RewriteRuleClassBase, where: _Where) -> pattern.R
         out = instance.rewrite(op, **bindings)
         for entry in fused[n_fused:]:
             entry.graph = where.graph
+        if where.tell is not None and len(fused) > n_fused:
+            where.tell()
         where.applied.setdefault(id(instance), []).extend(
             (qualified(where.graph, name), changes) for name, changes in applied[n_applied:])
         return out

@@ -11,6 +11,11 @@ the checker (ops ONNX Runtime's optimizer writes into the ONNX domain, which onn
 know), the checker cannot judge the output either, and ONNX Runtime alone does. Where the
 ort_flash library itself cannot be loaded (a source tree not built), only the checker runs, with
 a warning.
+
+A model whose weights are external data is checked as its graph: onnx's strict type and shape
+inference on the graph (onnx.checker would want the data files beside a file it reads), then the
+ONNX Runtime session from the serialized graph with the weights read from their folder
+(``model_io.runtime_refusal``): no copy of the model is written anywhere.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ import os
 import tempfile
 
 import onnx
+
+from ort_flash.rewriter import external_data
+from ort_flash.rewriter.model_io import first_line as _first_line
+from ort_flash.rewriter.model_io import runtime_refusal
 
 # Above this size the model is checked from a file (external data), as protobuf cannot hold
 # more than 2 GB and serializing a large model twice costs memory.
@@ -32,10 +41,14 @@ class RewriteRefusedError(ValueError):
     message says why in one line, and no output is written."""
 
 
-def check_output(model: onnx.ModelProto, original: onnx.ModelProto | None = None) -> None:
-    """Raise RewriteRefusedError unless ``model`` (rewritten from ``original``) passes the
-    checks in the module docstring."""
-    if model.ByteSize() <= PATH_FORM_BYTES:
+def check_output(model: onnx.ModelProto, original: onnx.ModelProto | None = None,
+                 base_dir: str = "") -> None:
+    """Raise RewriteRefusedError unless ``model`` (rewritten from ``original``; its external data,
+    if any, in ``base_dir``) passes the checks in the module docstring."""
+    if external_data.has_external_data(model):
+        _check_graph(model, original, os.path.abspath(base_dir or "."))
+        return
+    if external_data.byte_size(model) <= PATH_FORM_BYTES:
         _check(model, model.SerializeToString(), original)
         return
     with tempfile.TemporaryDirectory(prefix="ort_flash_check_") as folder:
@@ -48,49 +61,59 @@ def check_output(model: onnx.ModelProto, original: onnx.ModelProto | None = None
         _check(path, path, original)
 
 
-def _check(checked: onnx.ModelProto | str, source: bytes | str,
-           original: onnx.ModelProto | None) -> None:
-    import onnxruntime as ort
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
+def _check_graph(model: onnx.ModelProto, original: onnx.ModelProto | None, folder: str) -> None:
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        if original is None or _infers_strictly(original):
+            raise RewriteRefusedError(f"the rewritten model fails onnx.checker: "
+                                      f"{_first_line(e)}") from e
+    if _library_missing():
+        return
+    refusal = runtime_refusal(model.SerializeToString(), folder)
+    if refusal is not None:
+        raise RewriteRefusedError(f"ONNX Runtime cannot load the rewritten model: {refusal}")
 
+
+def _infers_strictly(model: onnx.ModelProto) -> bool:
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
+        return False
+    return True
+
+
+def _library_missing() -> bool:
     import ort_flash
 
+    try:
+        ort_flash.session_options()
+    except OSError as e:  # FileNotFoundError included: no library to load the fused op with
+        _log.warning("the rewritten model was not loaded in ONNX Runtime: %s", e)
+        return True
+    return False
+
+
+def _check(checked: onnx.ModelProto | str, source: bytes | str,
+           original: onnx.ModelProto | None) -> None:
     try:
         onnx.checker.check_model(checked, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         if original is None or _passes_checker(original):
             raise RewriteRefusedError(f"the rewritten model fails onnx.checker: "
                                       f"{_first_line(e)}") from e
-    try:
-        options = ort_flash.session_options()
-    except OSError as e:  # FileNotFoundError included: no library to load the fused op with
-        _log.warning("the rewritten model was not loaded in ONNX Runtime: %s", e)
+    if _library_missing():
         return
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3  # the refusal below is the message; no ORT warnings
-    try:
-        ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    except getattr(state, "NotImplemented", ()) as e:
-        if "Could not find an implementation" not in str(e):
-            raise RewriteRefusedError(f"ONNX Runtime cannot load the rewritten model: "
-                                      f"{_first_line(e)}") from e
-    except Exception as e:  # noqa: BLE001 - ORT's exceptions (Fail, InvalidGraph, ...) differ
-        raise RewriteRefusedError(f"ONNX Runtime cannot load the rewritten model: "
-                                  f"{_first_line(e)}") from e
+    refusal = runtime_refusal(source)
+    if refusal is not None:
+        raise RewriteRefusedError(f"ONNX Runtime cannot load the rewritten model: {refusal}")
 
 
 def _passes_checker(model: onnx.ModelProto) -> bool:
-    if model.ByteSize() >= 2**31 - 1:
+    if external_data.has_external_data(model) or external_data.byte_size(model) >= 2**31 - 1:
         return False  # too large to check from memory: not judged
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
         return False
     return True
-
-
-def _first_line(error: Exception, limit: int = 400) -> str:
-    """The message on one line (ORT's name the node on the next), cut to ``limit`` characters."""
-    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    text = text or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
