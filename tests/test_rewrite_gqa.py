@@ -1,0 +1,112 @@
+"""Rule table for group_query_attention: com.microsoft.GroupQueryAttention nodes (ONNX Runtime
+GenAI's attention) swapped for ort_flash.GroupQueryAttention, or left with the reason.
+
+Each case is a one-node model (tests/_gqa_models); a fused case keeps the node's name, inputs,
+outputs and attributes, and the rewritten model gives ONNX Runtime's outputs on the same call,
+shared KV buffer included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from _gqa_models import gqa_model, run_gqa
+from ort_flash.rewriter import rewrite
+
+
+def _feeds(dtype=np.float32, packed=True, past=True, rotary=True, b=2, s=5, hq=4, hkv=2, d=32):
+    rng = np.random.default_rng(0)
+    rnd = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
+    feeds = {"query": rnd(b, s, (hq + 2 * hkv) * d)} if packed else {
+        "query": rnd(b, s, hq * d), "key": rnd(b, s, hkv * d), "value": rnd(b, s, hkv * d)}
+    if past:
+        feeds.update(past_key=rnd(b, hkv, 24, d), past_value=rnd(b, hkv, 24, d))
+    feeds.update(seqlens_k=np.array([s - 1, 2][:b], np.int32), total_sequence_length=np.array(s, np.int32))
+    if rotary:
+        angles = np.arange(32)[:, None] / 10000.0 ** (np.arange(d // 4) / (d // 4))
+        feeds.update(cos_cache=np.cos(angles).astype(dtype), sin_cache=np.sin(angles).astype(dtype))
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary))
+    return feeds, attrs
+
+
+def _model(feeds, attrs, name="layers.0/attn/GroupQueryAttention", extra_inputs=(), outputs=3):
+    model = onnx.load_from_string(gqa_model(feeds, **attrs))
+    node = model.graph.node[0]
+    node.name = name
+    for input_name, array in extra_inputs:
+        while len(node.input) < 12:
+            node.input.append("")
+        index = {"attention_bias": 10, "head_sink": 11}[input_name]
+        node.input[index] = input_name
+        model.graph.input.append(helper.make_tensor_value_info(
+            input_name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape)))
+    if outputs == 4:
+        node.output.append("output_qk")
+    return model
+
+
+# name: (feeds options, extra attributes, extra inputs, reason where declined)
+CASES = {
+    "packed_rotary_shared_cache": ({}, {}, (), None),
+    "separate_qkv": (dict(packed=False), {}, (), None),
+    "no_past": (dict(past=False), {}, (), None),
+    "no_rotary_window_softcap": (dict(rotary=False), dict(local_window_size=3, softcap=20.0), (), None),
+    "float16_runs_on_cuda": (dict(dtype=np.float16), {}, (), "runs on CUDA"),
+    "quantized_cache": ({}, dict(k_quant_type="PER_TENSOR"), (), "quantized KV cache"),
+    "smooth_softmax": ({}, dict(smooth_softmax=1), (), "smooth_softmax"),
+    "windowed_cache": ({}, dict(sliding_window_cache=1, local_window_size=4), (), "windowed KV cache"),
+    "qk_output": ({}, dict(qk_output=1), (), "output_qk"),
+    "head_sink": ({}, {}, (("head_sink", np.zeros(4, np.float32)),), "attention sinks"),
+    "attention_bias": ({}, {}, (("attention_bias", np.zeros((2, 1, 5, 5), np.float32)),), "attention bias"),
+    "bidirectional": ({}, dict(causal=0), (), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gqa_rule(name):
+    options, extra_attrs, extra_inputs, reason = CASES[name]
+    feeds, attrs = _feeds(**options)
+    attrs.update(extra_attrs)
+    model = _model(feeds, attrs, extra_inputs=extra_inputs)
+    original = model.graph.node[0]
+    result = rewrite(model)
+    nodes = list(result.model.graph.node)
+    assert len(nodes) == 1, name
+    node = nodes[0]
+    if reason is None:
+        assert result.report.counts["group_query_attention"] == 1, result.report.format_table()
+        assert (node.domain, node.op_type, node.name) == ("ort_flash", "GroupQueryAttention", original.name)
+        assert list(node.input) == list(original.input)[:len(node.input)], name
+        assert all(i == "" for i in list(original.input)[len(node.input):]), name
+        assert list(node.output) == list(original.output), name
+        assert {a.name: helper.get_attribute_value(a) for a in node.attribute} == \
+            {a.name: helper.get_attribute_value(a) for a in original.attribute}, name
+        assert ("ort_flash", 1) in {(o.domain, o.version) for o in result.model.opset_import}
+        assert not result.report.unfused
+    else:
+        assert result.report.total_fused == 0, name
+        assert node.domain == "com.microsoft", name
+        [unfused] = result.report.unfused
+        assert unfused.node == original.name and reason in unfused.reason, unfused
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_gqa_rewritten_model_computes_the_same(shared):
+    """The rewritten one-node model against the original in ONNX Runtime: a padded first prompt
+    into the shared (or a separate) buffer, then a decode step on the result."""
+    import ort_flash
+
+    feeds, attrs = _feeds()
+    result = rewrite(_model(feeds, attrs))
+    assert result.report.total_fused == 1
+    library = ort_flash.library_path()
+    ours = run_gqa(dict(feeds), shared=shared, library=library, **attrs)
+    theirs = run_gqa(dict(feeds), shared=shared, **attrs)
+    lengths = feeds["seqlens_k"] + 1
+    for b, n in enumerate(lengths):  # the real tokens' rows (padding rows differ by design: see test_gqa_op)
+        np.testing.assert_allclose(ours[0][b, :n], theirs[0][b, :n], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(ours[2], theirs[2])
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-6, atol=1e-6)
