@@ -96,17 +96,40 @@ def test_written_folder_loads_the_library(flash_folder, tmp_path):
     assert LIBRARY_NAME in _load_error(broken)
 
 
+def test_library_must_lie_in_the_folder(flash_folder, tmp_path):
+    """Why write_folder copies the library: GenAI (0.18.0) takes a custom_ops_library only from
+    the model folder, an EP's library folder or the working directory, after resolving links,
+    so neither an absolute path to the installed library nor a link to it loads."""
+    import ort_flash
+
+    absolute = tmp_path / "absolute"
+    shutil.copytree(flash_folder, absolute)
+    config = json.loads((absolute / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["custom_ops_library"] = ort_flash.library_path()
+    (absolute / "genai_config.json").write_text(json.dumps(config))
+    linked = tmp_path / "linked"
+    shutil.copytree(flash_folder, linked)
+    (linked / LIBRARY_NAME).unlink()
+    (linked / LIBRARY_NAME).symlink_to(ort_flash.library_path())
+    for folder in (absolute, linked):
+        run = _load_in_child(folder, cwd=tmp_path)
+        assert run.returncode != 0 and "not within an allowed directory" in run.stderr
+
+
 def _mapped_after_load(folder) -> str:
     """In a fresh process: load the GenAI model, then the path of the mapped libort_flash.so."""
-    code = textwrap.dedent(f"""
-        import onnxruntime_genai as og
-        model = og.Model({str(folder)!r})
+    run = _load_in_child(folder, then=f"""
         maps = open("/proc/self/maps").read().split("\\n")
-        print(next((l.split()[-1] for l in maps if l.endswith("{LIBRARY_NAME}")), ""))
-    """)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        print(next((l.split()[-1] for l in maps if l.endswith("{LIBRARY_NAME}")), ""))""")
     assert run.returncode == 0, run.stderr
     return run.stdout.strip()
+
+
+def _load_in_child(folder, cwd=None, then: str = "") -> subprocess.CompletedProcess:
+    code = textwrap.dedent(f"""
+        import onnxruntime_genai as og
+        model = og.Model({str(folder)!r})""") + textwrap.dedent(then)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def _load_error(folder) -> str:
