@@ -5,7 +5,6 @@ prompts through two folders must give the same tokens and (to a tolerance) the s
 """
 from __future__ import annotations
 
-import onnx
 import numpy as np
 
 
@@ -36,6 +35,8 @@ def generate_greedy(folder, prompts: list[str], steps: int) -> tuple[np.ndarray,
 def write_identity(source_model):
     """A ``write_model`` for ``ort_flash.genai.write_folder`` that writes ``source_model`` back
     unchanged, through onnx, with its weights in ``<name>.data`` beside it."""
+    import onnx
+
     def write(path):
         model = onnx.load(str(source_model))
         onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
