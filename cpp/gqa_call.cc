@@ -24,8 +24,14 @@ Status gqa_lengths(const std::string& node, const GqaCall& c, GqaLengths* out) {
     return fail("input 'total_sequence_length' is " + std::to_string(total_max) + ", less than the " +
                 std::to_string(d.sq) + " new tokens");
   }
-  out->total.assign(d.batch, 0);
-  out->past.assign(d.batch, 0);
+  const int64_t window = c.attrs.local_window_size;
+  const int64_t cap = c.present_len;
+  // Rows a windowed cache keeps after `t` tokens (gqa_shapes.h).
+  auto kept = [&](int64_t t) {
+    const int64_t g = cap - window + 1;
+    return t <= cap ? t : t - g * ((t - cap + g - 1) / g);
+  };
+  for (auto* v : {&out->total, &out->past, &out->row0, &out->keys, &out->kept}) v->assign(d.batch, 0);
   for (int64_t b = 0; b < d.batch; ++b) {
     const int64_t total = static_cast<int64_t>(c.seqlens_k[b]) + 1;
     const int64_t past = out->first_prompt ? 0 : total - d.sq;
@@ -34,12 +40,26 @@ Status gqa_lengths(const std::string& node, const GqaCall& c, GqaLengths* out) {
       return fail(row + "; expected 0 to total_sequence_length - 1 = " + std::to_string(total_max - 1));
     }
     if (past < 0) return fail(row + ": fewer keys than the " + std::to_string(d.sq) + " new tokens");
-    if (past + d.sq > c.present_len) {
-      return fail(row + ": the new tokens end at " + std::to_string(past + d.sq) + ", past the cache length " +
-                  std::to_string(c.present_len));
-    }
     out->total[b] = total;
     out->past[b] = past;
+    if (!d.windowed) {
+      if (past + d.sq > cap) {
+        return fail(row + ": the new tokens end at " + std::to_string(past + d.sq) + ", past the cache length " +
+                    std::to_string(cap));
+      }
+      out->row0[b] = past;
+      out->keys[b] = total;
+      continue;
+    }
+    // A windowed cache keeps no padding: a first prompt's rows are all full (as ONNX Runtime's op).
+    if (out->first_prompt && total != d.sq) {
+      return fail(row + ": a right-padded prompt (a row shorter than the " + std::to_string(d.sq) +
+                  " tokens) cannot go into a windowed cache (sliding_window_cache=1)");
+    }
+    out->row0[b] = kept(past);
+    out->keys[b] = out->row0[b] + d.sq;
+    out->kept[b] = kept(total);
+    out->compact = out->compact || out->keys[b] > cap;
   }
   return Status::Ok();
 }
@@ -85,20 +105,32 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
   char* pk = static_cast<char*>(c.present_key);
   char* pv = static_cast<char*>(c.present_value);
   const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
-  // A present of its own: zeros, then each row's past (ONNX Runtime's op does the same).
+  // A present of its own: zeros (ONNX Runtime's op does the same), then each row's past.
   if (!shared) {
     const size_t bytes = static_cast<size_t>(d.batch * d.hkv * plen) * row;
     std::memset(pk, 0, bytes);
     std::memset(pv, 0, bytes);
-    if (d.has_past) {
-      for (int64_t b = 0; b < d.batch; ++b) {
-        for (int64_t h = 0; h < d.hkv; ++h) {
-          const size_t n = static_cast<size_t>(std::min(len.past[b], d.past_len)) * row;
-          const size_t src = static_cast<size_t>((b * d.hkv + h) * d.past_len) * row;
-          const size_t dst = static_cast<size_t>((b * d.hkv + h) * plen) * row;
-          std::memcpy(pk + dst, static_cast<const char*>(c.past_key) + src, n);
-          std::memcpy(pv + dst, static_cast<const char*>(c.past_value) + src, n);
-        }
+  }
+  // The buffer attention reads: present, or where a windowed cache overflows, a staging buffer
+  // of its kept rows and the new tokens, compacted into present afterwards.
+  int64_t klen = plen;
+  std::vector<unsigned char> staged;
+  char* kb = pk;
+  char* vb = pv;
+  if (len.compact) {
+    klen = *std::max_element(len.keys.begin(), len.keys.end());
+    staged.resize(2 * static_cast<size_t>(d.batch * d.hkv * klen) * row);
+    kb = reinterpret_cast<char*>(staged.data());
+    vb = kb + static_cast<size_t>(d.batch * d.hkv * klen) * row;
+  }
+  if (!shared || len.compact) {  // each row's past rows [0, row0) into the buffer
+    for (int64_t b = 0; b < d.batch && d.has_past; ++b) {
+      for (int64_t h = 0; h < d.hkv; ++h) {
+        const size_t n = static_cast<size_t>(std::min(len.row0[b], d.past_len)) * row;
+        const size_t src = static_cast<size_t>((b * d.hkv + h) * d.past_len) * row;
+        const size_t dst = static_cast<size_t>((b * d.hkv + h) * klen) * row;
+        std::memcpy(kb + dst, static_cast<const char*>(c.past_key) + src, n);
+        std::memcpy(vb + dst, static_cast<const char*>(c.past_value) + src, n);
       }
     }
   }
@@ -126,7 +158,7 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
     for (size_t t = begin; t < end; ++t) {
       const int64_t b = static_cast<int64_t>(t) / d.sq, s = static_cast<int64_t>(t) % d.sq;
       const int64_t src = (b * d.sq + s);
-      const int64_t slot = len.past[b] + s;
+      const int64_t slot = len.row0[b] + s;
       if (rotary) {
         const int64_t pos = position_of(c, len, b, s);
         cpu_row_to_float(d.dtype, static_cast<const char*>(c.cos_cache) + pos * half * es, half, cs);
@@ -134,7 +166,7 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
       }
       for (int64_t h = 0; h < d.hkv; ++h) {
         const char* k = k_in + (src * kv_row + h * d.d) * es;
-        char* dst = pk + ((b * d.hkv + h) * plen + slot) * row;
+        char* dst = kb + ((b * d.hkv + h) * klen + slot) * row;
         if (rotary) {
           cpu_row_to_float(d.dtype, k, d.d, x);
           rotate(x, cs, cs + half, d.rotary_dim, interleaved);
@@ -142,7 +174,7 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
         } else {
           std::memcpy(dst, k, row);
         }
-        std::memcpy(pv + ((b * d.hkv + h) * plen + slot) * row, v_in + (src * kv_row + h * d.d) * es, row);
+        std::memcpy(vb + ((b * d.hkv + h) * klen + slot) * row, v_in + (src * kv_row + h * d.d) * es, row);
       }
       if (!rotary) continue;
       for (int64_t h = 0; h < d.hq; ++h) {
@@ -168,7 +200,7 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
   p.hq = d.hq;
   p.hkv = d.hkv;
   p.sq = d.sq;
-  p.skv = plen;
+  p.skv = klen;
   p.d = p.dv = d.d;
   if (rotary) {
     p.q = q_rot.data();
@@ -177,10 +209,10 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
     p.q = c.query;
     p.q_stride[0] = d.sq * q_row; p.q_stride[1] = d.d; p.q_stride[2] = q_row;
   }
-  p.k = pk;
-  p.v = pv;
+  p.k = kb;
+  p.v = vb;
   for (int64_t* st : {p.k_stride, p.v_stride}) {
-    st[0] = d.hkv * plen * d.d; st[1] = plen * d.d; st[2] = d.d;
+    st[0] = d.hkv * klen * d.d; st[1] = klen * d.d; st[2] = d.d;
   }
   p.y = c.output;
   p.y_stride[0] = d.sq * d.hq * d.d; p.y_stride[1] = d.d; p.y_stride[2] = d.hq * d.d;
@@ -194,25 +226,35 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
     return Status::Ok();
   }
   p.window_left = window > 0 ? window - 1 : -1;
-  // Row s of batch row b sees keys j < T_b, causally up to its position: past_b + s later (the
-  // kernel's bottom-right alignment on the row's total length T_b), s in the first prompt, where
-  // the padding rows (s >= T_b) keep s too. There the row lengths are a key mask of the rows
-  // shorter than the prompt.
+  // Row s of batch row b sees its row's keys j < keys_b, causally up to its own: row0_b + s
+  // later (the kernel's bottom-right alignment on the row's key count), s in the first prompt,
+  // where the padding rows (s >= T_b) keep s too. There the row lengths are a key mask of the
+  // rows shorter than the prompt.
   std::vector<unsigned char> key_mask;
   if (!(len.first_prompt && p.causal)) {
-    p.seqlens_k = len.total.data();
+    p.seqlens_k = len.keys.data();
   } else if (std::any_of(len.total.begin(), len.total.end(), [&](int64_t t) { return t < d.sq; })) {
-    key_mask.assign(static_cast<size_t>(d.batch * plen), 0);
-    for (int64_t b = 0; b < d.batch; ++b) std::memset(key_mask.data() + b * plen, 1, static_cast<size_t>(len.total[b]));
+    key_mask.assign(static_cast<size_t>(d.batch * klen), 0);
+    for (int64_t b = 0; b < d.batch; ++b) std::memset(key_mask.data() + b * klen, 1, static_cast<size_t>(len.total[b]));
     p.mask = key_mask.data();
     p.mask_kind = MaskKind::kBool;
-    p.mask_stride[0] = plen; p.mask_stride[1] = 0; p.mask_stride[2] = 0; p.mask_stride[3] = 1;
-    p.mask_len = plen;
+    p.mask_stride[0] = klen; p.mask_stride[1] = 0; p.mask_stride[2] = 0; p.mask_stride[3] = 1;
+    p.mask_len = klen;
   }
   try {
     run_flash_cpu(p, parallel_for);
   } catch (const std::exception& e) {
     return Status::Error("GroupQueryAttention node '" + node + "': CPU kernel failed: " + e.what());
+  }
+  if (!len.compact) return Status::Ok();
+  // Present keeps each row's kept most recent positions, from row 0.
+  for (int64_t b = 0; b < d.batch; ++b) {
+    const size_t n = static_cast<size_t>(len.kept[b]) * row;
+    const size_t from = static_cast<size_t>(len.keys[b] - len.kept[b]) * row;
+    for (int64_t h = 0; h < d.hkv; ++h) {
+      std::memcpy(pk + static_cast<size_t>((b * d.hkv + h) * plen) * row, kb + static_cast<size_t>((b * d.hkv + h) * klen) * row + from, n);
+      std::memcpy(pv + static_cast<size_t>((b * d.hkv + h) * plen) * row, vb + static_cast<size_t>((b * d.hkv + h) * klen) * row + from, n);
+    }
   }
   return Status::Ok();
 }

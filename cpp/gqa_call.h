@@ -33,10 +33,15 @@ struct GqaCall {
   int64_t present_len = 0;  // present's sequence length
 };
 
-// Per batch row: keys seen after this call (total) and where the new tokens start (past).
+// Per batch row: the tokens seen after this call (total), the position of the first new token
+// (past), and in the key buffer attention reads: the row of the first new token (row0) and the
+// keys (keys). Without a windowed cache row0 = past and keys = total; with one (ONNX Runtime's
+// sliding_window_cache) the buffer holds the L(past) most recent positions, row0 = L(past),
+// keys = row0 + S, and present keeps the kept = L(total) most recent (see gqa_shapes.h).
 struct GqaLengths {
   bool first_prompt = false;  // S == total_sequence_length: the prompt, right-padded to S
-  std::vector<int64_t> total, past;
+  bool compact = false;       // a windowed cache whose keys overflow it: staged, then compacted
+  std::vector<int64_t> total, past, row0, keys, kept;
 };
 
 // The lengths of `c` from seqlens_k (host memory), or an error naming the node and the value.

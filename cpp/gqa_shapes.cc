@@ -69,7 +69,6 @@ Status refuse_unsupported(const GqaChecker& c, const GqaAttributes& a, const Inp
                        a.v_quant_type + "') is not supported");
   }
   if (a.smooth_softmax == 1) return c.fail_node("smooth_softmax=1 is not supported");
-  if (a.sliding_window_cache != 0) return c.fail_node("sliding_window_cache=1 (a windowed KV cache) is not supported");
   if (a.qk_output != 0 || has_output[kGqaOutputQk]) return c.fail_node("the output_qk output (qk_output) is not supported");
   if (a.causal == 0 && a.local_window_size > 0) {
     return c.fail_node("local_window_size with causal=0 is not supported");
@@ -135,6 +134,16 @@ Status validate_gqa(const std::string& node, const GqaAttributes& a, const Input
     }
     ORT_FLASH_RETURN_IF_ERROR(c.dim(kGqaPastValue, 2, c.at(kGqaPastKey, 2), "cache length of past_key"));
     d.past_len = c.at(kGqaPastKey, 2);
+  }
+  d.windowed = a.sliding_window_cache != 0;
+  if (d.windowed) {
+    if (a.local_window_size <= 0) return c.fail_node("sliding_window_cache=1 needs local_window_size > 0");
+    if (!d.has_past) return c.fail(kGqaPastKey, "is required with sliding_window_cache=1 (its length is the cache's)");
+    if (d.past_len >= 0 && d.past_len < a.local_window_size) {
+      return c.fail(kGqaPastKey, "has cache length " + std::to_string(d.past_len) +
+                                     ", less than local_window_size " + std::to_string(a.local_window_size) +
+                                     " (sliding_window_cache=1)");
+    }
   }
 
   ORT_FLASH_RETURN_IF_ERROR(c.type(kGqaSeqlensK, kInt32));

@@ -2,7 +2,7 @@
 // com.microsoft.GroupQueryAttention (inputs, outputs, attributes, the shared KV buffer), so that a
 // model built by ONNX Runtime GenAI runs with each GQA node swapped for this op. Features of
 // ONNX Runtime's op that this one does not compute (a quantized cache, attention sinks, a bias, Q/K
-// norms, the windowed cache, the QK output) are refused with the node, the input or attribute and
+// norms, the QK output) are refused with the node, the input or attribute and
 // the reason; the rewriter declines such nodes before they reach here.
 #pragma once
 
@@ -32,7 +32,11 @@ struct GqaAttributes {
   int64_t do_rotary = 0, rotary_interleaved = 0;
   int64_t causal = 1;
   // ONNX Runtime features this op refuses when set.
-  int64_t smooth_softmax = -1, qk_output = 0, sliding_window_cache = 0;
+  int64_t smooth_softmax = -1, qk_output = 0;
+  // 1: past/present hold the most recent positions only, C = past's length >= local_window_size
+  // (ONNX Runtime's sliding_window_cache: after a call, rows [0, L) hold positions total - L ..
+  // total - 1, L(T) = T for T <= C, else T - G ceil((T - C) / G), G = C - W + 1).
+  int64_t sliding_window_cache = 0;
   std::string k_quant_type = "NONE", v_quant_type = "NONE";
 };
 
@@ -48,7 +52,9 @@ struct GqaDims {
   bool has_position_ids = false;
   std::vector<int64_t> output_shape() const { return {batch, sq, hq < 0 || d < 0 ? -1 : hq * d}; }
   // (B, Hkv, max(total_sequence_length, past length), D), as ONNX Runtime's op.
+  bool windowed = false;     // sliding_window_cache: present is past's length
   std::vector<int64_t> present_shape(int64_t total) const {
+    if (windowed) return {batch, hkv, past_len, d};
     return {batch, hkv, total < 0 ? -1 : (total > past_len ? total : past_len), d};
   }
 };

@@ -102,3 +102,52 @@ def test_gqa_op_refuses(name, library):
     feeds, attrs, shared = _inputs(np.random.default_rng(0), np.float32, CASES[name])
     with pytest.raises(Exception, match=f"GroupQueryAttention node .*{REFUSED[name]}"):
         run_gqa(feeds, shared=shared, library=library, **attrs)
+
+
+def _kept(total: int, capacity: int, window: int) -> int:
+    """Rows a windowed cache keeps after ``total`` tokens (ONNX Runtime's sliding_window_cache)."""
+    g = capacity - window + 1
+    return total if total <= capacity else total - g * -(-(total - capacity) // g)
+
+
+# (B, capacity C, window W, steps: new tokens per call; the first call is the prompt)
+WINDOWED = {
+    "prompt_then_decode_past_compaction": (1, 8, 4, [5] + [1] * 12),
+    "prompt_longer_than_cache": (1, 8, 4, [12, 1, 1]),
+    "chunked_continuation": (1, 10, 4, [6, 3, 5, 1, 7]),
+    "window_equals_capacity": (2, 6, 6, [6] + [1] * 8),
+    "batch_of_three_decode": (3, 9, 5, [4] + [1] * 9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_gqa_op_windowed_cache_matches_onnxruntime(name, library):
+    """A GenAI-style windowed KV cache (sliding_window_cache=1, as the builder writes for Mistral
+    and Gemma 2): a chain of calls on each op's own shared buffer, ours against ONNX Runtime's,
+    outputs within float32 rounding, the kept rows [0, L(T)) of the cache alike."""
+    b, cap, window, steps = WINDOWED[name]
+    hq, hkv, d, half = 4, 2, 32, 8
+    rng = np.random.default_rng(secrets.randbits(64))
+    angles = np.arange(64)[:, None] / 10000.0 ** (np.arange(half) / half)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, local_window_size=window, sliding_window_cache=1)
+    caches = {who: [rng.standard_normal((b, hkv, cap, d)).astype(np.float32)] * 2 for who in ("ours", "ort")}
+    total = 0
+    for step, s in enumerate(steps):
+        total += s
+        feeds = dict(query=rng.standard_normal((b, s, (hq + 2 * hkv) * d)).astype(np.float32),
+                     seqlens_k=np.full(b, total - 1, np.int32),
+                     total_sequence_length=np.array(total, np.int32), cos_cache=cos, sin_cache=sin)
+        results = {}
+        for who, lib in (("ours", library), ("ort", None)):
+            past_key, past_value = caches[who]
+            out, pk, pv = run_gqa({**feeds, "past_key": past_key, "past_value": past_value}, shared=True,
+                                  library=lib, **attrs)
+            caches[who] = [pk, pv]
+            results[who] = out
+        kept = _kept(total, cap, window)
+        ctx = f"{name} step {step} (T={total}, kept {kept})"
+        np.testing.assert_allclose(results["ours"], results["ort"], rtol=1e-4, atol=1e-5, err_msg=ctx)
+        for i in range(2):
+            np.testing.assert_allclose(caches["ours"][i][:, :, :kept], caches["ort"][i][:, :, :kept],
+                                       rtol=1e-6, atol=1e-6, err_msg=ctx)

@@ -57,7 +57,7 @@ CASES = {
     "float16_runs_on_cuda": (dict(dtype=np.float16), {}, (), "runs on CUDA"),
     "quantized_cache": ({}, dict(k_quant_type="PER_TENSOR"), (), "quantized KV cache"),
     "smooth_softmax": ({}, dict(smooth_softmax=1), (), "smooth_softmax"),
-    "windowed_cache": ({}, dict(sliding_window_cache=1, local_window_size=4), (), "windowed KV cache"),
+    "windowed_cache": ({}, dict(sliding_window_cache=1, local_window_size=4), (), None),
     "qk_output": ({}, dict(qk_output=1), (), "output_qk"),
     "head_sink": ({}, {}, (("head_sink", np.zeros(4, np.float32)),), "attention sinks"),
     "attention_bias": ({}, {}, (("attention_bias", np.zeros((2, 1, 5, 5), np.float32)),), "attention bias"),

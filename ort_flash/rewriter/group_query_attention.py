@@ -12,8 +12,10 @@
 # becomes the same node in the "ort_flash" domain: the same inputs, outputs (names kept),
 # attributes and semantics (the shared past/present buffer written in place at each row's
 # position, the rotary embedding of the new tokens only), computed by ort_flash's kernels.
-# Declined with a reason: what ort_flash's op does not compute (a quantized cache, attention
-# sinks, an attention bias, fused Q/K norms, the windowed cache, the QK output, smooth softmax)
+# A windowed KV cache (sliding_window_cache=1, the builder's default for Mistral and Gemma 2) is
+# kept as ONNX Runtime's op keeps it. Declined with a reason: what ort_flash's op does not
+# compute (a quantized cache, attention sinks, an attention bias, fused Q/K norms, the QK
+# output, smooth softmax)
 # and float16 / bfloat16 nodes, which run on CUDA, where ort_flash has no GroupQueryAttention
 # kernel yet.
 from __future__ import annotations
@@ -112,8 +114,6 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
             _fail(f"a quantized KV cache ({name}={attr.as_string()}) is not supported by ort_flash's op")
     if _int(node, "smooth_softmax", -1) == 1:
         _fail("smooth_softmax=1 is not supported by ort_flash's op")
-    if _int(node, "sliding_window_cache", 0) != 0:
-        _fail("a windowed KV cache (sliding_window_cache=1) is not supported by ort_flash's op")
     if _int(node, "qk_output", 0) != 0 or (len(node.outputs) > 3 and (
             node.outputs[3].uses() or node.outputs[3].is_graph_output())):
         _fail("the output_qk output (qk_output) is not supported by ort_flash's op")
@@ -151,6 +151,8 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
     softcap = node.attributes.get("softcap")
     if softcap is not None and softcap.as_float() > 0:
         notes.append(f"softcap {softcap.as_float():g}")
+    if _int(node, "sliding_window_cache", 0):
+        notes.append("windowed cache")
     if _int(node, "do_rotary", 0):
         notes.append("rotary" + (" interleaved" if _int(node, "rotary_interleaved", 0) else ""))
     return {"node": node, "heads": hq, "kv_heads": hkv, "head_dim": head_dim, "causal": causal,
