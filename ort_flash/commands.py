@@ -52,12 +52,15 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("exit status: 0 attention fused and the model written; 2 a user error (nothing "
                      "written); 3 nothing fused (the unchanged model written, with a warning; "
                      "with --require-fusion nothing written)")
-    parser.add_argument("input", help="ONNX model to rewrite (never modified)")
+    parser.add_argument("input", help="ONNX model to rewrite (never modified), or an ONNX Runtime GenAI "
+                                      "model folder (or its decoder model file)")
     parser.add_argument("-o", "--output", required=True,
                         help="where to write the rewritten model; where the input keeps its weights as "
                              "external data (or the output would pass 2 GB) they go to OUTPUT.data beside "
                              "it, one file with every weight the output uses (the input's files are "
-                             "never referred to or changed)")
+                             "never referred to or changed). For a GenAI folder: the folder to write (a "
+                             "copy of the input's with the decoder rewritten, genai_config.json naming "
+                             "the ort_flash library and the library beside it)")
     parser.add_argument(
         "--fast-padded-rows", action="store_true",
         help="map causal + key-padding masks with a finite mask value (eager finfo.min) to "
@@ -119,11 +122,18 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
     if getattr(args, "float16", False) and not model_type:
         return _user_error("--float16 converts between ONNX Runtime's optimizer and the rewrite: "
                            "it needs --ort-fusions")
+    from ort_flash import genai
+
     with Progress(wanted()) as progress:
         try:
-            if _same_file(args.input, args.output):
+            folder = _genai_folder(args.input, args.output)
+            source = str(folder.decoder) if folder else args.input
+            if folder is None and _same_file(args.input, args.output):
                 raise ModelLoadError(f"{args.output}: is the input model; choose another output path")
-            _check_writable(args.output)  # before the work, not after it
+            if folder is None:
+                _check_writable(args.output)  # before the work, not after it
+            else:
+                genai.check_output_folder(folder, args.output)
             if args.report:
                 _check_writable(args.report)
             options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
@@ -131,12 +141,12 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
             progress("loading")
             if model_type:
                 with _optimizer_messages_in_our_terms(model_type):
-                    result = ort_fusions.rewrite(args.input, model_type,
+                    result = ort_fusions.rewrite(source, model_type,
                                                  float16=getattr(args, "float16", False), **options)
                 summary = "\n".join(textwrap.wrap(result.summary(), 100, subsequent_indent="  "))
                 report = json.dumps({**result.report.to_dict(), "ort_fusions": result.to_dict()}, indent=2)
             else:
-                result = rewrite(args.input, **options)
+                result = rewrite(source, **options)
                 summary, report = None, result.report.to_json()
             progress.close()
             if summary:
@@ -148,13 +158,24 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
                       f"nothing written", file=sys.stderr)
                 return EXIT_NOTHING_FUSED
             progress("writing")
-            data = write_model(result, args.output)
+            if folder is not None:
+                written = []
+                genai.write_folder(folder.folder, args.output,
+                                   lambda path: written.append(write_model(result, str(path))))
+                data = written[0] if written else None
+            else:
+                data = write_model(result, args.output)
             if args.report:
                 _write_atomic(args.report, lambda path: _write_text(path, report))
-        except (ModelLoadError, RewriteRefusedError, ort_fusions.OrtFusionError, OSError) as e:
+        except (ModelLoadError, RewriteRefusedError, ort_fusions.OrtFusionError, genai.GenAIFolderError,
+                OSError) as e:
             progress.close()
             return _user_error(e)
-    if data is None:
+    if folder is not None:
+        print(f"wrote the GenAI folder {args.output}: {folder.decoder.name} rewritten"
+              f"{' with its weights in ' + os.path.basename(data) if data else ''}, genai_config.json "
+              f"naming the ort_flash library copied beside it")
+    elif data is None:
         print(f"wrote {args.output}")
     else:
         why = ("as the input's were" if result.external else
@@ -169,6 +190,21 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
               f"computes the same graph (exit status {EXIT_NOTHING_FUSED})", file=sys.stderr)
         return EXIT_NOTHING_FUSED
     return EXIT_OK
+
+
+def _genai_folder(source: str, output: str):
+    """The GenAI folder to rewrite (ort_flash.genai.GenAIFolder) where ``source`` is one, or its
+    decoder model with an ``output`` that is not a model file name; else None."""
+    from ort_flash import genai
+
+    if os.path.isdir(source):
+        if not genai.is_genai(source):
+            raise ModelLoadError(f"{source}: is a directory, not an ONNX model or an ONNX Runtime GenAI "
+                                 f"model folder (no {genai.CONFIG_NAME} in it)")
+        return genai.open_folder(source)
+    if genai.is_genai(source) and (os.path.isdir(output) or not output.endswith(".onnx")):
+        return genai.open_folder(source)
+    return None
 
 
 def write_model(result, output: str) -> str | None:

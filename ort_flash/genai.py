@@ -116,6 +116,20 @@ def _tensors(graph):
                 yield from _tensors(sub)
 
 
+def check_output_folder(source: GenAIFolder, out_folder: str | os.PathLike, overwrite: bool = False) -> Path:
+    """``out_folder`` resolved, or GenAIFolderError where ``write_folder`` would refuse it: equal
+    to, inside or above the source folder, or an existing non-empty folder unless ``overwrite``."""
+    src, out = source.folder.resolve(), Path(out_folder).resolve()
+    if out == src or out in src.parents or src in out.parents:
+        raise GenAIFolderError(f"the output folder {out} must be apart from the source folder {src} "
+                               "(not the same, inside it or above it)")
+    if out.exists() and not out.is_dir():
+        raise GenAIFolderError(f"the output {out} is a file; a GenAI folder is written as a folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise GenAIFolderError(f"the output folder {out} exists and is not empty (overwrite it to replace it)")
+    return out
+
+
 def write_folder(src_folder: str | os.PathLike, out_folder: str | os.PathLike,
                  write_model: Callable[[Path], None], *, copy_model_data: bool = False,
                  overwrite: bool = False, library: str | os.PathLike | None = None) -> Path:
@@ -132,10 +146,7 @@ def write_folder(src_folder: str | os.PathLike, out_folder: str | os.PathLike,
     existing non-empty ``out_folder`` unless ``overwrite``, and a source config that already
     names a custom-op library."""
     source = open_folder(src_folder)
-    src, out = source.folder.resolve(), Path(out_folder).resolve()
-    if out == src or out in src.parents or src in out.parents:
-        raise GenAIFolderError(f"the output folder {out} must be apart from the source folder {src} "
-                               "(not the same, inside it or above it)")
+    out = check_output_folder(source, out_folder, overwrite)
     options = source.config["model"]["decoder"].get("session_options", {})
     if options.get("custom_ops_library"):
         raise GenAIFolderError(f"{source.folder / CONFIG_NAME} already names a custom-op library "
@@ -147,8 +158,6 @@ def write_folder(src_folder: str | os.PathLike, out_folder: str | os.PathLike,
     if not library.is_file():
         raise GenAIFolderError(f"the custom-op library {library} does not exist")
     if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise GenAIFolderError(f"the output folder {out} exists and is not empty (overwrite it to replace it)")
         shutil.rmtree(out)
 
     decoder_rel = source.decoder.relative_to(source.folder)
