@@ -23,7 +23,7 @@ from ort_flash.demo import demo_model_path
 from test_cpp_deploy import _cxx_compiler, _ort_include_dir, _ort_library
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNNERS = ("sh", "python", "cpp", "text")
+RUNNERS = ("sh", "python", "cpp", "text", "sh genai", "python genai")
 
 
 def readme_blocks() -> list[tuple[str, str, str]]:
@@ -135,3 +135,30 @@ def test_readme_cpp_block_builds_and_runs(workdir):
     (workdir / "model.flash.onnx").write_bytes(rewritten.SerializeToString())
     run = subprocess.run(["./main"], cwd=workdir, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.slow
+def test_readme_genai_blocks_run(tmp_path):
+    """The GenAI user's three steps as the README writes them, on a tiny random LLaMA folder:
+    GenAI's builder, ``ort-flash rewrite`` of its folder, generation through onnxruntime_genai."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime_genai (onnxruntime-genai) is not installed")
+    sys.path.insert(0, str(ROOT))
+    from models.genai_family import save_hf_folder
+
+    save_hf_folder("llama", tmp_path / "llama-hf")
+    (commands,) = [t for s, lang, t in readme_blocks() if lang == "sh genai"]
+    (code,) = [t for s, lang, t in readme_blocks() if lang == "python genai"]
+    for line in (ln for ln in commands.splitlines() if ln.strip()):
+        argv = shlex.split(line)
+        if argv[0] == "python":
+            argv = [sys.executable, *argv[1:], "-c", str(tmp_path / "builder-cache")]
+        else:
+            assert argv[0] == "ort-flash", line
+            argv = [sys.executable, "-m", "ort_flash.cli", *argv[1:]]
+        run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, f"{line}\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+        if argv[2:3] == ["rewrite"] or "rewrite" in argv:
+            assert "group_query_attention: 2" in run.stdout, run.stdout
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip(), "no text generated"
