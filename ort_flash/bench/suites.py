@@ -11,7 +11,7 @@ from ort_flash.bench.measure import Budget, Context
 
 MODULES = {"op": "ort_flash.bench.op_suite", "decode": "ort_flash.bench.decode_suite",
            "e2e": "ort_flash.bench.e2e_suite", "decode_e2e": "ort_flash.bench.decode_e2e_suite",
-           "cpu": "ort_flash.bench.cpu_suite"}
+           "cpu": "ort_flash.bench.cpu_suite", "gqa": "ort_flash.bench.gqa_suite"}
 TARGET_S = {False: 0.2, True: 0.1}  # timed seconds per measurement (full, quick)
 
 
@@ -62,7 +62,7 @@ def run_suite(args, name: str, device: str, budget_s: float | None) -> int:
     results.save(doc, args.out)
     print(f"== {name} suite on {device}: {_where(env)}; ceilings: matmul {ceil['matmul_tflops']:.3g} "
           f"TFLOP/s, copy {ceil['copy_tbps']:.3g} TB/s ({ceil['source']})", flush=True)
-    graphs = {"on": True, "off": False}.get(args.cuda_graph, name == "decode")
+    graphs = {"on": True, "off": False}.get(args.cuda_graph, name in ("decode", "gqa"))
     target = getattr(module, "TARGET_S", TARGET_S)[bool(args.quick)]
     ctx = Context.create(device, args.seed, target, cuda_graph=graphs and device == "cuda")
     status = 0
