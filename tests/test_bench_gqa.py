@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ort_flash.bench import gqa_graphs, gqa_peers, gqa_probe, gqa_suite, results
 from ort_flash.bench.measure import Context
 
@@ -73,3 +75,27 @@ def test_gqa_grids():
     decode = {(c["batch"], c["cache"]) for c in cuda if c["phase"] == "decode" and c["d"] == 128}
     assert decode == {(b, c) for b in (1, 8, 32) for c in (1024, 4096, 16384, 32768, 131072)}
     assert gqa_suite.goal(prefill[2]) == 1.5 and gqa_suite.goal(prefill[3]) == 1.15  # 2k, 8k
+
+
+@pytest.mark.slow
+def test_genai_e2e_on_cpu(tmp_path):
+    """The genai suite at its smallest: GenAI's builder on a 1-layer random LLaMA, the folder
+    rewritten (every GQA node swapped), both generating the same tokens; no time asserted."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    from ort_flash.cli import main
+
+    out = tmp_path / "genai.json"
+    assert main(["bench", "--suite", "genai", "--device", "cpu", "--quick", "--genai-model", "1", "128", "4", "2",
+                 "--seqlens", "32", "--caches", "64", "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert results.validate(doc) == []
+    suite = doc["suites"]["genai"]
+    assert suite["status"] == "complete", suite["notes"]
+    assert suite["model"]["gqa_nodes"] == {"original": {"com.microsoft": 1}, "rewritten": {"ort_flash": 1}}
+    by = {(r["config"]["kind"], r["peer"]): r for r in suite["rows"]}
+    assert set(by) == {(k, v) for k in ("ttft", "decode") for v in ("original", "ort_flash")}
+    for kind in ("ttft", "decode"):
+        ours = by[(kind, "ort_flash")]
+        assert ours["status"] == "ok" and ours["identical"], ours
+        assert ours["tokens"] == by[(kind, "original")]["tokens"] and ours["vs_original"] > 0
+    assert by[("decode", "ort_flash")]["tok_s"] > 0
