@@ -61,6 +61,27 @@ def test_gqa_guard_catches_another_function(monkeypatch):
     assert "output vs ONNX Runtime's" in ours["reason"] and "vs_ort" not in ours
 
 
+def test_gqa_layered_sessions_and_sdpa_on_cpu(monkeypatch):
+    """What CUDA runs, forced on the CPU: three copies of the node per session run (the layers
+    under CUDA graphs, every copy appending into its set's shared buffer) and the SDPA peer on the
+    rotated Q, K, V with the KV heads repeated (torch's default backend here; cuDNN on CUDA)."""
+    from ort_flash.bench import torch_calls
+
+    class Sdpa(torch_calls.SdpaCalls):
+        def __init__(self, *args, backend="default", **kwargs):
+            super().__init__(*args, backend="default", **kwargs)
+    monkeypatch.setattr(gqa_peers, "copies", lambda ctx, cfg: 3)
+    monkeypatch.setattr(gqa_peers, "SdpaCalls", Sdpa)
+    peers = dict(gqa_peers.peers_for("cpu"), sdpa=gqa_peers.sdpa)
+    for cfg in (dict(dtype="float32", hq=4, hkv=2, d=32, phase="decode", batch=2, seqlen=1, cache=96, buffer=128),
+                dict(dtype="float32", hq=4, hkv=2, d=32, phase="prefill", batch=2, seqlen=48, cache=48, buffer=64)):
+        rows = gqa_suite.run_config(Context.create("cpu", seed=1, target_s=0.01), cfg, peers, {})
+        by = {r["peer"]: r for r in rows}
+        for name in peers:
+            assert by[name]["status"] == "ok" and by[name]["ref_err"] < 1e-4, by[name]
+        assert by["ort_flash"]["layers"] == 3 and by["ort_gqa"]["layers"] == 3
+
+
 def test_gqa_probe_reads_ort_kernel_line():
     line = "\x1b[36mOperator=GroupQueryAttention Node=n DataType=fp16 SdpaKernel=FLASH_ATTENTION\x1b[0m\n"
     assert gqa_probe._kernel("AttentionKernelOptions: FLASH_ATTENTION=1\n" + line) == "FLASH_ATTENTION"
