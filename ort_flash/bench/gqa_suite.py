@@ -196,7 +196,7 @@ def summary(suite: dict, phase: str) -> tuple[list[str], list[list]]:
     length = ["N", "B"] if phase == "prefill" else ["B", "cache", "KV MB"]
     header = ["d", *length] + [f"{p} ms" for p in peers] + [f"{p} {'TFLOP/s' if rate == 'tflops' else 'GB/s'}"
                                                           for p in peers]
-    header += ["ORT kernel", "ours/ORT", "goal", "guard"]
+    header += ["spread (ours/ORT)", "ORT kernel", "ours/ORT", "goal", "guard"]
     rows = []
     for cfg, group in results.group_by_config(suite["rows"]):
         if cfg["phase"] != phase:
@@ -217,7 +217,9 @@ def summary(suite: dict, phase: str) -> tuple[list[str], list[list]]:
         goal_cell = None
         if "goal" in ours:
             goal_cell = f"≥{ours['goal']:g}x {'met' if ours['goal_met'] else 'missed'}"
-        cells += [by.get("ort_gqa", {}).get("ort_kernel"), verdict(ours.get("vs_ort")), goal_cell, guard_cell]
+        spread = "/".join(f"{100 * by[p]['spread']:.0f}%" if "spread" in by.get(p, {}) else "–"
+                          for p in ("ort_flash", "ort_gqa"))
+        cells += [spread, by.get("ort_gqa", {}).get("ort_kernel"), verdict(ours.get("vs_ort")), goal_cell, guard_cell]
         rows.append(cells)
     return header, rows
 
