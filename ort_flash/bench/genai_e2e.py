@@ -213,6 +213,7 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
         suite["notes"].append("the rewrite swapped no GroupQueryAttention node: both variants run ONNX Runtime's op")
     save()
     runners = {"original": Runner(original), "ort_flash": Runner(rewritten)}
+    info["onnxruntime_genai"] = getattr(runners["original"].og, "__version__", None)
     rng = np.random.default_rng(getattr(args, "seed", 0))
     todo = [("ttft", p) for p in g["prompts"]] + [("decode", c) for c in g["contexts"]]
     for i, (kind, n) in enumerate(progress(todo, desc=f"genai ({ctx.device})", unit="cfg")):
