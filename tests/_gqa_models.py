@@ -1,5 +1,5 @@
-"""One-node ONNX models of ONNX Runtime's ``com.microsoft.GroupQueryAttention`` and a runner
-over ONNX Runtime's CPU execution provider (graph optimizations off).
+"""A runner of one-node GroupQueryAttention models (``ort_flash.bench.gqa_graphs.gqa_model``, ONNX
+Runtime's op or ort_flash's) over ONNX Runtime's CPU execution provider (graph optimizations off).
 
 ``shared=True`` runs the node the way ONNX Runtime GenAI does: past_key/present_key (and the
 values) bound through IOBinding to one OrtValue, so the op sees one buffer; the runner returns
@@ -11,43 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from onnx import helper
 
 from _onnx_models import _ort_value
+from ort_flash.bench.gqa_graphs import OUTPUT_NAMES, gqa_model
 
-INPUT_NAMES = (
-    "query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
-    "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink",
-)
-OUTPUT_NAMES = ("output", "present_key", "present_value")
-IR_VERSION = 10  # onnxruntime loads IR <= 13; onnx's helpers would write a newer one
-OPSETS = (("", 21), ("com.microsoft", 1))
-
-
-def gqa_model(inputs: Mapping[str, np.ndarray], domain: str = "com.microsoft", **attrs) -> bytes:
-    """A model whose one node is GroupQueryAttention of ``domain`` (ONNX Runtime's, or
-    "ort_flash") over the present ``inputs`` (names from INPUT_NAMES; absent optional inputs
-    become the empty name); attributes with None are left out."""
-    node_inputs = [n if n in inputs else "" for n in INPUT_NAMES]
-    while node_inputs[-1] == "":
-        node_inputs.pop()
-    node = helper.make_node(
-        "GroupQueryAttention", node_inputs, list(OUTPUT_NAMES), domain=domain,
-        **{k: v for k, v in attrs.items() if v is not None})
-    dtype = inputs["query"].dtype
-    elem = helper.np_dtype_to_tensor_dtype(dtype)
-    graph = helper.make_graph(
-        [node], "gqa",
-        [helper.make_tensor_value_info(
-            n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)) for n, a in inputs.items()],
-        [helper.make_tensor_value_info("output", elem, ["batch", "sequence", "hidden"]),
-         helper.make_tensor_value_info("present_key", elem, ["batch", "kv_heads", "total", "head_size"]),
-         helper.make_tensor_value_info("present_value", elem, ["batch", "kv_heads", "total", "head_size"])],
-    )
-    opsets = OPSETS if domain == "com.microsoft" else (*OPSETS, (domain, 1))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
-    model.ir_version = IR_VERSION
-    return model.SerializeToString()
+__all__ = ["gqa_model", "run_gqa"]
 
 
 def run_gqa(inputs: Mapping[str, np.ndarray], *, shared: bool = False, library: str | None = None,

@@ -21,12 +21,15 @@ from ort_flash.bench import results
 SUITES_BY_DEVICE = {"cuda": ("op", "decode", "e2e", "decode_e2e"), "cpu": ("cpu", "op")}
 # Seconds per suite (full, quick); None = unlimited. The op suite's 300 s is the issue's budget.
 BUDGETS = {"op": (300, 60), "decode": (120, 40), "e2e": (300, 150), "decode_e2e": (480, 170),
-           "cpu": (None, None)}
+           "cpu": (None, None), "gqa": (420, 180),
+           "genai": (None, None)}
 GRACE_S = 45  # a child past its budget gets this long to finish its current step
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", choices=("op", "decode", "e2e", "decode_e2e", "cpu", "all"), default="all")
+    p.add_argument("--suite", choices=("op", "decode", "e2e", "decode_e2e", "cpu", "gqa", "genai", "all"),
+                   default="all", help="all = the device's published suites (gqa and genai, issue #39's "
+                   "GroupQueryAttention op level and end to end through ONNX Runtime GenAI, run when named)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--quick", action="store_true", help="a smaller grid (op suite ~1 minute on the H200)")
     p.add_argument("--out", default="bench-results.json", help="result JSON (written as it goes)")
@@ -34,21 +37,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="wall-clock seconds for the run (split over suites under --suite all); "
                         "configurations past it are listed as not run")
     p.add_argument("--peers", nargs="+", default=None, help="only these peers (names as in the tables)")
-    p.add_argument("--seqlens", type=int, nargs="+", default=None, help="op/e2e/cpu sequence lengths")
+    p.add_argument("--seqlens", type=int, nargs="+", default=None, help="op/e2e/cpu sequence lengths; gqa prefill lengths")
     p.add_argument("--dtypes", nargs="+", default=None, choices=("float16", "bfloat16", "float32"))
     p.add_argument("--head-dims", type=int, nargs="+", default=None)
-    p.add_argument("--batches", type=int, nargs="+", default=None, help="decode / decode_e2e batch sizes")
+    p.add_argument("--batches", type=int, nargs="+", default=None, help="decode / decode_e2e / gqa decode batch sizes")
     p.add_argument("--caches", type=int, nargs="+", default=None,
-                   help="decode KV cache lengths; decode_e2e past lengths")
+                   help="decode and gqa KV cache lengths; decode_e2e past lengths")
     p.add_argument("--models", nargs="+", default=None,
                    help="e2e models (bert-base gpt2-medium llama-1b); decode_e2e: llama-1b")
+    p.add_argument("--genai-model", type=int, nargs=4, default=None, metavar=("LAYERS", "HIDDEN", "HEADS", "KV_HEADS"),
+                   help="genai: the LLaMA-shaped model (default 16 2048 32 8 on CUDA, 2 256 8 2 on the CPU)")
     p.add_argument("--e2e-layers", type=int, default=None,
                    help="cut every e2e / decode_e2e model to this many layers")
     p.add_argument("--cache-dir", default=os.environ.get("ORT_FLASH_BENCH_CACHE",
                                                         os.path.join(tempfile.gettempdir(), "ort_flash_bench")),
-                   help="where e2e / decode_e2e exports are cached")
+                   help="where e2e / decode_e2e exports and genai models are cached")
     p.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
-                   help="capture CUDA graphs (auto: decode suite only, where launch cost matters)")
+                   help="capture CUDA graphs (auto: decode and gqa suites, where launch cost matters)")
     p.add_argument("--report", default=None, metavar="MD",
                    help="also write this Markdown report (PNG plots beside it) from --out and --merge")
     p.add_argument("--merge", nargs="*", default=[], help="earlier result JSON files for --report")
@@ -142,7 +147,7 @@ def _passthrough(args) -> list[str]:
     out = []
     if args.quick:
         out.append("--quick")
-    for flag in ("peers", "seqlens", "dtypes", "head_dims", "batches", "caches", "models"):
+    for flag in ("peers", "seqlens", "dtypes", "head_dims", "batches", "caches", "models", "genai_model"):
         v = getattr(args, flag)
         if v:
             out += ["--" + flag.replace("_", "-"), *map(str, v)]

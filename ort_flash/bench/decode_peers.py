@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from ort_flash.bench import onnx_graphs, op_peers
+from ort_flash.bench import gqa_graphs, onnx_graphs, op_peers
 from ort_flash.bench.measure import Context
 from ort_flash.bench.op_peers import _bnsh_from_bsh, _bsh_from_bnsh
 from ort_flash.bench.ort_session import BoundSession, Unsupported
@@ -161,7 +161,7 @@ def ort_gqa(ctx: Context, cfg: dict, sets: list[dict]):
         })
         outs.append({"output": y, "present_key": s["k"], "present_value": s["v"]})  # shared buffer
         ys.append(y)
-    model = onnx_graphs.group_query_attention(cfg["dtype"], cfg["hq"], cfg["hkv"], causal=True)
+    model = gqa_graphs.gqa_model(feeds[0], num_heads=cfg["hq"], kv_num_heads=cfg["hkv"], causal=1)
     run = _layered_session(ctx, _layers(ctx, cfg), model, feeds, outs)
     run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run

@@ -6,11 +6,10 @@
 | ``multi_head_attention`` | com.microsoft.MultiHeadAttention(query (B,S,Hq·D), key, value) (3-D BSH, or 4-D BNSH K/V) |
 | ``onnx_attention``       | ONNX Attention-23(Q, K, V) on 4-D BNSH                                   |
 | ``unfused_attention``    | MatMul(Q, Transpose(K)) → Mul(scale) [→ Add(mask)] → Softmax → MatMul(V): the exporter's graph |
-| ``group_query_attention``| com.microsoft.GroupQueryAttention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length) |
 | ``replicate``            | N independent copies of any of these in one graph (the decode suite's layers) |
 
 Every dimension is symbolic so one model serves every shape; IR version 10 (onnxruntime 1.31
-loads IR <= 13).
+loads IR <= 13). GroupQueryAttention's one-node models are ``gqa_graphs``'.
 """
 from __future__ import annotations
 
@@ -82,20 +81,6 @@ def unfused_attention(dtype: str, scale: float, mask: bool) -> bytes:
     nodes += [helper.make_node("Softmax", [last], ["P"], axis=-1),
               helper.make_node("MatMul", ["P", "V"], ["Y"])]
     return _model(nodes, inputs, [_vi("Y", dtype, 4)], [("", 17)], [c])
-
-
-def group_query_attention(dtype: str, num_heads: int, kv_num_heads: int, causal: bool = True) -> bytes:
-    """Decode with a shared past/present buffer: bind present_* to the past_* memory."""
-    node = helper.make_node(
-        "GroupQueryAttention",
-        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
-        ["output", "present_key", "present_value"], domain="com.microsoft",
-        num_heads=num_heads, kv_num_heads=kv_num_heads, causal=int(causal))
-    inputs = [_vi("query", dtype, 3), _vi("key", dtype, 3), _vi("value", dtype, 3),
-              _vi("past_key", dtype, 4), _vi("past_value", dtype, 4),
-              _vi("seqlens_k", "int32", 1), _vi("total_sequence_length", "int32", shape=[])]
-    outputs = [_vi("output", dtype, 3), _vi("present_key", dtype, 4), _vi("present_value", dtype, 4)]
-    return _model([node], inputs, outputs, [("com.microsoft", 1), ("", 21)])
 
 
 def replicate(model: bytes, copies: int) -> bytes:

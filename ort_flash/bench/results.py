@@ -8,7 +8,7 @@ configuration (a run cut short by its time limit still leaves what it measured).
       "environment": {date, device, host, gpu, versions, git},   # environment.describe
       "ceilings": {matmul_tflops, copy_tbps, source, ...},        # ceilings.measure
       "suites": {
-        "<op|decode|e2e|decode_e2e|cpu>": {
+        "<op|decode|e2e|decode_e2e|cpu|gqa|genai>": {
           "device": "cuda" | "cpu", "status": "complete" | "partial" | "failed",
           "elapsed_s": float, "budget_s": float | null, "grid": {...}, "notes": [str],
           "rows": [{"config": {...}, "peer": str, "status": "ok" | "unsupported" | "error" |
@@ -28,7 +28,7 @@ import pathlib
 import sys
 
 SCHEMA = "ort_flash.bench/1"
-SUITES = ("op", "decode", "e2e", "decode_e2e", "cpu")
+SUITES = ("op", "decode", "e2e", "decode_e2e", "cpu", "gqa", "genai")
 ROW_STATUS = ("ok", "unsupported", "error", "mismatch")
 SUITE_STATUS = ("complete", "partial", "failed", "running")
 

@@ -11,7 +11,8 @@ from ort_flash.bench.measure import Budget, Context
 
 MODULES = {"op": "ort_flash.bench.op_suite", "decode": "ort_flash.bench.decode_suite",
            "e2e": "ort_flash.bench.e2e_suite", "decode_e2e": "ort_flash.bench.decode_e2e_suite",
-           "cpu": "ort_flash.bench.cpu_suite"}
+           "cpu": "ort_flash.bench.cpu_suite", "gqa": "ort_flash.bench.gqa_suite",
+           "genai": "ort_flash.bench.genai_e2e"}
 TARGET_S = {False: 0.2, True: 0.1}  # timed seconds per measurement (full, quick)
 
 
@@ -42,7 +43,7 @@ def progress(iterable, **kwargs):
 def overrides(args) -> dict:
     return {"seqlens": args.seqlens, "dtypes": args.dtypes, "head_dims": args.head_dims,
             "batches": args.batches, "caches": args.caches, "models": args.models,
-            "layers": args.e2e_layers}
+            "layers": args.e2e_layers, "genai_model": getattr(args, "genai_model", None)}
 
 
 def run_suite(args, name: str, device: str, budget_s: float | None) -> int:
@@ -62,7 +63,7 @@ def run_suite(args, name: str, device: str, budget_s: float | None) -> int:
     results.save(doc, args.out)
     print(f"== {name} suite on {device}: {_where(env)}; ceilings: matmul {ceil['matmul_tflops']:.3g} "
           f"TFLOP/s, copy {ceil['copy_tbps']:.3g} TB/s ({ceil['source']})", flush=True)
-    graphs = {"on": True, "off": False}.get(args.cuda_graph, name == "decode")
+    graphs = {"on": True, "off": False}.get(args.cuda_graph, name in ("decode", "gqa"))
     target = getattr(module, "TARGET_S", TARGET_S)[bool(args.quick)]
     ctx = Context.create(device, args.seed, target, cuda_graph=graphs and device == "cuda")
     status = 0

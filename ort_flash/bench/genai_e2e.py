@@ -1,0 +1,340 @@
+"""End to end through ONNX Runtime GenAI (issue #39): a LLaMA-shaped model with random weights,
+built by GenAI's own model builder, generating with ``og.Generator``, original against rewritten.
+
+1. ``hf_folder``: a Hugging Face folder made with transformers (``LlamaForCausalLM``, seed 0) and
+   a ``tokenizers`` WordLevel tokenizer; cached under ``--cache-dir`` by shape.
+2. ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p fp16 -e cuda`` (fp32 / cpu on
+   the CPU): every attention layer one com.microsoft.GroupQueryAttention. Cached.
+3. ``rewrite_folder``: a copy of OUT with model.onnx rewritten by ``ort_flash.rewrite`` (its GQA
+   nodes become ort_flash::GroupQueryAttention), libort_flash.so beside it and named in
+   ``genai_config.json`` (``model.decoder.session_options.custom_ops_library``). A local adapter
+   until the folder support of ``ort_flash.genai`` is in this branch; then call that instead.
+4. Per prompt length P, time to first token: a fresh generator, ``append_tokens`` of P random ids
+   (the prefill) and ``generate_next_token`` (choosing the first token), the median of rounds.
+   Per context C, decode: a generator with C tokens appended (not timed), then ``steps`` calls
+   of ``generate_next_token`` (one decode step each) timed as one span that ends with the last
+   token on the host; tokens per second from the median round, ``rewind_to(C)`` between rounds.
+   Original and rewritten alternate round by round, so load from elsewhere weighs on both alike. Greedy search: the tokens of the two
+   must be identical (first token, every decode token); a difference is part of the row.
+
+CUDA grid: 16 layers, hidden 2048, 32/8 heads (head dim 64), vocabulary 32000, fp16; prompts
+128 … 16k, contexts 1k … 32k. CPU grid: 2 layers, hidden 256, 8/2 heads, fp32; prompts 64 … 512,
+contexts 128 and 512. ``--genai-model LAYERS HIDDEN HEADS KV_HEADS``, ``--seqlens`` (prompts) and
+``--caches`` (contexts) override them. Needs onnxruntime-genai (CPU) or onnxruntime-genai-cuda.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from ort_flash.bench import results
+from ort_flash.bench.measure import Budget, Context
+from ort_flash.bench.op_suite import verdict
+from ort_flash.bench.tables import text_table
+
+VARIANTS = ("original", "ort_flash")
+LIBRARY = "libort_flash.so"
+GOALS = {"ttft_2k": 1.3, "ttft_16k": 1.1, "decode": 1.0}  # issue #39, H200
+
+
+def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
+    o = overrides or {}
+    if device == "cuda":
+        g = dict(dtype="float16", layers=16, hidden=2048, heads=32, kv_heads=8, vocab=32000,
+                 prompts=[128, 2048, 16384] if quick else [128, 512, 2048, 8192, 16384],
+                 contexts=[1024, 32768] if quick else [1024, 4096, 16384, 32768],
+                 rounds=3 if quick else 5, steps=32 if quick else 128)
+    else:
+        g = dict(dtype="float32", layers=2, hidden=256, heads=8, kv_heads=2, vocab=512,
+                 prompts=[64, 512] if quick else [64, 128, 256, 512], contexts=[128, 512],
+                 rounds=3 if quick else 5, steps=16 if quick else 32)
+    if o.get("genai_model"):
+        g["layers"], g["hidden"], g["heads"], g["kv_heads"] = o["genai_model"]
+    if o.get("layers"):
+        g["layers"] = o["layers"]
+    if o.get("seqlens"):
+        g["prompts"] = o["seqlens"]
+    if o.get("caches"):
+        g["contexts"] = o["caches"]
+    return g
+
+
+def _name(g: dict, device: str) -> str:
+    return f"llama-L{g['layers']}-H{g['hidden']}-{g['heads']}x{g['kv_heads']}-V{g['vocab']}-P{_positions(g)}"
+
+
+def _positions(g: dict) -> int:
+    """max_position_embeddings: a power of two past the longest sequence the grid makes."""
+    need = max(max(g["prompts"]), max(g["contexts"])) + 256  # the decode steps' room
+    return 1 << (need - 1).bit_length()
+
+
+def hf_folder(g: dict, cache: pathlib.Path) -> pathlib.Path:
+    """A LLaMA-shaped Hugging Face folder with random weights and a WordLevel tokenizer."""
+    out = cache / ("hf-" + _name(g, ""))
+    if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
+        return out
+    import tokenizers
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=g["vocab"], hidden_size=g["hidden"], intermediate_size=4 * g["hidden"],
+        num_hidden_layers=g["layers"], num_attention_heads=g["heads"], num_key_value_heads=g["kv_heads"],
+        max_position_embeddings=_positions(g), rope_theta=500000.0, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, g["vocab"])}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def genai_folder(g: dict, device: str, cache: pathlib.Path) -> pathlib.Path:
+    """GenAI's builder output for the HF folder (cached)."""
+    precision, ep = ("fp16", "cuda") if g["dtype"] == "float16" else ("fp32", "cpu")
+    out = cache / f"genai-{_name(g, device)}-{precision}-{ep}"
+    if (out / "genai_config.json").is_file():
+        return out
+    hf = hf_folder(g, cache)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(tmp),
+           "-p", precision, "-e", ep, "-c", str(cache / "builder-cache")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"GenAI's builder failed ({' '.join(cmd[1:])}): "
+                           f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    tmp.rename(out)
+    return out
+
+
+def rewrite_folder(src: pathlib.Path, dst: pathlib.Path) -> dict:
+    """The adapter (see the module docstring): dst = src with model.onnx rewritten and the op
+    library registered in genai_config.json. Returns the rewrite's counts."""
+    import ort_flash
+
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name not in ("model.onnx", "model.onnx.data"):
+            shutil.copy2(f, dst / f.name)
+    result = ort_flash.rewrite(src / "model.onnx")
+    result.save(dst / "model.onnx")
+    shutil.copy2(ort_flash.library_path(), dst / LIBRARY)
+    cfg_path = dst / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model"]["decoder"].setdefault("session_options", {})["custom_ops_library"] = LIBRARY
+    cfg_path.write_text(json.dumps(cfg, indent=4))
+    counts = {k: v for k, v in result.report.counts.items() if v}
+    return {"counts": counts, "fused": counts.get("group_query_attention", 0)}
+
+
+def _gqa_nodes(folder: pathlib.Path) -> dict:
+    import onnx
+
+    m = onnx.load(folder / "model.onnx", load_external_data=False)
+    out: dict = {}
+    for n in m.graph.node:
+        if n.op_type == "GroupQueryAttention":
+            out[n.domain] = out.get(n.domain, 0) + 1
+    return out
+
+
+class Runner:
+    """One variant's og.Model; the calls the suite times."""
+
+    def __init__(self, folder: pathlib.Path):
+        import onnxruntime_genai as og
+
+        self.og = og
+        self.model = og.Model(str(folder))
+
+    def _generator(self, max_length: int):
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=max_length, do_sample=False)
+        return self.og.Generator(self.model, params)
+
+    def first_token(self, ids: np.ndarray) -> tuple[float, int]:
+        """(seconds from the prompt to the first token, that token)."""
+        gen = self._generator(len(ids) + 1)
+        t0 = time.perf_counter()
+        gen.append_tokens(ids)
+        gen.generate_next_token()
+        token = int(gen.get_next_tokens()[0])
+        return time.perf_counter() - t0, token
+
+    def start_decode(self, ids: np.ndarray, steps: int):
+        # Slack: GenAI 0.18's first step after a rewind adds two tokens to the sequence.
+        gen = self._generator(len(ids) + steps + 8)
+        gen.append_tokens(ids)
+        return gen
+
+    def decode(self, gen, context: int, steps: int) -> tuple[float, list[int]]:
+        """Seconds per decode step over ``steps`` steps from ``context`` tokens, and the tokens.
+        The span ends when the last token is on the host (GenAI's steps may run ahead on CUDA)."""
+        gen.rewind_to(context)
+        gen.generate_next_token()  # the token after the prompt (a model run only after a rewind)
+        gen.get_next_tokens()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            gen.generate_next_token()
+        gen.get_next_tokens()
+        step_s = (time.perf_counter() - t0) / steps
+        return step_s, [int(t) for t in gen.get_sequence(0)[-steps:]]
+
+
+def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, progress) -> None:
+    g = suite["grid"]
+    cache = pathlib.Path(getattr(args, "cache_dir", None) or "/tmp/ort_flash_bench") / "genai"
+    cache.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    original = genai_folder(g, ctx.device, cache)
+    rewritten = original.with_name(original.name + "-ort_flash")
+    info = {"original": str(original), "rewritten": str(rewritten), "rewrite": rewrite_folder(original, rewritten),
+            "adapter": "bench.genai_e2e.rewrite_folder (ort_flash.genai not in this branch)"}
+    info["gqa_nodes"] = {"original": _gqa_nodes(original), "rewritten": _gqa_nodes(rewritten)}
+    info["prepare_s"] = time.monotonic() - t0
+    suite["model"] = info
+    if not info["rewrite"]["fused"]:
+        suite["notes"].append("the rewrite swapped no GroupQueryAttention node: both variants run ONNX Runtime's op")
+    save()
+    runners = {"original": Runner(original), "ort_flash": Runner(rewritten)}
+    info["onnxruntime_genai"] = getattr(runners["original"].og, "__version__", None)
+    rng = np.random.default_rng(getattr(args, "seed", 0))
+    todo = [("ttft", p) for p in g["prompts"]] + [("decode", c) for c in g["contexts"]]
+    for i, (kind, n) in enumerate(progress(todo, desc=f"genai ({ctx.device})", unit="cfg")):
+        if not budget.allows():
+            suite["not_run"].extend(_config(g, k, m) for k, m in todo[i:])
+            suite["notes"].append(f"time budget of {budget.seconds:.0f} s reached")
+            break
+        ids = rng.integers(3, g["vocab"], n).astype(np.int32)
+        cfg = _config(g, kind, n)
+        suite["rows"].extend(time_ttft(runners, ids, g, cfg) if kind == "ttft" else time_decode(runners, ids, g, cfg))
+        suite["elapsed_s"] = budget.elapsed
+        save()
+
+
+def _config(g: dict, kind: str, n: int) -> dict:
+    return {"kind": kind, "tokens": n, "layers": g["layers"], "hidden": g["hidden"], "heads": g["heads"],
+            "kv_heads": g["kv_heads"], "dtype": g["dtype"], "batch": 1}
+
+
+def _rows(cfg: dict, per: dict, tokens: dict, value_key: str) -> list[dict]:
+    rows = []
+    for v in VARIANTS:
+        if isinstance(per[v], str):
+            rows.append({"config": cfg, "peer": v, "status": "error", "reason": per[v]})
+            continue
+        ms = statistics.median(per[v]) * 1e3
+        row = {"config": cfg, "peer": v, "status": "ok", "ms": ms, "samples": len(per[v]),
+               "spread": (max(per[v]) - min(per[v])) / statistics.median(per[v]), "tokens": tokens[v]}
+        if value_key == "tok_s":
+            row["tok_s"] = 1e3 / ms
+        rows.append(row)
+    by = {r["peer"]: r for r in rows}
+    ours, orig = by["ort_flash"], by["original"]
+    if ours["status"] == "ok" and orig["status"] == "ok":
+        ours["identical"] = ours["tokens"] == orig["tokens"]
+        if not ours["identical"]:
+            first = next((i for i, (a, b) in enumerate(zip(ours["tokens"], orig["tokens"])) if a != b), None)
+            ours.update(status="mismatch", reason=f"tokens differ from the original's (first at step {first})")
+        else:
+            ours["vs_original"] = orig["ms"] / ours["ms"]
+    return rows
+
+
+def time_ttft(runners: dict, ids: np.ndarray, g: dict, cfg: dict) -> list[dict]:
+    per = {v: [] for v in VARIANTS}
+    tokens = {}
+    for r in range(g["rounds"] + 1):  # round 0 warms up (session arenas, kernels)
+        for v in VARIANTS:
+            if isinstance(per[v], str):
+                continue
+            try:
+                s, tok = runners[v].first_token(ids)
+            except Exception as e:  # noqa: BLE001 - one variant's failure is its row
+                per[v] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                continue
+            tokens[v] = [tok]
+            if r:
+                per[v].append(s)
+    return _rows(cfg, per, tokens, "ms")
+
+
+def time_decode(runners: dict, ids: np.ndarray, g: dict, cfg: dict) -> list[dict]:
+    per, tokens, gens = {v: [] for v in VARIANTS}, {}, {}
+    for v in VARIANTS:
+        try:
+            gens[v] = runners[v].start_decode(ids, g["steps"])
+        except Exception as e:  # noqa: BLE001
+            per[v] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    for r in range(g["rounds"] + 1):  # round 0 warms up
+        for v in gens:
+            if isinstance(per[v], str):
+                continue
+            try:
+                step_s, toks = runners[v].decode(gens[v], len(ids), g["steps"])
+            except Exception as e:  # noqa: BLE001
+                per[v] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                continue
+            tokens[v] = toks
+            if r:
+                per[v].append(step_s)
+    gens.clear()
+    return _rows(cfg, per, tokens, "tok_s")
+
+
+def goal(cfg: dict) -> str | None:
+    if cfg["kind"] == "decode":
+        return f"≥{GOALS['decode']:g}x"
+    if cfg["tokens"] == 2048:
+        return f"≥{GOALS['ttft_2k']:g}x"
+    if cfg["tokens"] == 16384:
+        return f"≥{GOALS['ttft_16k']:g}x"
+    return None
+
+
+def summary(suite: dict, kind: str) -> tuple[list[str], list[list]]:
+    what = "ms to first token" if kind == "ttft" else "tok/s"
+    header = ["prompt" if kind == "ttft" else "context", f"original {what}", f"ort_flash {what}",
+              "spread (orig/ours)", "ours/original", "tokens identical", "goal (H200)"]
+    rows = []
+    for cfg, group in results.group_by_config(suite["rows"]):
+        if cfg["kind"] != kind:
+            continue
+        by = {r["peer"]: r for r in group}
+        key = "ms" if kind == "ttft" else "tok_s"
+        vals = [by[v].get(key) if by[v]["status"] in ("ok", "mismatch") else by[v]["status"] for v in VARIANTS]
+        spread = "/".join(f"{100 * by[v]['spread']:.0f}%" if "spread" in by[v] else "–" for v in VARIANTS)
+        ours = by["ort_flash"]
+        rows.append([cfg["tokens"], *vals, spread, verdict(ours.get("vs_original")), ours.get("identical"),
+                     goal(cfg) if suite["device"] == "cuda" else None])
+    return header, rows
+
+
+def print_summary(suite: dict) -> None:
+    g = suite["grid"]
+    m = suite.get("model") or {}
+    where = (f"{suite['device']}, {g['dtype']}, LLaMA-shaped random weights: {g['layers']} layers, hidden "
+             f"{g['hidden']}, {g['heads']}/{g['kv_heads']} heads, batch 1")
+    if m:
+        print(f"\nrewrite: {m['rewrite']['counts']}; GroupQueryAttention nodes {m['gqa_nodes']}")
+    for kind, what in (("ttft", "time to first token"), ("decode", "decode tokens per second")):
+        header, rows = summary(suite, kind)
+        if rows:
+            print(text_table(header, rows, title=f"\nGenAI end to end on {where}: {what}"))
+    print(results.format_reasons(suite["rows"]))

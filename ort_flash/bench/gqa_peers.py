@@ -1,0 +1,207 @@
+"""The gqa suite's inputs and peers: GroupQueryAttention called as ONNX Runtime GenAI calls it.
+
+Per input set (``make_sets``): ``qkv`` the packed query (B, S, (Hq + 2 Hkv)·D); ``k_cache`` /
+``v_cache`` the max-length cache (B, Hkv, M, D), bound as past_key AND present_key (past_value
+and present_value) so the op appends in place, as GenAI's ``past_present_share_buffer`` does.
+Shared by the sets: ``cos`` / ``sin`` (M, D/2) (rotary over the whole head, half-split),
+``seqlens`` int32 (B,) on the device = total - 1, ``total`` the int32 scalar on the host.
+
+A call is a first prompt (phase ``prefill``: S = N new tokens at positions 0..N-1, total N) or a
+decode step (phase ``decode``: S = 1 at position C-1, total C, the first C-1 rows the cache).
+Every timed call writes the same rows with the same values, so no reset between calls.
+
+| peer      | what runs                                                                           |
+|-----------|-------------------------------------------------------------------------------------|
+| ort_flash | ort_flash::GroupQueryAttention, the one-node model                                   |
+| ort_gqa   | com.microsoft.GroupQueryAttention, the same model in ONNX Runtime's domain           |
+| sdpa      | CUDA: torch SDPA (cuDNN backend) on the rotated Q, K, V (``attention_inputs``), the KV heads repeated to Hq; the rotary and the cache write are not in its time |
+
+With CUDA graphs (the suite's default on CUDA) the two ONNX Runtime peers run a model of
+``copies`` nodes per session run (``decode_peers._layered_session``: a model's layers in one
+step), so a short call is timed as device time in both, as torch's graphs time sdpa.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ort_flash.bench import decode_peers, gqa_graphs
+from ort_flash.bench.measure import Context
+from ort_flash.bench.op_peers import _bnsh_from_bsh
+from ort_flash.bench.ort_session import BoundSession, Unsupported
+from ort_flash.bench.tensors import Buffer, Tensors
+from ort_flash.bench.torch_calls import SdpaCalls
+from ort_flash.bench.workload import attention_flops, kv_read_bytes
+
+ROPE_THETA = 10000.0
+RUN_S = 1e-3  # copies per run: about this long a run at the rates below
+RATE_FLOPS, RATE_BYTES = 4e14, 4e12  # rough H200 rates, only to choose the copies
+
+
+def attrs(cfg: dict) -> dict:
+    """The node's attributes as GenAI's builder writes them for a LLaMA-shaped model."""
+    return dict(num_heads=cfg["hq"], kv_num_heads=cfg["hkv"], scale=cfg["d"] ** -0.5, softcap=0.0,
+                local_window_size=-1, do_rotary=1, rotary_interleaved=0)
+
+
+def positions(cfg: dict) -> tuple[int, int]:
+    """(first position of the new tokens, total keys) of the call."""
+    if cfg["phase"] == "prefill":
+        return 0, cfg["seqlen"]
+    return cfg["cache"] - 1, cfg["cache"]
+
+
+def set_bytes(cfg: dict) -> float:
+    """Bytes of one input set: the packed QKV and both caches."""
+    size = 4 if cfg["dtype"] == "float32" else 2
+    qkv = cfg["batch"] * cfg["seqlen"] * (cfg["hq"] + 2 * cfg["hkv"]) * cfg["d"]
+    return float(size * (qkv + 2 * cfg["batch"] * cfg["hkv"] * cfg["buffer"] * cfg["d"]))
+
+
+def rotary_tables(buffer: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (buffer, d/2): LLaMA's angles pos · theta^(-2i/d)."""
+    inv = ROPE_THETA ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.arange(buffer, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def make_sets(t: Tensors, cfg: dict, n: int) -> tuple[list[dict], dict]:
+    b, s, hq, hkv, d, m = cfg["batch"], cfg["seqlen"], cfg["hq"], cfg["hkv"], cfg["d"], cfg["buffer"]
+    dt = cfg["dtype"]
+    sets = [{"qkv": t.randn((b, s, (hq + 2 * hkv) * d), dt), "k_cache": t.randn((b, hkv, m, d), dt),
+             "v_cache": t.randn((b, hkv, m, d), dt)} for _ in range(n)]
+    cos, sin = rotary_tables(m, d)
+    total = positions(cfg)[1]
+    shared = {"cos": t.values(cos, dt), "sin": t.values(sin, dt),
+              "seqlens": t.values(np.full(b, total - 1, dtype=np.int32), "int32"),
+              "total": t.values(np.array(total, dtype=np.int32), "int32", device="cpu")}
+    return sets, shared
+
+
+# -- the function every peer computes, restated as plain attention (for sdpa and the checks) ---------
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _cat(xs, axis: int):
+    if _is_torch(xs[0]):
+        import torch
+        return torch.cat(xs, axis)
+    return np.concatenate(xs, axis)
+
+
+def _f32(x):
+    return x.float() if _is_torch(x) else np.asarray(x, np.float32)
+
+
+def _cast(x, like):
+    return x.to(like.dtype) if _is_torch(x) else x.astype(like.dtype)
+
+
+def _contiguous(x):
+    return x.contiguous() if _is_torch(x) else np.ascontiguousarray(x)
+
+
+def _rotate(x, cos, sin):
+    """Half-split rotary of x (B, S, H, D) by cos/sin (S, D/2), in float32."""
+    half = cos.shape[-1]
+    if _is_torch(x) and not _is_torch(cos):  # CPU tables are numpy (Tensors.values)
+        import torch
+        cos, sin = torch.as_tensor(cos, device=x.device), torch.as_tensor(sin, device=x.device)
+    c, s = _f32(cos)[None, :, None, :], _f32(sin)[None, :, None, :]
+    x = _f32(x)
+    a, b = x[..., :half], x[..., half:2 * half]
+    return _cat([a * c - b * s, b * c + a * s, x[..., 2 * half:]], -1)
+
+
+def attention_inputs(cfg: dict, s: dict, shared: dict) -> tuple[Buffer, Buffer, Buffer, Buffer, Buffer]:
+    """(q (B, Hq, S, D), k, v (B, Hkv, T, D), k_new, v_new (B, Hkv, S, D)) of the call: Q and the
+    new K rotated at their positions, K/V the keys the call attends (T = total). Decode: the new
+    row is written into the caches here, and k / v are views of the caches' first C rows."""
+    b, sq, hq, hkv, d = cfg["batch"], cfg["seqlen"], cfg["hq"], cfg["hkv"], cfg["d"]
+    start, total = positions(cfg)
+    raw = s["qkv"].data.reshape(b, sq, hq + 2 * hkv, d)
+    cos, sin = shared["cos"].data[start:start + sq], shared["sin"].data[start:start + sq]
+    q = _contiguous(_cast(_rotate(raw[:, :, :hq], cos, sin), raw).swapaxes(1, 2))
+    k_new = _contiguous(_cast(_rotate(raw[:, :, hq:hq + hkv], cos, sin), raw).swapaxes(1, 2))
+    v_new = _contiguous(raw[:, :, hq + hkv:].swapaxes(1, 2))
+    dev, dt = s["qkv"].device, cfg["dtype"]
+
+    def buf(x):
+        return Buffer(x, tuple(x.shape), dt, dev)
+    if cfg["phase"] == "prefill":
+        return buf(q), buf(k_new), buf(v_new), buf(k_new), buf(v_new)
+    s["k_cache"].data[:, :, start:total] = k_new
+    s["v_cache"].data[:, :, start:total] = v_new
+    return (buf(q), buf(s["k_cache"].data[:, :, :total]), buf(s["v_cache"].data[:, :, :total]),
+            buf(k_new), buf(v_new))
+
+
+# -- peers ---------------------------------------------------------------------------------------------
+
+def copies(ctx: Context, cfg: dict) -> int:
+    """Nodes per session run under CUDA graphs: enough for about RUN_S of work, at most LAYERS."""
+    if not (ctx.cuda_graph and ctx.device == "cuda"):
+        return 1
+    start, total = positions(cfg)
+    flops = attention_flops(cfg["batch"], cfg["hq"], cfg["seqlen"], total, cfg["d"], causal=cfg["phase"] == "prefill")
+    call_s = max(flops / RATE_FLOPS, kv_read_bytes(cfg["batch"], cfg["hkv"], total, cfg["d"], cfg["dtype"]) / RATE_BYTES)
+    return max(1, min(decode_peers.LAYERS, math.ceil(RUN_S / call_s)))
+
+
+def _io(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
+    ys = [ctx.tensors.empty((cfg["batch"], cfg["seqlen"], cfg["hq"] * cfg["d"]), cfg["dtype"]) for _ in sets]
+    feeds = [{"query": s["qkv"], "past_key": s["k_cache"], "past_value": s["v_cache"],
+              "seqlens_k": shared["seqlens"], "total_sequence_length": shared["total"],
+              "cos_cache": shared["cos"], "sin_cache": shared["sin"]} for s in sets]
+    outs = [{"output": y, "present_key": s["k_cache"], "present_value": s["v_cache"]} for s, y in zip(sets, ys)]
+    return feeds, outs, ys
+
+
+def session(ctx: Context, cfg: dict, sets: list[dict], shared: dict, domain: str, *, n: int | None = None):
+    """A bound session of the one-node model in ``domain`` (ONNX Runtime's graph optimizations
+    off, as every baseline): ``n`` copies of the node per run (default ``copies``); n = 1 with no
+    CUDA graph is the plain session the correctness guard and the kernel probe run."""
+    feeds, outs, ys = _io(ctx, cfg, sets, shared)
+    model = gqa_graphs.gqa_model(feeds[0], domain, **attrs(cfg))
+    kw = dict(custom_ops=domain == "ort_flash", optimize=False)
+    if n is None:
+        run = decode_peers._layered_session(ctx, copies(ctx, cfg), model, feeds, outs, **kw)
+    else:
+        run = BoundSession(model, ctx.device, feeds, outs, stream=ctx.stream, **kw)
+    run.ys = ys
+    run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
+    return run
+
+
+def ort_flash(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
+    return session(ctx, cfg, sets, shared, "ort_flash")
+
+
+def ort_gqa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
+    return session(ctx, cfg, sets, shared, "com.microsoft")
+
+
+def sdpa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
+    if ctx.tensors.torch is None:
+        raise Unsupported("torch is not installed")
+    group = cfg["hq"] // cfg["hkv"]
+    refs = [s["ref"] for s in sets]
+    ctx.require(sum(group * (k.nbytes + v.nbytes) for _, k, v, *_ in refs), "K/V repeated to Hq heads")
+    qs, ks, vs = [], [], []
+    for q, k, v, *_ in refs:
+        qs.append(q)
+        for src, dst in ((k, ks), (v, vs)):
+            rep = src.data.repeat_interleave(group, dim=1)
+            dst.append(Buffer(rep, tuple(rep.shape), src.dtype, src.device))
+    # Prefill: square causal (is_causal); decode: one query row sees every key (no mask).
+    return SdpaCalls(qs, ks, vs, backend="cudnn", causal=cfg["phase"] == "prefill")
+
+
+def peers_for(device: str) -> dict:
+    peers = {"ort_flash": ort_flash, "ort_gqa": ort_gqa}
+    if device == "cuda":
+        peers["sdpa"] = sdpa
+    return peers

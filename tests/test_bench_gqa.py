@@ -1,0 +1,122 @@
+"""The gqa suite (issue #39's GroupQueryAttention benchmark) on the CPU at a tiny grid: the JSON it
+writes, both ops computing the same function on GenAI's inputs (packed QKV, rotary, the shared
+max-length buffer), the correctness guard passing, and catching an op that computes another
+function. Nothing here asserts a time."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ort_flash.bench import gqa_graphs, gqa_peers, gqa_probe, gqa_suite, results
+from ort_flash.bench.measure import Context
+
+TINY = ["--quick", "--seqlens", "64", "--caches", "128", "--batches", "1", "2"]
+
+
+def test_gqa_suite_end_to_end_on_cpu(tmp_path, capsys):
+    from ort_flash.cli import main
+
+    out = tmp_path / "gqa.json"
+    assert main(["bench", "--suite", "gqa", "--device", "cpu", *TINY, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert results.validate(doc) == []
+    suite = doc["suites"]["gqa"]
+    assert suite["status"] == "complete" and suite["device"] == "cpu" and not suite["not_run"]
+    configs = [c for c, _ in results.group_by_config(suite["rows"])]
+    assert [(c["phase"], c["batch"], c["seqlen"], c["cache"]) for c in configs] == [
+        ("prefill", 8, 64, 64), ("decode", 1, 1, 128), ("decode", 2, 1, 128)]
+    assert all(c["buffer"] > c["cache"] for c in configs)  # a max-length buffer, longer than the call
+    for cfg, group in results.group_by_config(suite["rows"]):
+        by = {r["peer"]: r for r in group}
+        assert set(by) == {"ort_flash", "ort_gqa"}
+        for r in group:
+            assert r["status"] == "ok", r
+            assert r["ref_err"] < 1e-4, r
+            assert r["tflops"] > 0 and r["gbps"] > 0 and r["ms"] > 0
+        guard = by["ort_flash"]["guard"]
+        assert guard["passed"] and guard["agree_err"] < 1e-5 and guard["present_err"] < 1e-6, guard
+        assert by["ort_flash"]["vs_ort"] > 0 and "goal" not in by["ort_flash"]  # goals are the H200's
+    printed = capsys.readouterr().out
+    assert "GroupQueryAttention prefill on cpu" in printed and "GroupQueryAttention decode on cpu" in printed
+
+
+def test_gqa_guard_catches_another_function(monkeypatch):
+    """ort_flash's node given twice the scale: the guard fails on the output and the row is a
+    mismatch without a ratio."""
+    real = gqa_graphs.gqa_model
+
+    def skewed(inputs, domain="com.microsoft", **attrs):
+        if domain == "ort_flash":
+            attrs = dict(attrs, scale=2 * attrs["scale"])
+        return real(inputs, domain, **attrs)
+    monkeypatch.setattr(gqa_graphs, "gqa_model", skewed)
+    cfg = dict(dtype="float32", hq=4, hkv=2, d=32, phase="decode", batch=2, seqlen=1, cache=96, buffer=128)
+    ctx = Context.create("cpu", seed=3, target_s=0.01)
+    rows = gqa_suite.run_config(ctx, cfg, gqa_peers.peers_for("cpu"), {})
+    by = {r["peer"]: r for r in rows}
+    assert by["ort_gqa"]["status"] == "ok"
+    ours = by["ort_flash"]
+    assert ours["status"] == "mismatch" and not ours["guard"]["passed"], ours
+    assert "output vs ONNX Runtime's" in ours["reason"] and "vs_ort" not in ours
+
+
+def test_gqa_layered_sessions_and_sdpa_on_cpu(monkeypatch):
+    """What CUDA runs, forced on the CPU: three copies of the node per session run (the layers
+    under CUDA graphs, every copy appending into its set's shared buffer) and the SDPA peer on the
+    rotated Q, K, V with the KV heads repeated (torch's default backend here; cuDNN on CUDA)."""
+    from ort_flash.bench import torch_calls
+
+    class Sdpa(torch_calls.SdpaCalls):
+        def __init__(self, *args, backend="default", **kwargs):
+            super().__init__(*args, backend="default", **kwargs)
+    monkeypatch.setattr(gqa_peers, "copies", lambda ctx, cfg: 3)
+    monkeypatch.setattr(gqa_peers, "SdpaCalls", Sdpa)
+    peers = dict(gqa_peers.peers_for("cpu"), sdpa=gqa_peers.sdpa)
+    for cfg in (dict(dtype="float32", hq=4, hkv=2, d=32, phase="decode", batch=2, seqlen=1, cache=96, buffer=128),
+                dict(dtype="float32", hq=4, hkv=2, d=32, phase="prefill", batch=2, seqlen=48, cache=48, buffer=64)):
+        rows = gqa_suite.run_config(Context.create("cpu", seed=1, target_s=0.01), cfg, peers, {})
+        by = {r["peer"]: r for r in rows}
+        for name in peers:
+            assert by[name]["status"] == "ok" and by[name]["ref_err"] < 1e-4, by[name]
+        assert by["ort_flash"]["layers"] == 3 and by["ort_gqa"]["layers"] == 3
+
+
+def test_gqa_probe_reads_ort_kernel_line():
+    line = "\x1b[36mOperator=GroupQueryAttention Node=n DataType=fp16 SdpaKernel=FLASH_ATTENTION\x1b[0m\n"
+    assert gqa_probe._kernel("AttentionKernelOptions: FLASH_ATTENTION=1\n" + line) == "FLASH_ATTENTION"
+    assert gqa_probe._kernel("").startswith("not printed")
+
+
+def test_gqa_grids():
+    cuda = gqa_suite.configs(gqa_suite.grid("cuda", quick=False))
+    prefill = [c for c in cuda if c["phase"] == "prefill"]
+    assert {c["batch"] * c["seqlen"] for c in prefill} == {16384}
+    assert {(c["hq"], c["hkv"], c["dtype"]) for c in cuda} == {(32, 8, "float16")}
+    decode = {(c["batch"], c["cache"]) for c in cuda if c["phase"] == "decode" and c["d"] == 128}
+    assert decode == {(b, c) for b in (1, 8, 32) for c in (1024, 4096, 16384, 32768, 131072)}
+    assert gqa_suite.goal(prefill[2]) == 1.5 and gqa_suite.goal(prefill[3]) == 1.15  # 2k, 8k
+
+
+@pytest.mark.slow
+def test_genai_e2e_on_cpu(tmp_path):
+    """The genai suite at its smallest: GenAI's builder on a 1-layer random LLaMA, the folder
+    rewritten (every GQA node swapped), both generating the same tokens; no time asserted."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    from ort_flash.cli import main
+
+    out = tmp_path / "genai.json"
+    assert main(["bench", "--suite", "genai", "--device", "cpu", "--quick", "--genai-model", "1", "128", "4", "2",
+                 "--seqlens", "32", "--caches", "64", "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert results.validate(doc) == []
+    suite = doc["suites"]["genai"]
+    assert suite["status"] == "complete", suite["notes"]
+    assert suite["model"]["gqa_nodes"] == {"original": {"com.microsoft": 1}, "rewritten": {"ort_flash": 1}}
+    by = {(r["config"]["kind"], r["peer"]): r for r in suite["rows"]}
+    assert set(by) == {(k, v) for k in ("ttft", "decode") for v in ("original", "ort_flash")}
+    for kind in ("ttft", "decode"):
+        ours = by[(kind, "ort_flash")]
+        assert ours["status"] == "ok" and ours["identical"], ours
+        assert ours["tokens"] == by[(kind, "original")]["tokens"] and ours["vs_original"] > 0
+    assert by[("decode", "ort_flash")]["tok_s"] > 0
