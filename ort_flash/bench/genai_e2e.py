@@ -5,10 +5,9 @@ built by GenAI's own model builder, generating with ``og.Generator``, original a
    a ``tokenizers`` WordLevel tokenizer; cached under ``--cache-dir`` by shape.
 2. ``python -m onnxruntime_genai.models.builder -i HF -o OUT -p fp16 -e cuda`` (fp32 / cpu on
    the CPU): every attention layer one com.microsoft.GroupQueryAttention. Cached.
-3. ``rewrite_folder``: a copy of OUT with model.onnx rewritten by ``ort_flash.rewrite`` (its GQA
-   nodes become ort_flash::GroupQueryAttention), libort_flash.so beside it and named in
-   ``genai_config.json`` (``model.decoder.session_options.custom_ops_library``). A local adapter
-   until the folder support of ``ort_flash.genai`` is in this branch; then call that instead.
+3. ``rewrite_folder``: OUT rewritten as ``ort-flash rewrite OUT -o DST`` writes it (its GQA
+   nodes become ort_flash::GroupQueryAttention; ``ort_flash.genai.write_folder``: libort_flash.so
+   beside the decoder, named in ``genai_config.json``).
 4. Per prompt length P, time to first token: a fresh generator, ``append_tokens`` of P random ids
    (the prefill) and ``generate_next_token`` (choosing the first token), the median of rounds.
    Per context C, decode: a generator with C tokens appended (not timed), then ``steps`` calls
@@ -123,22 +122,15 @@ def genai_folder(g: dict, device: str, cache: pathlib.Path) -> pathlib.Path:
 
 
 def rewrite_folder(src: pathlib.Path, dst: pathlib.Path) -> dict:
-    """The adapter (see the module docstring): dst = src with model.onnx rewritten and the op
-    library registered in genai_config.json. Returns the rewrite's counts."""
+    """dst = src rewritten as ``ort-flash rewrite SRC -o DST`` writes it (ort_flash.genai: the
+    decoder rewritten, genai_config.json naming the library copied beside it). Returns the
+    rewrite's counts."""
     import ort_flash
+    from ort_flash import genai
 
-    shutil.rmtree(dst, ignore_errors=True)
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.name not in ("model.onnx", "model.onnx.data"):
-            shutil.copy2(f, dst / f.name)
-    result = ort_flash.rewrite(src / "model.onnx")
-    result.save(dst / "model.onnx")
-    shutil.copy2(ort_flash.library_path(), dst / LIBRARY)
-    cfg_path = dst / "genai_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["model"]["decoder"].setdefault("session_options", {})["custom_ops_library"] = LIBRARY
-    cfg_path.write_text(json.dumps(cfg, indent=4))
+    folder = genai.open_folder(src)
+    result = ort_flash.rewrite(folder.decoder)
+    genai.write_folder(folder.folder, dst, lambda path: result.save(path), overwrite=True)
     counts = {k: v for k, v in result.report.counts.items() if v}
     return {"counts": counts, "fused": counts.get("group_query_attention", 0)}
 
@@ -205,7 +197,7 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
     original = genai_folder(g, ctx.device, cache)
     rewritten = original.with_name(original.name + "-ort_flash")
     info = {"original": str(original), "rewritten": str(rewritten), "rewrite": rewrite_folder(original, rewritten),
-            "adapter": "bench.genai_e2e.rewrite_folder (ort_flash.genai not in this branch)"}
+            "adapter": "ort_flash.genai.write_folder"}
     info["gqa_nodes"] = {"original": _gqa_nodes(original), "rewritten": _gqa_nodes(rewritten)}
     info["prepare_s"] = time.monotonic() - t0
     suite["model"] = info
