@@ -152,6 +152,11 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
             if summary:
                 print(summary)
             print(result.report.format_table())
+            suggestion = None if model_type else ort_fusions.suggested_model_type(result.model, result.report)
+            if suggestion:
+                print(f"note: this model still computes LayerNorm / Gelu from their parts, which ONNX Runtime's "
+                      f"optimizer fuses; `--ort-fusions {suggestion}` adds those fusions to the attention "
+                      f"rewrite (the faster path on the README's BERT, GPT-2 and LLaMA measurements)")
             nothing = result.report.total_fused == 0
             if nothing and getattr(args, "require_fusion", False):
                 print(f"ort-flash: error: no attention was fused in {args.input} (--require-fusion): "

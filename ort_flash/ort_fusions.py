@@ -173,3 +173,18 @@ def _quiet_about_heads():
         yield
     finally:
         log.removeFilter(keep)
+
+
+def suggested_model_type(model: onnx.ModelProto, report: RewriteReport) -> str | None:
+    """The ``--ort-fusions`` model type worth suggesting after a plain rewrite, or None: the
+    attention was fused (the FlashAttention rules, not GroupQueryAttention, whose models GenAI's
+    builder already fused) and the graph still computes LayerNorm or Gelu from their parts
+    (ReduceMean ... Sqrt, Erf), which ONNX Runtime's optimizer fuses and ort_flash does not:
+    ``bert`` where every fused attention is bidirectional (an encoder), else ``gpt2``."""
+    fused = [f for f in report.fused if f.rule != "group_query_attention"]
+    if not fused:
+        return None
+    ops = {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")}
+    if not ("Erf" in ops or {"ReduceMean", "Sqrt"} <= ops):
+        return None
+    return "gpt2" if any(f.causal for f in fused) else "bert"

@@ -134,3 +134,30 @@ def test_bench_models_keep_every_attention_fused(model, tmp_path, monkeypatch, c
     _check_fused_model(onnx.load(out), layers=spec.layers, float16=True)
     capsys.readouterr()
     assert main(["verify", str(fp16), str(out), "--seed", "0"]) == 0, capsys.readouterr()
+
+
+def _fused(rule="matmul_softmax_attention", causal=False):
+    from ort_flash.rewriter.report import FusedSubgraph
+
+    return FusedSubgraph(rule=rule, variant="", fused_node="a", nodes=["a"], heads=2, head_dim=8,
+                         causal=causal, mask="none", scale=0.35)
+
+
+@pytest.mark.parametrize("ops, fused, expected", [
+    (["Erf", "MatMul"], [_fused()], "bert"),                                   # an encoder's Gelu
+    (["ReduceMean", "Sqrt", "Div"], [_fused(causal=True)], "gpt2"),            # a decoder's LayerNorm
+    (["LayerNormalization", "MatMul"], [_fused()], None),                      # nothing left to fuse
+    (["Erf"], [], None),                                                       # no attention fused
+    (["Erf"], [_fused(rule="group_query_attention", causal=True)], None),      # GenAI's model
+])
+def test_rewrite_suggests_ort_fusions(ops, fused, expected):
+    """`ort-flash rewrite` notes `--ort-fusions` where ONNX Runtime's optimizer still has fusions
+    to add (LayerNorm / Gelu computed from their parts) beside the fused attention."""
+    from onnx import helper
+
+    from ort_flash.ort_fusions import suggested_model_type
+    from ort_flash.rewriter.report import RewriteReport
+
+    nodes = [helper.make_node(op, ["x"], [f"y{i}"]) for i, op in enumerate(ops)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [], []))
+    assert suggested_model_type(model, RewriteReport(fused=fused)) == expected
