@@ -76,11 +76,4 @@ Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceF
 Status launch_flash_cuda_with(const FlashParams& p, const DeviceKernels& dk, CUstream stream,
                               const WorkspaceFn& workspace = nullptr);
 
-// present = past ++ new along the sequence axis, on `stream`. `past` is (B, H, P, D) contiguous;
-// `cur` is addressed by element strides (b, h, s) with a contiguous last dim of D elements;
-// `present` is (B, H, P + S, D) contiguous.
-Status append_kv_cuda(const void* past, const void* cur, const int64_t cur_stride[3], void* present,
-                      int64_t batch, int64_t heads, int64_t past_len, int64_t cur_len, int64_t d,
-                      int elem_size, CUstream stream);
-
 }  // namespace ort_flash

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cpu_flash.h"
-#include "cpu_kv_cache.h"
 #include "cuda_launch.h"
+#include "kv_cache.h"
 #include "kernel_registry.h"
 #include "op_io.h"
 
