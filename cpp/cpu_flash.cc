@@ -110,7 +110,7 @@ void validate(const FlashParams& p) {
          std::to_string(p.hkv) + ")");
   if (p.window_left < -1 || p.window_right < -1) fail("window sizes must be -1 or >= 0");
   if (p.mask_kind != MaskKind::kNone && p.mask_len < 0) fail("negative mask_len");
-  if (p.batch == 0 || p.hq == 0 || p.sq == 0) return;  // nothing is read or written
+  if (is_empty_call(p)) return;  // nothing is read or written
   if (p.y == nullptr && p.dv > 0) fail("null Y");
   if (p.q == nullptr && p.d > 0) fail("null Q");
   if (p.skv > 0 && ((p.k == nullptr && p.d > 0) || (p.v == nullptr && p.dv > 0)))
@@ -172,7 +172,7 @@ void run(const FlashParams& p, const ParallelFor& parallel_for) {
 
 void run_flash_cpu(const FlashParams& p, const ParallelFor& parallel_for) {
   validate(p);
-  if (p.batch == 0 || p.hq == 0 || p.sq == 0) return;
+  if (is_empty_call(p)) return;
   run(p, parallel_for);
 }
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cpu_flash.h"
-#include "cpu_kv_cache.h"
 #include "cuda_launch.h"
+#include "kv_cache.h"
 #include "kernel_registry.h"
 #include "op_io.h"
 
@@ -227,7 +227,7 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
     std::memcpy(p.v_stride, v_in_stride, sizeof(v_in_stride));
   }
 
-  if (p.sq == 0 || p.batch == 0 || p.hq == 0) return Status::Ok();
+  if (is_empty_call(p)) return Status::Ok();
   if (cuda_) {
     void* stream = nullptr;
     if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &stream)) {

@@ -55,6 +55,10 @@ struct FlashParams {
   Fp32Precision fp32_precision = Fp32Precision::kIeee;
 };
 
+// A call with nothing to compute (no query rows, batches or query heads): nothing is read or
+// written, no kernel runs.
+inline bool is_empty_call(const FlashParams& p) { return p.sq == 0 || p.batch == 0 || p.hq == 0; }
+
 // Query row i of batch b attends key j iff all hold (pos = i + offset_b):
 //   j < skv, and j < seqlens_k[b] when given (then offset_b = seqlens_k[b] - sq, else offset)
 //   causal: j <= pos;  window: pos - window_left <= j (left >= 0), j <= pos + window_right (right >= 0)

@@ -62,6 +62,7 @@ Status load_into_context(const CudaDriver* d, CUcontext ctx, CUdevice dev, int d
   dk->table_arch = table_arch;
   dk->sm_count = sms;
   dk->tensor_maps = d->cuTensorMapEncodeTiled != nullptr;
+  dk->launch_ex = d->cuLaunchKernelEx != nullptr;
   size_t n = 0;
   const KernelEntry* table = kernel_table(&n);
   for (size_t i = 0; i < n; ++i) {

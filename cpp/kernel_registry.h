@@ -26,6 +26,8 @@ struct DeviceKernels {
   // The driver can encode TMA tensor maps (cuTensorMapEncodeTiled): the kFwdTma and kFwdGluon
   // kernels are usable.
   bool tensor_maps = false;
+  // The driver has cuLaunchKernelEx: kernels built for programmatic dependent launch can use it.
+  bool launch_ex = false;
   std::vector<LoadedKernel> kernels;
   // Arrival counters for the split-KV kernel's fused merge (aot/flash_decode.py):
   // kDecodeCounterSlots sets of kDecodeCountersPerSlot int32, handed out one set per CUDA stream

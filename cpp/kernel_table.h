@@ -10,7 +10,7 @@ namespace ort_flash {
 
 // Which kernel of the family (aot/variants.py KIND_CODES): the forward kernel (any shape), the
 // split-KV decode kernel (aot/flash_decode.py), its combine step, the forward kernel with
-// Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/cuda_launch.cc encodes them), and the Gluon
+// Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/tma_desc.cc encodes them), and the Gluon
 // Hopper forward kernel (aot/flash_fwd_gluon.py, sm_90), which takes the same arguments.
 enum class KernelKind : int { kFwd = 0, kDecode = 1, kCombine = 2, kFwdTma = 3, kFwdGluon = 4 };
 
@@ -54,7 +54,7 @@ struct KernelEntry {
   // Which calls the tile is for (aot/variants.py TMA_TILES, GLUON_LENGTHS, DECODE_WIDE_WAVES): entries of one
   // key differ only in tile. tile_causal: -1 any, else the call's causal flag; the entry serves
   // min(Sq, Skv) >= tile_min_len, for the decode kind grids of >= tile_min_len CTAs per SM (the
-  // largest such among those that match; see pick_tile in cpp/cuda_launch.cc).
+  // largest such among those that match; see pick_tile in cpp/kernel_select.cc).
   int tile_causal;
   int tile_min_len;
   // The kernel waits for the grid before it first thing (griddepcontrol.wait; the decode kernel

@@ -15,7 +15,9 @@
 #include "cpu_flash.h"
 #include "cuda_launch.h"
 #include "kernel_registry.h"
+#include "kernel_select.h"
 #include "kernel_table.h"
+#include "launch_plan.h"
 
 namespace py = pybind11;
 using namespace ort_flash;
@@ -142,8 +144,8 @@ py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& row
   for (const KernelEntry& e : entries) dk.kernels.push_back({&e, nullptr});
   LaunchPlan plan;
   check(plan_flash_cuda(p, dk, true, &plan));
-  auto name = [](const LoadedKernel* k) { return std::string(k ? k->entry->variant_name : ""); };
-  return py::make_tuple(kind_name(plan.kind), name(plan.loaded), name(plan.second), plan.num_splits);
+  auto name = [](const KernelLaunch& l) { return std::string(l.kernel ? l.kernel->entry->variant_name : ""); };
+  return py::make_tuple(kind_name(plan.kind), name(plan.main), name(plan.second), plan.num_splits);
 }
 
 // Runs `launch` on `stream` with a stream-ordered workspace for the split-KV partials, freed on
@@ -271,7 +273,7 @@ PYBIND11_MODULE(_C, m) {
     check(prepare_device(device, &dk));
     LaunchPlan plan;
     check(plan_flash_cuda(p, *dk, true, &plan));
-    return plan.kernel ? std::string(plan.kernel->variant_name) : std::string();
+    return plan.first() ? std::string(plan.first()->variant_name) : std::string();
   }, py::arg("p"), py::arg("device") = 0,
      "The compiled variant run_cuda / the op would launch first for `p` (\"\" if none is built).");
   m.def("launch_pdl", [](const FlashParams& p, int device) {
@@ -279,7 +281,7 @@ PYBIND11_MODULE(_C, m) {
     check(prepare_device(device, &dk));
     LaunchPlan plan;
     check(plan_flash_cuda(p, *dk, true, &plan));
-    return plan.pdl;
+    return plan.main.pdl;
   }, py::arg("p"), py::arg("device") = 0,
      "Whether run_cuda / the op would launch `p`'s first kernel with programmatic dependent launch "
      "(the decode kernel on sm_90+, unless ORT_FLASH_PDL=0).");
@@ -294,8 +296,9 @@ PYBIND11_MODULE(_C, m) {
     KernelEntry e{};
     e.block_m = block_m;
     e.persistent = persistent;
-    int32_t window_right = static_cast<int32_t>(p.window_right);
-    const FwdGrid g = fwd_grid(e, p, sm_count, &window_right);
+    const FwdGrid g = fwd_grid(e, p, sm_count);
+    // The ABI slot a persistent kernel reads B x Hq from (cuda_launch.cc KernelArgs::reuse_for).
+    const int32_t window_right = static_cast<int32_t>(g.persistent_bh >= 0 ? g.persistent_bh : p.window_right);
     return py::make_tuple(g.x, g.y, window_right);
   }, py::arg("p"), py::arg("block_m"), py::arg("persistent") = 0, py::arg("sm_count") = 132,
      "The grid a forward kernel of tile block_m (persistent: CTAs per SM of a persistent kernel, "

@@ -14,7 +14,7 @@ import build  # noqa: E402
 import variants as V  # noqa: E402
 
 ARCH = 90                  # the H200's build
-MAX_DECODE_SQ, MAX_DECODE_ROWS = 16, 64  # cpp/cuda_launch.cc kMaxDecodeSq, kMaxDecodeRows
+MAX_DECODE_SQ, MAX_DECODE_ROWS = 16, 64  # cpp/decode_heuristics.h kMaxDecodeSq, kMaxDecodeRows
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def _table(variant_list, arch: int) -> dict:
 
 
 def pick(call: Call, table: dict):
-    """The variant cpp/cuda_launch.cc launches for `call` from `table` (select_variant / decode_key,
+    """The variant cpp/launch_plan.cc plans for `call` from `table` (select_variant / decode_key,
     find_fwd_kernel, find_superset: exact, with extras, with a masked head dim, with both)."""
     buckets = (32, 64, 128, 256) if call.kind == "fwd" else (64, 128, 256)
     hd = next((b for b in buckets if call.d <= b), 0)

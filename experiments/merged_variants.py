@@ -6,7 +6,7 @@ for fp32 prefill the masked-head-dim one, both boundary key ranges through one l
 For each call of experiments/merged_pairs.py (CALLS) this script compiles (a) the variant the
 build compiled for it BEFORE the merge (what the dispatcher picked from the unmerged product,
 `aot/build.py --unmerged`, with EDGE_LOOP off as the kernels had it then) and (b) the variant the
-build compiles NOW (what cpp/cuda_launch.cc find_superset picks), both exactly as aot/build.py
+build compiles NOW (what cpp/kernel_select.cc find_superset picks), both exactly as aot/build.py
 compiles them (its signature and hints, its tile, triton.compile, in parallel processes), checks both
 against the float64 reference of ort_flash/reference.py on fresh random data (outputs poisoned
 with NaN) and times both with triton.testing.do_bench, interleaved round by round. Prints a
@@ -58,7 +58,7 @@ from tune import save  # noqa: E402
 from tune_decode import MAX_SPLITS, choose_splits  # noqa: E402
 
 H200_SMS = 132             # the dry run's SM count (choose_splits)
-MAX_FUSED_SPLITS, MAX_FUSED_TRIPS = 32, 2  # cpp/cuda_launch.cc kMaxFusedSplits, kMaxFusedRoundTrips
+MAX_FUSED_SPLITS, MAX_FUSED_TRIPS = 32, 2  # cpp/decode_heuristics.h kMaxFusedSplits, kMaxFusedRoundTrips
 TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 FLOORS = {"fp16": 1e-3, "bf16": 8e-3, "fp32": 4e-6}  # tests/test_cuda_kernel.py's error floors
 FLOORS_TF32 = 5e-3     # TF32 dots against plain fp32 as the low-precision computation
@@ -153,7 +153,7 @@ def inputs(p: Pair, device) -> dict:
 
 
 def decode_plan(c: Call, v: V.Variant, sms: int, folder: str | None = None) -> tuple[int, bool]:
-    """(KV splits, merge in the split kernel) as cpp/cuda_launch.cc plan_decode chooses them."""
+    """(KV splits, merge in the split kernel) as cpp/launch_plan.cc plan_decode chooses them."""
     cfg = fwd_config(v, ARCH, folder)
     rows = c.hq // c.hkv * c.sq
     splits = choose_splits(c.b * c.hkv * -(-rows // cfg.block_m), c.skv, cfg.block_n, sms)

@@ -2,7 +2,7 @@
 
 Each candidate (BLOCK_N, num_warps, num_stages) of `flash_decode_split` (BLOCK_M is the packed
 row tile, 16) is JIT-compiled and timed, split + combine, at the number of KV splits
-cpp/cuda_launch.cc would choose for it (`choose_splits`) and at one and two CTAs per SM, on decode
+cpp/decode_heuristics.cc would choose for it (`choose_splits`) and at one and two CTAs per SM, on decode
 shapes (fp16, Hq 32, Hkv 8, d 128, Sq 1). Every point is timed from CUDA-graph replays over
 rotating input sets (as the decode benchmark times them), its output checked against torch SDPA,
 beside torch SDPA (cuDNN) in the same process; the best point's split kernel is timed alone too
@@ -42,12 +42,12 @@ CANDIDATES = [dict(BLOCK_N=n, num_warps=w, num_stages=s)
 TILE_CANDIDATES = CANDIDATES + [dict(BLOCK_N=32, num_warps=4, num_stages=6),
                                 dict(BLOCK_N=64, num_warps=4, num_stages=5)]
 BLOCK_M = 16
-MAX_SPLITS, MIN_SPLIT_KEYS, CTA_OVERHEAD_TILES = 128, 128, 4  # cpp/cuda_launch.cc
+MAX_SPLITS, MIN_SPLIT_KEYS, CTA_OVERHEAD_TILES = 128, 128, 4  # cpp/decode_heuristics.h
 COMBINE_BLOCK_S = 16  # aot/variants.py, the combine kind's block_n
 
 
 def choose_splits(groups: int, skv: int, block_n: int, sms: int) -> int:
-    """cpp/cuda_launch.cc's split count: the fewest splits that minimize waves of one CTA per SM
+    """cpp/decode_heuristics.cc's split count: the fewest splits that minimize waves of one CTA per SM
     times (key tiles per CTA + CTA_OVERHEAD_TILES), at most one split per 128 keys."""
     blocks = -(-skv // block_n)
     most = max(1, min(MAX_SPLITS, blocks, skv // MIN_SPLIT_KEYS))

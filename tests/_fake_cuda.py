@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "fake_cuda" / "fake_libcuda.c"
-# The environment variables cpp/cuda_launch.cc reads to choose kernels.
+# The environment variables the CUDA launcher reads to choose kernels (cpp/launch_switches.cc).
 LAUNCH_SWITCHES = ("ORT_FLASH_GLUON", "ORT_FLASH_TMA", "ORT_FLASH_PDL", "ORT_FLASH_FUSED_COMBINE",
                    "ORT_FLASH_DECODE_SPLITS")
 # The map the fake's cuTensorMapEncodeTiled writes: opaque[0] this, opaque[1] its log index.

@@ -198,7 +198,7 @@ def test_only_decode_kernels_from_sm90_wait_for_the_grid_before(build):
     assert any(k["pdl"] for k in kernels) == any(k["arch"] >= 90 for k in kernels)
 
 
-# The dispatcher's variant selection mirrored (cpp/cuda_launch.cc select_variant, decode_key,
+# The dispatcher's variant selection mirrored (cpp/kernel_select.cc select_variant, decode_key,
 # find_superset, find_fwd_kernel): every call class finds a compiled variant on each arch, the hot
 # shapes their exact one, and merged classes (aot/variants.py superset_only) a superset of theirs.
 

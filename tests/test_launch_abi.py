@@ -420,9 +420,9 @@ def test_kernel_switches(driver, tmp_path, env, kind):
 
 def test_launch_switches_listed():
     """tests/_fake_cuda.py keeps the caller's launcher switches out of the child: it names every
-    ORT_FLASH_* variable the CUDA launcher reads."""
+    ORT_FLASH_* variable the CUDA launcher reads (cpp/launch_switches.cc reads them all)."""
     import re
-    read = set(re.findall(r'getenv\("(ORT_FLASH_\w+)"\)', (ROOT / "cpp" / "cuda_launch.cc").read_text()))
+    read = set(re.findall(r'getenv\("(ORT_FLASH_\w+)"\)', (ROOT / "cpp" / "launch_switches.cc").read_text()))
     assert read and read <= set(_fake_cuda.LAUNCH_SWITCHES), read - set(_fake_cuda.LAUNCH_SWITCHES)
 
 

@@ -320,7 +320,7 @@ CUresult cuLaunchKernelEx(const struct LaunchConfig* cfg, void* fn, void** param
   return launch("cuLaunchKernelEx", fn, cfg->grid, cfg->block, cfg->shared, cfg->stream, params, extra, pdl);
 }
 
-/* ort_flash copies the KV cache with it (cpp/cuda_launch.cc append_kv_cuda), which the launch
+/* ort_flash copies the KV cache with it (cpp/kv_cache.cc append_kv_cuda), which the launch
  * tests do not reach: it need only exist. */
 CUresult cuMemcpy2DAsync_v2(const void* copy, void* stream) {
   (void)copy;

@@ -1,0 +1,30 @@
+// The environment switches of the CUDA launcher, read once per process into one struct. They
+// exist for A/B comparisons, for tests of each path, and as fallbacks should a path misbehave.
+#pragma once
+
+#include <cstdint>
+
+namespace ort_flash {
+
+struct LaunchSwitches {
+  // ORT_FLASH_DECODE_SPLITS: -1 (unset, empty or not a count) = the cost model
+  // (decode_heuristics.h), 0 = always the forward kernel, N = N splits.
+  int64_t decode_splits = -1;
+  // ORT_FLASH_FUSED_COMBINE: -1 (unset) = the split kernel merges within the heuristic's limits,
+  // 0 = never (always the combine kernel), 1 = always (where the stream has counters).
+  int fused_combine = -1;
+  // ORT_FLASH_PDL: false ("0") = never launch with programmatic stream serialization; otherwise the
+  // kernels built for it (KernelEntry::pdl) do (perf-notes "decode v7").
+  bool pdl = true;
+  // ORT_FLASH_TMA: false ("0") = the pointer kernels on sm_90, neither the TMA nor the Gluon kind
+  // (both read TMA descriptors).
+  bool tma = true;
+  // ORT_FLASH_GLUON: -1 (unset) = the Gluon kernel on the calls its table ranges cover
+  // (aot/variants.py GLUON_LENGTHS), 0 = never, 1 = on every call it can take, whatever the length.
+  int gluon = -1;
+};
+
+// The switches of this process, read from the environment at the first call.
+const LaunchSwitches& launch_switches();
+
+}  // namespace ort_flash
