@@ -14,25 +14,30 @@ namespace {
 
 constexpr const char* kDomain = "ort_flash";
 
+// One op's registrations: per execution provider, per Q element type.
+template <class Op>
+struct PerProvider {
+  Op ops[6] = {
+      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
+      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
+      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
+      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
+  };
+  OrtStatus* add_to(const OrtApi* api, OrtCustomOpDomain* domain) {
+    for (auto& op : ops) {
+      if (OrtStatus* st = api->CustomOpDomain_Add(domain, &op)) return st;
+    }
+    return nullptr;
+  }
+};
+
 // The ops and their domain live as long as the process: sessions keep pointers to them, and ORT
 // may release sessions after this library's static destructors would have run.
 struct Registry {
-  ort_flash::FlashAttentionOp ops[6] = {
-      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
-      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
-      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
-      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
-      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
-      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
-  };
-  ort_flash::GqaOp gqa_ops[6] = {
-      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
-      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
-      {"CUDAExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
-      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16},
-      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16},
-      {"CPUExecutionProvider", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT},
-  };
+  PerProvider<ort_flash::FlashAttentionOp> flash;
+  PerProvider<ort_flash::GqaOp> gqa;
   OrtCustomOpDomain* domain = nullptr;
 };
 
@@ -65,12 +70,8 @@ extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
       delete r;
       return st;
     }
-    for (auto& op : r->ops) {
-      if (OrtStatus* st = api->CustomOpDomain_Add(r->domain, &op)) return st;
-    }
-    for (auto& op : r->gqa_ops) {
-      if (OrtStatus* st = api->CustomOpDomain_Add(r->domain, &op)) return st;
-    }
+    if (OrtStatus* st = r->flash.add_to(api, r->domain)) return st;
+    if (OrtStatus* st = r->gqa.add_to(api, r->domain)) return st;
     g_registry = r;
   }
   return api->AddCustomOpDomain(options, g_registry->domain);
