@@ -41,7 +41,7 @@ def _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt):
 @triton.jit
 def gqa_prepare(
     Q, K, V, PastK, PastV, PresentK, PresentV, QRot, Cos, Sin, PositionIds, Seqlens, Totals, KeyMask,
-    B, S, Hq, Hkv, D, q_heads, rotary, rotary_half, max_position, has_position_ids,
+    S, Hq, Hkv, D, q_heads, rotary, rotary_half, max_position, has_position_ids,
     first_prompt, write_mask, total_max, present_len, past_len,
     stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, COPY_PAST: tl.constexpr,

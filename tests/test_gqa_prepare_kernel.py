@@ -194,7 +194,7 @@ def check_case(c: dict) -> None:
     q_heads = hq if rotary else 0
     stride_q, stride_k, stride_v = q_in.stride(), k_in.stride(), v_in.stride()
     args = [q_in, k_in, v_in, past_k, past_v, pk, pv, qr, cos_t, sin_t, pos_t, seqlens, tot, mask,
-            bsz, s_len, hq, hkv, d, q_heads, rotary, c["half"], max_pos, int(c["position_ids"]),
+            s_len, hq, hkv, d, q_heads, rotary, c["half"], max_pos, int(c["position_ids"]),
             int(first), write_mask, c["total"], plen, c["past_len"],
             stride_q[0], stride_q[1], stride_k[0], stride_k[1], stride_v[0], stride_v[1]]
     block_d = 256
