@@ -5,13 +5,18 @@
 #include <string>
 
 #include "gqa_call.h"
+#include "gqa_launch.h"
 #include "op_io.h"
+#include "run_scratch.h"
 
 namespace ort_flash {
 
 class GqaKernel {
  public:
   GqaKernel(const OrtApi& api, bool cuda) : api_(api), cuda_(cuda) {}
+  ~GqaKernel() {
+    if (allocator_) api_.ReleaseAllocator(allocator_);
+  }
   Status init(const OrtKernelInfo* info);
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
     Status s = compute(ctx);
@@ -26,6 +31,7 @@ class GqaKernel {
   std::string node_;
   GqaAttributes attrs_;
   bool has_output_[kGqaNumOutputs] = {};
+  OrtAllocator* allocator_ = nullptr;  // CUDA: the EP's device allocator (its memory info for scratch)
 };
 
 Status GqaKernel::init(const OrtKernelInfo* info) {
@@ -51,12 +57,19 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   if (!has_output_[kGqaPresentKey] || !has_output_[kGqaPresentValue]) {
     return Status::Error("GroupQueryAttention node '" + node_ + "': outputs 'present_key' and 'present_value' are required");
   }
-  if (cuda_) {
-    return Status::Error("GroupQueryAttention node '" + node_ +
-                         "': ort_flash's GroupQueryAttention runs on the CPU execution provider only in this "
-                         "build (its CUDA kernel is not built yet); run the original model on CUDA");
+  if (!cuda_) return Status::Ok();
+  auto prefix = [&](Status s) {
+    return s.ok() ? s : Status::Error("GroupQueryAttention node '" + node_ + "': " + s.message());
+  };
+  if (OrtStatus* st = api_.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_)) {
+    std::string msg = api_.GetErrorMessage(st);
+    api_.ReleaseStatus(st);
+    return prefix(Status::Error("no allocator from the execution provider: " + msg));
   }
-  return Status::Ok();
+  int device = 0;
+  if (OrtStatus* st = api_.MemoryInfoGetId(allocator_->Info(allocator_), &device)) api_.ReleaseStatus(st);
+  // The kernels load here, never inside a run that a CUDA graph might be capturing.
+  return prefix(gqa_cuda_ready(device, dims.dtype));
 }
 
 Status GqaKernel::compute(OrtKernelContext* ctx) {
@@ -82,7 +95,16 @@ Status GqaKernel::compute(OrtKernelContext* ctx) {
   ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaPresentKey, present, kGqaOutputNames[kGqaPresentKey], &c.present_key));
   ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaPresentValue, present, kGqaOutputNames[kGqaPresentValue], &c.present_value));
   if (c.dims.batch == 0 || c.dims.sq == 0) return Status::Ok();
-  return run_gqa_cpu(node_, c, ort_parallel_for(api_, ctx));
+  if (!cuda_) return run_gqa_cpu(node_, c, ort_parallel_for(api_, ctx));
+  // seqlens_k and position_ids are device memory here; total_sequence_length is a CPU input.
+  void* stream = nullptr;
+  if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &stream)) api_.ReleaseStatus(st);
+  RunScratch scratch(api_, ctx, allocator_->Info(allocator_));
+  Status s = run_gqa_cuda(node_, c, static_cast<CUstream>(stream), [&](size_t bytes, void** ptr) {
+    return scratch.alloc(bytes, "GroupQueryAttention scratch", ptr);
+  });
+  if (s.ok() || s.message().rfind("GroupQueryAttention node", 0) == 0) return s;
+  return Status::Error("GroupQueryAttention node '" + node_ + "': " + s.message());
 }
 
 namespace {
