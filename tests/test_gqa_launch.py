@@ -88,13 +88,16 @@ def prepare_expected(c: dict, scratch: int) -> dict:
     q_row = (hq + 2 * hkv) * d if c["packed"] else hq * d
     kv_row = q_row if c["packed"] else hkv * d
     q = c["query"]
+    k = q + hq * d * es if c["packed"] else c["key"]
+    v = q + (hq + hkv) * d * es if c["packed"] else c["value"]
     return dict(
-        Q=q, K=q + hq * d * es if c["packed"] else c["key"], V=q + (hq + hkv) * d * es if c["packed"] else c["value"],
+        Q=q, K=k, V=v,
         PastK=c.get("past_key", 0), PastV=c.get("past_value", 0), PresentK=c["present_key"],
         PresentV=c["present_value"], QRot=scratch if rotary else 0, Cos=c.get("cos_cache", 0), Sin=c.get("sin_cache", 0),
         PositionIds=c.get("position_ids", 0), Seqlens=c["seqlens_k"], Totals=scratch + aligned(q_bytes),
         KeyMask=scratch + aligned(q_bytes) + aligned(8 * b) if mask else 0,
-        S=s, Hq=hq, Hkv=hkv, D=d, q_heads=hq if rotary else 0, rotary=(2 if c["rotary_interleaved"] else 1) if rotary else 0,
+        S=s, Hq=hq, Hkv=hkv, D=d, q_heads=hq if rotary else 0,
+        rotary=(2 if c["rotary_interleaved"] else 1) if rotary else 0,
         rotary_half=c["rotary_dim"] // 2, max_position=c["max_position"], has_position_ids=int("position_ids" in c),
         first_prompt=int(first), write_mask=int(mask), total_max=c["total_sequence_length"],
         present_len=c["present_len"], past_len=c["past_len"], stride_qb=s * q_row, stride_qs=q_row,
@@ -208,7 +211,8 @@ def test_gqa_launches(runs, what):
     if c.get("local_window_size", -1) == 0:  # no attention: the output zeroed on the stream
         assert not rest
         memset, = [e for e in log.calls[i] if e["ev"] == "memset"]
-        assert memset == dict(ev="memset", dst=c["output"], value=0, bytes=b * s * c["hq"] * c["d"] * es, stream=STREAM)
+        out_bytes = b * s * c["hq"] * c["d"] * es
+        assert memset == dict(ev="memset", dst=c["output"], value=0, bytes=out_bytes, stream=STREAM)
         return
     p = attention_params(c, want)
     if c.get("softcap"):

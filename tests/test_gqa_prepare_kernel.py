@@ -90,7 +90,7 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -
 def expected(c, q, k, v, past_k, past_v, pk0, pv0, cos, sin, pos_ids):
     """(q_rot, present_k, present_v, totals, mask) in float32 (rotations rounded to the dtype by
     the caller's cast) from the inputs as float32 numpy arrays (B, S, H, D) and (B, Hkv, L, D)."""
-    bsz, s_len, hkv = c["b"], c["s"], c["hkv"]
+    s_len = c["s"]
     first = s_len == c["total"]
     pk, pv = pk0.copy(), pv0.copy()
     q_rot = q.copy()
