@@ -29,15 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flash_decode  # noqa: E402
 import flash_fwd  # noqa: E402
+import gqa_prepare  # noqa: E402
 import compile_pool  # noqa: E402
 import variants  # noqa: E402
-from variants import (DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES,  # noqa: E402
+from variants import (DTYPE_CODES, GQA_KINDS, KIND_CODES, MASK_KINDS, PRECISION_CODES,  # noqa: E402
                       TRITON_VERSION, TileConfig, Variant, all_combinations, all_variants,
                       edge_loop, get_fwd_config)
 
 # The kernel each variant kind compiles.
 KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
-           "decode": flash_decode.flash_decode_split, "combine": flash_decode.flash_decode_combine}
+           "decode": flash_decode.flash_decode_split, "combine": flash_decode.flash_decode_combine,
+           "gqa_prepare": gqa_prepare.gqa_prepare, "gqa_past": gqa_prepare.gqa_prepare}
 # fwd_tma, fwd_gluon: these arguments are (B, H, S, D) tensor descriptors. Each becomes, in the
 # launch ABI, the CUtensorMap (by value), its 4 dims (i32) and its 4 strides in elements (i64).
 TMA_KINDS = ("fwd_tma", "fwd_gluon")
@@ -52,7 +54,11 @@ SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 STRIDE_ARGS = tuple(f"stride_{t}{d}" for t in "qkvy" for d in ("b", "h", "m" if t in "qy" else "n"))
 # Name of the C++ constant that holds each kind's runtime-argument count (cpp/kernel_table.h).
 ARG_COUNT_NAMES = {"fwd": "kLaunchArgCount", "fwd_tma": "kTmaLaunchArgCount",
-                   "decode": "kDecodeArgCount", "combine": "kCombineArgCount"}
+                   "decode": "kDecodeArgCount", "combine": "kCombineArgCount",
+                   "gqa_prepare": "kGqaPrepareArgCount", "gqa_past": "kGqaPrepareArgCount"}
+# aot/gqa_prepare.py's pointers other than Q, K, V (which take the call's dtype like these).
+GQA_DTYPE_POINTERS = ("PastK", "PastV", "PresentK", "PresentV", "QRot", "Cos", "Sin")
+GQA_POINTERS = {"PositionIds": "*i64", "Totals": "*i64", "Seqlens": "*i32", "KeyMask": "*i8"}
 # fwd_gluon (the module variants.GLUON_MODULE names, only where the table has Gluon variants).
 GLUON_ARG_COUNT_NAME = "kGluonLaunchArgCount"
 # Triton's element-type codes in tensordesc metadata -> CUtensorMapDataType (FLOAT16 6, BFLOAT16 9).
@@ -90,8 +96,10 @@ def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
             # A Gluon descriptor's type names its shared layout, which the kernel's module picks.
             sig[name] = (variants.gluon_module(v.ws).desc_signature(v.dtype, rows, v.head_dim)
                          if v.kind == "fwd_gluon" else f"tensordesc<{v.dtype}[1,1,{rows},{v.head_dim}]>")
-        elif name in ("Q", "K", "V", "Y"):
+        elif name in ("Q", "K", "V", "Y") or name in GQA_DTYPE_POINTERS:
             sig[name] = t
+        elif name in GQA_POINTERS:
+            sig[name] = GQA_POINTERS[name]
         elif name in ("Lse", "OPart", "LsePart"):
             sig[name] = "*fp32"
         elif name == "Mask":
@@ -110,7 +118,8 @@ def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
             sig[name] = "i32"
     names = list(arg_names)
     attrs = {}
-    for name in ("Q", "K", "V", "Y", "Lse", "OPart", "LsePart"):
+    # The GQA kernels' K and V may point into packed QKV: no alignment promised.
+    for name in () if v.kind in GQA_KINDS else ("Q", "K", "V", "Y", "Lse", "OPart", "LsePart"):
         if name in names and sig[name].startswith("*"):
             attrs[(names.index(name),)] = [["tt.divisibility", 16]]
     if v.even_d:
@@ -155,6 +164,8 @@ def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
             options["maxnreg"] = cfg.maxnreg
     elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
+    elif v.kind in GQA_KINDS:
+        constexprs = {"BLOCK_H": cfg.block_m, "BLOCK_D": v.head_dim, "COPY_PAST": v.kind == "gqa_past"}
     else:
         constexprs = {
             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,
@@ -286,26 +297,35 @@ def gluon_sources() -> list[str]:
     return mods + [str(f) for f in sorted(here.glob("gluon_*.py"))]
 
 
-def source_hash(kind: str | None = None) -> str:
-    """The kernel sources a kind compiles from (all of them for None) and this script (it decides
-    signatures and hints): an edit to the decode kernel leaves the forward cubins cached, and an
-    edit to the Gluon kernel only its own."""
+def source_hash(kind: str | None = None, script: bool = True) -> str:
+    """The kernel sources a kind compiles from (all of them for None) and, with ``script``, this
+    script: an edit to the decode kernel leaves the forward cubins cached, and an edit to the
+    Gluon kernel only its own."""
     if kind == "fwd_gluon":
         sources = gluon_sources()
+    elif kind in GQA_KINDS:
+        sources = [gqa_prepare.__file__]
     elif kind in ("fwd", "fwd_tma"):
         sources = [flash_fwd.__file__]
     else:
         sources = [flash_fwd.__file__, flash_decode.__file__]
-        if kind is None and variants.GLUON_ENABLED:
-            sources += gluon_sources()
+        if kind is None:
+            sources += [gqa_prepare.__file__] + (gluon_sources() if variants.GLUON_ENABLED else [])
     h = hashlib.sha256()
-    for f in sources + [__file__]:
+    for f in sources + ([__file__] if script else []):
         h.update(Path(f).read_bytes())
     return h.hexdigest()
 
 
 def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
+    """The cubin's cache key: its kernel sources, what triton.compile receives for it (the
+    source's own hash: the kernel and every jit function it calls, the signature, constexprs and
+    attributes; the options; the arch), Triton's version and the variant and tile it is for. Not
+    this script's text: an edit here that compiles nothing differently keeps the cache."""
+    src, options = triton_source(v, arch, cfg)[:2]
     h = hashlib.sha256()
+    h.update(src.hash().encode())
+    h.update(json.dumps(options, sort_keys=True, default=str).encode())
     # repr(v) leaves out the tile range (a TMA_TILES entry), so it joins the key only when set.
     tile = f"tile({v.tile_causal},{v.tile_min_len})" if (v.tile_causal, v.tile_min_len) != (-1, 0) else ""
     tile += f"below({v.tile_max_len})" if v.tile_max_len else ""
@@ -317,7 +337,7 @@ def cache_key(v: Variant, arch: int, cfg: TileConfig) -> str:
         tile += f"persistent({cfg.persistent})" if cfg.persistent else ""
         tile += "dynamic" if cfg.dynamic else ""
         tile += "skip" if cfg.skip else ""
-    for part in (source_hash(v.kind), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
+    for part in (source_hash(v.kind, script=False), TRITON_VERSION, repr(v) + tile, repr(cfg), str(arch)):
         h.update(part.encode())
     return f"{v.name}-sm{arch}-{h.hexdigest()[:16]}"
 
@@ -367,8 +387,10 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
         cc.append(f"extern const unsigned char {sym}_end[];")
     cc += ["}", "", "namespace ort_flash {", "",
            *[f"static_assert({ARG_COUNT_NAMES.get(kind, GLUON_ARG_COUNT_NAME)} == {_runtime_arg_count(kind)}, "
-             f"\"the {kind} kernel's runtime arguments changed: update cpp/cuda_launch.cc\");"
-             for kind in list(KERNELS) + (["fwd_gluon"] if any(r[2].kind == "fwd_gluon" for r in rows) else [])],
+             f"\"the {kind} kernel's runtime arguments changed: update "
+             f"{'cpp/gqa_launch.cc' if kind in GQA_KINDS else 'cpp/cuda_launch.cc'}\");"
+             for kind in [k for k in KERNELS if k != "gqa_past"] +  # gqa_past: gqa_prepare's function
+             (["fwd_gluon"] if any(r[2].kind == "fwd_gluon" for r in rows) else [])],
            "", "static const KernelEntry kEntries[] = {"]
     for sym, m, v, cfg in rows:
         cc.append(

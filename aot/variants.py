@@ -5,7 +5,9 @@ as TMA tensor descriptors: sm_90+, fp16/bf16, exact head dims 64 and 128, no mas
 mask, taken when the tensors can be described), "fwd_gluon" (aot/flash_fwd_gluon.py, the Gluon
 Hopper kernel with the same arguments and descriptors: sm_90, the calls GLUON_* below allow),
 "decode" (aot/flash_decode.py's split-KV kernel, few query rows against a long cache) and
-"combine" (its merge step). Forward variants with
+"combine" (its merge step); and outside attention, "gqa_prepare" and "gqa_past" (aot/gqa_prepare.py:
+GroupQueryAttention's rotary, KV-cache writes and lengths before its attention; one per dtype).
+Forward variants with
 `mask_keys` read a mask whose query stride is 0 (a (B, 1, 1, S) padding mask) as one key vector per
 (batch, head) instead of a BLOCK_M x BLOCK_N tile (the full-mask kernels spill registers).
 
@@ -34,7 +36,8 @@ HEAD_DIMS = ((32, False), (64, True), (128, True), (256, True))
 MASK_KINDS = {"none": 0, "bool": 1, "add": 2}
 DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}    # mirrors ort_flash::DType
 PRECISION_CODES = {"ieee": 0, "tf32x3": 1, "tf32": 2}  # mirrors ort_flash::Fp32Precision
-KIND_CODES = {"fwd": 0, "decode": 1, "combine": 2, "fwd_tma": 3, "fwd_gluon": 4}  # mirrors ort_flash::KernelKind
+KIND_CODES = {"fwd": 0, "decode": 1, "combine": 2, "fwd_tma": 3, "fwd_gluon": 4,  # mirrors ort_flash::KernelKind
+              "gqa_prepare": 5, "gqa_past": 6}
 # TMA descriptors (Hopper's bulk-copy engine): compiled for these archs and shapes only.
 TMA_MIN_ARCH = 90
 TMA_DTYPES = ("fp16", "bf16")
@@ -143,6 +146,13 @@ DECODE_BLOCK_M = 16         # packed rows (query heads of a GQA group x query po
 DECODE_WIDE_WAVES = 2
 DECODE_WIDE_MIN_ARCH = 90
 MAX_DECODE_ROWS = 64        # group * Sq up to this takes the decode kernel (cpp/cuda_launch.cc)
+# GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): one cubin per (kind, dtype), its
+# BLOCK_D the largest head size the CUDA op takes (cpp/gqa_shapes.cc), rows masked past D. Tiles:
+# heads of one token per CTA (gqa_prepare), cache rows per CTA (gqa_past); memory-bound, untuned.
+GQA_KINDS = ("gqa_prepare", "gqa_past")
+GQA_DTYPES = ("fp16", "bf16", "fp32")
+GQA_HEAD_DIM = 256
+GQA_TILES = {"gqa_prepare": (4, 0, 4, 1), "gqa_past": (8, 0, 4, 1)}
 # Key-vector mask variants (MASK_KEYS) of the forward kinds.
 MASK_KEYS_DTYPES = ("fp16", "bf16")
 MASK_KEYS_HEAD_DIMS = (64, 128)
@@ -194,6 +204,8 @@ class Variant:
 
     @property
     def name(self) -> str:
+        if self.kind in GQA_KINDS:
+            return f"{self.kind}_{self.dtype}"
         if self.kind == "combine":
             return f"flash_combine_{self.dtype}_d{self.head_dim}"
         prec = f"_{self.precision}" if self.dtype == "fp32" and self.kind == "fwd" else ""
@@ -232,6 +244,8 @@ class TileConfig:
 def get_fwd_config(arch: int, v: Variant) -> TileConfig:
     """Tile table per (arch, kind, dtype, head dim), and for the unmasked TMA kernels per causal
     flag and sequence length (TMA_TILES)."""
+    if v.kind in GQA_KINDS:
+        return TileConfig(*GQA_TILES[v.kind])
     if v.kind == "combine":
         return TileConfig(1, 16, 4 if v.head_dim >= 128 else 2, 1)  # block_n: splits per step
     if v.kind == "decode":
@@ -423,7 +437,7 @@ def edge_loop(v: Variant) -> bool:
 
 def _merged(v: Variant) -> bool:
     """Whether a superset variant serves v's calls (so v is not compiled)."""
-    if kept_exact(v):
+    if kept_exact(v) or v.kind in GQA_KINDS:
         return False
     only_extras, only_masked = superset_only(v.kind, v.dtype, v.head_dim, v.even_d)
     return (only_extras and not v.extras) or (only_masked and v.even_d)
@@ -466,4 +480,11 @@ def all_combinations() -> list[Variant]:
                            "combine"))
     if GLUON_ENABLED:
         out += gluon_variants()
-    return out
+    return out + gqa_variants()
+
+
+def gqa_variants() -> list[Variant]:
+    """GroupQueryAttention's prepare kernels (no mask, extras or precision: those fields keep
+    their defaults)."""
+    return [Variant(dtype, GQA_HEAD_DIM, False, "none", False, "ieee" if dtype == "fp32" else "tf32", kind)
+            for kind in GQA_KINDS for dtype in GQA_DTYPES]

@@ -12,6 +12,7 @@
 #include "kv_cache.h"
 #include "kernel_registry.h"
 #include "op_io.h"
+#include "run_scratch.h"
 
 namespace ort_flash {
 
@@ -74,50 +75,6 @@ Status FlashAttentionKernel::init(const OrtKernelInfo* info) {
   }
   return Status::Ok();
 }
-
-namespace {
-
-// Device scratch for one run (the KV cache without present outputs, the split-KV partials),
-// allocated on the run's stream through KernelContext_GetScratchBuffer and freed when the run's
-// kernels are queued. Stream-aware: the arena hands a freed chunk to another stream only once
-// this stream's work is done. A plain Alloc is not: with concurrent runs (each on its own
-// stream) one run could be given the chunk while the other's kernels still read it.
-class RunScratch {
- public:
-  RunScratch(const OrtApi& api, OrtKernelContext* ctx, const OrtMemoryInfo* info)
-      : api_(api), ctx_(ctx), info_(info) {}
-  ~RunScratch() {
-    for (void* p : ptrs_) allocator_->Free(allocator_, p);
-    if (allocator_) api_.ReleaseAllocator(allocator_);
-  }
-  RunScratch(const RunScratch&) = delete;
-  RunScratch& operator=(const RunScratch&) = delete;
-
-  Status alloc(size_t bytes, const char* what, void** out) {
-    *out = nullptr;
-    if (!allocator_) {
-      if (OrtStatus* st = api_.KernelContext_GetAllocator(ctx_, info_, &allocator_)) return error(st, what);
-    }
-    if (OrtStatus* st = api_.KernelContext_GetScratchBuffer(ctx_, info_, bytes, out)) return error(st, what);
-    if (!*out) return Status::Error("cannot allocate " + std::to_string(bytes) + " bytes for " + what);
-    ptrs_.push_back(*out);
-    return Status::Ok();
-  }
-
- private:
-  Status error(OrtStatus* st, const char* what) {
-    std::string msg = api_.GetErrorMessage(st);
-    api_.ReleaseStatus(st);
-    return Status::Error(std::string("cannot allocate device memory for ") + what + ": " + msg);
-  }
-  const OrtApi& api_;
-  OrtKernelContext* ctx_;
-  const OrtMemoryInfo* info_;
-  OrtAllocator* allocator_ = nullptr;
-  std::vector<void*> ptrs_;
-};
-
-}  // namespace
 
 Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
   InputDesc in[kNumInputs];

@@ -8,15 +8,15 @@
 
 namespace ort_flash {
 
-Status gqa_lengths(const std::string& node, const GqaCall& c, GqaLengths* out) {
+Status gqa_phase(const std::string& node, const GqaCall& c, bool* first_prompt) {
   const GqaDims& d = c.dims;
   auto fail = [&](const std::string& what) {
     return Status::Error("GroupQueryAttention node '" + node + "': " + what);
   };
   const int64_t total_max = c.total_sequence_length;
-  out->first_prompt = d.sq == total_max;
+  *first_prompt = d.sq == total_max;
   // Several new tokens after a past (chunked prefill): ONNX Runtime's op takes one batch row only.
-  if (!out->first_prompt && d.sq > 1 && d.batch != 1) {
+  if (!*first_prompt && d.sq > 1 && d.batch != 1) {
     return fail("a call of " + std::to_string(d.sq) + " new tokens after a past (total_sequence_length " +
                 std::to_string(total_max) + ") needs batch 1, got " + std::to_string(d.batch));
   }
@@ -24,6 +24,16 @@ Status gqa_lengths(const std::string& node, const GqaCall& c, GqaLengths* out) {
     return fail("input 'total_sequence_length' is " + std::to_string(total_max) + ", less than the " +
                 std::to_string(d.sq) + " new tokens");
   }
+  return Status::Ok();
+}
+
+Status gqa_lengths(const std::string& node, const GqaCall& c, GqaLengths* out) {
+  const GqaDims& d = c.dims;
+  auto fail = [&](const std::string& what) {
+    return Status::Error("GroupQueryAttention node '" + node + "': " + what);
+  };
+  const int64_t total_max = c.total_sequence_length;
+  ORT_FLASH_RETURN_IF_ERROR(gqa_phase(node, c, &out->first_prompt));
   const int64_t window = c.attrs.local_window_size;
   const int64_t cap = c.present_len;
   // Rows a windowed cache keeps after `t` tokens (gqa_shapes.h).
@@ -194,53 +204,19 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
     return Status::Error("GroupQueryAttention node '" + node + "': " + e.what());
   }
 
-  FlashParams p;
-  p.dtype = d.dtype;
-  p.batch = d.batch;
-  p.hq = d.hq;
-  p.hkv = d.hkv;
-  p.sq = d.sq;
-  p.skv = klen;
-  p.d = p.dv = d.d;
-  if (rotary) {
-    p.q = q_rot.data();
-    p.q_stride[0] = d.sq * d.hq * d.d; p.q_stride[1] = d.d; p.q_stride[2] = d.hq * d.d;
-  } else {
-    p.q = c.query;
-    p.q_stride[0] = d.sq * q_row; p.q_stride[1] = d.d; p.q_stride[2] = q_row;
-  }
-  p.k = kb;
-  p.v = vb;
-  for (int64_t* st : {p.k_stride, p.v_stride}) {
-    st[0] = d.hkv * klen * d.d; st[1] = klen * d.d; st[2] = d.d;
-  }
-  p.y = c.output;
-  p.y_stride[0] = d.sq * d.hq * d.d; p.y_stride[1] = d.d; p.y_stride[2] = d.hq * d.d;
-  p.scale = c.attrs.scale > 0.0f ? c.attrs.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.d)));
-  p.softcap = c.attrs.softcap;
-  p.causal = c.attrs.causal != 0;
-  // A window of W keys: the query's own and the W - 1 before it; W = 0 leaves none (output 0).
-  const int64_t window = c.attrs.local_window_size;
-  if (window == 0) {
+  if (gqa_attends_nothing(c)) {
     std::memset(c.output, 0, static_cast<size_t>(d.batch * d.sq * d.hq) * row);
     return Status::Ok();
   }
-  p.window_left = window > 0 ? window - 1 : -1;
-  // Row s of batch row b sees its row's keys j < keys_b, causally up to its own: row0_b + s
-  // later (the kernel's bottom-right alignment on the row's key count), s in the first prompt,
-  // where the padding rows (s >= T_b) keep s too. There the row lengths are a key mask of the
-  // rows shorter than the prompt.
+  // The key mask only where a row is shorter than the prompt (the host knows the lengths here).
   std::vector<unsigned char> key_mask;
-  if (!(len.first_prompt && p.causal)) {
-    p.seqlens_k = len.keys.data();
-  } else if (std::any_of(len.total.begin(), len.total.end(), [&](int64_t t) { return t < d.sq; })) {
+  if (gqa_needs_key_mask(c, len.first_prompt) &&
+      std::any_of(len.total.begin(), len.total.end(), [&](int64_t t) { return t < d.sq; })) {
     key_mask.assign(static_cast<size_t>(d.batch * klen), 0);
     for (int64_t b = 0; b < d.batch; ++b) std::memset(key_mask.data() + b * klen, 1, static_cast<size_t>(len.total[b]));
-    p.mask = key_mask.data();
-    p.mask_kind = MaskKind::kBool;
-    p.mask_stride[0] = klen; p.mask_stride[1] = 0; p.mask_stride[2] = 0; p.mask_stride[3] = 1;
-    p.mask_len = klen;
   }
+  const GqaKeys keys{kb, vb, klen, len.keys.data(), key_mask.empty() ? nullptr : key_mask.data()};
+  const FlashParams p = gqa_flash_params(c, len.first_prompt, rotary ? q_rot.data() : c.query, keys);
   try {
     run_flash_cpu(p, parallel_for);
   } catch (const std::exception& e) {
@@ -257,6 +233,50 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
     }
   }
   return Status::Ok();
+}
+
+FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q, const GqaKeys& keys) {
+  const GqaDims& d = c.dims;
+  const int64_t q_row = (d.packed ? d.hq + 2 * d.hkv : d.hq) * d.d;
+  FlashParams p;
+  p.dtype = d.dtype;
+  p.batch = d.batch;
+  p.hq = d.hq;
+  p.hkv = d.hkv;
+  p.sq = d.sq;
+  p.skv = keys.len;
+  p.d = p.dv = d.d;
+  p.q = q;
+  if (c.attrs.do_rotary != 0) {  // the rotated copy
+    p.q_stride[0] = d.sq * d.hq * d.d; p.q_stride[1] = d.d; p.q_stride[2] = d.hq * d.d;
+  } else {
+    p.q_stride[0] = d.sq * q_row; p.q_stride[1] = d.d; p.q_stride[2] = q_row;
+  }
+  p.k = keys.k;
+  p.v = keys.v;
+  for (int64_t* st : {p.k_stride, p.v_stride}) {
+    st[0] = d.hkv * keys.len * d.d; st[1] = keys.len * d.d; st[2] = d.d;
+  }
+  p.y = c.output;
+  p.y_stride[0] = d.sq * d.hq * d.d; p.y_stride[1] = d.d; p.y_stride[2] = d.hq * d.d;
+  p.scale = c.attrs.scale > 0.0f ? c.attrs.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.d)));
+  p.softcap = c.attrs.softcap;
+  p.causal = c.attrs.causal != 0;
+  // A window of W keys: the query's own and the W - 1 before it (W = 0: gqa_attends_nothing).
+  const int64_t window = c.attrs.local_window_size;
+  p.window_left = window > 0 ? window - 1 : -1;
+  // Row s of batch row b sees its row's keys j < counts_b, causally up to its own: row0_b + s
+  // later (the kernel's bottom-right alignment on the row's key count), s in the first prompt,
+  // where the padding rows (s >= T_b) keep s too. There the row lengths are a key mask.
+  if (!gqa_needs_key_mask(c, first_prompt)) {
+    p.seqlens_k = keys.counts;
+  } else if (keys.mask) {
+    p.mask = keys.mask;
+    p.mask_kind = MaskKind::kBool;
+    p.mask_stride[0] = keys.len; p.mask_stride[1] = 0; p.mask_stride[2] = 0; p.mask_stride[3] = 1;
+    p.mask_len = keys.len;
+  }
+  return p;
 }
 
 }  // namespace ort_flash

@@ -44,8 +44,34 @@ struct GqaLengths {
   std::vector<int64_t> total, past, row0, keys, kept;
 };
 
+// What the host knows without reading seqlens_k: whether the call is a first prompt (S ==
+// total_sequence_length), or an error for a call ONNX Runtime's op refuses by its shapes.
+Status gqa_phase(const std::string& node, const GqaCall& c, bool* first_prompt);
+
 // The lengths of `c` from seqlens_k (host memory), or an error naming the node and the value.
 Status gqa_lengths(const std::string& node, const GqaCall& c, GqaLengths* out);
+
+// A window of 0 keys (local_window_size 0): every output row is 0, no attention runs.
+inline bool gqa_attends_nothing(const GqaCall& c) { return c.attrs.local_window_size == 0; }
+
+// The buffers the attention reads after the cache writes: K and V (B, Hkv, len, D) (present, or
+// the CPU's staging buffer of a compacting windowed cache), the (B,) int64 key counts per row,
+// and null, or in a causal first prompt the (B, len) bool mask j < T_b (then counts are unused).
+struct GqaKeys {
+  const void* k;
+  const void* v;
+  int64_t len;
+  const int64_t* counts;
+  const void* mask;
+};
+
+// The attention both execution providers run: `q` the rotated Q (B, S, Hq, D) contiguous with
+// do_rotary, else c.query.
+FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q, const GqaKeys& keys);
+
+// Whether a causal first prompt needs the key mask (its rows shorter than S keep their own
+// positions, so the kernel's bottom-right alignment on T_b cannot stand in for it).
+inline bool gqa_needs_key_mask(const GqaCall& c, bool first_prompt) { return first_prompt && c.attrs.causal != 0; }
 
 // Runs the call on the host: the new K and V (K rotated) written into the present buffers at
 // each row's position (the past copied first unless past and present share one buffer), Q

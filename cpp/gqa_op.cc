@@ -1,17 +1,23 @@
 #include "gqa_op.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "gqa_call.h"
+#include "gqa_launch.h"
 #include "op_io.h"
+#include "run_scratch.h"
 
 namespace ort_flash {
 
 class GqaKernel {
  public:
   GqaKernel(const OrtApi& api, bool cuda) : api_(api), cuda_(cuda) {}
+  ~GqaKernel() {
+    if (allocator_) api_.ReleaseAllocator(allocator_);
+  }
   Status init(const OrtKernelInfo* info);
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
     Status s = compute(ctx);
@@ -26,6 +32,7 @@ class GqaKernel {
   std::string node_;
   GqaAttributes attrs_;
   bool has_output_[kGqaNumOutputs] = {};
+  OrtAllocator* allocator_ = nullptr;  // CUDA: the EP's device allocator (its memory info for scratch)
 };
 
 Status GqaKernel::init(const OrtKernelInfo* info) {
@@ -51,12 +58,29 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   if (!has_output_[kGqaPresentKey] || !has_output_[kGqaPresentValue]) {
     return Status::Error("GroupQueryAttention node '" + node_ + "': outputs 'present_key' and 'present_value' are required");
   }
-  if (cuda_) {
-    return Status::Error("GroupQueryAttention node '" + node_ +
-                         "': ort_flash's GroupQueryAttention runs on the CPU execution provider only in this "
-                         "build (its CUDA kernel is not built yet); run the original model on CUDA");
+  if (!cuda_) return Status::Ok();
+  auto prefix = [&](Status s) {
+    return s.ok() ? s : Status::Error("GroupQueryAttention node '" + node_ + "': " + s.message());
+  };
+  // Opt-in until the CUDA path has run on a GPU (the rewriter maps CUDA models only then too).
+  const char* opt_in = std::getenv("ORT_FLASH_GQA_CUDA");
+  if (!opt_in || std::string(opt_in) != "1") {
+    return prefix(Status::Error("ort_flash's GroupQueryAttention CUDA kernels have not yet run on a GPU; set "
+                                "ORT_FLASH_GQA_CUDA=1 to use them, or run the model on the CPU execution provider"));
   }
-  return Status::Ok();
+  if (dims.windowed) {
+    return prefix(Status::Error("a windowed KV cache (sliding_window_cache=1) runs on the CPU execution provider only "
+                                "for now"));
+  }
+  if (OrtStatus* st = api_.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_)) {
+    std::string msg = api_.GetErrorMessage(st);
+    api_.ReleaseStatus(st);
+    return prefix(Status::Error("no allocator from the execution provider: " + msg));
+  }
+  int device = 0;
+  if (OrtStatus* st = api_.MemoryInfoGetId(allocator_->Info(allocator_), &device)) api_.ReleaseStatus(st);
+  // The kernels load here, never inside a run that a CUDA graph might be capturing.
+  return prefix(gqa_cuda_ready(device, dims.dtype));
 }
 
 Status GqaKernel::compute(OrtKernelContext* ctx) {
@@ -82,7 +106,16 @@ Status GqaKernel::compute(OrtKernelContext* ctx) {
   ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaPresentKey, present, kGqaOutputNames[kGqaPresentKey], &c.present_key));
   ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaPresentValue, present, kGqaOutputNames[kGqaPresentValue], &c.present_value));
   if (c.dims.batch == 0 || c.dims.sq == 0) return Status::Ok();
-  return run_gqa_cpu(node_, c, ort_parallel_for(api_, ctx));
+  if (!cuda_) return run_gqa_cpu(node_, c, ort_parallel_for(api_, ctx));
+  // seqlens_k and position_ids are device memory here; total_sequence_length is a CPU input.
+  void* stream = nullptr;
+  if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &stream)) api_.ReleaseStatus(st);
+  RunScratch scratch(api_, ctx, allocator_->Info(allocator_));
+  Status s = run_gqa_cuda(node_, c, static_cast<CUstream>(stream), [&](size_t bytes, void** ptr) {
+    return scratch.alloc(bytes, "GroupQueryAttention scratch", ptr);
+  });
+  if (s.ok() || s.message().rfind("GroupQueryAttention node", 0) == 0) return s;
+  return Status::Error("GroupQueryAttention node '" + node_ + "': " + s.message());
 }
 
 namespace {

@@ -11,8 +11,12 @@ namespace ort_flash {
 // Which kernel of the family (aot/variants.py KIND_CODES): the forward kernel (any shape), the
 // split-KV decode kernel (aot/flash_decode.py), its combine step, the forward kernel with
 // Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/tma_desc.cc encodes them), and the Gluon
-// Hopper forward kernel (aot/flash_fwd_gluon.py, sm_90), which takes the same arguments.
-enum class KernelKind : int { kFwd = 0, kDecode = 1, kCombine = 2, kFwdTma = 3, kFwdGluon = 4 };
+// Hopper forward kernel (aot/flash_fwd_gluon.py, sm_90), which takes the same arguments; and
+// GroupQueryAttention's prepare kernels (aot/gqa_prepare.py, cpp/gqa_launch.cc): the new tokens
+// (rotary, KV-cache rows, lengths) and the past copy of a separate present, one per dtype.
+enum class KernelKind : int {
+  kFwd = 0, kDecode = 1, kCombine = 2, kFwdTma = 3, kFwdGluon = 4, kGqaPrepare = 5, kGqaPast = 6
+};
 
 // How a kFwdTma or kFwdGluon cubin expects one descriptor (aot/build.py reads it from Triton's metadata):
 // CUtensorMapSwizzle and the box, `rows` sequence positions x `cols` head-dim elements.
@@ -81,6 +85,7 @@ constexpr int kTmaLaunchArgCount = kLaunchArgCount + kTmaDescriptors * 8;
 constexpr int kGluonLaunchArgCount = kTmaLaunchArgCount;
 constexpr int kDecodeArgCount = 42;   // flash_decode_split
 constexpr int kCombineArgCount = 12;  // flash_decode_combine
+constexpr int kGqaPrepareArgCount = 34;  // gqa_prepare (both of its kinds)
 
 const KernelEntry* kernel_table(size_t* count);
 const char* kernel_table_triton_version();

@@ -14,6 +14,7 @@
 
 #include "cpu_flash.h"
 #include "cuda_launch.h"
+#include "gqa_launch.h"
 #include "kernel_registry.h"
 #include "kernel_select.h"
 #include "kernel_table.h"
@@ -32,6 +33,8 @@ const char* kind_name(KernelKind k) {
     case KernelKind::kCombine: return "combine";
     case KernelKind::kFwdTma: return "fwd_tma";
     case KernelKind::kFwdGluon: return "fwd_gluon";
+    case KernelKind::kGqaPrepare: return "gqa_prepare";
+    case KernelKind::kGqaPast: return "gqa_past";
   }
   return "?";
 }
@@ -148,19 +151,21 @@ py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& row
   return py::make_tuple(kind_name(plan.kind), name(plan.main), name(plan.second), plan.num_splits);
 }
 
-// Runs `launch` on `stream` with a stream-ordered workspace for the split-KV partials, freed on
-// the stream after the kernels.
+// Runs `launch` on `stream` with stream-ordered workspace (the split-KV partials, GQA's scratch),
+// each block freed on the stream after the kernels.
 void run_on_stream(uintptr_t stream, const std::function<Status(CUstream, const WorkspaceFn&)>& launch) {
   const CudaDriver* d = nullptr;
   check(cuda_driver(&d));
   const CUstream s = reinterpret_cast<CUstream>(stream);
-  CUdeviceptr ws = 0;
+  std::vector<CUdeviceptr> blocks;
   Status st = launch(s, [&](size_t bytes, void** ptr) {
+    CUdeviceptr ws = 0;
     ORT_FLASH_RETURN_IF_ERROR(cuda_check(d->cuMemAllocAsync(&ws, bytes, s), "cuMemAllocAsync"));
+    blocks.push_back(ws);
     *ptr = reinterpret_cast<void*>(ws);
     return Status::Ok();
   });
-  if (ws) {
+  for (CUdeviceptr ws : blocks) {
     Status f = cuda_check(d->cuMemFreeAsync(ws, s), "cuMemFreeAsync");
     if (st.ok()) st = f;
   }
@@ -198,6 +203,40 @@ void launch_with_table(const FlashParams& p, const std::vector<py::dict>& rows, 
     dk.kernels.push_back({&e, src->function});
   }
   run_on_stream(stream, [&](CUstream s, const WorkspaceFn& ws) { return launch_flash_cuda_with(p, dk, s, ws); });
+}
+
+// A GroupQueryAttention call from a dict: its dims (dtype by name), attributes, total_sequence_length,
+// present_len and device pointers as integers (absent: null).
+GqaCall gqa_call_from(const py::dict& c) {
+  auto i64 = [&](const char* k, int64_t fallback) { return c.contains(k) ? c[k].cast<int64_t>() : fallback; };
+  auto ptr = [&](const char* k) { return reinterpret_cast<void*>(static_cast<uintptr_t>(i64(k, 0))); };
+  GqaCall g;
+  const std::string dt = c["dtype"].cast<std::string>();
+  g.dims.dtype = dt == "float32" ? DType::kFloat32 : (dt == "float16" ? DType::kFloat16 : DType::kBFloat16);
+  g.dims.batch = i64("batch", 1); g.dims.sq = i64("sq", 1); g.dims.hq = i64("hq", 1); g.dims.hkv = i64("hkv", 1);
+  g.dims.d = i64("d", 64);
+  g.dims.packed = i64("packed", 0) != 0;
+  g.dims.past_len = i64("past_len", 0);
+  g.dims.has_past = i64("past_key", 0) != 0;
+  g.dims.rotary_dim = i64("rotary_dim", 0);
+  g.dims.max_position = i64("max_position", 0);
+  g.dims.has_position_ids = i64("position_ids", 0) != 0;
+  g.attrs.num_heads = g.dims.hq; g.attrs.kv_num_heads = g.dims.hkv;
+  g.attrs.scale = c.contains("scale") ? c["scale"].cast<float>() : 0.0f;
+  g.attrs.softcap = c.contains("softcap") ? c["softcap"].cast<float>() : 0.0f;
+  g.attrs.local_window_size = i64("local_window_size", -1);
+  g.attrs.do_rotary = g.dims.rotary_dim > 0;
+  g.attrs.rotary_interleaved = i64("rotary_interleaved", 0);
+  g.attrs.causal = i64("causal", 1);
+  g.query = ptr("query"); g.key = ptr("key"); g.value = ptr("value");
+  g.past_key = ptr("past_key"); g.past_value = ptr("past_value");
+  g.seqlens_k = static_cast<const int32_t*>(ptr("seqlens_k"));
+  g.total_sequence_length = static_cast<int32_t>(i64("total_sequence_length", 1));
+  g.cos_cache = ptr("cos_cache"); g.sin_cache = ptr("sin_cache");
+  g.position_ids = static_cast<const int64_t*>(ptr("position_ids"));
+  g.output = ptr("output"); g.present_key = ptr("present_key"); g.present_value = ptr("present_value");
+  g.present_len = i64("present_len", 0);
+  return g;
 }
 
 }  // namespace
@@ -307,6 +346,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     run_on_stream(stream, [&](CUstream s, const WorkspaceFn& ws) { return launch_flash_cuda(p, s, ws); });
   }, "Launches the CUDA kernels on device pointers, on `stream` (a CUstream as int; 0 = legacy default).");
+  m.def("run_gqa_cuda", [](const py::dict& call, uintptr_t stream) {
+    const GqaCall c = gqa_call_from(call);
+    run_on_stream(stream, [&](CUstream s, const WorkspaceFn& ws) { return run_gqa_cuda("test", c, s, ws); });
+  }, py::arg("call"), py::arg("stream"),
+     "GroupQueryAttention's CUDA path (cpp/gqa_launch.h) on device pointers, as the op on the CUDA EP "
+     "runs it: `call` a dict of GqaCall's dims, attributes and pointers (tests, over tests/fake_cuda).");
+  m.def("gqa_cuda_ready", [](int device, const std::string& dtype) {
+    check(gqa_cuda_ready(device, dtype == "float32" ? DType::kFloat32
+                                                    : (dtype == "float16" ? DType::kFloat16 : DType::kBFloat16)));
+  }, py::arg("device"), py::arg("dtype"),
+     "What the op's CUDA kernel creation checks: the device's kernels load and the GQA prepare kernels exist.");
   m.def("launch_with_table", &launch_with_table, py::arg("p"), py::arg("rows"), py::arg("stream"),
         "run_cuda over a table of `rows` (plan_with_table's, each with \"cubin_of\": the variant of "
         "this build whose cubin it launches) instead of the build's (tests, over tests/fake_cuda).");

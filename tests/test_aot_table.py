@@ -378,6 +378,8 @@ def test_hot_variants_keep_their_code():
     v = _variants()
     now = {x.name: x for x in v.all_variants()}
     for x in v.all_combinations():
+        if x.kind in v.GQA_KINDS:  # not attention: test_gqa_prepare_variants
+            continue
         hot = x.kind in ("fwd_tma", "combine") or (x.dtype != "fp32" and x.head_dim in (64, 128) and x.even_d)
         assert hot <= (x.name in now), x.name
         if hot:
@@ -412,3 +414,22 @@ def test_triton_cache_keys_tell_variants_apart():
             groups[(arch, src.hash(), tuple(sorted(options.items())))].add(
                 (tuple(sorted(constexprs.items())), tuple(sorted(sig.items()))))
     assert groups and all(len(g) == 1 for g in groups.values()), [g for g in groups.values() if len(g) > 1][:2]
+
+
+def test_gqa_prepare_variants():
+    """GroupQueryAttention's prepare kernels: one cubin per (kind, dtype) for every arch, never
+    merged, their BLOCK_D the CUDA op's largest head size, both kinds one function (one ABI)."""
+    sys.path.insert(0, str(ROOT / "aot"))
+    import build
+    import variants as v
+
+    g = [x for x in v.all_variants() if x.kind in v.GQA_KINDS]
+    assert g == v.gqa_variants() and [x for x in v.all_combinations() if x.kind in v.GQA_KINDS] == g
+    assert {(x.kind, x.dtype) for x in g} == {(k, t) for k in v.GQA_KINDS for t in v.GQA_DTYPES}
+    assert all(x.min_arch == 0 and x.head_dim == v.GQA_HEAD_DIM == 256 and not v.edge_loop(x) for x in g)
+    assert build.KERNELS["gqa_prepare"] is build.KERNELS["gqa_past"]
+    for x in g:
+        src, _, _, sig, constexprs = build.triton_source(x, 90, v.get_fwd_config(90, x))
+        assert constexprs == {"BLOCK_H": v.GQA_TILES[x.kind][0], "BLOCK_D": 256, "COPY_PAST": x.kind == "gqa_past"}
+        assert sig["Seqlens"] == "*i32" and sig["Totals"] == sig["PositionIds"] == "*i64" and sig["KeyMask"] == "*i8"
+        assert sig["Q"] == sig["PresentK"] == sig["Cos"] == {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}[x.dtype]

@@ -49,12 +49,18 @@ def _padding_rows(spec, shape):
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("name", sorted(SUPPORTED))
 def test_gqa_op_matches_reference(name, dtype, library):
+    check_gqa_case(name, dtype, lambda feeds, shared, attrs: run_gqa(
+        feeds, shared=shared, library=library, threads=2, **attrs))
+
+
+def check_gqa_case(name, dtype, run):
+    """Case `name` in `dtype` through `run(feeds, shared, attrs) -> (output, present_key,
+    present_value)` against the reference (tests/test_gqa_cuda.py runs it on the CUDA EP)."""
     spec = SUPPORTED[name]
     seed = secrets.randbits(64)
     ctx = f"{name} {dtype} seed={seed}"
     feeds, attrs, shared = _inputs(np.random.default_rng(seed), DTYPES[dtype], spec)
-    out, pk, pv = run_gqa({n: a.copy() for n, a in feeds.items()}, shared=shared, library=library,
-                          threads=2, **attrs)
+    out, pk, pv = run({n: a.copy() for n, a in feeds.items()}, shared, attrs)
     ref, ref_pk, ref_pv = _reference(gqa_reference, feeds, attrs, shared)
     low = _reference(gqa_lowp, feeds, attrs, shared)
     check = np.ones(out.shape, bool)

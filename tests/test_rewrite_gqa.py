@@ -54,7 +54,7 @@ CASES = {
     "separate_qkv": (dict(packed=False), {}, (), None),
     "no_past": (dict(past=False), {}, (), None),
     "no_rotary_window_softcap": (dict(rotary=False), dict(local_window_size=3, softcap=20.0), (), None),
-    "float16_runs_on_cuda": (dict(dtype=np.float16), {}, (), "runs on CUDA"),
+    "float16_runs_on_cuda": (dict(dtype=np.float16), {}, (), "has not yet run on a GPU"),
     "quantized_cache": ({}, dict(k_quant_type="PER_TENSOR"), (), "quantized KV cache"),
     "smooth_softmax": ({}, dict(smooth_softmax=1), (), "smooth_softmax"),
     "windowed_cache": ({}, dict(sliding_window_cache=1, local_window_size=4), (), None),
@@ -91,6 +91,21 @@ def test_gqa_rule(name):
         assert node.domain == "com.microsoft", name
         [unfused] = result.report.unfused
         assert unfused.node == original.name and reason in unfused.reason, unfused
+
+
+@pytest.mark.parametrize("switch,mapped", [(None, False), ("0", False), ("1", True)])
+def test_gqa_cuda_switch(monkeypatch, switch, mapped):
+    """float16 nodes are declined unless ORT_FLASH_GQA_CUDA=1 (for the GPU session that runs
+    the op's CUDA kernel first)."""
+    if switch is None:
+        monkeypatch.delenv("ORT_FLASH_GQA_CUDA", raising=False)
+    else:
+        monkeypatch.setenv("ORT_FLASH_GQA_CUDA", switch)
+    feeds, attrs = _feeds(dtype=np.float16)
+    result = rewrite(_model(feeds, attrs))
+    assert result.report.counts.get("group_query_attention", 0) == int(mapped), result.report.format_table()
+    [node] = result.model.graph.node
+    assert node.domain == ("ort_flash" if mapped else "com.microsoft")
 
 
 @pytest.mark.parametrize("shared", [True, False])

@@ -1,0 +1,158 @@
+#include "gqa_launch.h"
+
+#include <cstdint>
+#include <limits>
+
+namespace ort_flash {
+namespace {
+
+// gqa_prepare's launch ABI (aot/build.py): its runtime arguments in kernel order, then Triton's
+// two scratch pointers (0). Pointers the call does not use are 0: the kernel never reads them.
+struct PrepareArgs {
+  CUdeviceptr q = 0, k = 0, v = 0, past_k = 0, past_v = 0, present_k = 0, present_v = 0, q_rot = 0,
+              cos = 0, sin = 0, position_ids = 0, seqlens = 0, totals = 0, key_mask = 0;
+  int32_t s = 0, hq = 0, hkv = 0, d = 0, q_heads = 0, rotary = 0, rotary_half = 0, max_position = 0,
+          has_position_ids = 0, first_prompt = 0, write_mask = 0, total_max = 0, present_len = 0, past_len = 0;
+  int64_t stride_qb = 0, stride_qs = 0, stride_kb = 0, stride_ks = 0, stride_vb = 0, stride_vs = 0;
+  CUdeviceptr global_scratch = 0, profile_scratch = 0;
+};
+
+CUdeviceptr dev(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
+
+size_t aligned(size_t bytes) { return (bytes + 255) & ~static_cast<size_t>(255); }
+
+Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, PrepareArgs& a,
+              CUstream stream) {
+  if (gx <= 0 || gy <= 0) return Status::Ok();
+  if (gx > std::numeric_limits<int32_t>::max() || gy > 65535) {
+    return Status::Error(std::string(k.entry->variant_name) + ": grid (" + std::to_string(gx) + ", " +
+                         std::to_string(gy) + ") exceeds the GPU's limits");
+  }
+  void* args[] = {&a.q, &a.k, &a.v, &a.past_k, &a.past_v, &a.present_k, &a.present_v, &a.q_rot, &a.cos,
+                  &a.sin, &a.position_ids, &a.seqlens, &a.totals, &a.key_mask, &a.s, &a.hq, &a.hkv, &a.d,
+                  &a.q_heads, &a.rotary, &a.rotary_half, &a.max_position, &a.has_position_ids,
+                  &a.first_prompt, &a.write_mask, &a.total_max, &a.present_len, &a.past_len, &a.stride_qb,
+                  &a.stride_qs, &a.stride_kb, &a.stride_ks, &a.stride_vb, &a.stride_vs, &a.global_scratch,
+                  &a.profile_scratch};
+  static_assert(sizeof(args) / sizeof(args[0]) == kGqaPrepareArgCount + 2, "gqa_prepare's launch ABI");
+  const KernelEntry& e = *k.entry;
+  return cuda_check(drv.cuLaunchKernel(k.function, static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1,
+                                       32 * e.num_warps, 1, 1, e.shared, stream, args, nullptr),
+                    (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
+}
+
+}  // namespace
+
+const LoadedKernel* gqa_kernel(const DeviceKernels& dk, KernelKind kind, DType dtype, int64_t d) {
+  for (const LoadedKernel& k : dk.kernels) {
+    if (k.entry->key.kind == kind && k.entry->key.dtype == dtype && k.entry->key.head_dim >= d) return &k;
+  }
+  return nullptr;
+}
+
+Status gqa_cuda_ready(int device, DType dtype) {
+  const DeviceKernels* dk = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(prepare_device(device, &dk));
+  for (KernelKind kind : {KernelKind::kGqaPrepare, KernelKind::kGqaPast}) {
+    if (!gqa_kernel(*dk, kind, dtype, 0)) {
+      return Status::Error(std::string("this build has no GroupQueryAttention prepare kernels for ") +
+                           dtype_name(dtype) + " on sm_" + std::to_string(dk->table_arch) + " (aot/gqa_prepare.py)");
+    }
+  }
+  return Status::Ok();
+}
+
+Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, const WorkspaceFn& scratch) {
+  const GqaDims& d = c.dims;
+  auto fail = [&](const std::string& what) {
+    return Status::Error("GroupQueryAttention node '" + node + "': " + what);
+  };
+  bool first = false;
+  ORT_FLASH_RETURN_IF_ERROR(gqa_phase(node, c, &first));
+  // The windowed cache's rows depend on each row's length, which lives on the device here.
+  if (d.windowed) return fail("a windowed KV cache (sliding_window_cache=1) runs on the CPU execution provider only for now");
+  if (d.batch == 0 || d.sq == 0) return Status::Ok();
+  const int64_t plen = c.present_len;
+  for (int64_t n : {plen, d.past_len, d.max_position, d.batch * d.sq, d.hq + 2 * d.hkv}) {
+    if (n > std::numeric_limits<int32_t>::max()) return fail("a dimension of " + std::to_string(n) + " exceeds int32");
+  }
+  const CudaDriver* drv = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&drv));
+  const DeviceKernels* dk = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(kernels_for_stream(stream, &dk));
+  const LoadedKernel* prepare = gqa_kernel(*dk, KernelKind::kGqaPrepare, d.dtype, d.d);
+  const LoadedKernel* past = gqa_kernel(*dk, KernelKind::kGqaPast, d.dtype, d.d);
+  if (!prepare || !past) {
+    return fail(std::string("this build has no GroupQueryAttention prepare kernels for ") + dtype_name(d.dtype) +
+                " on sm_" + std::to_string(dk->table_arch) + " (aot/gqa_prepare.py)");
+  }
+
+  const int es = dtype_size(d.dtype);
+  const bool rotary = c.attrs.do_rotary != 0;
+  const bool mask = gqa_needs_key_mask(c, first);
+  const size_t q_bytes = rotary ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
+  const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
+  const size_t mask_bytes = mask ? static_cast<size_t>(d.batch * plen) : 0;
+  void* buf = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(scratch(aligned(q_bytes) + aligned(len_bytes) + mask_bytes, &buf));
+  char* q_rot = static_cast<char*>(buf);
+  auto* totals = reinterpret_cast<int64_t*>(q_rot + aligned(q_bytes));
+  char* key_mask = reinterpret_cast<char*>(totals) + aligned(len_bytes);
+
+  // The new tokens' element strides per (batch, token); heads are D apart.
+  const int64_t q_row = (d.packed ? d.hq + 2 * d.hkv : d.hq) * d.d;
+  const int64_t kv_row = d.packed ? q_row : d.hkv * d.d;
+  const char* query = static_cast<const char*>(c.query);
+  PrepareArgs a;
+  a.q = dev(query);
+  a.k = d.packed ? dev(query + d.hq * d.d * es) : dev(c.key);
+  a.v = d.packed ? dev(query + (d.hq + d.hkv) * d.d * es) : dev(c.value);
+  a.past_k = dev(c.past_key);
+  a.past_v = dev(c.past_value);
+  a.present_k = dev(c.present_key);
+  a.present_v = dev(c.present_value);
+  a.q_rot = rotary ? dev(q_rot) : 0;
+  a.cos = rotary ? dev(c.cos_cache) : 0;
+  a.sin = rotary ? dev(c.sin_cache) : 0;
+  a.position_ids = dev(c.position_ids);
+  a.seqlens = dev(c.seqlens_k);
+  a.totals = dev(totals);
+  a.key_mask = mask ? dev(key_mask) : 0;
+  a.s = static_cast<int32_t>(d.sq);
+  a.hq = static_cast<int32_t>(d.hq);
+  a.hkv = static_cast<int32_t>(d.hkv);
+  a.d = static_cast<int32_t>(d.d);
+  a.q_heads = rotary ? a.hq : 0;
+  a.rotary = rotary ? (c.attrs.rotary_interleaved ? 2 : 1) : 0;
+  a.rotary_half = rotary ? static_cast<int32_t>(d.rotary_dim / 2) : 0;
+  a.max_position = rotary ? static_cast<int32_t>(d.max_position) : 0;
+  a.has_position_ids = c.position_ids != nullptr;
+  a.first_prompt = first;
+  a.write_mask = mask;
+  a.total_max = c.total_sequence_length;
+  a.present_len = static_cast<int32_t>(plen);
+  a.past_len = d.has_past ? static_cast<int32_t>(d.past_len) : 0;
+  a.stride_qb = d.sq * q_row; a.stride_qs = q_row;
+  a.stride_kb = d.sq * kv_row; a.stride_ks = kv_row;
+  a.stride_vb = d.sq * kv_row; a.stride_vs = kv_row;
+
+  // A present of its own: zeros and each row's past (rows the new tokens take are left to them).
+  const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
+  if (!shared) {
+    const int64_t rows = past->entry->block_m;
+    ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + rows - 1) / rows, d.batch * d.hkv, a, stream));
+  }
+  const int64_t heads = prepare->entry->block_m;
+  ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *prepare, d.batch * d.sq, (a.q_heads + d.hkv + heads - 1) / heads, a, stream));
+
+  if (gqa_attends_nothing(c)) {
+    return cuda_check(drv->cuMemsetD8Async(dev(c.output), 0, static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es,
+                                           stream),
+                      "cuMemsetD8Async");
+  }
+  const GqaKeys keys{c.present_key, c.present_value, plen, totals, mask ? key_mask : nullptr};
+  const FlashParams p = gqa_flash_params(c, first, rotary ? q_rot : c.query, keys);
+  return launch_flash_cuda(p, stream, scratch);
+}
+
+}  // namespace ort_flash

@@ -1,0 +1,109 @@
+"""ort_flash's GroupQueryAttention on the CUDA execution provider (cpp/gqa_launch.cc: the prepare
+kernels of aot/gqa_prepare.py, then the attention kernels) against the float64 reference, case
+for case as tests/test_gqa_op.py checks the CPU op; and seqlens_k values the op cannot use
+(device data, never read on the host) giving zero rows and leaving the cache alone. GPU only."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from ml_dtypes import bfloat16
+
+from _gqa_models import OUTPUT_NAMES, gqa_model
+from test_gqa_op import DTYPES, SUPPORTED, check_gqa_case
+from test_reference_gqa import _inputs
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _opted_in():
+    """The op's CUDA kernels run only with ORT_FLASH_GQA_CUDA=1 until they have run on a GPU."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ORT_FLASH_GQA_CUDA", "1")
+        yield
+
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def library():
+    import ort_flash
+
+    return ort_flash.library_path()
+
+
+def _device(array: np.ndarray):
+    """A CUDA OrtValue holding `array`."""
+    import onnxruntime as ort
+
+    if array.dtype == bfloat16:
+        v = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), onnx.TensorProto.BFLOAT16, "cuda", 0)
+        v.update_inplace(array.view(np.uint16))
+        return v
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", 0)
+
+
+def _host(value, dtype) -> np.ndarray:
+    out = value.numpy()
+    return out.view(bfloat16) if dtype == bfloat16 else out
+
+
+def run_gqa_cuda(feeds, shared, attrs, library):
+    """(output, present_key, present_value) of ort_flash's op on the CUDA EP, the inputs on the GPU
+    (total_sequence_length on the host), the outputs NaN-filled device buffers, a shared present
+    bound to the past's own buffer (as ONNX Runtime GenAI binds it)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.register_custom_ops_library(library)
+    sess = ort.InferenceSession(gqa_model(feeds, "ort_flash", **attrs), opts,
+                                providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    q = feeds["query"]
+    b, s, hidden = q.shape
+    hq, hkv = attrs["num_heads"], attrs["kv_num_heads"]
+    d = hidden // hq if "key" in feeds else hidden // (hq + 2 * hkv)
+    past = feeds["past_key"].shape[2] if "past_key" in feeds else 0
+    total = int(np.asarray(feeds["total_sequence_length"]).reshape(-1)[0])
+    values = {n: ort.OrtValue.ortvalue_from_numpy(a) if n == "total_sequence_length" else _device(a)
+              for n, a in feeds.items()}
+    outputs = {"output": _device(np.full((b, s, hq * d), np.nan, q.dtype))}
+    for name, past_name in (("present_key", "past_key"), ("present_value", "past_value")):
+        outputs[name] = values[past_name] if shared else _device(
+            np.full((b, hkv, max(total, past), d), np.nan, q.dtype))
+    binding = sess.io_binding()
+    for name, value in values.items():
+        binding.bind_ortvalue_input(name, value)
+    for name in OUTPUT_NAMES:
+        binding.bind_ortvalue_output(name, outputs[name])
+    sess.run_with_iobinding(binding)
+    return tuple(_host(outputs[n], q.dtype) for n in OUTPUT_NAMES)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
+def test_gqa_cuda_matches_reference(name, dtype, library):
+    check_gqa_case(name, dtype, lambda feeds, shared, attrs: run_gqa_cuda(feeds, shared, attrs, library))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_gqa_cuda_impossible_seqlens(shared, library):
+    """A decode step whose seqlens_k holds values no call can have (negative, past the total):
+    those rows output 0 and their cache rows are not written; the valid row is computed."""
+    feeds, attrs, _ = _inputs(np.random.default_rng(0), np.float16, SUPPORTED["decode_shared"])
+    b = feeds["query"].shape[0]
+    if b < 2:
+        pytest.skip("the case needs two batch rows")
+    seqlens = feeds["seqlens_k"].copy()
+    seqlens[0] = -5
+    seqlens[1] = 1 << 30
+    feeds["seqlens_k"] = seqlens
+    before = feeds["past_key"].copy()
+    out, pk, _ = run_gqa_cuda({n: a.copy() for n, a in feeds.items()}, shared, attrs, library)
+    assert not np.isnan(out).any()
+    assert (out[:2] == 0).all()
+    if shared:
+        assert np.array_equal(pk[:2], before[:2])
+    else:
+        assert (pk[:2] == 0).all()

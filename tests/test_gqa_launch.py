@@ -1,0 +1,247 @@
+"""GroupQueryAttention's CUDA path with no GPU: cpp/gqa_launch.cc (what the op runs on the CUDA EP)
+over the fake CUDA driver (tests/fake_cuda, tests/_fake_cuda.py), which loads this build's real
+cubins and lays out each launch's parameters by the cubin's own table. Checked: the scratch block
+(rotated Q, lengths, key mask), the prepare kernels' grids, blocks, shared memory and every
+argument, and the attention launch that follows, reading the Q, lengths and mask the prepare
+kernel wrote; what the op's CUDA kernel creation checks; the errors it gives instead of launching.
+The kernels' arithmetic is tests/test_gqa_prepare_kernel.py's (interpreter) and the GPU suite's."""
+from __future__ import annotations
+
+import json
+import math
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "aot"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import _fake_cuda  # noqa: E402
+from test_launch_abi import ARCH, SMS, Log, _fwd_expected, abi_names, decode_params, f32  # noqa: E402
+
+_C = pytest.importorskip("ort_flash._C", reason="the native module is not built")
+KERNELS = _C.kernels()
+pytestmark = [
+    pytest.mark.skipif(not KERNELS, reason="a CPU-only build (ORT_FLASH_CUDA_ARCHS empty): no CUDA kernels to launch"),
+    pytest.mark.skipif(_fake_cuda.compiler() is None, reason="no C compiler to build the fake CUDA driver"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fake driver is an ELF shared library"),
+]
+STREAM = 5
+ES = {"float16": 2, "bfloat16": 2, "float32": 4}
+SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+_CHILD = """
+import json, os, sys
+from ort_flash import _C
+job = json.load(sys.stdin)
+out = []
+for dtype in ("float16", "bfloat16", "float32"):
+    _C.gqa_cuda_ready(0, dtype)
+for i, call in enumerate(job["calls"]):
+    with open(os.environ["FAKE_CUDA_LOG"], "a") as f:
+        f.write(json.dumps({"ev": "call", "index": i}) + "\\n")
+    try:
+        _C.run_gqa_cuda(call, job["stream"])
+        out.append(None)
+    except RuntimeError as e:
+        out.append(str(e))
+print(json.dumps(out))
+"""
+
+
+def gqa_call(dtype="float16", b=2, s=7, hq=8, hkv=2, d=128, total=7, past_len=64, shared=True, packed=True,
+             rotary_dim=64, interleaved=0, position_ids=False, **kw) -> dict:
+    """A call of fake device pointers, 16 MiB apart (past_len 0: no past)."""
+    c = dict(dtype=dtype, batch=b, sq=s, hq=hq, hkv=hkv, d=d, packed=int(packed), total_sequence_length=total,
+             present_len=max(total, past_len), past_len=past_len, rotary_dim=rotary_dim,
+             rotary_interleaved=interleaved, max_position=4096 if rotary_dim else 0,
+             query=0x1000000, seqlens_k=0x3000000, output=0x4000000, present_key=0x5000000,
+             present_value=0x6000000)
+    if not packed:
+        c.update(key=0x7000000, value=0x8000000)
+    if rotary_dim:
+        c.update(cos_cache=0x9000000, sin_cache=0xa000000)
+    if position_ids:
+        c["position_ids"] = 0xb000000
+    if past_len:
+        c.update(past_key=0x5000000, past_value=0x6000000) if shared else c.update(past_key=0xc000000,
+                                                                                     past_value=0xd000000)
+    c.update(kw)
+    return c
+
+
+def aligned(n: int) -> int:
+    return -(-n // 256) * 256
+
+
+def prepare_expected(c: dict, scratch: int) -> dict:
+    """Every argument of gqa_prepare for call c, given the scratch block's address."""
+    b, s, hq, hkv, d = (c[k] for k in ("batch", "sq", "hq", "hkv", "d"))
+    es = ES[c["dtype"]]
+    rotary = c["rotary_dim"] > 0
+    first = s == c["total_sequence_length"]
+    mask = first and c.get("causal", 1) != 0
+    q_bytes = b * s * hq * d * es if rotary else 0
+    q_row = (hq + 2 * hkv) * d if c["packed"] else hq * d
+    kv_row = q_row if c["packed"] else hkv * d
+    q = c["query"]
+    k = q + hq * d * es if c["packed"] else c["key"]
+    v = q + (hq + hkv) * d * es if c["packed"] else c["value"]
+    return dict(
+        Q=q, K=k, V=v,
+        PastK=c.get("past_key", 0), PastV=c.get("past_value", 0), PresentK=c["present_key"],
+        PresentV=c["present_value"], QRot=scratch if rotary else 0, Cos=c.get("cos_cache", 0), Sin=c.get("sin_cache", 0),
+        PositionIds=c.get("position_ids", 0), Seqlens=c["seqlens_k"], Totals=scratch + aligned(q_bytes),
+        KeyMask=scratch + aligned(q_bytes) + aligned(8 * b) if mask else 0,
+        S=s, Hq=hq, Hkv=hkv, D=d, q_heads=hq if rotary else 0,
+        rotary=(2 if c["rotary_interleaved"] else 1) if rotary else 0,
+        rotary_half=c["rotary_dim"] // 2, max_position=c["max_position"], has_position_ids=int("position_ids" in c),
+        first_prompt=int(first), write_mask=int(mask), total_max=c["total_sequence_length"],
+        present_len=c["present_len"], past_len=c["past_len"], stride_qb=s * q_row, stride_qs=q_row,
+        stride_kb=s * kv_row, stride_ks=kv_row, stride_vb=s * kv_row, stride_vs=kv_row,
+        global_scratch=0, profile_scratch=0)
+
+
+def attention_params(c: dict, want: dict) -> dict:
+    """The FlashParams the attention must get (gqa_flash_params), as tests/test_launch_abi's params()."""
+    b, s, hq, hkv, d, plen = (c[k] for k in ("batch", "sq", "hq", "hkv", "d", "present_len"))
+    rotary = c["rotary_dim"] > 0
+    q_row = hq * d if rotary or not c["packed"] else (hq + 2 * hkv) * d
+    p = dict(dtype=c["dtype"], batch=b, hq=hq, hkv=hkv, sq=s, skv=plen, d=d, dv=d, q=want["QRot"] or want["Q"],
+             q_stride=[s * q_row, d, q_row], k=c["present_key"], v=c["present_value"],
+             k_stride=[hkv * plen * d, plen * d, d], v_stride=[hkv * plen * d, plen * d, d], y=c["output"],
+             y_stride=[s * hq * d, d, hq * d], scale=1 / math.sqrt(d), causal=bool(c.get("causal", 1)), lse=0)
+    if c.get("local_window_size", -1) > 0:
+        p["window_left"] = c["local_window_size"] - 1
+    if want["KeyMask"]:
+        p.update(mask_kind="bool", mask=want["KeyMask"], mask_stride=[plen, 0, 0, 1], mask_len=plen)
+    else:
+        p["seqlens_k"] = want["Totals"]
+    return p
+
+
+def decode_gqa(ev: dict, fn: dict, entry: dict) -> dict:
+    """A gqa_prepare launch's parameters by name, typed by aot/build.py's signature."""
+    import build
+    import variants
+
+    v = next(x for x in variants.gqa_variants() if x.name == entry["variant"])
+    sig, _, names = build.signature(v, variants.get_fwd_config(ARCH, v))
+    names = [n for n in names if sig[n] != "constexpr"] + ["global_scratch", "profile_scratch"]
+    raw = _fake_cuda.param_bytes(ev, fn)
+    assert len(raw) == len(names), f"the launcher passes {len(names)} parameters, the cubin takes {len(raw)}"
+    out = {}
+    for name, b in zip(names, raw):
+        size, fmt = (4, "<i") if sig.get(name) == "i32" else (8, "<q")
+        assert len(b) == size, f"{name}: the cubin takes {len(b)} bytes, its type {size}"
+        out[name] = struct.unpack(fmt, b)[0]
+    return out
+
+
+def launches(log: Log, i: int) -> list[tuple[dict, dict, dict]]:
+    out = []
+    for ev in log.calls[i]:
+        if ev["ev"] == "launch":
+            fn = log.functions[ev["function"]]
+            e = log.entry_of_module[fn["module"]]
+            got = decode_gqa(ev, fn, e) if e["kind"].startswith("gqa_") else \
+                decode_params(abi_names(e["kind"], fn["name"]), _fake_cuda.param_bytes(ev, fn))
+            out.append((ev, e, got))
+    return out
+
+
+CALLS = {
+    "first prompt, packed, rotary, shared static cache, padded": gqa_call(),
+    "decode, separate QKV, interleaved, position_ids, bf16": gqa_call(
+        "bfloat16", b=3, s=1, total=100, past_len=4096, packed=False, interleaved=1, position_ids=True),
+    "continuation into a separate present, no rotary, fp32": gqa_call(
+        "float32", b=1, s=5, hq=4, hkv=1, d=64, total=25, past_len=20, shared=False, rotary_dim=0),
+    "first prompt, separate present without past, causal=0, window": gqa_call(
+        b=2, s=33, hq=6, hkv=3, d=80, total=33, past_len=0, shared=False, rotary_dim=32, causal=0,
+        local_window_size=-1),
+    "window of 0 keys": gqa_call(b=1, s=1, total=10, past_len=16, local_window_size=0),
+    "windowed decode, softcap": gqa_call(b=2, s=1, total=50, past_len=64, local_window_size=8, softcap=30.0),
+}
+REFUSED = {
+    "chunked prefill at batch 2": (gqa_call(b=2, s=4, total=20), "needs batch 1"),
+    "total_sequence_length below S": (gqa_call(b=1, s=9, total=8, past_len=0, shared=False), "less than the 9 new tokens"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    driver = _fake_cuda.build(tmp_path_factory.mktemp("fake_cuda"))
+    calls = list(CALLS.values()) + [c for c, _ in REFUSED.values()]
+    log_path = tmp_path_factory.mktemp("gqa") / "cuda.log"
+    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS)}
+    out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
+    events = [json.loads(line) for line in log_path.read_text().splitlines()]
+    return json.loads(out.strip().splitlines()[-1]), Log(events)
+
+
+@pytest.mark.parametrize("what", list(CALLS))
+def test_gqa_launches(runs, what):
+    errors, log = runs
+    i = list(CALLS).index(what)
+    c = CALLS[what]
+    assert errors[i] is None, errors[i]
+    allocs = [e for e in log.calls[i] if e["ev"] == "alloc"]
+    scratch = allocs[0]
+    want = prepare_expected(c, scratch["ptr"])
+    b, s, hkv, es = c["batch"], c["sq"], c["hkv"], ES[c["dtype"]]
+    q_bytes = b * s * c["hq"] * c["d"] * es if c["rotary_dim"] else 0
+    assert scratch["stream"] == STREAM and scratch["bytes"] == aligned(q_bytes) + aligned(8 * b) + (
+        b * c["present_len"] if want["KeyMask"] else 0)
+    got = launches(log, i)
+    shared = c.get("past_key") == c["present_key"]
+    prepares = got[:1 if shared else 2]
+    if not shared:  # the past copy first: rows of present_len, one (batch, KV head) per grid row
+        ev, e, args = prepares[0]
+        assert e["variant"] == f"gqa_past_{SHORT[c['dtype']]}" and args == want
+        assert ev["grid"] == [math.ceil(c["present_len"] / e["block_m"]), b * hkv, 1]
+    ev, e, args = prepares[-1]
+    assert e["variant"] == f"gqa_prepare_{SHORT[c['dtype']]}" and args == want
+    assert ev["grid"] == [b * s, math.ceil((want["q_heads"] + hkv) / e["block_m"]), 1]
+    for ev, e, _ in prepares:
+        assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
+    rest = got[len(prepares):]
+    if c.get("local_window_size", -1) == 0:  # no attention: the output zeroed on the stream
+        assert not rest
+        memset, = [e for e in log.calls[i] if e["ev"] == "memset"]
+        out_bytes = b * s * c["hq"] * c["d"] * es
+        assert memset == dict(ev="memset", dst=c["output"], value=0, bytes=out_bytes, stream=STREAM)
+        return
+    p = attention_params(c, want)
+    if c.get("softcap"):
+        p["softcap"] = c["softcap"]
+    ev, e, args = rest[0]
+    assert e["kind"] in ("fwd", "fwd_tma", "fwd_gluon", "decode") and ev["stream"] == STREAM
+    expected = _fwd_expected(p, dict(e, persistent=0, dynamic=False, kind="fwd"), 0)
+    for name in ("Q", "K", "V", "Mask", "SeqlensK", "has_seqlens", "mask_len", "Sq", "Skv", "causal", "offset",
+                 "window_left", "stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
+                 "stride_mb", "stride_mh", "stride_mm", "scale", "softcap"):
+        if name in args:
+            assert args[name] == expected[name], f"{what}: attention parameter {name}"
+    for t in "QKVY":  # pointers, or the TMA descriptors' addresses
+        ptr = args[t] if t in args else log.encodes[args[f"{t}.map"][1]]["address"]
+        assert ptr == p[t.lower()], f"{what}: attention tensor {t}"
+    assert f32(args["scale"]) == f32(1 / math.sqrt(c["d"]))
+
+
+@pytest.mark.parametrize("what", list(REFUSED))
+def test_gqa_refusals(runs, what):
+    errors, log = runs
+    i = len(CALLS) + list(REFUSED).index(what)
+    assert errors[i] is not None and REFUSED[what][1] in errors[i], errors[i]
+    assert not [e for e in log.calls[i] if e["ev"] in ("launch", "alloc")]
+
+
+def test_gqa_kernels_load_with_the_table(runs):
+    """The op's CUDA kernel creation (gqa_cuda_ready for each dtype, run first by the child) found
+    both prepare kinds for every dtype, loaded with the rest of the device's table."""
+    _, log = runs
+    loaded = {e["variant"] for e in log.entry_of_module.values()}
+    assert {f"{k}_{t}" for k in ("gqa_prepare", "gqa_past") for t in ("fp16", "bf16", "fp32")} <= loaded
