@@ -58,6 +58,21 @@ def test_the_base_install_requires_no_onnxruntime_and_each_extra_one():
         assert any(r.endswith(">=1.29") for r in _requirements(extra) if r.startswith("onnxruntime")), extra
 
 
+def test_the_version_matrix_starts_at_the_supported_floor():
+    """tools/ort_versions.sh's oldest runtime is the floor the extras require, and the library's
+    API version (cpp/custom_op_library.cc refuses older runtimes)."""
+    import re
+    script = (ROOT / "tools" / "ort_versions.sh").read_text()
+    oldest = re.search(r"ORT_FLASH_ORT_OLDEST:-(\d+)\.(\d+)\.0", script)
+    too_old = re.search(r"ORT_FLASH_ORT_TOO_OLD:-(\d+)\.(\d+)\.0", script)
+    assert oldest and too_old
+    for extra in ("cpu", "gpu"):
+        assert f"{_requirements(extra)[0].split('>=')[1]}" == f"{oldest[1]}.{oldest[2]}", extra
+    assert int(too_old[2]) == int(oldest[2]) - 1
+    api = re.search(r"set\(_ort_min_api (\d+)\)", (ROOT / "cmake" / "OrtHeaders.cmake").read_text())
+    assert api and int(api[1]) == int(oldest[2])
+
+
 @pytest.mark.parametrize("dists, importable, expect", [
     ({"onnxruntime-gpu": "1.31.1"}, True, ""),
     ({"onnxruntime": "1.31.1"}, True, ""),
