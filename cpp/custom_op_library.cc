@@ -49,7 +49,8 @@ OrtStatus* too_old(const OrtApiBase* base) {
   const std::string msg = std::string("ort_flash needs ONNX Runtime API version ") +
                           std::to_string(ORT_API_VERSION) + " (onnxruntime 1." +
                           std::to_string(ORT_API_VERSION) + ") or newer; this runtime is " +
-                          (base->GetVersionString ? base->GetVersionString() : "older");
+                          (base->GetVersionString ? base->GetVersionString() : "older") +
+                          ": upgrade it (pip install -U onnxruntime-gpu, or onnxruntime for the CPU)";
   for (uint32_t v = ORT_API_VERSION - 1; v >= 1; --v) {
     if (const OrtApi* api = base->GetApi(v)) return api->CreateStatus(ORT_FAIL, msg.c_str());
   }

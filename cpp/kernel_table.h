@@ -91,3 +91,9 @@ const KernelEntry* kernel_table(size_t* count);
 const char* kernel_table_triton_version();
 
 }  // namespace ort_flash
+
+// The table as libort_flash.so exports it (kernel_table_export.cc) to the pybind11 module, which
+// holds no cubins of its own (kernel_table_import.cc). `entry_size` is sizeof(KernelEntry) in
+// the library's build, for the module to refuse a library from another build.
+extern "C" const ort_flash::KernelEntry* OrtFlashKernelTable(size_t* count, size_t* entry_size,
+                                                             const char** triton_version);

@@ -243,6 +243,16 @@ GqaCall gqa_call_from(const py::dict& c) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ort_flash native helpers (kernel table, direct kernel entries)";
+  {  // the table (and cubins) come from libort_flash.so: one from this build, or none
+    size_t count = 0, entry_size = 0;
+    const char* version = nullptr;
+    OrtFlashKernelTable(&count, &entry_size, &version);
+    if (entry_size != sizeof(KernelEntry)) {
+      throw py::import_error("ort_flash._C found a libort_flash.so from another build (kernel table entries of " +
+                             std::to_string(entry_size) + " bytes, not " + std::to_string(sizeof(KernelEntry)) +
+                             "): reinstall ort_flash");
+    }
+  }
   m.def("kernels", &kernels, "The AOT-compiled kernels in this build, one dict per (variant, arch).");
   m.def("triton_version", [] { return std::string(kernel_table_triton_version()); });
 

@@ -9,7 +9,10 @@ C or C++); `session_options()` does that for Python sessions.
 """
 from __future__ import annotations
 
+from ._onnxruntime import warn_if_unusable as _warn_if_unusable
 from ._session import InferenceSession, check_op_version, library_path, session_options
+
+_warn_if_unusable()  # one line where no ONNX Runtime, or two packages of it, are installed
 
 __version__ = "0.1.0"
 

@@ -95,8 +95,11 @@ def _check_loadable(path: str) -> None:
 def session_options(so=None):
     """`onnxruntime.SessionOptions` with the ort_flash library registered (a new one if None).
 
-    Raises OSError for a library file that is missing, not a shared library or truncated."""
-    import onnxruntime as ort
+    Raises OSError for a library file that is missing, not a shared library or truncated, and
+    ImportError (one line: what to install) where no ONNX Runtime is installed."""
+    from ._onnxruntime import import_onnxruntime
+
+    ort = import_onnxruntime()
 
     path = library_path()
     if sys.platform.startswith("linux"):
@@ -150,9 +153,13 @@ def InferenceSession(model, providers=None, sess_options=None, **kwargs):
     """`onnxruntime.InferenceSession` with ort_flash registered.
 
     `model` is a path, serialized bytes or an `onnx.ModelProto`. `providers` defaults to
-    CUDA (when ONNX Runtime has it and the driver sees a GPU) then CPU.
+    CUDA (when ONNX Runtime has it and the driver sees a GPU) then CPU. Asking for CUDA where the
+    installed ONNX Runtime is the CPU package raises RuntimeError saying so (ONNX Runtime would
+    run on the CPU with a warning).
     """
-    import onnxruntime as ort
+    from ._onnxruntime import check_providers, import_onnxruntime
+
+    ort = import_onnxruntime()
 
     if providers is None:
         from ort_flash.info import cuda_device_arch
@@ -161,6 +168,7 @@ def InferenceSession(model, providers=None, sess_options=None, **kwargs):
         available = ort.get_available_providers()
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available
                      and (p != "CUDAExecutionProvider" or cuda_device_arch() is not None)]
+    check_providers(providers)
     _preload_cuda(providers)
     check_op_version(model)
     if hasattr(model, "SerializeToString"):

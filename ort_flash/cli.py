@@ -8,12 +8,13 @@ from ort_flash import commands
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    from ort_flash._onnxruntime import problem
     from ort_flash.info import format_info
     try:
         print(format_info())
     except FileNotFoundError as e:  # no compiled library next to the imported package
         return commands._user_error(e)
-    return 0
+    return 1 if problem() else 0  # no ONNX Runtime or two of them: said on the onnxruntime line
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -29,6 +30,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return 0
     try:
         return run_demo(provider=args.provider, seq_lens=args.seq_lens, repeat=args.repeat)
+    except ImportError as e:  # no ONNX Runtime: one line saying what to install
+        return commands._user_error(e)
     except (OSError, *commands._onnxruntime_errors()) as e:  # a missing or broken library
         return commands._user_error(e)
 

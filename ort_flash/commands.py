@@ -290,7 +290,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 atol=getattr(args, "atol", None), rtol=getattr(args, "rtol", None),
                 shapes=dict(getattr(args, "shape", None) or []), progress=progress,
             )
-        except (ModelLoadError, ModelMismatchError, InputShapeError, OSError) as e:
+        except (ModelLoadError, ModelMismatchError, InputShapeError, OSError, ImportError) as e:
             progress.close()
             return _user_error(e)
         except _onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library

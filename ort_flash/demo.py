@@ -18,10 +18,12 @@ def demo_model_path(device: str) -> str:
 
 
 def pick_device(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    import onnxruntime as ort
+    from ort_flash._onnxruntime import check_providers, import_onnxruntime
 
+    ort = import_onnxruntime()
+    if requested != "auto":
+        check_providers(PROVIDERS[requested])  # CUDA on the CPU package: refused, with the reason
+        return requested
     from ort_flash.info import cuda_device_arch
     if "CUDAExecutionProvider" in ort.get_available_providers() and cuda_device_arch() is not None:
         return "cuda"
@@ -30,13 +32,14 @@ def pick_device(requested: str) -> str:
 
 def run_demo(provider: str = "auto", seq_lens=None, repeat=None, batches=None) -> int:
     import onnx
-    import onnxruntime as ort
 
     import ort_flash
     from ort_flash.timing import SessionTimer, interleaved_medians, node_placements
     from ort_flash.verify import make_inputs, verify
 
     device = pick_device(provider)
+    import onnxruntime as ort  # present: pick_device said what to install otherwise
+
     providers = PROVIDERS[device]
     if device == "cuda":
         ort.preload_dlls()

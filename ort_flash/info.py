@@ -31,9 +31,21 @@ CPU_ONLY = ("kernels:      none: this is a CPU-only build (ORT_FLASH_CUDA_ARCHS 
             "sm_90) or name yours, e.g. `ORT_FLASH_CUDA_ARCHS=\"80;90\" pip install .`.")
 
 
-def format_info() -> str:
-    import onnxruntime as ort
+def onnxruntime_line() -> str:
+    """The installed ONNX Runtime and its providers, or (first) what is wrong with it and what to do."""
+    from ort_flash._onnxruntime import problem
 
+    trouble = problem()
+    lines = [f"onnxruntime:  PROBLEM: {trouble.removeprefix('ort_flash: ')}"] if trouble else []
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return lines[0]
+    lines.append(f"onnxruntime:  {ort.__version__} (providers: {', '.join(ort.get_available_providers())})")
+    return "\n".join(lines)
+
+
+def format_info() -> str:
     import ort_flash
     from ort_flash._session import load_extension
 
@@ -43,7 +55,7 @@ def format_info() -> str:
     lines = [
         f"ort_flash {ort_flash.__version__}",
         f"library:      {ort_flash.library_path()}",
-        f"onnxruntime:  {ort.__version__} (providers: {', '.join(ort.get_available_providers())})",
+        onnxruntime_line(),
         f"kernels:      {len(kernels)} AOT cubins from Triton {_C.triton_version()} for "
         + ", ".join(f"sm_{a}" for a in archs) if kernels else CPU_ONLY,
     ]

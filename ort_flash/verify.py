@@ -126,11 +126,12 @@ def verify(
 
     One model is in ONNX Runtime at a time (the original runs every input, its session goes,
     then the rewritten one's is made): the memory is that of one model, not two."""
-    import onnxruntime as ort
-
     import ort_flash
+    from ort_flash._onnxruntime import check_providers, import_onnxruntime
 
+    ort = import_onnxruntime()
     providers = list(providers or ["CPUExecutionProvider"])
+    check_providers(providers)  # CUDA on the CPU package: refused, not run on the CPU
     if "CUDAExecutionProvider" in providers and hasattr(ort, "preload_dlls"):
         try:
             ort.preload_dlls()  # how onnxruntime-gpu finds the nvidia-* wheels' CUDA libraries

@@ -33,14 +33,30 @@ def test_the_quick_start_has_two_commands_and_ci_runs_the_test_one():
     assert tests in ci.replace(" \\\n", " "), "the README's test command is not what .ci/run runs"
 
 
+# The jobs .ci/run starts after the test command, in order (tools/*.sh, stubbed in the scratch tree).
+JOBS = ("sanitize", "build_wheel", "check_wheel", "ort_versions", "build_archive")
+
+
+def test_ci_runs_the_readme_deploy_commands():
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh deploy\n(.*?)```", text, re.S)
+    commands = [line.split("#")[0].strip() for block in blocks for line in block.splitlines() if line.strip()]
+    assert commands, "the README has no deploy block"
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in commands:
+        assert command in ci, f"CI does not run the README's deploy command {command!r}"
+
+
 def _run_scratch_ci(tmp_path: Path, failing: str | None) -> subprocess.CompletedProcess:
     """.ci/run copied into a scratch tree whose python3, pip and python are stubs (the venv step
     writes a .venv/bin/activate that puts them first on PATH; `failing` names the step whose
-    stub exits 3) and whose sanitizer job writes the Python it was given to `sanitizer-ran`."""
+    stub exits 3) and whose later jobs (JOBS) each append their name and the Python they were
+    given to `jobs-ran`."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     (tmp_path / "tools").mkdir()
-    (tmp_path / "tools" / "sanitize.sh").write_text(f'echo "$PYTHON" > {tmp_path}/sanitizer-ran\n')
+    for job in JOBS:
+        (tmp_path / "tools" / f"{job}.sh").write_text(f'echo "{job} $PYTHON" >> {tmp_path}/jobs-ran\n')
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     end = {s: ("exit 3" if s == failing else "exit 0") for s in ("venv", "pip", "pytest")}
@@ -67,11 +83,12 @@ def test_a_failing_step_ends_the_ci_job_before_the_sanitizer_job(tmp_path, faili
     r = _run_scratch_ci(tmp_path, failing)
     assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
     assert "the README's test command failed (exit 3)" in r.stdout
-    assert not (tmp_path / "sanitizer-ran").exists(), "the sanitizer job ran after a failed step"
+    assert not (tmp_path / "jobs-ran").exists(), "a later job ran after a failed step"
 
 
-def test_the_ci_job_runs_the_sanitizer_job_with_the_venv_python_when_every_step_passes(tmp_path):
+def test_the_ci_job_runs_the_later_jobs_with_the_venv_python_when_every_step_passes(tmp_path):
     r = _run_scratch_ci(tmp_path, None)
     assert r.returncode == 0, (r.stdout, r.stderr)
-    ran = tmp_path / "sanitizer-ran"
-    assert ran.exists() and ran.read_text().strip() == f"{tmp_path}/.venv/bin/python"
+    ran = tmp_path / "jobs-ran"
+    assert ran.exists()
+    assert ran.read_text().splitlines() == [f"{job} {tmp_path}/.venv/bin/python" for job in JOBS]

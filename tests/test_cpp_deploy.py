@@ -104,18 +104,15 @@ def _parse_outputs(stdout: str) -> dict:
             for m in pattern.finditer(stdout)}
 
 
-def test_cpp_runs_rewritten_model_like_python(ort_flash_run, rewritten):
-    proc = _run(ort_flash_run, str(rewritten), ort_flash.library_path(),
-                "--batch", str(BATCH), "--seq", str(SEQ))
-    assert proc.returncode == 0, f"ort_flash_run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    got = _parse_outputs(proc.stdout)
-
+def check_like_python(stdout: str, model: Path) -> None:
+    """ort_flash_run's report for `model` at (BATCH, SEQ) matches ort_flash.InferenceSession's run."""
+    got = _parse_outputs(stdout)
     # The inputs ort_flash_run makes: token ids (i*7+3) % 100 over the flat index, mask of ones.
     ids = ((np.arange(BATCH * SEQ) * 7 + 3) % 100).reshape(BATCH, SEQ).astype(np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones((BATCH, SEQ), np.int64)}
-    sess = ort_flash.InferenceSession(str(rewritten), providers=["CPUExecutionProvider"])
+    sess = ort_flash.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    assert sorted(got) == sorted(names), proc.stdout
+    assert sorted(got) == sorted(names), stdout
     for name, ref in zip(names, sess.run(None, feeds)):
         dtype, shape, first, total = got[name]
         assert dtype == "float32" == str(ref.dtype)
@@ -127,6 +124,13 @@ def test_cpp_runs_rewritten_model_like_python(ort_flash_run, rewritten):
         # Relative 1e-3 of the sum, floored by the size of the terms (a sum near 0 cancels).
         tol = 1e-3 * max(abs(ref_sum), 1e-3 * float(np.abs(ref).sum()))
         assert abs(total - ref_sum) <= tol, (name, total, ref_sum)
+
+
+def test_cpp_runs_rewritten_model_like_python(ort_flash_run, rewritten):
+    proc = _run(ort_flash_run, str(rewritten), ort_flash.library_path(),
+                "--batch", str(BATCH), "--seq", str(SEQ))
+    assert proc.returncode == 0, f"ort_flash_run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    check_like_python(proc.stdout, rewritten)
 
 
 def test_cpp_reports_ort_errors_without_crashing(ort_flash_run, rewritten, tmp_path):

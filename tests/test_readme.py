@@ -3,7 +3,8 @@ of its shell blocks through the CLI on the bundled demo model (copied to model.o
 folder, the lines run in order), the Python block against the same model, and the C++ block
 compiled, linked against the onnxruntime wheel's library and run where a compiler and ONNX
 Runtime's headers are found. The two quick-start commands are not run here: they set up a venv;
-test_ci_script.py checks that there are two and that CI runs the test one."""
+test_ci_script.py checks that there are two and that CI runs the test one; CI runs the deploy
+block's commands (test_ci_script.py checks that it does)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from ort_flash.demo import demo_model_path
 from test_cpp_deploy import _cxx_compiler, _ort_include_dir, _ort_library
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNNERS = ("sh", "python", "cpp", "text", "sh genai", "python genai")
+RUNNERS = ("sh", "python", "cpp", "text", "sh genai", "python genai", "sh deploy")
 
 
 def readme_blocks() -> list[tuple[str, str, str]]:

@@ -2,6 +2,7 @@
 // ONNX Runtime C++ API and print its outputs. No Python is involved at run time.
 //
 //   ort_flash_run MODEL.onnx LIBORT_FLASH.so [--cuda] [--seq N] [--batch B]
+//   ort_flash_run MODEL.onnx [...]   (built with find_package(ort_flash): that package's library)
 //
 // Inputs are made up for every graph input (dynamic dims: axis 0 = B, other axes = N), and
 // are deterministic so that another runtime can reproduce them:
@@ -47,6 +48,9 @@ Args ParseArgs(int argc, char** argv) {
       positional.push_back(s);
     }
   }
+#ifdef ORT_FLASH_DEFAULT_LIBRARY  // the library find_package(ort_flash) gave at build time
+  if (positional.size() == 1) positional.push_back(ORT_FLASH_DEFAULT_LIBRARY);
+#endif
   if (positional.size() != 2) throw std::invalid_argument("expected MODEL.onnx and LIBORT_FLASH.so");
   a.model = positional[0];
   a.library = positional[1];
