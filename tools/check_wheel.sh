@@ -3,8 +3,8 @@
 # a fresh virtual environment, `pip install WHEEL[cpu]` (the plain onnxruntime package), then
 # `ort-flash demo --provider cpu` outside the checkout, timed together from the venv's creation.
 # PATH holds only the venv's bin/, so no compiler, CMake, Triton or CUDA toolkit can take part
-# (a dependency that had to be built from source would fail). Checks: the demo passes within
-# ORT_FLASH_WHEEL_SECONDS (default 60); the [cpu] extra brought onnxruntime and no onnxruntime-gpu,
+# (a dependency that had to be built from source would fail). Checks: the demo passes (its time
+# is reported against the goal ORT_FLASH_WHEEL_SECONDS, default 60, not enforced); the [cpu] extra brought onnxruntime and no onnxruntime-gpu,
 # triton or torch; the wheel holds each kernel's cubin once, all in libort_flash.so
 # (tools/wheel_cubins.py); `demo --provider cuda` is refused with the reason (the CPU package);
 # with onnxruntime uninstalled, `import ort_flash`, `ort-flash info` and session creation say in
@@ -71,4 +71,9 @@ expect 1 "ImportError: ort_flash: no ONNX Runtime is installed" \
   "$V/bin/python" -W ignore -c "import ort_flash, ort_flash.demo as d; ort_flash.InferenceSession(d.demo_model_path('cpu'))"
 cd "$HERE"
 "$PY" tools/wheel_cubins.py "$WHEEL" --expect "$kernels"
-awk -v s="$seconds" -v l="$LIMIT" 'BEGIN {exit !(s <= l)}' || { echo "== over the limit of $LIMIT s"; exit 1; }
+# A timing, reported against the goal; never a pass/fail on a shared machine's load.
+if awk -v s="$seconds" -v l="$LIMIT" 'BEGIN {exit !(s <= l)}'; then
+  echo "== within the goal of $LIMIT s"
+else
+  echo "== note: over the goal of $LIMIT s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+fi
