@@ -20,7 +20,6 @@ import sys
 import tempfile
 import textwrap
 
-import onnx
 
 from ort_flash.ort_fusions import MODEL_TYPES as ORT_MODEL_TYPES
 from ort_flash.rewriter.model_io import ModelLoadError, load_model

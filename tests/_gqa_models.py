@@ -15,7 +15,18 @@ import numpy as np
 from _onnx_models import _ort_value
 from ort_flash.bench.gqa_graphs import OUTPUT_NAMES, gqa_model
 
-__all__ = ["gqa_model", "run_gqa"]
+__all__ = ["gqa_model", "output_shapes", "run_gqa"]
+
+
+def output_shapes(feeds: Mapping[str, np.ndarray], attrs: Mapping) -> tuple[tuple, tuple]:
+    """The shapes of output (B, S, Hq*D) and of a present of its own (B, Hkv, max(total, past), D)
+    for a call's feeds (a windowed cache aside)."""
+    b, s, hidden = feeds["query"].shape
+    hq, hkv = attrs["num_heads"], attrs["kv_num_heads"]
+    d = hidden // hq if "key" in feeds else hidden // (hq + 2 * hkv)
+    past = feeds["past_key"].shape[2] if "past_key" in feeds else 0
+    total = int(np.asarray(feeds["total_sequence_length"]).reshape(-1)[0])
+    return (b, s, hq * d), (b, hkv, max(total, past), d)
 
 
 def run_gqa(inputs: Mapping[str, np.ndarray], *, shared: bool = False, library: str | None = None,
@@ -36,20 +47,16 @@ def run_gqa(inputs: Mapping[str, np.ndarray], *, shared: bool = False, library: 
     sess = ort.InferenceSession(gqa_model(inputs, domain, **attrs), opts, providers=["CPUExecutionProvider"])
     # Buffers of our own, kept alive here: an OrtValue over a numpy array does not keep it.
     feeds = {n: np.ascontiguousarray(a).copy() for n, a in inputs.items()}
-    q = feeds["query"]
-    b, s, hidden = q.shape
-    hq, hkv = attrs["num_heads"], attrs["kv_num_heads"]
-    d = hidden // hq if "key" in feeds else hidden // (hq + 2 * hkv)
-    past = feeds["past_key"].shape[2] if "past_key" in feeds else 0
-    total = int(np.asarray(feeds["total_sequence_length"]).reshape(-1)[0])
-    outputs = {"output": np.full((b, s, hq * d), np.nan, q.dtype)}
+    out_shape, present_shape = output_shapes(feeds, attrs)
+    dtype = feeds["query"].dtype
+    outputs = {"output": np.full(out_shape, np.nan, dtype)}
     if shared:
         outputs.update(present_key=feeds["past_key"], present_value=feeds["past_value"])
     elif library is not None:
         # (ONNX Runtime's op infers a separate present as long as the past and refuses a bound
         # one of the length it then writes, so its presents are allocated by the run.)
         for name in ("present_key", "present_value"):
-            outputs[name] = np.full((b, hkv, max(total, past), d), np.nan, q.dtype)
+            outputs[name] = np.full(present_shape, np.nan, dtype)
     binding = sess.io_binding()
     for name, array in feeds.items():
         binding.bind_ortvalue_input(name, _ort_value(array))

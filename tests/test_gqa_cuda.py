@@ -10,7 +10,7 @@ import onnx
 import pytest
 from ml_dtypes import bfloat16
 
-from _gqa_models import OUTPUT_NAMES, gqa_model
+from _gqa_models import OUTPUT_NAMES, gqa_model, output_shapes
 from test_gqa_op import DTYPES, SUPPORTED, check_gqa_case
 from test_reference_gqa import _inputs
 
@@ -60,25 +60,20 @@ def run_gqa_cuda(feeds, shared, attrs, library):
     opts.register_custom_ops_library(library)
     sess = ort.InferenceSession(gqa_model(feeds, "ort_flash", **attrs), opts,
                                 providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-    q = feeds["query"]
-    b, s, hidden = q.shape
-    hq, hkv = attrs["num_heads"], attrs["kv_num_heads"]
-    d = hidden // hq if "key" in feeds else hidden // (hq + 2 * hkv)
-    past = feeds["past_key"].shape[2] if "past_key" in feeds else 0
-    total = int(np.asarray(feeds["total_sequence_length"]).reshape(-1)[0])
+    out_shape, present_shape = output_shapes(feeds, attrs)
+    dtype = feeds["query"].dtype
     values = {n: ort.OrtValue.ortvalue_from_numpy(a) if n == "total_sequence_length" else _device(a)
               for n, a in feeds.items()}
-    outputs = {"output": _device(np.full((b, s, hq * d), np.nan, q.dtype))}
+    outputs = {"output": _device(np.full(out_shape, np.nan, dtype))}
     for name, past_name in (("present_key", "past_key"), ("present_value", "past_value")):
-        outputs[name] = values[past_name] if shared else _device(
-            np.full((b, hkv, max(total, past), d), np.nan, q.dtype))
+        outputs[name] = values[past_name] if shared else _device(np.full(present_shape, np.nan, dtype))
     binding = sess.io_binding()
     for name, value in values.items():
         binding.bind_ortvalue_input(name, value)
     for name in OUTPUT_NAMES:
         binding.bind_ortvalue_output(name, outputs[name])
     sess.run_with_iobinding(binding)
-    return tuple(_host(outputs[n], q.dtype) for n in OUTPUT_NAMES)
+    return tuple(_host(outputs[n], dtype) for n in OUTPUT_NAMES)
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))

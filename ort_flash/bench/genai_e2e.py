@@ -23,7 +23,6 @@ contexts 128 and 512. ``--genai-model LAYERS HIDDEN HEADS KV_HEADS``, ``--seqlen
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import shutil
 import statistics
