@@ -28,7 +28,8 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
     if device == "cuda":
         g = dict(tokens=16384, hidden=2048, head_dims=[128, 64], causal=[False, True],
                  dtypes=["float16"] if quick else ["float16", "bfloat16"],
-                 seqlens=[512, 2048, 8192] if quick else [512, 1024, 2048, 4096, 8192, 16384])
+                 seqlens=[512, 2048, 8192] if quick else [128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+                 model_shapes=[] if quick else [list(m) for m in MODEL_SHAPES])
     else:
         g = dict(tokens=2048, hidden=256, head_dims=[64] if quick else [64, 128], causal=[False, True],
                  dtypes=["float32"] if quick else ["float32", "float16"],
@@ -39,11 +40,19 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
     return g
 
 
+# Encoders' attention shapes, bidirectional (heads, head dim, sequence, batch x sequence):
+# BERT-base and -large at 128 and 512 tokens, ViT-B/16 (197 tokens), MiniLM-L12-H384.
+MODEL_SHAPES = ((12, 64, 128, 4096), (12, 64, 128, 65536), (12, 64, 512, 4096), (12, 64, 512, 65536),
+                (16, 64, 128, 4096), (16, 64, 512, 65536), (12, 64, 197, 12608), (12, 32, 128, 16384))
+
+
 def configs(g: dict) -> list[dict]:
     out = []
     for dtype, d, causal, n in itertools.product(g["dtypes"], g["head_dims"], g["causal"], g["seqlens"]):
         out.append(dict(dtype=dtype, d=d, heads=g["hidden"] // d, batch=max(1, g["tokens"] // n),
                         seqlen=n, causal=causal))
+    for dtype, (heads, d, n, tokens) in itertools.product(g["dtypes"], g.get("model_shapes", [])):
+        out.append(dict(dtype=dtype, d=d, heads=heads, batch=max(1, tokens // n), seqlen=n, causal=False))
     return out
 
 
