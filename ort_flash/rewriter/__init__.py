@@ -48,7 +48,7 @@ import os
 import onnx
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
+from ort_flash.rewriter.onnxscript_api import RULE_NAME_TAG
 
 from ort_flash.rewriter import (
     bias_fold, causal_mask, external_data, flash_op, group_query_attention, kv_cache, layout_3d,

@@ -40,7 +40,7 @@ import math
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from onnxscript.rewriter._basics import MatchFailureError
+from ort_flash.rewriter.onnxscript_api import MatchFailureError
 
 from ort_flash.rewriter import flash_op, masked_fill, shape_scalar, view_3d, view_4d
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from onnxscript.rewriter._basics import MatchFailureError
+from ort_flash.rewriter.onnxscript_api import MatchFailureError
 
 from ort_flash.rewriter import flash_op
 from ort_flash.rewriter.matmul_softmax_attention import as_failure

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from onnxscript.rewriter._basics import MatchFailureError
+from ort_flash.rewriter.onnxscript_api import MatchFailureError
 
 _WIDER = {ir.DataType.FLOAT: 32, ir.DataType.DOUBLE: 64, ir.DataType.FLOAT16: 16,
           ir.DataType.BFLOAT16: 16}

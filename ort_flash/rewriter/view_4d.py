@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter._basics import MatchFailureError
+from ort_flash.rewriter.onnxscript_api import MatchFailureError
 
 from ort_flash.rewriter.mask_domain import Unprovable, equal, is_one, value_dims
 

@@ -1,0 +1,9 @@
+"""The two names the rewriter needs from onnxscript's rewriter that its public modules do not
+export (onnxscript 0.5-0.7): the exception a rule's check raises to decline a match with its
+reason, and the metadata key under which a rewrite tags the nodes it wrote. Imported here only,
+so that an onnxscript release that moves them breaks one line."""
+
+from onnxscript.rewriter._basics import MatchFailureError
+from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
+
+__all__ = ["MatchFailureError", "RULE_NAME_TAG"]
