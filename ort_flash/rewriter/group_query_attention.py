@@ -25,7 +25,7 @@ import os
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import MatchFailureError
+from ort_flash.rewriter.onnxscript_api import fail as _fail
 
 from ort_flash.rewriter import flash_op
 from ort_flash.rewriter.matmul_softmax_attention import as_failure
@@ -159,7 +159,3 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
         notes.append("rotary" + (" interleaved" if _int(node, "rotary_interleaved", 0) else ""))
     return {"node": node, "heads": hq, "kv_heads": hkv, "head_dim": head_dim, "causal": causal,
             "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
-
-
-def _fail(reason: str):
-    raise MatchFailureError(reason)

@@ -40,7 +40,7 @@ import math
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import MatchFailureError
+from ort_flash.rewriter.onnxscript_api import MatchFailureError, fail
 
 from ort_flash.rewriter import flash_op, masked_fill, shape_scalar, view_3d, view_4d
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
@@ -310,10 +310,6 @@ def softcap_value(cap: ir.Value | None, cap_out: ir.Value | None) -> float:
 
 
 # ---------------------------------------------------------------- shared checks
-
-
-def fail(reason: str):
-    raise MatchFailureError(reason)
 
 
 def as_failure(error: Exception) -> MatchFailureError:

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import MatchFailureError
+from ort_flash.rewriter.onnxscript_api import fail as _fail
 
 from ort_flash.rewriter import flash_op
 from ort_flash.rewriter.matmul_softmax_attention import as_failure
@@ -121,7 +121,3 @@ class MsMultiHeadAttention(pattern.RewriteRuleClassBase):
 
 def rules() -> list[MsMultiHeadAttention]:
     return [MsMultiHeadAttention()]
-
-
-def _fail(reason: str):
-    raise MatchFailureError(reason)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import MatchFailureError
+# fail: the refinements import it from here.
+from ort_flash.rewriter.onnxscript_api import MatchFailureError, fail  # noqa: F401
 
 from ort_flash.rewriter import flash_op
 from ort_flash.rewriter.matmul_softmax_attention import as_failure
@@ -94,10 +95,6 @@ class Refinement(pattern.RewriteRuleClassBase):
             value.shape, value.type = like.shape, like.type
         self.applied.append((node.name, report))
         return tuple(new) if outputs == 3 else new[0]
-
-
-def fail(reason: str):
-    raise MatchFailureError(reason)
 
 
 def attr(node: ir.Node, name: str, default=None):

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import MatchFailureError
+from ort_flash.rewriter.onnxscript_api import fail
 
 _WIDER = {ir.DataType.FLOAT: 32, ir.DataType.DOUBLE: 64, ir.DataType.FLOAT16: 16,
           ir.DataType.BFLOAT16: 16}
-
-
-def fail(reason: str):
-    raise MatchFailureError(reason)
 
 
 def maybe_cast(op, scores, tag: str):
