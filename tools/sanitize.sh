@@ -73,6 +73,6 @@ echo "== tests"
 if [ $# -eq 0 ]; then
   set -- tests/test_cpu_op.py tests/test_bad_input.py tests/test_reliability_numerics.py \
          tests/test_reliability_concurrency.py tests/test_reliability_properties.py \
-         tests/test_reliability_determinism.py
+         tests/test_reliability_determinism.py tests/test_gqa_op.py
 fi
 "$PY" -m pytest -q -p no:cacheprovider "$@"
