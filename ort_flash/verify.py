@@ -163,7 +163,8 @@ def verify(
     base = ort.InferenceSession(_source(original), base_opts, providers=providers)
     names = [o.name for o in base.get_outputs()]
     base_providers = base.get_providers()
-    wants = [dict(zip(names, base.run(names, feeds))) for feeds in all_feeds]
+    # Copies: an output array can keep the session's memory arena alive after the session goes.
+    wants = [{n: np.array(x, copy=True) for n, x in zip(names, base.run(names, feeds))} for feeds in all_feeds]
     del base
 
     tell("running the rewritten model")
