@@ -189,3 +189,38 @@ def test_model_past_2gb_rewrites_and_verifies_in_bounded_memory(tmp_path):
         for folder in (source.parent, out.parent):
             for p in folder.iterdir():
                 p.unlink()
+
+
+# ONNX Runtime alone on a model, as verify runs the original (optimizations off, no prepacking):
+# one session and one run; prints its peak RSS in bytes.
+ORT_ALONE = """
+import json, resource, sys
+import onnx, onnxruntime as ort
+from ort_flash.feeds import make_inputs
+so = ort.SessionOptions()
+so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+so.add_session_config_entry("session.disable_prepacking", "1")
+s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
+s.run(None, make_inputs(onnx.load(sys.argv[1], load_external_data=False), batch=2, seq_len=16, seed=0))
+print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+@pytest.mark.slow
+@needs_library
+def test_fp16_verify_costs_onnxruntimes_own_memory(tmp_path):
+    """On the CPU, ONNX Runtime holds float32 copies of a float16 model's weights while it runs
+    it; verify must cost that once, not keep the original's memory while the rewritten model
+    loads (an output array of the first session kept its arena alive: 1.4x ORT's own peak)."""
+    source = Path(big_model.build(str(tmp_path / "in"), big_model.layers_for(0.5, itemsize=2), float16=True))
+    out = tmp_path / "out" / "flash.onnx"
+    out.parent.mkdir()
+    rc, _, stdout, stderr = run_cli("rewrite", str(source), "-o", str(out))
+    assert rc == 0, stderr
+    alone = subprocess.run([sys.executable, "-c", ORT_ALONE, str(source)], capture_output=True, text=True,
+                           timeout=600)
+    assert alone.returncode == 0, alone.stderr
+    ort_peak = json.loads(alone.stdout.strip().splitlines()[-1])["peak_bytes"]
+    rc, peak, stdout, stderr = run_cli("verify", str(source), str(out), "--seed", "0", "--seq-len", "16")
+    assert rc == 0, stdout + stderr
+    assert peak <= 1.1 * ort_peak + (200 << 20), (peak, ort_peak)
