@@ -62,22 +62,45 @@ def check_output(model: onnx.ModelProto, original: onnx.ModelProto | None = None
 
 
 def _check_graph(model: onnx.ModelProto, original: onnx.ModelProto | None, folder: str) -> None:
+    _judge(model, _strict_inference, original, model.SerializeToString(), folder)
+
+
+def _check(checked: onnx.ModelProto | str, source: bytes | str,
+           original: onnx.ModelProto | None) -> None:
+    _judge(checked, _full_check, original, source)
+
+
+def _strict_inference(model: onnx.ModelProto | str) -> None:
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+
+
+def _full_check(model: onnx.ModelProto | str) -> None:
+    onnx.checker.check_model(model, full_check=True)
+
+
+def _judge(checked, check, original: onnx.ModelProto | None, source: bytes | str,
+           folder: str | None = None) -> None:
+    """``check`` on the output (refused only where the original passes the same check: see the
+    module docstring), then ONNX Runtime's session on ``source`` (external data in ``folder``)."""
     try:
-        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        check(checked)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        if original is None or _infers_strictly(original):
+        if original is None or _passes(check, original):
             raise RewriteRefusedError(f"the rewritten model fails onnx.checker: "
                                       f"{_first_line(e)}") from e
     if _library_missing():
         return
-    refusal = runtime_refusal(model.SerializeToString(), folder)
+    refusal = runtime_refusal(source, folder)
     if refusal is not None:
         raise RewriteRefusedError(f"ONNX Runtime cannot load the rewritten model: {refusal}")
 
 
-def _infers_strictly(model: onnx.ModelProto) -> bool:
+def _passes(check, model: onnx.ModelProto) -> bool:
+    if check is _full_check and (external_data.has_external_data(model)
+                                 or external_data.byte_size(model) >= 2**31 - 1):
+        return False  # too large to check from memory: not judged
     try:
-        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        check(model)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
         return False
     return True
@@ -92,28 +115,3 @@ def _library_missing() -> bool:
         _log.warning("the rewritten model was not loaded in ONNX Runtime: %s", e)
         return True
     return False
-
-
-def _check(checked: onnx.ModelProto | str, source: bytes | str,
-           original: onnx.ModelProto | None) -> None:
-    try:
-        onnx.checker.check_model(checked, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        if original is None or _passes_checker(original):
-            raise RewriteRefusedError(f"the rewritten model fails onnx.checker: "
-                                      f"{_first_line(e)}") from e
-    if _library_missing():
-        return
-    refusal = runtime_refusal(source)
-    if refusal is not None:
-        raise RewriteRefusedError(f"ONNX Runtime cannot load the rewritten model: {refusal}")
-
-
-def _passes_checker(model: onnx.ModelProto) -> bool:
-    if external_data.has_external_data(model) or external_data.byte_size(model) >= 2**31 - 1:
-        return False  # too large to check from memory: not judged
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
-        return False
-    return True
