@@ -24,11 +24,10 @@ import math
 import os
 
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import fail as _fail
 
 from ort_flash.rewriter import flash_op
-from ort_flash.rewriter.matmul_softmax_attention import as_failure
+from ort_flash.rewriter.node_rule import NodeRule
+from ort_flash.rewriter.onnxscript_api import fail as _fail
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dims
 
@@ -49,29 +48,15 @@ _UNSUPPORTED_INPUTS = {
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
-class GroupQueryAttentionRule(pattern.RewriteRuleClassBase):
+class GroupQueryAttentionRule(NodeRule):
     family = FAMILY
-
-    def __init__(self) -> None:
-        self.variant = ""
-        super().__init__(name=FAMILY)
-        self.failures: dict[ir.Node, tuple[int, str]] = {}
-        self.fused: list[FusedSubgraph] = []
-        self._plan: dict | None = None
 
     def pattern(self, op, query):
         return op.GroupQueryAttention(query, _domain="com.microsoft", _allow_other_inputs=True,
                                       _allow_other_attributes=True, _outputs=3)
 
-    def check(self, context, query, **_):
-        node = context.root
-        try:
-            self._plan = _analyze(node, query)
-        except Exception as e:  # noqa: BLE001 - a bug in a check must decline, not crash
-            e = as_failure(e)
-            self.failures[node] = (1, e.reason)
-            return pattern.MatchResult().fail(e.reason, node)
-        return pattern.MatchResult()
+    def analyze(self, context, query, **_) -> dict:
+        return _analyze(context.root, query)
 
     def rewrite(self, op, query, **_):
         plan, self._plan = self._plan, None

@@ -24,6 +24,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
+
 from ort_flash.rewriter.onnxscript_api import MatchFailureError
 
 ABSORBS = -1.0e30  # at or below: s + c == c in float32 for any score the op can see

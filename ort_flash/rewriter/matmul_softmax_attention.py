@@ -40,10 +40,10 @@ import math
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import MatchFailureError, fail
 
 from ort_flash.rewriter import flash_op, masked_fill, shape_scalar, view_3d, view_4d
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
+from ort_flash.rewriter.onnxscript_api import MatchFailureError, fail
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.score_casts import check_noop_casts, check_score_casts, maybe_cast
 from ort_flash.rewriter.shapes import dim_text, dims, known_int, report_int, same_dim

@@ -22,11 +22,10 @@ import math
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import fail as _fail
 
 from ort_flash.rewriter import flash_op
-from ort_flash.rewriter.matmul_softmax_attention import as_failure
+from ort_flash.rewriter.node_rule import NodeRule
+from ort_flash.rewriter.onnxscript_api import fail as _fail
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dims
 
@@ -35,29 +34,15 @@ _IN = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias", "p
        "past_value", "past_sequence_length", "cache_indirection")
 
 
-class MsMultiHeadAttention(pattern.RewriteRuleClassBase):
+class MsMultiHeadAttention(NodeRule):
     family = FAMILY
-
-    def __init__(self) -> None:
-        self.variant = ""
-        super().__init__(name=FAMILY)
-        self.failures: dict[ir.Node, tuple[int, str]] = {}
-        self.fused: list[FusedSubgraph] = []
-        self._plan: dict | None = None
 
     def pattern(self, op, q, k, v):
         return op.MultiHeadAttention(q, k, v, _domain="com.microsoft", _allow_other_inputs=True,
                                      _allow_other_attributes=True)
 
-    def check(self, context, q, k, v, **_):
-        node = context.root
-        try:
-            self._plan = self._analyze(node, q, k, v)
-        except Exception as e:  # noqa: BLE001 - a bug in a check must decline, not crash
-            e = as_failure(e)
-            self.failures[node] = (1, e.reason)
-            return pattern.MatchResult().fail(e.reason, node)
-        return pattern.MatchResult()
+    def analyze(self, context, q, k, v, **_) -> dict:
+        return self._analyze(context.root, q, k, v)
 
     def _analyze(self, node, q, k, v) -> dict:
         inputs = dict(zip(_IN, node.inputs))

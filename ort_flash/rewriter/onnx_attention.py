@@ -18,11 +18,10 @@ from __future__ import annotations
 import math
 
 import onnx_ir as ir
-from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import MatchFailureError
 
 from ort_flash.rewriter import flash_op
-from ort_flash.rewriter.matmul_softmax_attention import as_failure
+from ort_flash.rewriter.node_rule import NodeRule
+from ort_flash.rewriter.onnxscript_api import MatchFailureError
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dims, report_int
 
@@ -32,31 +31,22 @@ _COPIED = ("scale", "is_causal", "softcap", "q_num_heads", "kv_num_heads", "left
 _SOFTMAX_OK = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
-class OnnxAttention(pattern.RewriteRuleClassBase):
+class OnnxAttention(NodeRule):
     family = FAMILY
 
     def __init__(self, *, outputs: int) -> None:
-        self.variant = f"outputs={outputs}"
-        super().__init__(name=f"{FAMILY}[{self.variant}]")
+        super().__init__(variant=f"outputs={outputs}")
         self.outputs = outputs
-        self.failures: dict[ir.Node, tuple[int, str]] = {}
-        self.fused: list[FusedSubgraph] = []
-        self._plan: dict | None = None
 
     def pattern(self, op, q, k, v):
         return op.Attention(q, k, v, _allow_other_inputs=True, _allow_other_attributes=True,
                             _outputs=self.outputs)
 
-    def check(self, context, q, k, v, **_):
-        node = context.root
-        try:
-            self._plan = self._analyze(context, node, q, k)
-        except Exception as e:  # noqa: BLE001 - a bug in a check must decline, not crash
-            e = as_failure(e)
-            if self.outputs <= 3 or "qk_matmul_output is used" in e.reason:
-                self.failures[node] = (1, e.reason)
-            return pattern.MatchResult().fail(e.reason, node)
-        return pattern.MatchResult()
+    def analyze(self, context, q, k, v, **_) -> dict:
+        return self._analyze(context, context.root, q, k)
+
+    def reports(self, reason: str) -> bool:
+        return self.outputs <= 3 or "qk_matmul_output is used" in reason
 
     def _analyze(self, context, node, q, k) -> dict:
         opset = context.model.graph.opset_imports.get("", 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
+
 from ort_flash.rewriter.onnxscript_api import fail
 
 _WIDER = {ir.DataType.FLOAT: 32, ir.DataType.DOUBLE: 64, ir.DataType.FLOAT16: 16,
