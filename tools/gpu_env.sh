@@ -2,7 +2,7 @@
 # from the repository root: installs the carried onnxruntime-gpu (.ortgpu0-4) into /tmp/ortsite
 # once (all five parts must be there; before they are, only the direct-kernel tests can run),
 # points the build at the carried ORT headers (.orth) and sm_90, and unpacks the optional
-# .gpucache and .gpumodels (tools/stage_gpu_cache.sh): compiled cubins, the model exports CI made.
+# .gpucache and .gpumodels, installs the optional .gpugenai wheel (tools/stage_gpu_cache.sh): compiled cubins, the model exports CI made.
 if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null; then
   if [ "$(ls .ortgpu?/part 2>/dev/null | wc -l)" -eq 5 ]; then
     w=/tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl; cat .ortgpu?/part > $w && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite $w || exit 1
@@ -10,7 +10,13 @@ if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxrunt
     echo "gpu_env.sh: onnxruntime-gpu not staged (.ortgpu0-4): ONNX Runtime CUDA tests will skip"
   fi
 fi
-export PYTHONPATH=/tmp/ortsite
+# onnxruntime-genai-cuda (for the gqa/genai steps), carried as a wheel in .gpugenai/ when the
+# machine lacks it (pip download --no-deps --python-version 3.12 onnxruntime-genai-cuda==0.18.0).
+if ls .gpugenai/*.whl >/dev/null 2>&1 && [ ! -d /tmp/genaisite/onnxruntime_genai ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/genaisite .gpugenai/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/ortsite${PYTHONPATH:+:$PYTHONPATH}
+[ -d /tmp/genaisite ] && export PYTHONPATH=$PYTHONPATH:/tmp/genaisite
 export ORT_FLASH_ORT_ROOT=$PWD/.orth ORT_FLASH_CUDA_ARCHS=${ORT_FLASH_CUDA_ARCHS:-90}
 if [ -f .gpucache/aot90.tgz ]; then
   mkdir -p /tmp/ort_flash_cache/aot && tar xzf .gpucache/aot90.tgz -C /tmp/ort_flash_cache/aot

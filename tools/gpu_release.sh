@@ -13,6 +13,9 @@
 #   bash tools/gpu_release.sh extra   # compute-sanitizer side by side (tools/gpu_sanitize.sh,
 #                                     # 7 pytest workers each): memcheck on the GPU suite,
 #                                     # racecheck on the direct-kernel tests
+#   bash tools/gpu_release.sh gqa     # GroupQueryAttention on CUDA: its GPU tests (opted in with
+#                                     # ORT_FLASH_GQA_CUDA=1 while that switch exists), then
+#                                     # `bench --suite gqa` and `--suite genai` (carry .gpugenai)
 #   bash tools/gpu_release.sh tune    # the tile sweeps: experiments/tune.py --tma, experiments/tune_decode.py
 #   bash tools/gpu_release.sh try     # built-but-off kernel switches: the sm_90 build with
 #                                     # ORT_FLASH_GLUON_WS_ON (e.g. persistent,dynamic,skip) in the
@@ -31,7 +34,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/ortsite
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/ortsite${PYTHONPATH:+:$PYTHONPATH}
+[ -d /tmp/genaisite ] && export PYTHONPATH=$PYTHONPATH:/tmp/genaisite
 bench() {  # ort-flash bench with its progress bars left out of the log
   python3 -m ort_flash.cli bench --device cuda --cache-dir /tmp/ort_flash_bench "$@" 2>&1 | grep -v $'\r'
 }
@@ -93,5 +97,13 @@ case "${1:-}" in
     python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 tests/test_cuda_kernel.py -n 8 2>&1 \
       | tee "$OUT/pytest-kernels.log" | grep -v "^\." | tail -15
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try"; exit 2 ;;
+  gqa)
+    . tools/gpu_env.sh
+    export ORT_FLASH_GQA_CUDA=1
+    timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 8 \
+      tests/test_gqa_cuda.py 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -25
+    bench --suite gqa --budget-s "${GQA_S:-200}" --out "$OUT/bench-gqa.json" | tail -40
+    bench --suite genai --budget-s "${GENAI_S:-150}" --out "$OUT/bench-genai.json" | tail -25
+    ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa"; exit 2 ;;
 esac
