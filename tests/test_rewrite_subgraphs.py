@@ -20,9 +20,8 @@ from onnx import TensorProto, helper
 
 import _subgraph_models as models
 from ort_flash.cli import main
-from ort_flash.rewriter import (
-    RewriteRefusedError, RewriteReport, matmul_softmax_attention, output_check, rewrite, shapes,
-)
+from ort_flash.rewriter import RewriteRefusedError, RewriteReport, output_check, rewrite, shapes
+from ort_flash.rewriter.fusions import matmul_softmax_attention
 from ort_flash.rewriter.subgraphs import subgraphs
 from ort_flash.verify import verify
 from test_verify import needs_library

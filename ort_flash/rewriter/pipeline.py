@@ -52,9 +52,12 @@ from onnxscript.rewriter import pattern
 from ort_flash.rewriter.onnxscript_api import RULE_NAME_TAG
 
 from ort_flash.rewriter import (
-    bias_fold, causal_mask, external_data, flash_op, group_query_attention, kv_cache, layout_3d,
-    matmul_softmax_attention, merge_reshape, ms_multihead_attention, onnx_attention, packed_qkv,
-    repeat_kv, sdpa_attention,
+    bias_fold, causal_mask, external_data, flash_op, kv_cache, layout_3d, merge_reshape, packed_qkv,
+    repeat_kv,
+)
+from ort_flash.rewriter.fusions import (
+    group_query_attention, matmul_softmax_attention, ms_multihead_attention, onnx_attention,
+    sdpa_attention,
 )
 from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.model_io import load

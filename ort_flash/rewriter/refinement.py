@@ -17,9 +17,8 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from ort_flash.rewriter import flash_op
-from ort_flash.rewriter.matmul_softmax_attention import as_failure
 # fail: the refinements import it from here.
-from ort_flash.rewriter.onnxscript_api import MatchFailureError, fail  # noqa: F401
+from ort_flash.rewriter.onnxscript_api import MatchFailureError, as_failure, fail  # noqa: F401
 
 INPUTS = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
 

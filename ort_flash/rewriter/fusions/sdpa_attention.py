@@ -25,7 +25,7 @@
 # dynamo exporter Reshape/Transpose/Reshape through (B·H, Skv, D)).
 from __future__ import annotations
 
-from ort_flash.rewriter.matmul_softmax_attention import MatMulSoftmaxAttention, constant_scalar
+from ort_flash.rewriter.fusions.matmul_softmax_attention import MatMulSoftmaxAttention, constant_scalar
 
 FAMILY = "sdpa_attention"
 

@@ -20,7 +20,7 @@ import math
 import onnx_ir as ir
 
 from ort_flash.rewriter import flash_op
-from ort_flash.rewriter.node_rule import NodeRule
+from ort_flash.rewriter.fusions.node_rule import NodeRule
 from ort_flash.rewriter.onnxscript_api import MatchFailureError
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.shapes import dims, report_int

@@ -8,7 +8,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_flash.rewriter.matmul_softmax_attention import as_failure
+from ort_flash.rewriter.onnxscript_api import as_failure
 from ort_flash.rewriter.report import FusedSubgraph
 
 

@@ -41,11 +41,12 @@ import math
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_flash.rewriter import flash_op, masked_fill, shape_scalar, view_3d, view_4d
+from ort_flash.rewriter import flash_op, shape_scalar
+from ort_flash.rewriter.fusions import masked_fill, view_3d, view_4d
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
-from ort_flash.rewriter.onnxscript_api import MatchFailureError, fail
+from ort_flash.rewriter.onnxscript_api import as_failure, fail
 from ort_flash.rewriter.report import FusedSubgraph
-from ort_flash.rewriter.score_casts import check_noop_casts, check_score_casts, maybe_cast
+from ort_flash.rewriter.fusions.score_casts import check_noop_casts, check_score_casts, maybe_cast
 from ort_flash.rewriter.shapes import dim_text, dims, known_int, report_int, same_dim
 
 FAMILY = "matmul_softmax_attention"
@@ -310,13 +311,6 @@ def softcap_value(cap: ir.Value | None, cap_out: ir.Value | None) -> float:
 
 
 # ---------------------------------------------------------------- shared checks
-
-
-def as_failure(error: Exception) -> MatchFailureError:
-    """A check's exception as a decline; anything but a MatchFailureError is a bug, reported."""
-    if isinstance(error, MatchFailureError):
-        return error
-    return MatchFailureError(f"internal error in the check ({type(error).__name__}: {error})")
 
 
 def constant_scalar(value: ir.Value | None, what: str) -> float:
