@@ -51,9 +51,9 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from ort_flash.rewriter.onnxscript_api import RULE_NAME_TAG
 
-from ort_flash.rewriter import (
-    bias_fold, causal_mask, external_data, flash_op, kv_cache, layout_3d, merge_reshape, packed_qkv,
-    repeat_kv,
+from ort_flash.rewriter import external_data, flash_op
+from ort_flash.rewriter.refinements import (
+    bias_fold, causal_mask, kv_cache, layout_3d, merge_reshape, packed_qkv, repeat_kv,
 )
 from ort_flash.rewriter.fusions import (
     group_query_attention, matmul_softmax_attention, ms_multihead_attention, onnx_attention,

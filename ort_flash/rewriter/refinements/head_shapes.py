@@ -20,7 +20,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
-from ort_flash.rewriter.refinement import Refinement
+from ort_flash.rewriter.refinements.base import Refinement
 
 
 class HeadSplitShape(Refinement):

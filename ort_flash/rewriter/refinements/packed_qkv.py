@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ort_flash.rewriter.refinement import Refinement, attr, fail, flash_pattern
+from ort_flash.rewriter.refinements.base import Refinement, attr, fail, flash_pattern
 
 FAMILY = "packed_qkv"
 _PARTS = ("Q", "K", "V")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from ort_flash.rewriter import flash_op
-from ort_flash.rewriter.refinement import Refinement, fail
+from ort_flash.rewriter.refinements.base import Refinement, fail
 
 FAMILY = "merge_reshape"
 

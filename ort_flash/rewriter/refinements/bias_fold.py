@@ -31,8 +31,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ort_flash.rewriter import flash_op, packed_qkv
-from ort_flash.rewriter.refinement import Refinement, attr, fail
+from ort_flash.rewriter import flash_op
+from ort_flash.rewriter.refinements import packed_qkv
+from ort_flash.rewriter.refinements.base import Refinement, attr, fail
 
 FAMILY = "bias_fold"
 # Nodes that are not packed QKV with a bias Add: nothing to do, not a decline.

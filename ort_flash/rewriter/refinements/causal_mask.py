@@ -40,7 +40,7 @@ import sympy as sp
 from ort_flash.rewriter.mask_analysis import MIN_MASKED, MaskForm, analyze_mask
 from ort_flash.rewriter.subgraphs import scope_inputs
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
-from ort_flash.rewriter.refinement import Refinement, attr, fail, flash_pattern
+from ort_flash.rewriter.refinements.base import Refinement, attr, fail, flash_pattern
 
 FAMILY = "causal_mask"
 NOTE_MERGED = ("hidden keys had several mask values (min and -inf), now one: equal except at query "

@@ -30,7 +30,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
-from ort_flash.rewriter.refinement import Refinement, attr, fail, flash_pattern
+from ort_flash.rewriter.refinements.base import Refinement, attr, fail, flash_pattern
 
 FAMILY = "kv_cache"
 
