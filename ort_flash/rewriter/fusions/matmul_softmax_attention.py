@@ -43,7 +43,7 @@ from onnxscript.rewriter import pattern
 
 from ort_flash.rewriter import flash_op, shape_scalar
 from ort_flash.rewriter.fusions import masked_fill, view_3d, view_4d
-from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
+from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.onnxscript_api import as_failure, fail
 from ort_flash.rewriter.report import FusedSubgraph
 from ort_flash.rewriter.fusions.score_casts import check_noop_casts, check_score_casts, maybe_cast

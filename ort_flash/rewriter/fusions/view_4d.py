@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ort_flash.rewriter.mask_domain import Unprovable, equal, is_one, value_dims
+from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, is_one, value_dims
 from ort_flash.rewriter.onnxscript_api import MatchFailureError
 
 

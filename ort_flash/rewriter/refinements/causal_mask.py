@@ -2,7 +2,7 @@
 # FlashAttention's is_causal flag and a compact key-padding mask.
 #
 #   m (B, Skv) graph input, 0/1 or bool                    (absent for a pure causal mask)
-#   M = any subgraph that mask_analysis proves equal to
+#   M = any subgraph that the mask prover (mask_prover/analysis.py) proves equal to
 #         visible[b, h, i, j] = (j <= i)? and (m[b, j] != 0)?        broadcast to (B, H, Sq, Skv)
 #       as Where(visible, 0, c) with c <= -1e4 or -inf (additive), or visible itself (bool);
 #       or Add(A, M) where only M has that form (T5: A is the relative position bias), or
@@ -37,9 +37,9 @@ import numpy as np
 import onnx_ir as ir
 import sympy as sp
 
-from ort_flash.rewriter.mask_analysis import MIN_MASKED, MaskForm, analyze_mask
+from ort_flash.rewriter.mask_prover.analysis import MIN_MASKED, MaskForm, analyze_mask
 from ort_flash.rewriter.subgraphs import scope_inputs
-from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
+from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.refinements.base import Refinement, attr, fail, flash_pattern
 
 FAMILY = "causal_mask"

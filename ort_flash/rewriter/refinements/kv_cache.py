@@ -29,7 +29,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
+from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.refinements.base import Refinement, attr, fail, flash_pattern
 
 FAMILY = "kv_cache"

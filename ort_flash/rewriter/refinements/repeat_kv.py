@@ -19,7 +19,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from ort_flash.rewriter.refinements.head_shapes import HeadSplitShape
-from ort_flash.rewriter.mask_domain import Unprovable, equal, value_dims
+from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.refinements.base import Refinement, fail, flash_pattern
 
 FAMILY = "repeat_kv"

@@ -1,5 +1,5 @@
 """Lookups and index tensors in mask subgraphs: Flatten / Gather / GatherND of a mask input,
-Concat of index columns, ScatterND over every index (the ``Lookups`` part of mask_eval's
+Concat of index columns, ScatterND over every index (the ``Lookups`` part of evaluator's
 Evaluator; it calls ``self(value)`` to evaluate inputs)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import sympy as sp
 
-from ort_flash.rewriter.mask_domain import (
+from ort_flash.rewriter.mask_prover.domain import (
     AV, Aff, Flat, Nonzero, Stack, Unprovable, Val, Vec, aff_index, broadcast_to, const_like,
     equal, is_const, is_one, nonzero_coefs, value_dims,
 )

@@ -2,7 +2,7 @@
 
 ``Where(Cast(bool, 1 - Cast(float, mask)), finfo.min, 0)`` hides key j where
 ``float(mask[b, j]) - 1 != 0``, that is where ``mask[b, j] != 1``. These helpers give the
-evaluator (mask_eval) that meaning exactly, for any input values (not only 0/1):
+evaluator (evaluator.py) that meaning exactly, for any input values (not only 0/1):
 
 - ``Cast(float, input)`` is ``FDiff(value=0)`` (exact for an integer or bool input, and for a
   float input cast to a type at least as wide);
@@ -22,7 +22,7 @@ import math
 
 import onnx_ir as ir
 
-from ort_flash.rewriter.mask_domain import (
+from ort_flash.rewriter.mask_prover.domain import (
     TRUE, All, AnyOf, Eq, FDiff, Not, Select, Unprovable, Val, broadcast_to, is_const,
 )
 

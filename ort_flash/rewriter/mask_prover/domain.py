@@ -1,4 +1,4 @@
-"""The symbolic domain in which mask subgraphs are evaluated (see mask_analysis).
+"""The symbolic domain in which mask subgraphs are evaluated (see analysis).
 
 Every abstract tensor is ``AV(dims, content)``: its dims as sympy expressions (inferred symbolic
 dims become positive integer symbols) and a content that gives each element as a formula of its

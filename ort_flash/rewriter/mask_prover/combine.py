@@ -1,4 +1,4 @@
-"""Elementwise ops over two-valued mask tensors, by truth table (see mask_eval).
+"""Elementwise ops over two-valued mask tensors, by truth table (see evaluator).
 
 A mask is built from tensors that take one of two values (``Select(p, a, b)``) or are
 predicates; an elementwise op of such tensors (``triu(full(min), 1) * (arange > cache_position)``,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 
-from ort_flash.rewriter.mask_domain import (
+from ort_flash.rewriter.mask_prover.domain import (
     MIN_MASKED, TRUE, All, AnyOf, Not, Select, is_const, is_pred,
 )
 

@@ -1,7 +1,7 @@
 """Abstract evaluation of the ONNX ops that exporters build attention masks from (lookups and
-index tensors in mask_lookups).
+index tensors in lookups).
 
-``Evaluator(graph_inputs)(value)`` returns the ``AV`` (mask_domain) of ``value`` by evaluating
+``Evaluator(graph_inputs)(value)`` returns the ``AV`` (domain) of ``value`` by evaluating
 its producers; any op or form it does not model raises ``Unprovable`` with the reason.
 """
 
@@ -11,10 +11,10 @@ import numpy as np
 import onnx_ir as ir
 import sympy as sp
 
-from ort_flash.rewriter import mask_values
-from ort_flash.rewriter.mask_combine import combine
-from ort_flash.rewriter.mask_lookups import Lookups, _attr
-from ort_flash.rewriter.mask_domain import (
+from ort_flash.rewriter.mask_prover import values as mask_values
+from ort_flash.rewriter.mask_prover.combine import combine
+from ort_flash.rewriter.mask_prover.lookups import Lookups, _attr
+from ort_flash.rewriter.mask_prover.domain import (
     AV, TRUE, Aff, All, AnyOf, Flattened, Le, Not, Nonzero, Select, Unprovable, Val, Vec,
     aff_index, broadcast_to, const_like, const_value, equal, fl, is_const, is_one, is_pred,
     le_of, nonzero_coefs, remap, select_to_pred, shift, value_dims,

@@ -31,11 +31,11 @@ import math
 import onnx_ir as ir
 import sympy as sp
 
-from ort_flash.rewriter.mask_domain import (
+from ort_flash.rewriter.mask_prover.domain import (
     MIN_MASKED, All, AnyOf, Eq, Le, Not, Nonzero, Select, Unprovable, aff_index, broadcast_to,
     equal, is_pred,
 )
-from ort_flash.rewriter.mask_eval import Evaluator
+from ort_flash.rewriter.mask_prover.evaluator import Evaluator
 
 __all__ = ["MIN_MASKED", "MaskForm", "Unprovable", "analyze_mask"]
 
@@ -49,7 +49,7 @@ class MaskForm:
     additive: bool  # an additive float mask (else bool)
     masked_value: float  # the additive value of hidden keys (-inf for bool)
     padding_equals: float | None = None  # visible where padding == this (None: where != 0)
-    merged: bool = False  # several hidden values merged (see mask_domain.Select.merged)
+    merged: bool = False  # several hidden values merged (see domain.Select.merged)
     left_window: int | None = None  # keys at most this many positions before the query's
 
 
