@@ -52,16 +52,16 @@ from onnxscript.rewriter import pattern
 from ort_flash.rewriter.onnxscript_api import RULE_NAME_TAG
 
 from ort_flash.rewriter import external_data, flash_op
-from ort_flash.rewriter.refinements import (
-    bias_fold, causal_mask, kv_cache, layout_3d, merge_reshape, packed_qkv, repeat_kv,
-)
+from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.fusions import (
     group_query_attention, matmul_softmax_attention, ms_multihead_attention, onnx_attention,
     sdpa_attention,
 )
-from ort_flash.rewriter.diagnose import structural_reason
 from ort_flash.rewriter.model_io import load
-from ort_flash.rewriter.output_check import RewriteRefusedError, check_output
+from ort_flash.rewriter.output_check import check_output
+from ort_flash.rewriter.refinements import (
+    bias_fold, causal_mask, kv_cache, layout_3d, merge_reshape, packed_qkv, repeat_kv,
+)
 from ort_flash.rewriter.report import RewriteReport, UnfusedSoftmax
 from ort_flash.rewriter.shapes import infer_shapes
 from ort_flash.rewriter.subgraphs import graph_labels, qualified, subgraphs

@@ -41,13 +41,14 @@ import math
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_flash.rewriter import flash_op, shape_scalar
+from ort_flash.rewriter import flash_op
 from ort_flash.rewriter.fusions import masked_fill, view_3d, view_4d
-from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
+from ort_flash.rewriter.fusions.score_casts import check_noop_casts, check_score_casts, maybe_cast
 from ort_flash.rewriter.onnxscript_api import as_failure, fail
 from ort_flash.rewriter.report import FusedSubgraph
-from ort_flash.rewriter.fusions.score_casts import check_noop_casts, check_score_casts, maybe_cast
-from ort_flash.rewriter.shapes import dim_text, dims, known_int, report_int, same_dim
+from ort_flash.rewriter.shapes import (
+    Unprovable, dim_text, dims, equal, known_int, report_int, same_dim, static_value, value_dims,
+)
 
 FAMILY = "matmul_softmax_attention"
 _FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
@@ -315,9 +316,9 @@ def softcap_value(cap: ir.Value | None, cap_out: ir.Value | None) -> float:
 
 def constant_scalar(value: ir.Value | None, what: str) -> float:
     """A constant scalar, or one computed only from constants and static dims (a scale of
-    1/Sqrt(Cast(Shape(q)[-1])): see shape_scalar)."""
+    1/Sqrt(Cast(Shape(q)[-1])): see shapes.static_value)."""
     tensor = None if value is None or value.is_graph_input() else ir.convenience.get_const_tensor(value)
-    array = tensor.numpy() if tensor is not None else shape_scalar.evaluate(value)
+    array = tensor.numpy() if tensor is not None else static_value(value)
     if array is None or array.dtype == object:
         fail(f"{what} is not a constant")
     if array.size != 1 or array.ndim > 4:

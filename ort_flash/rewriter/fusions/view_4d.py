@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, is_one, value_dims
 from ort_flash.rewriter.onnxscript_api import MatchFailureError
+from ort_flash.rewriter.shapes import Unprovable, equal, is_one, value_dims
 
 
 def check(scores3: ir.Value, scores4: ir.Value, probs3: ir.Value) -> int:

@@ -32,10 +32,10 @@ import onnx_ir as ir
 import sympy as sp
 
 from ort_flash.rewriter.mask_prover.domain import (
-    MIN_MASKED, All, AnyOf, Eq, Le, Not, Nonzero, Select, Unprovable, aff_index, broadcast_to,
-    equal, is_pred,
+    MIN_MASKED, All, AnyOf, Eq, Le, Not, Nonzero, Select, aff_index, broadcast_to, is_pred,
 )
 from ort_flash.rewriter.mask_prover.evaluator import Evaluator
+from ort_flash.rewriter.shapes import Unprovable, equal
 
 __all__ = ["MIN_MASKED", "MaskForm", "Unprovable", "analyze_mask"]
 

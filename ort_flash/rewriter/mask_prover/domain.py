@@ -20,17 +20,12 @@ Reindexing (Unsqueeze, Expand, broadcasting, Slice) is ``remap`` / ``broadcast_t
 from __future__ import annotations
 
 import dataclasses
-import functools
-import re
 from typing import Any
 
 import numpy as np
-import onnx_ir as ir
 import sympy as sp
 
-
-class Unprovable(Exception):
-    """The mask's formula could not be established; ``str(e)`` says where."""
+from ort_flash.rewriter.shapes import Unprovable, equal, is_one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,52 +131,6 @@ TRUE = All(())
 class AV:
     dims: tuple
     c: Any
-
-
-# ---------------------------------------------------------------- dims
-
-
-def sym(dim) -> Any:
-    """A dim as a sympy expression: symbolic shape inference names dims like "2*batch"."""
-    if isinstance(dim, int):
-        return sp.Integer(dim)
-    if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
-        return _parse_dim(dim.value)
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_dim(text: str) -> Any:
-    """Names are positive integers; ``floor`` (of a quotient, as symbolic shape inference
-    writes a Reshape's -1: "floor(64*batch*(p + s)/(32*p + 32*s))") is simplified inside."""
-    names = set(re.findall(r"[A-Za-z_][A-Za-z_0-9.]*", text)) - {"floor"}
-    symbols = {n: sp.Symbol(n, integer=True, positive=True) for n in names}
-    if not names or not re.fullmatch(r"[A-Za-z_0-9.*+\-/ ()]+", text):
-        return sp.Symbol(text, integer=True, positive=True)
-    if "/" in text and "floor(" not in text:  # a bare quotient: not an integer dim we can read
-        return sp.Symbol(text, integer=True, positive=True)
-    try:
-        expr = sp.sympify(text, locals={**symbols, "floor": sp.floor})
-    except (sp.SympifyError, SyntaxError, TypeError):
-        return sp.Symbol(text, integer=True, positive=True)
-    return expr.replace(sp.floor, lambda arg: sp.floor(sp.cancel(arg)))
-
-
-def value_dims(value: ir.Value) -> tuple:
-    if value.shape is None:
-        raise Unprovable(f"the shape of {value.name!r} is unknown")
-    dims = tuple(sym(d) for d in value.shape.dims)
-    if any(d is None for d in dims):
-        raise Unprovable(f"a dim of {value.name!r} is unknown ({value.shape})")
-    return dims
-
-
-def equal(a, b) -> bool:
-    return a is not None and b is not None and sp.simplify(a - b) == 0
-
-
-def is_one(d) -> bool:
-    return equal(d, sp.Integer(1))
 
 
 # ---------------------------------------------------------------- remapping axes

@@ -13,12 +13,13 @@ import sympy as sp
 
 from ort_flash.rewriter.mask_prover import values as mask_values
 from ort_flash.rewriter.mask_prover.combine import combine
-from ort_flash.rewriter.mask_prover.lookups import Lookups, _attr
 from ort_flash.rewriter.mask_prover.domain import (
-    AV, TRUE, Aff, All, AnyOf, Flattened, Le, Not, Nonzero, Select, Unprovable, Val, Vec,
-    aff_index, broadcast_to, const_like, const_value, equal, fl, is_const, is_one, is_pred,
-    le_of, nonzero_coefs, remap, select_to_pred, shift, value_dims,
+    AV, TRUE, Aff, All, AnyOf, Flattened, Le, Not, Nonzero, Select, Val, Vec, aff_index,
+    broadcast_to, const_like, const_value, fl, is_const, is_pred, le_of, nonzero_coefs, remap,
+    select_to_pred, shift,
 )
+from ort_flash.rewriter.mask_prover.lookups import Lookups, _attr
+from ort_flash.rewriter.shapes import Unprovable, equal, is_one, value_dims
 
 
 class Evaluator(Lookups):

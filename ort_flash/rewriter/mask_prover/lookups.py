@@ -8,9 +8,10 @@ import onnx_ir as ir
 import sympy as sp
 
 from ort_flash.rewriter.mask_prover.domain import (
-    AV, Aff, Flat, Nonzero, Stack, Unprovable, Val, Vec, aff_index, broadcast_to, const_like,
-    equal, is_const, is_one, nonzero_coefs, value_dims,
+    AV, Aff, Flat, Nonzero, Stack, Val, Vec, aff_index, broadcast_to, const_like, is_const,
+    nonzero_coefs,
 )
+from ort_flash.rewriter.shapes import Unprovable, equal, is_one, value_dims
 
 
 class Lookups:

@@ -23,8 +23,9 @@ import math
 import onnx_ir as ir
 
 from ort_flash.rewriter.mask_prover.domain import (
-    TRUE, All, AnyOf, Eq, FDiff, Not, Select, Unprovable, Val, broadcast_to, is_const,
+    TRUE, All, AnyOf, Eq, FDiff, Not, Select, Val, broadcast_to, is_const,
 )
+from ort_flash.rewriter.shapes import Unprovable
 
 _WIDTH = {ir.DataType.FLOAT16: 16, ir.DataType.BFLOAT16: 16, ir.DataType.FLOAT: 32,
           ir.DataType.DOUBLE: 64}

@@ -17,8 +17,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from ort_flash.rewriter import flash_op
-# fail: the refinements import it from here.
-from ort_flash.rewriter.onnxscript_api import MatchFailureError, as_failure, fail  # noqa: F401
+from ort_flash.rewriter.onnxscript_api import MatchFailureError, as_failure
 
 INPUTS = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
 
@@ -94,11 +93,6 @@ class Refinement(pattern.RewriteRuleClassBase):
             value.shape, value.type = like.shape, like.type
         self.applied.append((node.name, report))
         return tuple(new) if outputs == 3 else new[0]
-
-
-def attr(node: ir.Node, name: str, default=None):
-    a = node.attributes.get(name)
-    return default if a is None else a.value
 
 
 def flash_pattern(op, q, k, v, *rest, present: bool = False, **kwargs):

@@ -32,8 +32,10 @@ import numpy as np
 import onnx_ir as ir
 
 from ort_flash.rewriter import flash_op
+from ort_flash.rewriter.onnxscript_api import fail
 from ort_flash.rewriter.refinements import packed_qkv
-from ort_flash.rewriter.refinements.base import Refinement, attr, fail
+from ort_flash.rewriter.refinements.base import Refinement
+from ort_flash.rewriter.shapes import attr
 
 FAMILY = "bias_fold"
 # Nodes that are not packed QKV with a bias Add: nothing to do, not a decline.

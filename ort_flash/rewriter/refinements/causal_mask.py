@@ -38,9 +38,10 @@ import onnx_ir as ir
 import sympy as sp
 
 from ort_flash.rewriter.mask_prover.analysis import MIN_MASKED, MaskForm, analyze_mask
+from ort_flash.rewriter.onnxscript_api import fail
+from ort_flash.rewriter.refinements.base import Refinement, flash_pattern
+from ort_flash.rewriter.shapes import Unprovable, attr, equal, value_dims
 from ort_flash.rewriter.subgraphs import scope_inputs
-from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
-from ort_flash.rewriter.refinements.base import Refinement, attr, fail, flash_pattern
 
 FAMILY = "causal_mask"
 NOTE_MERGED = ("hidden keys had several mask values (min and -inf), now one: equal except at query "

@@ -19,8 +19,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
 from ort_flash.rewriter.refinements.base import Refinement
+from ort_flash.rewriter.shapes import Unprovable, equal, value_dims
 
 
 class HeadSplitShape(Refinement):

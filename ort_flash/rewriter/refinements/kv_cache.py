@@ -29,8 +29,9 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
-from ort_flash.rewriter.refinements.base import Refinement, attr, fail, flash_pattern
+from ort_flash.rewriter.onnxscript_api import fail
+from ort_flash.rewriter.refinements.base import Refinement, flash_pattern
+from ort_flash.rewriter.shapes import Unprovable, attr, equal, value_dims
 
 FAMILY = "kv_cache"
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from ort_flash.rewriter.onnxscript_api import fail
+from ort_flash.rewriter.refinements.base import Refinement, flash_pattern
 from ort_flash.rewriter.refinements.head_shapes import HeadSplitShape
-from ort_flash.rewriter.mask_prover.domain import Unprovable, equal, value_dims
-from ort_flash.rewriter.refinements.base import Refinement, fail, flash_pattern
+from ort_flash.rewriter.shapes import Unprovable, equal, value_dims
 
 FAMILY = "layout_3d"
 _HEADS_TO_AXIS1 = [0, 2, 1, 3]

@@ -18,7 +18,8 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from ort_flash.rewriter import flash_op
-from ort_flash.rewriter.refinements.base import Refinement, fail
+from ort_flash.rewriter.onnxscript_api import fail
+from ort_flash.rewriter.refinements.base import Refinement
 
 FAMILY = "merge_reshape"
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ort_flash.rewriter.refinements.base import Refinement, attr, fail, flash_pattern
+from ort_flash.rewriter.onnxscript_api import fail
+from ort_flash.rewriter.refinements.base import Refinement, flash_pattern
+from ort_flash.rewriter.shapes import attr
 
 FAMILY = "packed_qkv"
 _PARTS = ("Q", "K", "V")
