@@ -162,7 +162,7 @@ def InferenceSession(model, providers=None, sess_options=None, **kwargs):
     ort = import_onnxruntime()
 
     if providers is None:
-        from ort_flash.info import cuda_device_arch
+        from ort_flash._cuda_device import cuda_device_arch
 
         # onnxruntime-gpu lists CUDA on machines without a GPU too, and then logs its failure.
         available = ort.get_available_providers()

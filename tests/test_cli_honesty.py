@@ -18,7 +18,7 @@ import pytest
 
 import ort_flash
 from ort_flash import commands
-from ort_flash.info import cuda_device_arch
+from ort_flash._cuda_device import cuda_device_arch
 from ort_flash.rewriter.report import FusedSubgraph, RewriteReport, UnfusedSoftmax
 
 from test_reliability_cli import DEMO, _tiny_model, assert_user_error, cli
