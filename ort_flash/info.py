@@ -28,7 +28,7 @@ def onnxruntime_line() -> str:
 
 def format_info() -> str:
     import ort_flash
-    from ort_flash._session import load_extension
+    from ort_flash._library import load_extension
 
     _C = load_extension()  # a clear error where a source checkout shadows the install
     kernels = _C.kernels()
