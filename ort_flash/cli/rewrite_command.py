@@ -1,11 +1,8 @@
-"""The ``rewrite`` and ``verify`` subcommands: argparse Namespace in, exit code out.
+"""``ort-flash rewrite``: fuse a model's attention (or a GenAI folder's decoder's) and write it.
 
-``ort_flash/cli.py`` builds the parser (``add_rewrite_arguments`` / ``add_verify_arguments``
-define the flags once) and dispatches to ``cmd_rewrite`` / ``cmd_verify``. User errors (a missing
-file, a file that is not ONNX, a truncated one, an unwritable output) print one line on stderr and
-return 2, with no traceback; ``verify`` returns 1 when outputs differ beyond tolerance, 2 when
-``--provider cuda`` was asked for and the fused op did not run on CUDA; ``rewrite`` returns 3 when
-it fused nothing (the output, an unchanged copy, is still written unless ``--require-fusion``).
+Exit status: 0 attention fused and the model written; 2 a user error (one line on stderr, nothing
+written); 3 nothing fused (``EXIT_NOTHING_FUSED``: the output, an unchanged copy, is still written
+unless ``--require-fusion``).
 """
 
 from __future__ import annotations
@@ -20,34 +17,17 @@ import sys
 import tempfile
 import textwrap
 
-
+from ort_flash.cli.common import (
+    EXIT_NOTHING_FUSED, EXIT_OK, check_writable, same_file, user_error, write_atomic, write_text,
+)
 from ort_flash.ort_fusions import MODEL_TYPES as ORT_MODEL_TYPES
-from ort_flash.rewriter.model_io import ModelLoadError, load_model
+from ort_flash.rewriter.model_io import ModelLoadError
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_NOTHING_FUSED = 0, 1, 2, 3
-PROVIDERS = {
-    "cpu": ["CPUExecutionProvider"],
-    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-}
+NAME = "rewrite"
+HELP = "fuse attention subgraphs into ort_flash.FlashAttention"
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse reports a bad value as a usage error, exit code 2)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def tolerance(text: str) -> float:
-    """argparse type: a finite float >= 0."""
-    value = float(text)
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text}")
-    return value
-
-
-def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("exit status: 0 attention fused and the model written; 2 a user error (nothing "
                      "written); 3 nothing fused (the unchanged model written, with a warning; "
                      "with --require-fusion nothing written)")
@@ -87,39 +67,14 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
              "model is written unchanged with a warning and exit status 3")
 
 
-def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = ("an output passes where |rewritten - original| <= atol + rtol * |original| at "
-                     "every element. exit status: 0 pass; 1 outputs differ; 2 a user error, or "
-                     "--provider cuda where the fused op did not run on CUDA")
-    parser.add_argument("original", help="the model before rewriting")
-    parser.add_argument("rewritten", help="the model after rewriting")
-    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
-    parser.add_argument("--seq-len", type=positive_int, default=None, help="size of dynamic sequence dims")
-    parser.add_argument("--past-len", type=positive_int, default=None,
-                        help="size of dynamic dims named like a KV cache's ('past...'; default 12)")
-    parser.add_argument("--batch", type=positive_int, default=2, help="size of dynamic batch dims")
-    from ort_flash.verify import parse_shape
-    parser.add_argument("--shape", type=parse_shape, action="append", default=None,
-                        metavar="NAME=d0,d1,...",
-                        help="the shape of one input, e.g. pixel_values=2,3,224,224 (repeatable); "
-                             "its named dims take these sizes in the other inputs too")
-    parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
-    parser.add_argument("--atol", type=tolerance, default=None,
-                        help="absolute tolerance (default by output dtype: 1e-4 float32, 2e-2 float16); "
-                             "e.g. 2e-2 for a model rewritten with --float16, whose float32 outputs are "
-                             "computed in float16")
-    parser.add_argument("--rtol", type=tolerance, default=None, help="relative tolerance (default by output dtype, as --atol)")
-    parser.add_argument("--json", metavar="FILE.json", help="also write the result as JSON")
-
-
-def cmd_rewrite(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from ort_flash import ort_fusions
     from ort_flash.progress import Progress, wanted
     from ort_flash.rewriter import RewriteRefusedError, rewrite
 
     model_type = getattr(args, "ort_fusions", None)
     if getattr(args, "float16", False) and not model_type:
-        return _user_error("--float16 converts between ONNX Runtime's optimizer and the rewrite: "
+        return user_error("--float16 converts between ONNX Runtime's optimizer and the rewrite: "
                            "it needs --ort-fusions")
     from ort_flash import genai
 
@@ -127,14 +82,14 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
         try:
             folder = _genai_folder(args.input, args.output)
             source = str(folder.decoder) if folder else args.input
-            if folder is None and _same_file(args.input, args.output):
+            if folder is None and same_file(args.input, args.output):
                 raise ModelLoadError(f"{args.output}: is the input model; choose another output path")
             if folder is None:
-                _check_writable(args.output)  # before the work, not after it
+                check_writable(args.output)  # before the work, not after it
             else:
                 genai.check_output_folder(folder, args.output)
             if args.report:
-                _check_writable(args.report)
+                check_writable(args.report)
             options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
                            fp32_precision=getattr(args, "fp32_precision", "ieee"), progress=progress)
             progress("loading")
@@ -170,11 +125,11 @@ def cmd_rewrite(args: argparse.Namespace) -> int:
             else:
                 data = write_model(result, args.output)
             if args.report:
-                _write_atomic(args.report, lambda path: _write_text(path, report))
+                write_atomic(args.report, lambda path: write_text(path, report))
         except (ModelLoadError, RewriteRefusedError, ort_fusions.OrtFusionError, genai.GenAIFolderError,
                 OSError) as e:
             progress.close()
-            return _user_error(e)
+            return user_error(e)
     if folder is not None:
         print(f"wrote the GenAI folder {args.output}: {folder.decoder.name} rewritten"
               f"{' with its weights in ' + os.path.basename(data) if data else ''}, genai_config.json "
@@ -233,7 +188,7 @@ def write_model(result, output: str) -> str | None:
     os.umask(umask)
     os.chmod(data_tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
     try:
-        _write_atomic(output, graph, before_replace=lambda: written[0] and os.replace(data_tmp, data_path))
+        write_atomic(output, graph, before_replace=lambda: written[0] and os.replace(data_tmp, data_path))
     finally:
         if os.path.exists(data_tmp):
             os.unlink(data_tmp)
@@ -270,133 +225,3 @@ def _optimizer_messages_in_our_terms(model_type: str):
         log.removeFilter(translate)
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from ort_flash.verify import InputShapeError, ModelMismatchError, verify
-
-    from ort_flash.progress import Progress, wanted
-
-    with Progress(wanted(json_run=bool(getattr(args, "json", None)))) as progress:
-        try:
-            progress("loading")
-            load_model(args.original)  # a clear message for a bad file before ONNX Runtime sees it
-            load_model(args.rewritten)
-            if args.seq_len is not None and args.seq_len < 1:
-                raise ModelLoadError(f"--seq-len must be at least 1, not {args.seq_len}")
-            result = verify(
-                args.original, args.rewritten, providers=PROVIDERS[args.provider],
-                batch=getattr(args, "batch", 2), seq_len=args.seq_len,
-                past_len=getattr(args, "past_len", None), seed=getattr(args, "seed", None),
-                atol=getattr(args, "atol", None), rtol=getattr(args, "rtol", None),
-                shapes=dict(getattr(args, "shape", None) or []), progress=progress,
-            )
-        except (ModelLoadError, ModelMismatchError, InputShapeError, OSError, ImportError) as e:
-            progress.close()
-            return _user_error(e)
-        except _onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library
-            progress.close()
-            return _user_error(f"onnxruntime: {e}")
-    if args.provider == "cuda":
-        not_on_cuda = _fused_op_off_cuda(args, result)
-        if not_on_cuda:
-            return _user_error(f"verify --provider cuda: {not_on_cuda}; nothing was verified on CUDA")
-    print(result.format_table())
-    if getattr(args, "json", None):
-        try:
-            _write_atomic(args.json, lambda path: _write_text(path, result.to_json()))
-        except OSError as e:
-            return _user_error(e)
-    return EXIT_OK if result.passed else EXIT_MISMATCH
-
-
-def _fused_op_off_cuda(args: argparse.Namespace, result) -> str:
-    """Why the rewritten model's FlashAttention nodes did not run on CUDA ("" if they did),
-    from the session's providers and ONNX Runtime's profiler (as ``demo --provider cuda``)."""
-    if "CUDAExecutionProvider" not in result.rewritten_providers:
-        return ("ONNX Runtime could not create a CUDA session here (it needs onnxruntime-gpu, an "
-                "NVIDIA GPU and the CUDA libraries; see its messages above), so the rewritten model "
-                f"ran on {', '.join(result.rewritten_providers)}")
-    import ort_flash
-    from ort_flash.timing import node_placements
-    from ort_flash.verify import DEFAULT_PAST_LEN, DEFAULT_SEQ_LEN, make_inputs
-
-    feeds = make_inputs(load_model(args.original), batch=getattr(args, "batch", 2),
-                        seq_len=args.seq_len or DEFAULT_SEQ_LEN,
-                        past_len=getattr(args, "past_len", None) or DEFAULT_PAST_LEN, seed=result.seed,
-                        shapes=dict(getattr(args, "shape", None) or []))
-    placed = node_placements(args.rewritten, feeds, PROVIDERS["cuda"],
-                             ort_flash.session_options())
-    elsewhere = {p: n for (op, p), n in placed.items() if op == "FlashAttention" and p != "CUDAExecutionProvider"}
-    if elsewhere:
-        return ("the FlashAttention nodes ran on " + ", ".join(f"{p} x{n}" for p, n in elsewhere.items())
-                + " (ONNX Runtime's profiler); `ort-flash info` says which GPUs this build has kernels for")
-    return ""
-
-
-def _onnxruntime_errors() -> tuple[type[BaseException], ...]:
-    """ONNX Runtime's Python exceptions (Fail, InvalidGraph, ...), which derive from Exception only."""
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
-
-    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NoSuchFile",
-             "NoModel", "RuntimeException", "NotImplemented", "EPFail", "ModelLoaded")
-    return (RuntimeError, *(getattr(state, n) for n in names if hasattr(state, n)))
-
-
-def _user_error(error: Exception | str) -> int:
-    text = str(error).strip().splitlines()
-    print(f"ort-flash: error: {text[0] if text else type(error).__name__}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.abspath(a) == os.path.abspath(b)
-
-
-def _check_writable(path: str) -> None:
-    """Fails now, naming ``path``, where ``_write_atomic`` would fail after the work: a missing
-    folder, a directory in the way, a folder this process cannot create files in."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ModelLoadError(f"{path}: cannot write there: folder {folder} does not exist")
-    if os.path.isdir(path):
-        raise ModelLoadError(f"{path}: cannot write there: it is a directory")
-    try:  # the real test (permissions, read-only file systems, root included): create a file there
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".probe")
-    except OSError as e:
-        raise ModelLoadError(f"{path}: cannot write there: {e.strerror or e}") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def _write_atomic(path: str, write, before_replace=None) -> None:
-    """Write through a temp file in the same folder, then os.replace: never a half-written file.
-    ``before_replace``: called after the write, before the file takes its name."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    except OSError as e:  # name the file asked for, not the temp file
-        raise OSError(e.errno, f"{path}: cannot write there: {e.strerror}") from None
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        write(tmp)
-        if before_replace is not None:
-            before_replace()
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise OSError(e.errno, f"{path}: cannot write there: {e.strerror or e}") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text + "\n")

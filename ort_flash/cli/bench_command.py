@@ -1,4 +1,5 @@
-"""`ort-flash bench`: arguments, and running the suites (each in its own process under `all`).
+"""``ort-flash bench``: arguments, and running the suites of ``ort_flash.bench`` (each in its own
+process under ``all``).
 
 Under ``--suite all`` every suite runs in a child process of its own: a CUDA error in one
 cannot poison the next, each end-to-end memory reading starts from a clean device, and a suite
@@ -18,6 +19,9 @@ import time
 
 from ort_flash.bench import results
 
+NAME = "bench"
+HELP = ("time the fused op, ONNX Runtime's attention and torch SDPA; "
+        "tables and JSON (docs/PERFORMANCE.md via --report)")
 SUITES_BY_DEVICE = {"cuda": ("op", "decode", "e2e", "decode_e2e"), "cpu": ("cpu", "op")}
 # Seconds per suite (full, quick); None = unlimited. The op suite's 300 s is the issue's budget.
 BUDGETS = {"op": (300, 60), "decode": (120, 40), "e2e": (300, 150), "decode_e2e": (480, 170),
@@ -75,7 +79,7 @@ def suite_budget(args, suite: str, device: str, share: float = 1.0) -> float | N
     return BUDGETS[suite][1 if args.quick else 0] if device == "cuda" else None
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if device == "cpu" and "torch" not in sys.modules:
         # Peers take turns on the same cores: torch's OpenMP workers must not keep spinning
