@@ -49,7 +49,6 @@ import os
 import onnx
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
-from ort_flash.rewriter.onnxscript_api import RULE_NAME_TAG
 
 from ort_flash.rewriter import external_data, flash_op
 from ort_flash.rewriter.diagnose import structural_reason
@@ -58,6 +57,7 @@ from ort_flash.rewriter.fusions import (
     sdpa_attention,
 )
 from ort_flash.rewriter.model_io import load
+from ort_flash.rewriter.onnxscript_api import RULE_NAME_TAG
 from ort_flash.rewriter.output_check import check_output
 from ort_flash.rewriter.refinements import (
     bias_fold, causal_mask, kv_cache, layout_3d, merge_reshape, packed_qkv, repeat_kv,
