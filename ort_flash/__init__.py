@@ -10,7 +10,8 @@ C or C++); `session_options()` does that for Python sessions.
 from __future__ import annotations
 
 from ._onnxruntime import warn_if_unusable as _warn_if_unusable
-from ._session import InferenceSession, check_op_version, library_path, session_options
+from ._library import library_path, session_options
+from ._session import InferenceSession, check_op_version
 
 _warn_if_unusable()  # one line where no ONNX Runtime, or two packages of it, are installed
 

@@ -24,7 +24,7 @@ def pick_device(requested: str) -> str:
     if requested != "auto":
         check_providers(PROVIDERS[requested])  # CUDA on the CPU package: refused, with the reason
         return requested
-    from ort_flash.info import cuda_device_arch
+    from ort_flash._cuda_device import cuda_device_arch
     if "CUDAExecutionProvider" in ort.get_available_providers() and cuda_device_arch() is not None:
         return "cuda"
     return "cpu"

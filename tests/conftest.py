@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (cases.py, _onnx
 def gpu_unavailable_reason(direct: bool = False) -> str | None:
     """None when a GPU and (unless `direct`: the kernels driven without ONNX Runtime) the CUDA
     execution provider are usable, else why not."""
-    from ort_flash.info import cuda_device_arch
+    from ort_flash._cuda_device import cuda_device_arch
     if cuda_device_arch() is None:
         return "no NVIDIA GPU / driver (libcuda.so.1) on this machine"
     if direct:

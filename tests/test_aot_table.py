@@ -329,11 +329,11 @@ def test_cpp_dispatcher_agrees_with_the_mirror(arch):
 def test_info_says_when_no_cuda_kernels_are_compiled(monkeypatch):
     """A CPU-only build's `ort-flash info` says in a sentence that no CUDA kernels are compiled
     and how to build them (it stopped mid-sentence at 'for ')."""
-    import ort_flash._session as session
+    import ort_flash._library as library
     from ort_flash import info
 
     fake = SimpleNamespace(kernels=lambda: [], triton_version=lambda: "3.6.0")
-    monkeypatch.setattr(session, "load_extension", lambda: fake)
+    monkeypatch.setattr(library, "load_extension", lambda: fake)
     text = info.format_info()
     line = next(x for x in text.splitlines() if x.startswith("kernels:"))
     assert "no CUDA kernels are compiled" in line and "ORT_FLASH_CUDA_ARCHS" in line

@@ -138,13 +138,13 @@ def test_single_file_output_past_the_limit_is_written_with_external_data(tmp_pat
 
 @needs_library
 def test_any_failure_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
-    from ort_flash import commands
+    from ort_flash.cli import rewrite_command
 
     def boom(*args, **kwargs):
         raise RuntimeError("something unexpected\nsecond line")
 
     source = big_model.build(str(tmp_path / "in"), 1, hidden=64, heads=1, ffn=64)
-    monkeypatch.setattr(commands, "write_model", boom)
+    monkeypatch.setattr(rewrite_command, "write_model", boom)
     assert main(["rewrite", source, "-o", str(tmp_path / "o.onnx")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("ort-flash: error: ") and "Traceback" not in err

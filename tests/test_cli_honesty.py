@@ -17,8 +17,8 @@ import onnx
 import pytest
 
 import ort_flash
-from ort_flash import commands
-from ort_flash.info import cuda_device_arch
+from ort_flash.cli import common, verify_command
+from ort_flash._cuda_device import cuda_device_arch
 from ort_flash.rewriter.report import FusedSubgraph, RewriteReport, UnfusedSoftmax
 
 from test_reliability_cli import DEMO, _tiny_model, assert_user_error, cli
@@ -101,12 +101,12 @@ def test_verify_cuda_fails_when_the_fused_op_ran_elsewhere(monkeypatch, tmp_path
     result = argparse.Namespace(rewritten_providers=["CUDAExecutionProvider", "CPUExecutionProvider"], seed=0)
     placed = {("FlashAttention", "CPUExecutionProvider"): 2, ("MatMul", "CUDAExecutionProvider"): 9}
     monkeypatch.setattr(ort_flash.timing, "node_placements", lambda *a, **k: placed)
-    why = commands._fused_op_off_cuda(args, result)
+    why = verify_command._fused_op_off_cuda(args, result)
     assert "CPUExecutionProvider x2" in why and "ort-flash info" in why, why
     placed = {("FlashAttention", "CUDAExecutionProvider"): 2}
-    assert commands._fused_op_off_cuda(args, result) == ""
+    assert verify_command._fused_op_off_cuda(args, result) == ""
     result.rewritten_providers = ["CPUExecutionProvider"]
-    assert "could not create a CUDA session" in commands._fused_op_off_cuda(args, result)
+    assert "could not create a CUDA session" in verify_command._fused_op_off_cuda(args, result)
 
 
 # ---- (5) the rewrite report -------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_nothing_fused_warns_and_exits_3(tmp_path):
     model.write_bytes(_tiny_model())
     out = tmp_path / "out.onnx"
     proc = cli("rewrite", model, "-o", out)
-    assert proc.returncode == commands.EXIT_NOTHING_FUSED == 3, proc.stderr
+    assert proc.returncode == common.EXIT_NOTHING_FUSED == 3, proc.stderr
     assert "warning: no attention was fused" in proc.stderr and "Traceback" not in proc.stderr
     onnx.checker.check_model(onnx.load(out))  # still written: the same graph
     out.unlink()

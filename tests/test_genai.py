@@ -21,7 +21,7 @@ pytest.importorskip("onnxruntime_genai", reason="onnxruntime_genai (onnxruntime-
 from _genai import generate_greedy, write_identity  # noqa: E402
 from models.genai_family import FAMILIES, WINDOWED_KV, build  # noqa: E402
 from ort_flash import genai  # noqa: E402
-from ort_flash._session import LIBRARY_NAME  # noqa: E402
+from ort_flash._library import LIBRARY_NAME  # noqa: E402
 
 pytestmark = pytest.mark.slow  # seven builder runs (about 20-40 s each) on a cold cache
 

@@ -91,7 +91,7 @@ def test_onnx_backend_windowed_gqa_rank4_case_is_not_the_ops_function():
     import onnx_ir as ir
     from onnxscript.rewriter import pattern
 
-    from ort_flash.rewriter import onnx_attention
+    from ort_flash.rewriter.fusions import onnx_attention
 
     # the rule itself (the whole rewrite also refuses to write a model that ONNX Runtime 1.31,
     # which lacks Attention-25's window attributes, cannot load)

@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxscript.rewriter import pattern
 
-from ort_flash.rewriter import bias_fold, rewrite
+from ort_flash.rewriter import rewrite
+from ort_flash.rewriter.refinements import bias_fold
 from test_rewrite_packed_qkv import _flash, _ops, _verified, encoder_model
 
 F16 = TensorProto.FLOAT16

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from onnx_reference import run_reference
-from ort_flash import commands
+from ort_flash.cli import rewrite_command
 from ort_flash.rewriter import RewriteReport, rewrite
 from ort_flash.verify import make_inputs
 
@@ -130,7 +130,7 @@ def test_same_function_as_original(demo):
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
 
 
-# The CLI's rewrite command (ort_flash.commands.cmd_rewrite).
+# The CLI's rewrite command (ort_flash.cli.rewrite_command.run).
 
 
 def _rewrite_args(input, output, report=None):
@@ -141,7 +141,7 @@ def _rewrite_args(input, output, report=None):
 
 def test_cmd_rewrite_writes_model_and_report(tmp_path, capsys):
     out, report = tmp_path / "m.flash.onnx", tmp_path / "r.json"
-    assert commands.cmd_rewrite(_rewrite_args(demo_path(DEMOS[0]), out, report)) == 0
+    assert rewrite_command.run(_rewrite_args(demo_path(DEMOS[0]), out, report)) == 0
     printed = capsys.readouterr().out
     assert "fused attention subgraphs: 2" in printed
     assert sum(n.op_type == "FlashAttention" for n in onnx.load(out).graph.node) == 2
@@ -158,7 +158,7 @@ def test_cmd_rewrite_user_errors(tmp_path, capsys, content):
     elif content is not None:
         bad.write_bytes(content)
     out = tmp_path / "out.onnx"
-    assert commands.cmd_rewrite(_rewrite_args(bad, out)) == 2
+    assert rewrite_command.run(_rewrite_args(bad, out)) == 2
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
     assert captured.err.startswith("ort-flash: error: ")
@@ -169,7 +169,7 @@ def test_cmd_rewrite_refuses_to_overwrite_input(tmp_path, capsys):
     model = tmp_path / "m.onnx"
     model.write_bytes(open(demo_path(DEMOS[0]), "rb").read())
     before = model.read_bytes()
-    assert commands.cmd_rewrite(_rewrite_args(model, model)) == 2
+    assert rewrite_command.run(_rewrite_args(model, model)) == 2
     assert model.read_bytes() == before
     assert "is the input model" in capsys.readouterr().err
 

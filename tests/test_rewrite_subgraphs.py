@@ -20,9 +20,8 @@ from onnx import TensorProto, helper
 
 import _subgraph_models as models
 from ort_flash.cli import main
-from ort_flash.rewriter import (
-    RewriteRefusedError, RewriteReport, matmul_softmax_attention, output_check, rewrite, shapes,
-)
+from ort_flash.rewriter import RewriteRefusedError, RewriteReport, output_check, rewrite, shapes
+from ort_flash.rewriter.fusions import matmul_softmax_attention
 from ort_flash.rewriter.subgraphs import subgraphs
 from ort_flash.verify import verify
 from test_verify import needs_library
@@ -175,12 +174,12 @@ def test_gate_accepts_a_good_rewrite_unchanged(tmp_path):
 
 def test_gate_without_the_library_checks_with_onnx_only(monkeypatch, caplog):
     """A source tree not built: the checker still runs (and still refuses), ORT is skipped."""
-    import ort_flash
+    import ort_flash._library
 
     def missing(so=None):
         raise FileNotFoundError("libort_flash.so not found")
 
-    monkeypatch.setattr(ort_flash, "session_options", missing)
+    monkeypatch.setattr(ort_flash._library, "session_options", missing)
     assert rewrite(models.loop_model()).report.total_fused == 1
     assert "was not loaded in ONNX Runtime: libort_flash.so not found" in caplog.text
     _broken_rewrite(monkeypatch, "NoSuchOp")

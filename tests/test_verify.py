@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ort_flash import commands
+from ort_flash.cli import verify_command
 from ort_flash.cli import main
 from ort_flash.rewriter import rewrite
 from ort_flash.verify import (
@@ -147,20 +147,20 @@ def _verify_args(original, rewritten, **kw):
 def test_cmd_verify_passes_and_catches_a_wrong_scale(tmp_path, capsys):
     good = rewrite(DEMO).model
     onnx.save(good, tmp_path / "good.onnx")
-    assert commands.cmd_verify(_verify_args(DEMO, tmp_path / "good.onnx", seq_len=23)) == 0
+    assert verify_command.run(_verify_args(DEMO, tmp_path / "good.onnx", seq_len=23)) == 0
     assert "PASS" in capsys.readouterr().out
     bad = onnx.ModelProto()
     bad.CopyFrom(good)
     node = next(n for n in bad.graph.node if n.op_type == "FlashAttention")
     next(a for a in node.attribute if a.name == "scale").f = 0.5
     onnx.save(bad, tmp_path / "bad.onnx")
-    assert commands.cmd_verify(_verify_args(DEMO, tmp_path / "bad.onnx")) == 1
+    assert verify_command.run(_verify_args(DEMO, tmp_path / "bad.onnx")) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
 def test_cmd_verify_user_errors(tmp_path, capsys):
     missing = tmp_path / "missing.onnx"
-    assert commands.cmd_verify(_verify_args(DEMO, missing)) == 2
+    assert verify_command.run(_verify_args(DEMO, missing)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such file" in err and "Traceback" not in err
 

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 import ort_flash
-from ort_flash._session import load_extension
+from ort_flash._library import load_extension
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import wheel_cubins  # noqa: E402

@@ -77,19 +77,20 @@ def ablated(bm, spec, flash_opt_path: pathlib.Path, without: tuple[str, ...]) ->
     ``without`` names rewriter refinement families (``packed_qkv``, ``bias_fold``, ...) left out
     of the rewriter's list for this one rewrite, and/or ``embed`` (ort_fusions' EmbedLayerNormalization
     step after ONNX Runtime's optimizer declined it)."""
-    from ort_flash import ort_fusions, rewriter
+    from ort_flash import ort_fusions
     from ort_flash.bench.e2e_suite import OPTIMIZER_TYPE
+    from ort_flash.rewriter import pipeline
 
     fp32 = flash_opt_path.with_name("model.onnx")
-    saved, saved_embed = rewriter.REFINEMENTS, ort_fusions._fuse_embeddings
-    rewriter.REFINEMENTS = tuple(r for r in saved if r.FAMILY not in without)
+    saved, saved_embed = pipeline.REFINEMENTS, ort_fusions._fuse_embeddings
+    pipeline.REFINEMENTS = tuple(r for r in saved if r.FAMILY not in without)
     if "embed" in without:
         ort_fusions._fuse_embeddings = lambda opt: None
     try:
         result = ort_fusions.rewrite(str(fp32), OPTIMIZER_TYPE[spec.family], float16=True,
                                      num_heads=spec.heads, hidden_size=spec.hidden, use_gpu=True)
     finally:
-        rewriter.REFINEMENTS, ort_fusions._fuse_embeddings = saved, saved_embed
+        pipeline.REFINEMENTS, ort_fusions._fuse_embeddings = saved, saved_embed
     assert not set(without) & {family for f in result.report.fused for family in f.refined_by}
     out = flash_opt_path.with_name(f"model.flashopt.without-{'-'.join(without)}.onnx")
     bm.save(result.model, out)

@@ -7,7 +7,7 @@
 # CPU tests need no cubins, so by default the kernel table is CPU-only (ORT_FLASH_CUDA_ARCHS
 # empty: no Triton compile, the build takes about a minute); set ORT_FLASH_SANITIZE_ARCHS="80;90"
 # to embed the cubins too (taken from the AOT cache when the kernel source is unchanged).
-#   ORT_FLASH_LIBRARY  points ort_flash (ort_flash/_session.py) at the sanitized library;
+#   ORT_FLASH_LIBRARY  points ort_flash (ort_flash/_library.py) at the sanitized library;
 #   LD_PRELOAD         loads libasan first (Python itself is not instrumented, and ASan must
 #                      come before every other library of the process), then libstdc++: the
 #                      python binary does not link it, and ASan's __cxa_throw interceptor

@@ -10,13 +10,9 @@ docs/PERFORMANCE.md (``ort_flash.bench.report``).
 | decode_e2e | the LLaMA-style model's decoding step against a KV cache: step latency, the same three variants |
 | cpu        | CPU EP, fp32: the fused CPU op vs ORT MHA and the unfused graph, latency and peak RSS |
 
-Files: ``command`` (arguments, child processes), ``suites`` (one suite in-process), ``*_suite``
+The command itself (its arguments, a child process per suite) is ``ort_flash/cli/bench_command.py``.
+Files: ``suites`` (one suite in-process), ``*_suite``
 (grids and tables), ``*_peers`` / ``torch_calls`` / ``ort_session`` / ``onnx_graphs`` (what is
 timed), ``timers``, ``tensors``, ``spot_check``, ``measure``, ``workload`` (FLOP and byte counts),
 ``ceilings``, ``environment``, ``results`` (the JSON schema), ``tables``, ``report``.
 """
-from __future__ import annotations
-
-from ort_flash.bench.command import add_arguments, run_command
-
-__all__ = ["add_arguments", "run_command"]

@@ -75,7 +75,7 @@ def machine() -> dict:
 def kernel_isa() -> str:
     """The ISA build the CPU kernel picks here (the op library decides the same way)."""
     try:
-        from ort_flash._session import load_extension
+        from ort_flash._library import load_extension
         return load_extension().cpu_isa()
     except Exception as e:  # noqa: BLE001 - a report with the reason beats no report
         return f"unknown ({type(e).__name__}: {str(e)[:120]})"

@@ -88,10 +88,10 @@ def runtime_refusal(source: str | bytes, folder: str | None = None) -> str | Non
     import onnxruntime as ort
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
-    import ort_flash
+    from ort_flash._library import session_options
 
     try:
-        options = ort_flash.session_options()
+        options = session_options()
     except OSError:  # FileNotFoundError included: a source tree with no library built
         options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

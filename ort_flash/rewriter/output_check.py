@@ -107,10 +107,10 @@ def _passes(check, model: onnx.ModelProto) -> bool:
 
 
 def _library_missing() -> bool:
-    import ort_flash
+    from ort_flash._library import session_options
 
     try:
-        ort_flash.session_options()
+        session_options()
     except OSError as e:  # FileNotFoundError included: no library to load the fused op with
         _log.warning("the rewritten model was not loaded in ONNX Runtime: %s", e)
         return True

@@ -1,0 +1,227 @@
+"""``ort-flash rewrite``: fuse a model's attention (or a GenAI folder's decoder's) and write it.
+
+Exit status: 0 attention fused and the model written; 2 a user error (one line on stderr, nothing
+written); 3 nothing fused (``EXIT_NOTHING_FUSED``: the output, an unchanged copy, is still written
+unless ``--require-fusion``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import textwrap
+
+from ort_flash.cli.common import (
+    EXIT_NOTHING_FUSED, EXIT_OK, check_writable, same_file, user_error, write_atomic, write_text,
+)
+from ort_flash.ort_fusions import MODEL_TYPES as ORT_MODEL_TYPES
+from ort_flash.rewriter.model_io import ModelLoadError
+
+NAME = "rewrite"
+HELP = "fuse attention subgraphs into ort_flash.FlashAttention"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("exit status: 0 attention fused and the model written; 2 a user error (nothing "
+                     "written); 3 nothing fused (the unchanged model written, with a warning; "
+                     "with --require-fusion nothing written)")
+    parser.add_argument("input", help="ONNX model to rewrite (never modified), or an ONNX Runtime GenAI "
+                                      "model folder (or its decoder model file)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="where to write the rewritten model; where the input keeps its weights as "
+                             "external data (or the output would pass 2 GB) they go to OUTPUT.data beside "
+                             "it, one file with every weight the output uses (the input's files are "
+                             "never referred to or changed). For a GenAI folder: the folder to write (a "
+                             "copy of the input's with the decoder rewritten, genai_config.json naming "
+                             "the ort_flash library and the library beside it)")
+    parser.add_argument(
+        "--fast-padded-rows", action="store_true",
+        help="map causal + key-padding masks with a finite mask value (eager finfo.min) to "
+             "is_causal + a (B,1,1,S) mask: much faster, but query rows whose visible keys are all "
+             "padding (left padding) then average over their causal window instead of all keys; "
+             "and fuse eager masked_fill with float16's finfo.min (-65504) as -inf, so a query "
+             "row whose every key is hidden gives 0 instead of the average of V")
+    parser.add_argument(
+        "--fp32-precision", choices=("ieee", "tf32"), default="ieee",
+        help="float32 models on the GPU: exact IEEE dots (default) or faster TF32 dots (opt-in)")
+    parser.add_argument(
+        "--ort-fusions", metavar="MODEL_TYPE", choices=ORT_MODEL_TYPES,
+        help="first run ONNX Runtime's transformer optimizer (onnxruntime.transformers, opt_level 0) "
+             "with its attention fusion off, for its other fusions (LayerNorm, SkipLayerNorm, Gelu, "
+             f"...), then fuse attention; MODEL_TYPE: {' or '.join(ORT_MODEL_TYPES)} (gpt2 also for "
+             "LLaMA-style decoders). Best on a float32 model (ORT's fusions match float32 graphs)")
+    parser.add_argument(
+        "--float16", action="store_true",
+        help="with --ort-fusions: convert to float16 between ORT's optimizer and the attention "
+             "rewrite (ORT's convert_float_to_float16; inputs and outputs stay float32)")
+    parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    parser.add_argument(
+        "--require-fusion", action="store_true",
+        help="fail (exit status 3, nothing written) when no attention was fused; without it such a "
+             "model is written unchanged with a warning and exit status 3")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ort_flash import ort_fusions
+    from ort_flash.progress import Progress, wanted
+    from ort_flash.rewriter import RewriteRefusedError, rewrite
+
+    model_type = getattr(args, "ort_fusions", None)
+    if getattr(args, "float16", False) and not model_type:
+        return user_error("--float16 converts between ONNX Runtime's optimizer and the rewrite: "
+                           "it needs --ort-fusions")
+    from ort_flash import genai
+
+    with Progress(wanted()) as progress:
+        try:
+            folder = _genai_folder(args.input, args.output)
+            source = str(folder.decoder) if folder else args.input
+            if folder is None and same_file(args.input, args.output):
+                raise ModelLoadError(f"{args.output}: is the input model; choose another output path")
+            if folder is None:
+                check_writable(args.output)  # before the work, not after it
+            else:
+                genai.check_output_folder(folder, args.output)
+            if args.report:
+                check_writable(args.report)
+            options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
+                           fp32_precision=getattr(args, "fp32_precision", "ieee"), progress=progress)
+            progress("loading")
+            if model_type:
+                with _optimizer_messages_in_our_terms(model_type):
+                    result = ort_fusions.rewrite(source, model_type,
+                                                 float16=getattr(args, "float16", False), **options)
+                summary = "\n".join(textwrap.wrap(result.summary(), 100, subsequent_indent="  "))
+                report = json.dumps({**result.report.to_dict(), "ort_fusions": result.to_dict()}, indent=2)
+            else:
+                result = rewrite(source, **options)
+                summary, report = None, result.report.to_json()
+            progress.close()
+            if summary:
+                print(summary)
+            print(result.report.format_table())
+            suggestion = None if model_type else ort_fusions.suggested_model_type(result.model, result.report)
+            if suggestion:
+                print(f"note: this model still computes LayerNorm / Gelu from their parts, which ONNX Runtime's "
+                      f"optimizer fuses; `--ort-fusions {suggestion}` adds those fusions to the attention "
+                      f"rewrite (the faster path on the README's BERT, GPT-2 and LLaMA measurements)")
+            nothing = result.report.total_fused == 0
+            if nothing and getattr(args, "require_fusion", False):
+                print(f"ort-flash: error: no attention was fused in {args.input} (--require-fusion): "
+                      f"nothing written", file=sys.stderr)
+                return EXIT_NOTHING_FUSED
+            progress("writing")
+            if folder is not None:
+                written = []
+                genai.write_folder(folder.folder, args.output,
+                                   lambda path: written.append(write_model(result, str(path))))
+                data = written[0] if written else None
+            else:
+                data = write_model(result, args.output)
+            if args.report:
+                write_atomic(args.report, lambda path: write_text(path, report))
+        except (ModelLoadError, RewriteRefusedError, ort_fusions.OrtFusionError, genai.GenAIFolderError,
+                OSError) as e:
+            progress.close()
+            return user_error(e)
+    if folder is not None:
+        print(f"wrote the GenAI folder {args.output}: {folder.decoder.name} rewritten"
+              f"{' with its weights in ' + os.path.basename(data) if data else ''}, genai_config.json "
+              f"naming the ort_flash library copied beside it")
+    elif data is None:
+        print(f"wrote {args.output}")
+    else:
+        why = ("as the input's were" if result.external else
+               "as the model would pass protobuf's 2 GB limit in one file")
+        print(f"wrote {args.output} and its weights {data} ({_gb(os.path.getsize(data))}; external "
+              f"data, {why})")
+    if nothing:
+        unfused = len(result.report.unfused)
+        why = (f"its {unfused} Softmax node(s) stay unfused, for the reasons in the table above" if unfused
+               else "it holds no Softmax or Attention node the rewriter looks for")
+        print(f"ort-flash: warning: no attention was fused in {args.input}: {why}; {args.output} "
+              f"computes the same graph (exit status {EXIT_NOTHING_FUSED})", file=sys.stderr)
+        return EXIT_NOTHING_FUSED
+    return EXIT_OK
+
+
+def _genai_folder(source: str, output: str):
+    """The GenAI folder to rewrite (ort_flash.genai.GenAIFolder) where ``source`` is one, or its
+    decoder model with an ``output`` that is not a model file name; else None."""
+    from ort_flash import genai
+
+    if os.path.isdir(source):
+        if not genai.is_genai(source):
+            raise ModelLoadError(f"{source}: is a directory, not an ONNX model or an ONNX Runtime GenAI "
+                                 f"model folder (no {genai.CONFIG_NAME} in it)")
+        return genai.open_folder(source)
+    if genai.is_genai(source) and (os.path.isdir(output) or not output.endswith(".onnx")):
+        return genai.open_folder(source)
+    return None
+
+
+def write_model(result, output: str) -> str | None:
+    """Write ``result.model`` to ``output`` (and its weights to ``output + ".data"`` where the
+    input kept them as external data, or the model would pass 2 GB: ``external_data.save``),
+    both through temp files in the output's folder, so that a failure leaves neither. Returns
+    the data file's path, or None."""
+    from ort_flash.rewriter import external_data
+
+    written = []
+
+    def graph(path):
+        written.append(external_data.save(result.model, path, result.base_dir,
+                                          external=result.external, name=output,
+                                          data_path=data_tmp))
+
+    data_path = output + ".data"
+    folder = os.path.dirname(os.path.abspath(output))
+    fd, data_tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(data_path)}.", suffix=".tmp")
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(data_tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+    try:
+        write_atomic(output, graph, before_replace=lambda: written[0] and os.replace(data_tmp, data_path))
+    finally:
+        if os.path.exists(data_tmp):
+            os.unlink(data_tmp)
+    return data_path if written and written[0] else None
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
+@contextlib.contextmanager
+def _optimizer_messages_in_our_terms(model_type: str):
+    """ONNX Runtime's optimizer warns, for a model not exported by the producer it expects,
+    "Please specify correct --model_type parameter", a flag of its own script: say it in
+    ort-flash's terms (the ``--ort-fusions`` value) instead."""
+    log = logging.getLogger("onnxruntime.transformers.optimizer")
+
+    def translate(record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "Please specify correct --model_type" in text:
+            found = re.search(r'Expected "(.*?)", Got "(.*?)"', text)
+            expected, got = found.groups() if found else ("?", "?")
+            record.msg = (f"ort-flash: note: --ort-fusions {model_type} runs ONNX Runtime's optimizer "
+                          f"for models exported by {expected!r}; this model's producer is {got!r}. It "
+                          "ran anyway: its fused counts are below (another --ort-fusions value may "
+                          "match more)")
+            record.args = ()
+        return True
+
+    log.addFilter(translate)
+    try:
+        yield
+    finally:
+        log.removeFilter(translate)
+
+

@@ -1,0 +1,109 @@
+"""``ort-flash verify``: the original and the rewritten model on the same random inputs.
+
+Exit status: 0 every output within tolerance, 1 outputs differ (``EXIT_MISMATCH``), 2 a user
+error, or ``--provider cuda`` where the fused op did not run on CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ort_flash.cli.common import (
+    EXIT_MISMATCH, EXIT_OK, onnxruntime_errors, positive_int, tolerance, user_error, write_atomic,
+    write_text,
+)
+from ort_flash.rewriter.model_io import ModelLoadError, load_model
+
+NAME = "verify"
+HELP = "run original and rewritten models on the same random inputs"
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("an output passes where |rewritten - original| <= atol + rtol * |original| at "
+                     "every element. exit status: 0 pass; 1 outputs differ; 2 a user error, or "
+                     "--provider cuda where the fused op did not run on CUDA")
+    parser.add_argument("original", help="the model before rewriting")
+    parser.add_argument("rewritten", help="the model after rewriting")
+    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
+    parser.add_argument("--seq-len", type=positive_int, default=None, help="size of dynamic sequence dims")
+    parser.add_argument("--past-len", type=positive_int, default=None,
+                        help="size of dynamic dims named like a KV cache's ('past...'; default 12)")
+    parser.add_argument("--batch", type=positive_int, default=2, help="size of dynamic batch dims")
+    from ort_flash.verify import parse_shape
+    parser.add_argument("--shape", type=parse_shape, action="append", default=None,
+                        metavar="NAME=d0,d1,...",
+                        help="the shape of one input, e.g. pixel_values=2,3,224,224 (repeatable); "
+                             "its named dims take these sizes in the other inputs too")
+    parser.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
+    parser.add_argument("--atol", type=tolerance, default=None,
+                        help="absolute tolerance (default by output dtype: 1e-4 float32, 2e-2 float16); "
+                             "e.g. 2e-2 for a model rewritten with --float16, whose float32 outputs are "
+                             "computed in float16")
+    parser.add_argument("--rtol", type=tolerance, default=None, help="relative tolerance (default by output dtype, as --atol)")
+    parser.add_argument("--json", metavar="FILE.json", help="also write the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ort_flash.verify import InputShapeError, ModelMismatchError, verify
+
+    from ort_flash.progress import Progress, wanted
+
+    with Progress(wanted(json_run=bool(getattr(args, "json", None)))) as progress:
+        try:
+            progress("loading")
+            load_model(args.original)  # a clear message for a bad file before ONNX Runtime sees it
+            load_model(args.rewritten)
+            if args.seq_len is not None and args.seq_len < 1:
+                raise ModelLoadError(f"--seq-len must be at least 1, not {args.seq_len}")
+            result = verify(
+                args.original, args.rewritten, providers=PROVIDERS[args.provider],
+                batch=getattr(args, "batch", 2), seq_len=args.seq_len,
+                past_len=getattr(args, "past_len", None), seed=getattr(args, "seed", None),
+                atol=getattr(args, "atol", None), rtol=getattr(args, "rtol", None),
+                shapes=dict(getattr(args, "shape", None) or []), progress=progress,
+            )
+        except (ModelLoadError, ModelMismatchError, InputShapeError, OSError, ImportError) as e:
+            progress.close()
+            return user_error(e)
+        except onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library
+            progress.close()
+            return user_error(f"onnxruntime: {e}")
+    if args.provider == "cuda":
+        not_on_cuda = _fused_op_off_cuda(args, result)
+        if not_on_cuda:
+            return user_error(f"verify --provider cuda: {not_on_cuda}; nothing was verified on CUDA")
+    print(result.format_table())
+    if getattr(args, "json", None):
+        try:
+            write_atomic(args.json, lambda path: write_text(path, result.to_json()))
+        except OSError as e:
+            return user_error(e)
+    return EXIT_OK if result.passed else EXIT_MISMATCH
+
+
+def _fused_op_off_cuda(args: argparse.Namespace, result) -> str:
+    """Why the rewritten model's FlashAttention nodes did not run on CUDA ("" if they did),
+    from the session's providers and ONNX Runtime's profiler (as ``demo --provider cuda``)."""
+    if "CUDAExecutionProvider" not in result.rewritten_providers:
+        return ("ONNX Runtime could not create a CUDA session here (it needs onnxruntime-gpu, an "
+                "NVIDIA GPU and the CUDA libraries; see its messages above), so the rewritten model "
+                f"ran on {', '.join(result.rewritten_providers)}")
+    import ort_flash
+    from ort_flash.timing import node_placements
+    from ort_flash.verify import DEFAULT_PAST_LEN, DEFAULT_SEQ_LEN, make_inputs
+
+    feeds = make_inputs(load_model(args.original), batch=getattr(args, "batch", 2),
+                        seq_len=args.seq_len or DEFAULT_SEQ_LEN,
+                        past_len=getattr(args, "past_len", None) or DEFAULT_PAST_LEN, seed=result.seed,
+                        shapes=dict(getattr(args, "shape", None) or []))
+    placed = node_placements(args.rewritten, feeds, PROVIDERS["cuda"],
+                             ort_flash.session_options())
+    elsewhere = {p: n for (op, p), n in placed.items() if op == "FlashAttention" and p != "CUDAExecutionProvider"}
+    if elsewhere:
+        return ("the FlashAttention nodes ran on " + ", ".join(f"{p} x{n}" for p, n in elsewhere.items())
+                + " (ONNX Runtime's profiler); `ort-flash info` says which GPUs this build has kernels for")
+    return ""

@@ -1,0 +1,146 @@
+# Rule: ONNX Runtime's com.microsoft.GroupQueryAttention (every attention layer of an LLM built
+# by ONNX Runtime GenAI's model builder), swapped one for one.
+#
+#   output (B, S, Hq·D), present_key, present_value (B, Hkv, T, D)
+#     = com.microsoft.GroupQueryAttention(query (B, S, Hq·D) or packed (B, S, (Hq + 2 Hkv)·D),
+#           [key, value (B, S, Hkv·D)], [past_key, past_value (B, Hkv, P, D)],
+#           seqlens_k int32 (B,), total_sequence_length int32 (1,) on the host,
+#           [cos_cache, sin_cache (max position, R/2)], [position_ids int64 (B, S)],
+#           num_heads = Hq, kv_num_heads = Hkv, scale, softcap, local_window_size,
+#           do_rotary, rotary_interleaved, causal)
+#
+# becomes the same node in the "ort_flash" domain: the same inputs, outputs (names kept),
+# attributes and semantics (the shared past/present buffer written in place at each row's
+# position, the rotary embedding of the new tokens only), computed by ort_flash's kernels.
+# A windowed KV cache (sliding_window_cache=1, the builder's default for Mistral and Gemma 2) is
+# kept as ONNX Runtime's op keeps it. Declined with a reason: what ort_flash's op does not
+# compute (a quantized cache, attention sinks, an attention bias, fused Q/K norms, the QK
+# output, smooth softmax) and, unless ORT_FLASH_GQA_CUDA=1, float16 / bfloat16 nodes: they run
+# on CUDA, where ort_flash's GroupQueryAttention kernel (cpp/gqa_launch.cc) is built but has not
+# yet run on a GPU.
+from __future__ import annotations
+
+import math
+import os
+
+import onnx_ir as ir
+
+from ort_flash.rewriter import flash_op
+from ort_flash.rewriter.fusions.node_rule import NodeRule
+from ort_flash.rewriter.onnxscript_api import fail as _fail
+from ort_flash.rewriter.report import FusedSubgraph
+from ort_flash.rewriter.shapes import dims
+
+FAMILY = "group_query_attention"
+OP_TYPE = "GroupQueryAttention"
+INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+          "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale",
+          "v_scale", "q_norm_weight", "k_norm_weight")
+# Attributes of ONNX Runtime's op that ort_flash's computes as it does.
+ATTRIBUTES = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_size", "do_rotary",
+              "rotary_interleaved", "causal", "smooth_softmax", "qk_output", "sliding_window_cache",
+              "k_quant_type", "v_quant_type", "kv_cache_bit_width", "qk_norm_epsilon")
+_UNSUPPORTED_INPUTS = {
+    "attention_bias": "an attention bias", "head_sink": "attention sinks (head_sink)",
+    "k_scale": "a quantized KV cache (k_scale)", "v_scale": "a quantized KV cache (v_scale)",
+    "q_norm_weight": "a fused Q norm", "k_norm_weight": "a fused K norm",
+}
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+class GroupQueryAttentionRule(NodeRule):
+    family = FAMILY
+
+    def pattern(self, op, query):
+        return op.GroupQueryAttention(query, _domain="com.microsoft", _allow_other_inputs=True,
+                                      _allow_other_attributes=True, _outputs=3)
+
+    def analyze(self, context, query, **_) -> dict:
+        return _analyze(context.root, query)
+
+    def rewrite(self, op, query, **_):
+        plan, self._plan = self._plan, None
+        node = plan["node"]
+        inputs = list(node.inputs)
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        attrs = {name: attr.value for name, attr in node.attributes.items()}
+        outs = op.GroupQueryAttention(*inputs, **attrs, _domain=flash_op.DOMAIN,
+                                      _version=flash_op.VERSION, _outputs=3)
+        name = node.name or OP_TYPE
+        outs[0].producer().name = name
+        self.fused.append(FusedSubgraph(
+            rule=FAMILY, variant="", fused_node=name, nodes=[name], heads=plan["heads"],
+            kv_heads=plan["kv_heads"], head_dim=plan["head_dim"], causal=plan["causal"],
+            mask="key lengths (seqlens_k)", layout="packed" if plan["packed"] else "BSD",
+            cache="past/present", scale=plan["scale"], note=plan["note"]))
+        return outs
+
+
+def rules() -> list[GroupQueryAttentionRule]:
+    return [GroupQueryAttentionRule()]
+
+
+def _int(node: ir.Node, name: str, default: int) -> int:
+    attr = node.attributes.get(name)
+    return attr.as_int() if attr is not None else default
+
+
+def _analyze(node: ir.Node, query: ir.Value) -> dict:
+    inputs = dict(zip(INPUTS, node.inputs))
+    for name, what in _UNSUPPORTED_INPUTS.items():
+        if inputs.get(name) is not None:
+            _fail(f"GroupQueryAttention with {what} is not supported by ort_flash's op")
+    unknown = sorted(set(node.attributes) - set(ATTRIBUTES))
+    if unknown:
+        _fail(f"GroupQueryAttention attribute(s) {', '.join(unknown)} are not known to ort_flash's op")
+    for name in ("k_quant_type", "v_quant_type"):
+        attr = node.attributes.get(name)
+        if attr is not None and attr.as_string() != "NONE":
+            _fail(f"a quantized KV cache ({name}={attr.as_string()}) is not supported by ort_flash's op")
+    if _int(node, "smooth_softmax", -1) == 1:
+        _fail("smooth_softmax=1 is not supported by ort_flash's op")
+    if _int(node, "qk_output", 0) != 0 or (len(node.outputs) > 3 and (
+            node.outputs[3].uses() or node.outputs[3].is_graph_output())):
+        _fail("the output_qk output (qk_output) is not supported by ort_flash's op")
+    causal = bool(_int(node, "causal", 1))
+    if not causal and _int(node, "local_window_size", -1) > 0:
+        _fail("local_window_size with causal=0 is not supported by ort_flash's op")
+    if len(node.outputs) < 3:
+        _fail("GroupQueryAttention without present_key / present_value outputs")
+    dtype = query.dtype
+    if dtype not in _FLOATS:
+        _fail(f"query of type {dtype} (expected float32, float16 or bfloat16)")
+    if dtype != ir.DataType.FLOAT and os.environ.get("ORT_FLASH_GQA_CUDA") != "1":
+        _fail(f"a {dtype.name.lower()} GroupQueryAttention runs on CUDA, where ort_flash's "
+              "GroupQueryAttention kernel has not yet run on a GPU (left to ONNX Runtime's own; "
+              "ORT_FLASH_GQA_CUDA=1 maps it)")
+    for name in ("past_key", "past_value"):
+        value = inputs.get(name)
+        if value is not None and value.dtype is not None and value.dtype != dtype:
+            _fail(f"{name} of type {value.dtype} differs from query's {dtype} (a quantized cache)")
+    hq, hkv = _int(node, "num_heads", 0), _int(node, "kv_num_heads", 0)
+    if hq <= 0 or hkv <= 0 or hq % hkv:
+        _fail(f"num_heads {hq} is not a positive multiple of kv_num_heads {hkv}")
+    packed = inputs.get("key") is None
+    qd = dims(query)
+    hidden = qd[2] if qd and len(qd) == 3 and isinstance(qd[2], int) else None
+    parts = hq + 2 * hkv if packed else hq
+    head_dim: int | str = hidden // parts if hidden is not None and hidden % parts == 0 else "?"
+    scale_attr = node.attributes.get("scale")
+    scale = scale_attr.as_float() if scale_attr is not None else 0.0
+    if not scale and isinstance(head_dim, int):
+        scale = 1.0 / math.sqrt(head_dim)
+    notes = []
+    window = _int(node, "local_window_size", -1)
+    if window > 0:
+        notes.append(f"local window {window}")
+    softcap = node.attributes.get("softcap")
+    if softcap is not None and softcap.as_float() > 0:
+        notes.append(f"softcap {softcap.as_float():g}")
+    if _int(node, "sliding_window_cache", 0):
+        notes.append("windowed cache")
+    if _int(node, "do_rotary", 0):
+        notes.append("rotary" + (" interleaved" if _int(node, "rotary_interleaved", 0) else ""))
+    return {"node": node, "heads": hq, "kv_heads": hkv, "head_dim": head_dim, "causal": causal,
+            "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
