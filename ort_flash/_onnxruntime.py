@@ -26,6 +26,10 @@ class OnnxRuntimeWarning(UserWarning):
     """No ONNX Runtime, or two packages of it, in this environment."""
 
 
+class NoOnnxRuntimeError(ImportError):
+    """No ONNX Runtime is importable; the message is the one line that says what to install."""
+
+
 # An installed distribution's metadata folder: `{name}-{version}.dist-info`, the name with `_` for `-`.
 _DIST_INFO = re.compile(r"^([A-Za-z0-9_.-]+?)-([^-]+)\.dist-info$")
 
@@ -71,13 +75,14 @@ def warn_if_unusable(stacklevel: int = 2) -> None:
 
 
 def import_onnxruntime():
-    """The `onnxruntime` module, or ImportError with the one-line message when none is installed."""
+    """The `onnxruntime` module, or NoOnnxRuntimeError (an ImportError) with the one-line message
+    when none is installed."""
     try:
         import onnxruntime
     except ModuleNotFoundError as e:
         if e.name != "onnxruntime":
             raise
-        raise ImportError(problem() or f"ort_flash: no ONNX Runtime is installed: {INSTALL}") from None
+        raise NoOnnxRuntimeError(problem() or f"ort_flash: no ONNX Runtime is installed: {INSTALL}") from None
     return onnxruntime
 
 

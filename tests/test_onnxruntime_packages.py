@@ -147,6 +147,24 @@ def test_info_says_it_and_fails_without_a_runtime(monkeypatch, capsys):
     assert lines == ["onnxruntime:  PROBLEM: no ONNX Runtime is installed: " + _onnxruntime.INSTALL], out
 
 
+def test_rewrite_without_a_runtime_says_what_to_install(monkeypatch, capsys, tmp_path):
+    """`ort-flash rewrite` needs ONNX Runtime to check what it writes: with none, one line that
+    names what to install (not the exception's type), exit 2, and no output file."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    _fake_installed(monkeypatch, {}, importable=False)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    assert cli.main(["rewrite", str(tmp_path / "m.onnx"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ort-flash: error: no ONNX Runtime is installed: " + _onnxruntime.INSTALL], err
+    assert not out.exists()
+
+
 def test_info_says_it_with_two_runtimes(monkeypatch, capsys):
     _fake_installed(monkeypatch, {"onnxruntime": "1.31.1", "onnxruntime-gpu": "1.31.1"})
     assert cli.main(["info"]) == 1

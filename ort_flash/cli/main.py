@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ort_flash.cli import bench_command, demo_command, info_command, rewrite_command, verify_command
+from ort_flash._onnxruntime import NoOnnxRuntimeError
 from ort_flash.cli.common import user_error
 
 # In the order `ort-flash --help` lists them; each has NAME, HELP, add_arguments(parser), run(args).
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
         return 130
     except MemoryError:
         return user_error("out of memory")
+    except NoOnnxRuntimeError as e:  # its message is the line: what to install
+        return user_error(str(e).removeprefix("ort_flash: "))
     except Exception as e:  # noqa: BLE001 - any other failure: one line, exit 2, no traceback
         return user_error(f"{type(e).__name__}: {e}")
 
