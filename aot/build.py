@@ -5,7 +5,7 @@ Runs at package build time on a machine with no GPU: `triton.compile` with an ex
 (kernel source, Triton version, variant, tile config, arch), so unchanged kernels are not
 recompiled across builds.
 
-    python aot/build.py --archs 80,90 --out BUILD/aot [--cache DIR] [--jobs N]
+    python -m aot.build --archs 80,90 --out BUILD/aot [--cache DIR] [--jobs N]
 
 Writes into --out: one .cubin per (variant, arch), `kernels.gen.S` (embeds them with .incbin),
 `kernel_table.gen.cc` (the table cpp/kernel_registry.cc searches) and `manifest.json`.
@@ -22,19 +22,11 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import flash_decode  # noqa: E402
-import flash_fwd  # noqa: E402
-import gqa_prepare  # noqa: E402
-import compile_pool  # noqa: E402
-import variants  # noqa: E402
-from variants import (DTYPE_CODES, GQA_KINDS, KIND_CODES, MASK_KINDS, PRECISION_CODES,  # noqa: E402
-                      TRITON_VERSION, TileConfig, Variant, all_combinations, all_variants,
-                      edge_loop, get_fwd_config)
+from . import compile_pool, flash_decode, flash_fwd, gqa_prepare, variants
+from .variants import (DTYPE_CODES, GQA_KINDS, KIND_CODES, MASK_KINDS, PRECISION_CODES, TRITON_VERSION,
+                       TileConfig, Variant, all_combinations, all_variants, edge_loop, get_fwd_config)
 
 # The kernel each variant kind compiles.
 KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,

@@ -25,7 +25,7 @@ differ. Same op contract: cpp/flash_params.h.
 import triton
 import triton.language as tl
 
-from flash_fwd import MASK_ADD, _attend, _visibility
+from .flash_fwd import MASK_ADD, _attend, _visibility
 
 
 @triton.jit

@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from flash_fwd_gluon import LN2, LOG2E, _softmax, desc_layout, desc_signature  # noqa: F401
+from .flash_fwd_gluon import LN2, LOG2E, _softmax, desc_layout, desc_signature  # noqa: F401
 
 CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup: wgmma's M is 64 rows per warpgroup
 

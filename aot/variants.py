@@ -46,9 +46,9 @@ TMA_HEAD_DIMS = (64, 128)
 # sm_90 only, fp16/bf16, D == Dv in GLUON_HEAD_DIMS with 16-aligned strides, no mask, no extras;
 # causal or not, any GQA group and offset. Every other call keeps the kinds above. GLUON_ENABLED
 # False builds no such cubin (the dispatch is then exactly the one without it). GLUON_MODULE is
-# the module under aot/ that build.py compiles it from (tests point it at a stand-in).
+# the module that build.py compiles it from (tests point it at a stand-in).
 GLUON_ENABLED = True
-GLUON_MODULE = "flash_fwd_gluon"
+GLUON_MODULE = f"{__package__}.flash_fwd_gluon"
 GLUON_MIN_ARCH = 90
 GLUON_DTYPES = ("fp16", "bf16")
 GLUON_HEAD_DIMS = (64, 128)
@@ -65,7 +65,7 @@ GLUON_HEAD_DIMS = (64, 128)
 # and 1.04-1.17x from N 2048 causal, even at N 512 non-causal, 0.95-0.99x causal at N 512-1024;
 # at d64 (three consumers, 192 rows) 1.05-1.18x from N 2048 non-causal, 1.03-1.13x from N 4096
 # causal, 0.58-0.92x below.
-GLUON_WS_MODULE = "flash_fwd_gluon_ws"
+GLUON_WS_MODULE = f"{__package__}.flash_fwd_gluon_ws"
 # GLUON_WS_PERSISTENT: non-causal unmasked calls on the persistent grid (get_ws_config PERSISTENT:
 # one CTA per SM over all tiles; cpp/cuda_launch.cc launches it). Measured in JIT on the H200 (perf-notes
 # prefill v14, docs/measurements/prefill/gluon-v14-persistent.json): d128 1.03-1.13x the shipped

@@ -1,4 +1,4 @@
-# Runs aot/build.py (Triton, no GPU needed) to compile the FlashAttention cubins for
+# Runs the aot package's build (`python -m aot.build`: Triton, no GPU needed) to compile the FlashAttention cubins for
 # ORT_FLASH_CUDA_ARCHS and generate the kernel table. Compiled kernels are cached by
 # (kernel source, Triton version, variant, tile, arch) in ORT_FLASH_CACHE_DIR/aot.
 
@@ -9,7 +9,7 @@ if(_archs STREQUAL "")
 endif()
 # Every kernel source and build script: a change to any reruns the step (the cache keeps the
 # kernels that did not change).
-file(GLOB _aot_sources CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/aot/*.py")
+file(GLOB_RECURSE _aot_sources CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/aot/*.py")
 # aot/variants.py reads ORT_FLASH_GLUON_WS_ON (development switches): a build with another value
 # makes another table, so the value is a dependency too (file(CONFIGURE) rewrites it only when
 # it changes).
@@ -18,8 +18,9 @@ list(APPEND _aot_sources "${ORT_FLASH_AOT_DIR}/gluon_ws_on.txt")
 add_custom_command(
   OUTPUT "${ORT_FLASH_AOT_DIR}/kernels.gen.S" "${ORT_FLASH_AOT_DIR}/kernel_table.gen.cc"
          "${ORT_FLASH_AOT_DIR}/manifest.json"
-  COMMAND "${Python_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/aot/build.py" --archs "${_archs}"
+  COMMAND "${Python_EXECUTABLE}" -m aot.build --archs "${_archs}"
           --out "${ORT_FLASH_AOT_DIR}" --cache "${ORT_FLASH_CACHE_DIR}/aot"
+  WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
   DEPENDS ${_aot_sources}
   COMMENT "AOT-compiling FlashAttention kernels with Triton for sm ${ORT_FLASH_CUDA_ARCHS}"
   # Ninja's console pool: the per-kernel progress lines reach the log as they are printed, not

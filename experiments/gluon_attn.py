@@ -33,15 +33,15 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-import flash_fwd_gluon as fg  # noqa: E402
-import flash_fwd_gluon_ws as fws  # noqa: E402
+from aot import flash_fwd_gluon as fg  # noqa: E402
+from aot import flash_fwd_gluon_ws as fws  # noqa: E402
 from tune import _shipped, bench, launch, save  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -23,14 +23,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-import flash_fwd_gluon as fg  # noqa: E402
-import flash_fwd_gluon_ws as fws  # noqa: E402
+from aot import flash_fwd_gluon as fg  # noqa: E402
+from aot import flash_fwd_gluon_ws as fws  # noqa: E402
 from gluon_attn import run_ws, runtime_ints  # noqa: E402
 from tune import _shipped, bench, launch, save  # noqa: E402
 

@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-import flash_fwd_gluon as fg
+from aot import flash_fwd_gluon as fg
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 

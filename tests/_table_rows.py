@@ -4,12 +4,8 @@ table (tests/test_gluon_aot.py, tests/test_launch_abi.py)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aot"))
-
-import build  # noqa: E402
-import variants  # noqa: E402
+from aot import build, variants
 
 
 def table_rows(arch: int, gluon: bool = True) -> list[dict]:
@@ -31,7 +27,7 @@ def table_rows(arch: int, gluon: bool = True) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":  # the rows as JSON: `ORT_FLASH_GLUON_WS_ON=... python tests/_table_rows.py 90`
+if __name__ == "__main__":  # the rows as JSON: `ORT_FLASH_GLUON_WS_ON=... PYTHONPATH=. python tests/_table_rows.py 90`
     import json
 
     print(json.dumps(table_rows(int(sys.argv[1]))))

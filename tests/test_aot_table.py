@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def build():
     pytest.importorskip("triton", reason="aot/build.py imports the kernel sources (Triton)")
-    sys.path.insert(0, str(ROOT / "aot"))
-    import build as b
+    from aot import build as b
     return b
 
 
@@ -42,7 +40,7 @@ def test_launch_abi_counts_match_the_launcher(build):
 
 
 def test_tma_variants_and_signatures(build):
-    from variants import TMA_MIN_ARCH, all_variants, get_fwd_config
+    from aot.variants import TMA_MIN_ARCH, all_variants, get_fwd_config
 
     tma = [v for v in all_variants() if v.kind == "fwd_tma"]
     assert tma and all(v.dtype in ("fp16", "bf16") and v.head_dim in (64, 128) and v.even_d
@@ -57,7 +55,7 @@ def test_tma_variants_and_signatures(build):
 
 
 def test_tma_boxes_refuse_what_the_launcher_cannot_encode(build):
-    from variants import Variant
+    from aot.variants import Variant
 
     v = Variant("fp16", 128, True, "none", False, "tf32", "fwd_tma")
     good = dict(swizzle=3, elem_size=2, elem_type=6, block_size=[1, 1, 64, 64], fp4_padded=False)
@@ -93,8 +91,8 @@ def test_key_vector_mask_variants(build):
     twin (the launcher's fallback), and is named apart from its twin."""
     import dataclasses
 
-    import variants as variants_mod
-    from variants import all_variants
+    from aot import variants as variants_mod
+    from aot.variants import all_variants
 
     vs = all_variants()
     names = {v.name for v in vs}
@@ -109,8 +107,7 @@ def test_key_vector_mask_variants(build):
 
 
 def _variants():
-    sys.path.insert(0, str(ROOT / "aot"))
-    import variants
+    from aot import variants
     return variants
 
 
@@ -351,8 +348,8 @@ def test_compile_pool_runs_longest_first_and_reports_progress(build, capsys):
     """The build starts the costliest kernels first (so the last to finish are short and no core
     idles at the end), skips cached ones, returns metas in job order, and prints one progress line
     per compiled kernel (done / total, elapsed, estimate)."""
-    import compile_pool
-    from variants import all_variants, get_fwd_config
+    from aot import compile_pool
+    from aot.variants import all_variants, get_fwd_config
 
     vs = [v for v in all_variants() if v.kind in ("fwd", "combine")][:40]
     fresh = [i % 5 != 0 for i in range(len(vs))]
@@ -401,9 +398,7 @@ def test_triton_cache_keys_tell_variants_apart():
     constexprs by name, signature and options."""
     import collections
 
-    sys.path.insert(0, str(ROOT / "aot"))
-    import build
-    import variants
+    from aot import build, variants
 
     groups = collections.defaultdict(set)
     for arch in (80, 90):
@@ -419,9 +414,8 @@ def test_triton_cache_keys_tell_variants_apart():
 def test_gqa_prepare_variants():
     """GroupQueryAttention's prepare kernels: one cubin per (kind, dtype) for every arch, never
     merged, their BLOCK_D the CUDA op's largest head size, both kinds one function (one ABI)."""
-    sys.path.insert(0, str(ROOT / "aot"))
-    import build
-    import variants as v
+    from aot import build
+    from aot import variants as v
 
     g = [x for x in v.all_variants() if x.kind in v.GQA_KINDS]
     assert g == v.gqa_variants() and [x for x in v.all_combinations() if x.kind in v.GQA_KINDS] == g

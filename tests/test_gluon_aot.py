@@ -10,6 +10,7 @@ shipped aot/flash_fwd_gluon.py where it exists."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -22,15 +23,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("triton.experimental.gluon", reason="the Gluon kernels compile with Triton's Gluon")
-sys.path.insert(0, str(ROOT / "aot"))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import build  # noqa: E402
-import variants  # noqa: E402
+from _paths import child_env  # noqa: E402
 from _table_rows import table_rows as _rows  # noqa: E402
 from _ws_tiles import cta_tile, tile_of  # noqa: E402
 
-SHIPPED = (ROOT / "aot" / f"{variants.GLUON_MODULE}.py").exists()
+from aot import build, variants  # noqa: E402
+
+SHIPPED = importlib.util.find_spec(variants.GLUON_MODULE) is not None
 
 
 @pytest.fixture
@@ -105,14 +105,14 @@ def test_gluon_runtime_parameters_are_flash_fwds(fixture_gluon):
     want = runtime(build.KERNELS["fwd"])
     assert runtime(build.kernel_fn("fwd_gluon")) == want
     if SHIPPED:
-        import flash_fwd_gluon
+        from aot import flash_fwd_gluon
         assert runtime(flash_fwd_gluon.flash_fwd_gluon) == want
     header = (ROOT / "cpp" / "kernel_table.h").read_text()
     assert re.search(r"constexpr int kGluonLaunchArgCount = kTmaLaunchArgCount;", header)
     assert build._runtime_arg_count("fwd_gluon") == build._runtime_arg_count("fwd_tma")
 
 
-@pytest.mark.parametrize("module", ["_gluon_fixture"] + (["flash_fwd_gluon"] if SHIPPED else []))
+@pytest.mark.parametrize("module", ["_gluon_fixture"] + (["aot.flash_fwd_gluon"] if SHIPPED else []))
 def test_gluon_signature_is_the_jit_paths(monkeypatch, module):
     """AOT names each descriptor's type as the JIT does for a host TensorDescriptor of the same
     block with the default 128-byte-swizzle layout (the type carries the NVMMASharedLayout): rows
@@ -535,8 +535,8 @@ def test_dynamic_tiles_run_every_tile_once(b, hq, sq, block_m, hd):
 def test_gluon_ws_switches_from_the_environment():
     """ORT_FLASH_GLUON_WS_ON turns the named switches on for a development build (the GPU machine
     measures them without an edit); an unknown name is an error that names the valid ones."""
-    code = "import variants as v; print(v.GLUON_WS_PERSISTENT, v.GLUON_WS_DYNAMIC, v.GLUON_WS_SKIP)"
-    run = dict(capture_output=True, text=True, cwd=ROOT / "aot")
+    code = "from aot import variants as v; print(v.GLUON_WS_PERSISTENT, v.GLUON_WS_DYNAMIC, v.GLUON_WS_SKIP)"
+    run = dict(capture_output=True, text=True, cwd=ROOT)
     for value, want in (("", "False False False"), ("dynamic, skip", "False True True"),
                         ("persistent,dynamic,skip", "True True True")):
         env = dict(os.environ, ORT_FLASH_GLUON_WS_ON=value)
@@ -710,7 +710,7 @@ def _plans_in_subprocess(rows, calls, **env) -> list[tuple]:
             "print(json.dumps([list(t._kind(t._params(**{k: tuple(v) if k == 'mask' else v "
             "for k, v in c.items()}), rows)) for c in calls]))")
     r = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), json.dumps(rows), json.dumps(calls)],
-                       capture_output=True, text=True, env=dict(os.environ, **env), timeout=300)
+                       capture_output=True, text=True, env=child_env(**env), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return [tuple(x) for x in json.loads(r.stdout.strip().splitlines()[-1])]
 

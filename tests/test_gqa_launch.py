@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "aot"))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import _fake_cuda  # noqa: E402
 from test_launch_abi import ARCH, SMS, Log, _fwd_expected, abi_names, decode_params, f32  # noqa: E402
@@ -125,8 +123,7 @@ def attention_params(c: dict, want: dict) -> dict:
 
 def decode_gqa(ev: dict, fn: dict, entry: dict) -> dict:
     """A gqa_prepare launch's parameters by name, typed by aot/build.py's signature."""
-    import build
-    import variants
+    from aot import build, variants
 
     v = next(x for x in variants.gqa_variants() if x.name == entry["variant"])
     sig, _, names = build.signature(v, variants.get_fwd_config(ARCH, v))

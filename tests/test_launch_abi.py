@@ -19,7 +19,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
@@ -28,10 +27,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "aot"))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import _fake_cuda  # noqa: E402
+from _paths import child_env  # noqa: E402
 
 _C = pytest.importorskip("ort_flash._C", reason="the native module is not built")
 KERNELS = _C.kernels()
@@ -89,7 +87,7 @@ def f32(x: float) -> float:
 def abi_names(kind: str, kernel: str) -> list[str]:
     """The kernel's parameters in launch order (aot/build.py): each TMA tensor as its map, 4 dims
     and 4 strides, then Triton's two scratch pointers."""
-    import build  # aot/build.py
+    from aot import build
 
     fn = build.kernel_fn({"flash_decode_split": "decode", "flash_decode_combine": "combine"}.get(kernel, kind),
                          ws=kernel == "flash_fwd_gluon_ws")
@@ -463,7 +461,7 @@ def switched_table():
     if ARCH != 90:
         pytest.skip("no sm_90 kernels in this build")
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "_table_rows.py"), "90"], check=True,
-                         env=dict(os.environ, ORT_FLASH_GLUON_WS_ON=SWITCHES), capture_output=True, text=True)
+                         env=child_env(ORT_FLASH_GLUON_WS_ON=SWITCHES), capture_output=True, text=True)
     rows = json.loads(out.stdout)
     shipped = {e["variant"]: e for e in table_entries(90)}
     entries = []
