@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib
 import inspect
 import json
 import os
@@ -57,10 +58,16 @@ GLUON_ARG_COUNT_NAME = "kGluonLaunchArgCount"
 TMA_ELEM_TYPES = {"fp16": (6, 6), "bf16": (10, 9)}
 
 
+def gluon_module(ws: bool = False):
+    """A Gluon kernel's module (variants.GLUON_MODULE, or GLUON_WS_MODULE), imported on first use:
+    it needs triton.experimental.gluon, and a table without Gluon variants never imports it."""
+    return importlib.import_module(variants.GLUON_WS_MODULE if ws else variants.GLUON_MODULE)
+
+
 def kernel_fn(kind: str, ws: bool = False):
     """The (Triton or Gluon) JIT function a kind compiles (ws: the warp-specialized Gluon one)."""
     if kind == "fwd_gluon":
-        return variants.gluon_module(ws).flash_fwd_gluon_ws if ws else variants.gluon_module().flash_fwd_gluon
+        return gluon_module(ws).flash_fwd_gluon_ws if ws else gluon_module().flash_fwd_gluon
     return KERNELS[kind]
 
 
@@ -86,7 +93,7 @@ def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
         if v.kind in TMA_KINDS and name in TMA_ARGS:
             rows = cfg.desc_rows[name in ("K", "V")]
             # A Gluon descriptor's type names its shared layout, which the kernel's module picks.
-            sig[name] = (variants.gluon_module(v.ws).desc_signature(v.dtype, rows, v.head_dim)
+            sig[name] = (gluon_module(v.ws).desc_signature(v.dtype, rows, v.head_dim)
                          if v.kind == "fwd_gluon" else f"tensordesc<{v.dtype}[1,1,{rows},{v.head_dim}]>")
         elif name in ("Q", "K", "V", "Y") or name in GQA_DTYPE_POINTERS:
             sig[name] = t
@@ -283,9 +290,9 @@ def gluon_sources() -> list[str]:
     """The Gluon kernels' modules (the warp-specialized one where it takes calls) and their
     pieces (aot/gluon_*.py)."""
     here = Path(__file__).resolve().parent
-    mods = [variants.gluon_module().__file__]
+    mods = [gluon_module().__file__]
     if variants.GLUON_WS_LENGTHS:
-        mods.append(variants.gluon_module(ws=True).__file__)
+        mods.append(gluon_module(ws=True).__file__)
     return mods + [str(f) for f in sorted(here.glob("gluon_*.py"))]
 
 

@@ -63,34 +63,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .flash_fwd_gluon import LN2, LOG2E, _softmax, desc_layout, desc_signature  # noqa: F401
 
-CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup: wgmma's M is 64 rows per warpgroup
+from .tiles import WS_CONSUMER_WARPS, WS_PRODUCER_REGS
 
-
-def get_ws_config(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> dict:
-    """Tile table (perf-notes "prefill v7"): d128 two consumers of 64 rows, BLOCK_N 128, two
-    slots (164 KB); d64 three consumers (192 rows), three slots (123 KB), under a key-vector
-    `mask` BLOCK_N 64 and four slots (experiments/gluon_mask.py: its fastest spill-free d64 tile). Registers: 168 a thread
-    outside the partitions (12 or 16 warps, one CTA per SM), 240 or 160 per consumer, 24 for the
-    producer. PERSISTENT (CTAs per SM of a persistent grid; 0: a CTA per tile) for non-causal
-    unmasked calls, which the build takes where variants.GLUON_WS_PERSISTENT is on (perf-notes
-    "prefill v14": in JIT 1.01-1.13x the shipped grid at d128, 1.00-1.07x at d64; under causal its
-    static tile order measured 0.82-0.98x the shipped kernels, so causal calls keep a CTA per tile)."""
-    del dtype
-    persistent = 1 if (not causal and mask == "none") else 0
-    if head_dim == 128:
-        return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, num_warps=int(CONSUMER_WARPS), maxnreg=168,
-                    NUM_CONSUMERS=2, CONSUMER_REGS=240, PINGPONG=True, PERSISTENT=persistent)
-    if mask != "none":  # the mask row's registers: BLOCK_N 128 at 160 a consumer spilled (255-328 LDL/STL)
-        return dict(BLOCK_M=192, BLOCK_N=64, NUM_STAGES=4, num_warps=int(CONSUMER_WARPS), maxnreg=128,
-                    NUM_CONSUMERS=3, CONSUMER_REGS=160, PINGPONG=True, PERSISTENT=0)
-    return dict(BLOCK_M=192, BLOCK_N=128, NUM_STAGES=3, num_warps=int(CONSUMER_WARPS), maxnreg=128,
-                NUM_CONSUMERS=3, CONSUMER_REGS=160, PINGPONG=True, PERSISTENT=persistent)
-
-
-def desc_rows(cfg: dict) -> tuple:
-    """The box rows of the Q, K, V and Y descriptors for a tile."""
-    half = cfg["BLOCK_M"] // cfg.get("NUM_CONSUMERS", 2)
-    return half, cfg["BLOCK_N"], cfg["BLOCK_N"], half
+CONSUMER_WARPS = gl.constexpr(WS_CONSUMER_WARPS)  # the default partition: one consumer warpgroup
+PRODUCER_REGS = gl.constexpr(WS_PRODUCER_REGS)
 
 
 @gluon.jit
@@ -820,7 +796,7 @@ def flash_fwd_gluon_ws(
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
                          ids, SeqlensK, has_seqlens, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
                          DYN)),
-        ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, 24])
+        ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
@@ -839,7 +815,7 @@ def flash_fwd_gluon_ws(
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
                          ids, SeqlensK, has_seqlens, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
                          DYN)),
-        ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     for i in gl.static_range(NC):
         for qb in gl.static_range(QB):

@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from aot import flash_fwd_gluon as fg
+from aot.tiles import gluon_config
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
@@ -61,7 +62,7 @@ def report(dtypes, head_dims, cfgs) -> int:
     for dt, d, cfg in itertools.product(dtypes, head_dims, cfgs):
         if cfg and cfg.get("BLOCK_D", d) != d:
             continue
-        full = dict(fg.get_gluon_config(dt, d, False), **{k: v for k, v in (cfg or {}).items() if k != "BLOCK_D"})
+        full = dict(gluon_config(dt, d, False), **{k: v for k, v in (cfg or {}).items() if k != "BLOCK_D"})
         ck = compile_variant(dt, d, full)
         with tempfile.TemporaryDirectory() as tmp:
             cubin = Path(tmp) / "k.cubin"

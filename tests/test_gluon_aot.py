@@ -36,8 +36,10 @@ SHIPPED = importlib.util.find_spec(variants.GLUON_MODULE) is not None
 @pytest.fixture
 def fixture_gluon(monkeypatch):
     """The variant table with Gluon variants from the stand-in kernel, taking every length."""
+    import _gluon_fixture
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
     monkeypatch.setattr(variants, "GLUON_MODULE", "_gluon_fixture")
+    monkeypatch.setattr(variants, "gluon_config", _gluon_fixture.get_gluon_config)
     monkeypatch.setattr(variants, "GLUON_LENGTHS", {})
     monkeypatch.setattr(variants, "GLUON_WS_LENGTHS", {})
     return variants
