@@ -287,13 +287,13 @@ def _tma_boxes(v: Variant, md) -> list[dict]:
 
 
 def gluon_sources() -> list[str]:
-    """The Gluon kernels' modules (the warp-specialized one where it takes calls) and their
-    pieces (aot/gluon_*.py)."""
-    here = Path(__file__).resolve().parent
+    """The Gluon kernels' modules: the one-partition kernel's and, where it takes calls, the
+    warp-specialized kernel's entry and its role modules (aot/gluon_ws/)."""
     mods = [gluon_module().__file__]
     if variants.GLUON_WS_LENGTHS:
         mods.append(gluon_module(ws=True).__file__)
-    return mods + [str(f) for f in sorted(here.glob("gluon_*.py"))]
+        mods += [str(f) for f in sorted((Path(__file__).resolve().parent / "gluon_ws").glob("*.py"))]
+    return mods
 
 
 def source_hash(kind: str | None = None, script: bool = True) -> str:

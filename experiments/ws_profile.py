@@ -50,8 +50,10 @@ def _softmax_pairs(s, m_i, l_i, start_n, mask_from, limit, pos, qk_scale,
 
 
 def use_pair_softmax():
-    """The warp-specialized kernel's unmasked softmax through _softmax_pairs (before the first launch)."""
-    gluon_attn.fws._softmax = _softmax_pairs
+    """The warp-specialized kernel's unmasked softmax through _softmax_pairs (before the first
+    launch): the name its main loop (aot/gluon_ws/mainloop.py) calls."""
+    from aot.gluon_ws import mainloop
+    mainloop._softmax = _softmax_pairs
 
 
 def shipped_cfg(dtype: str, d: int, causal: bool, n: int) -> dict:

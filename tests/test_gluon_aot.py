@@ -26,7 +26,6 @@ pytest.importorskip("triton.experimental.gluon", reason="the Gluon kernels compi
 
 from _paths import child_env  # noqa: E402
 from _table_rows import table_rows as _rows  # noqa: E402
-from _ws_tiles import cta_tile, tile_of  # noqa: E402
 
 from aot import build, variants  # noqa: E402
 
@@ -349,46 +348,6 @@ def test_persistent_ws_kernel_compiles_for_sm90(monkeypatch, hd):
     assert sass.count("HGMMA") > 0 and "STL" not in sass
 
 
-def _tile_walk(grid_x: int, bh_all: int, sq: int, block_m: int, causal: bool) -> list:
-    """The (batch x head, query tile) pairs each CTA of a persistent launch runs, in the order
-    aot/flash_fwd_gluon_ws.py's _cta_tile takes them (mirrored; test_persistent_launch_covers_every_tile_once
-    checks the mirror against the kernel's source)."""
-    n_m = -(-sq // block_m)
-    out = []
-    for g in range(grid_x):
-        mine = []
-        for t in range(-(-(n_m * bh_all - g) // grid_x)):  # n_valid
-            mine.append(cta_tile(g + t * grid_x, n_m, bh_all, causal))
-        out.append(mine)
-    return out
-
-
-@pytest.mark.parametrize("b,hq,sq,sms,causal", [(1, 1, 100, 132, False), (2, 3, 1000, 132, False),
-                                                (32, 16, 512, 132, False), (1, 16, 16384, 132, True),
-                                                (3, 5, 777, 7, True), (2, 8, 129, 132, False)])
-def test_persistent_launch_covers_every_tile_once(b, hq, sq, sms, causal):
-    """The launcher's grid for a persistent entry (ort_flash._C.fwd_grid, what launch_flash_cuda
-    launches with; no GPU needed) and the kernel's walk over tiles run every (batch, head, query
-    tile) exactly once, with B * Hq in window_right; a per-tile entry keeps (ceil(Sq / block_m),
-    B * Hq) and leaves window_right alone."""
-    from ort_flash import _C
-    src = (ROOT / "aot" / "flash_fwd_gluon_ws.py").read_text()
-    for line in ("tid = g0 + t * gl.num_programs(0)", "bh = tid // n_m", "m_t = n_m - 1 - tid % n_m",
-                 "bh = tid % bh_all", "m_t = n_m - 1 - tid // bh_all",
-                 "n_valid = gl.cdiv(gl.cdiv(Sq, BLOCK_M) * bh_all - g0, gl.num_programs(0))", "bh_all = window_right"):
-        assert line in src, f"the kernel's tile walk changed ({line!r}): update _ws_tiles.cta_tile"
-    p = _params(b=b, hq=hq, hkv=1, sq=sq, skv=sq, causal=causal)
-    p.window_right = -1
-    n_m = -(-sq // 128)
-    x, y, wr = _C.fwd_grid(p, 128, 1, sms)
-    assert (y, wr) == (1, b * hq) and x == min(sms, n_m * b * hq), (x, y, wr)
-    walk = _tile_walk(x, wr, sq, 128, causal)
-    assert sorted(t for cta in walk for t in cta) == [(bh, m) for bh in range(b * hq) for m in range(n_m)]
-    if causal:  # each CTA takes its tiles longest first
-        assert all([m for _, m in cta] == sorted((m for _, m in cta), reverse=True) for cta in walk)
-    assert _C.fwd_grid(p, 128, 0, sms) == (n_m, b * hq, -1)
-
-
 def _dynamic_on(monkeypatch):
     """The tables as the build makes them with variants.GLUON_WS_DYNAMIC and GLUON_WS_SKIP on."""
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
@@ -469,69 +428,6 @@ def test_dynamic_dispatch_takes_the_warp_specialized_kernel_for_causal_calls(mon
     assert kind == "fwd_gluon" and "_ws_" in name, name
     row = next(r for r in rows if r["variant"] == name)
     assert row["dynamic"] and row["persistent"] == 1, row
-
-
-def _claims(n_ctas: int, total: int, rng) -> tuple[list, int, int]:
-    """The dynamic tile protocol of aot/flash_fwd_gluon_ws.py's producer (mirrored: _claim and the
-    DYNAMIC branch of _producer) with the CTAs' claims interleaved at random, their first ones
-    included (a CTA may start after others have run tiles): (the tile ids each CTA runs, the
-    counter's value at the end, how many claims came back past the last tile)."""
-    ctr, past, tiles = 0, 0, [[] for _ in range(n_ctas)]
-    nxt = {}
-    cur = {g: g for g in range(n_ctas)}  # tid = program_id(0)
-    live = list(range(n_ctas))
-    while live:
-        g = rng.choice(live)
-        if g not in nxt:  # nxt = _claim(...) before the loop
-            nxt[g] = n_ctas + ctr
-            ctr += 1
-            continue
-        tiles[g].append(cur[g])  # the loop body runs tile cur[g] (tid < total)
-        cur[g] = nxt[g]
-        if cur[g] < total:
-            nxt[g] = n_ctas + ctr
-            ctr += 1
-        else:
-            past += 1
-            live.remove(g)
-    return tiles, ctr, past
-
-
-@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("b,hq,sq,block_m,hd", [(1, 16, 16384, 128, 128), (32, 16, 512, 128, 128),
-                                                (5, 6, 777, 128, 128), (3, 7, 1000, 192, 64), (1, 1, 100, 192, 64)])
-def test_dynamic_tiles_run_every_tile_once(b, hq, sq, block_m, hd):
-    """A DYNAMIC_TILES launch (the launcher's persistent grid, _C.fwd_grid) runs every (batch, head,
-    query tile) exactly once whatever order its CTAs claim in (random interleavings), each CTA's
-    first tile is its program id, every CTA makes exactly one claim past the last tile (the count
-    the reset waits for) and the counter then reads CTAs + tiles - CTAs = tiles, which the last CTA
-    zeroes. The heads go in groups of grp (K/V of about 16 MB), longest tiles first within one."""
-    import random
-    from ort_flash import _C
-    src = (ROOT / "aot" / "flash_fwd_gluon_ws.py").read_text()
-    for line in ("per = grp * n_m", "gsz = gl.minimum(grp, bh_all - g * grp)", "bh = g * grp + i % gsz",
-                 "return n_m - 1 - i // gsz, b_t, h_t, hk_t, bh",
-                 "nxt = gl.num_programs(0) + gl.atomic_add(ctr, 1, sem=\"relaxed\").to(gl.int32)",
-                 "tid = gl.program_id(0)", "if done == gl.num_programs(0) - 1:",
-                 "grp = gl.maximum(gl.minimum((4194304 // BLOCK_D) // gl.maximum(Skv, 1), 8), 1)"):
-        assert line in src, f"the kernel's dynamic tiles changed ({line!r}): update _claims / _ws_tiles.tile_of"
-    p = _params(b=b, hq=hq, hkv=1, sq=sq, skv=sq, causal=True)
-    p.window_right = -1
-    n_m = -(-sq // block_m)
-    x, y, wr = _C.fwd_grid(p, block_m, 1, 132)
-    assert (y, wr) == (1, b * hq) and x == min(132, n_m * b * hq)
-    grp = max(min((4194304 // hd) // sq, 8), 1)
-    order = [tile_of(t, n_m, wr, grp) for t in range(n_m * wr)]
-    assert sorted(order) == [(bh, m) for bh in range(wr) for m in range(n_m)]
-    for t0 in range(0, len(order), grp * n_m):  # within a group of heads, longest tiles first
-        ms = [m for _, m in order[t0:t0 + grp * n_m]]
-        assert ms == sorted(ms, reverse=True)
-    rng = random.Random(sq)
-    for _ in range(5):
-        tiles, ctr, past = _claims(x, n_m * wr, rng)
-        assert sorted(t for cta in tiles for t in cta) == list(range(n_m * wr))
-        assert [cta[0] for cta in tiles] == list(range(x))
-        assert past == x and ctr == n_m * wr
 
 
 def test_gluon_ws_switches_from_the_environment():
