@@ -23,6 +23,7 @@ import itertools
 import os
 from dataclasses import dataclass, field
 
+from .contract import DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES  # noqa: F401 (the table's codes)
 from .tiles import GQA_TILES, TMA_TILES, TileConfig, gluon_config, ws_config  # noqa: F401 (TileConfig: the table's type)
 
 TRITON_VERSION = "3.6.0"
@@ -31,10 +32,6 @@ TRITON_VERSION = "3.6.0"
 DTYPE_PRECISIONS = (("fp16", "tf32"), ("bf16", "tf32"), ("fp32", "ieee"), ("fp32", "tf32"))
 # Head-dim buckets (BLOCK_D == BLOCK_DV) and whether an exact-size ("even") variant exists.
 HEAD_DIMS = ((32, False), (64, True), (128, True), (256, True))
-MASK_KINDS = {"none": 0, "bool": 1, "add": 2}
-DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
-PRECISION_CODES = {"ieee": 0, "tf32x3": 1, "tf32": 2}
-KIND_CODES = {"fwd": 0, "decode": 1, "combine": 2, "fwd_tma": 3, "fwd_gluon": 4, "gqa_prepare": 5, "gqa_past": 6}
 # TMA descriptors (Hopper's bulk-copy engine): compiled for these archs and shapes only.
 TMA_MIN_ARCH = 90
 TMA_DTYPES = ("fp16", "bf16")
@@ -123,7 +120,6 @@ DECODE_BLOCK_M = 16         # packed rows (query heads of a GQA group x query po
 # base tile, which plans the splits.
 DECODE_WIDE_WAVES = 2
 DECODE_WIDE_MIN_ARCH = 90
-MAX_DECODE_ROWS = 64        # group * Sq up to this takes the decode kernel (cpp/decode_heuristics.h)
 # GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): one cubin per (kind, dtype), its
 # BLOCK_D the largest head size the CUDA op takes (cpp/gqa_shapes.cc), rows masked past D.
 GQA_KINDS = ("gqa_prepare", "gqa_past")

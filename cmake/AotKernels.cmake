@@ -3,6 +3,17 @@
 # (kernel source, Triton version, variant, tile, arch) in ORT_FLASH_CACHE_DIR/aot.
 
 set(ORT_FLASH_AOT_DIR "${CMAKE_BINARY_DIR}/aot")
+# The kernels' contract with the launcher (aot/contract.py: codes, argument layouts, constants)
+# as C++, for every build (a CPU-only one too): cpp/ includes it, so it is generated first. Plain
+# Python, no Triton and no kernel compile.
+add_custom_command(
+  OUTPUT "${ORT_FLASH_AOT_DIR}/contract.gen.h"
+  COMMAND "${Python_EXECUTABLE}" -m aot.contract_header --out "${ORT_FLASH_AOT_DIR}"
+  WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}"
+  DEPENDS "${PROJECT_SOURCE_DIR}/aot/contract.py" "${PROJECT_SOURCE_DIR}/aot/contract_header.py"
+  COMMENT "Generating the kernels' contract header from aot/contract.py"
+  VERBATIM)
+add_custom_target(ort_flash_contract DEPENDS "${ORT_FLASH_AOT_DIR}/contract.gen.h")
 string(REPLACE ";" "," _archs "${ORT_FLASH_CUDA_ARCHS}")
 if(_archs STREQUAL "")
   message(WARNING "ort_flash: ORT_FLASH_CUDA_ARCHS is empty: a CPU-only build, no CUDA kernels are compiled (the op runs on ONNX Runtime's CPU EP only; the CUDA EP reports that no kernels were compiled)")

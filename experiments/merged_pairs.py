@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: 
 
 from aot import build  # noqa: E402
 from aot import variants as V  # noqa: E402
+from aot.contract import MAX_DECODE_ROWS, MAX_DECODE_SQ  # noqa: E402, F401 (the launcher's decode calls)
 
 ARCH = 90                  # the H200's build
-MAX_DECODE_SQ, MAX_DECODE_ROWS = 16, 64  # cpp/decode_heuristics.h kMaxDecodeSq, kMaxDecodeRows
 
 
 @dataclass(frozen=True)

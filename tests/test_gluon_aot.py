@@ -96,21 +96,17 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
 
 
 def test_gluon_runtime_parameters_are_flash_fwds(fixture_gluon):
-    """The launcher passes one argument list to either kernel: same non-constexpr names, same
-    order, and the same descriptor expansion as fwd_tma (kGluonLaunchArgCount)."""
+    """The launcher passes one argument list to either kernel (aot/contract.py's forward ABI, the
+    descriptors as fwd_tma's): the stand-in takes it too, so the pipeline tests below are the real
+    kernels'."""
     import inspect
 
-    def runtime(fn):
-        return [n for n, p in inspect.signature(fn.fn).parameters.items() if "constexpr" not in str(p.annotation)]
+    from aot import contract
 
-    want = runtime(build.KERNELS["fwd"])
-    assert runtime(build.kernel_fn("fwd_gluon")) == want
-    if SHIPPED:
-        from aot import flash_fwd_gluon
-        assert runtime(flash_fwd_gluon.flash_fwd_gluon) == want
-    header = (ROOT / "cpp" / "kernel_table.h").read_text()
-    assert re.search(r"constexpr int kGluonLaunchArgCount = kTmaLaunchArgCount;", header)
-    assert build._runtime_arg_count("fwd_gluon") == build._runtime_arg_count("fwd_tma")
+    fn = build.kernel_fn("fwd_gluon")
+    runtime = [n for n, p in inspect.signature(fn.fn).parameters.items() if "constexpr" not in str(p.annotation)]
+    assert tuple(runtime) == contract.runtime_args("fwd_gluon") == contract.runtime_args("fwd")
+    assert contract.launch_arg_count("fwd_gluon") == contract.launch_arg_count("fwd_tma")
 
 
 @pytest.mark.parametrize("module", ["_gluon_fixture"] + (["aot.flash_fwd_gluon"] if SHIPPED else []))
@@ -154,19 +150,47 @@ def _compiled(v, cfg, cache: Path):
 
 
 def _check_meta(m, v, cfg):
+    from aot import contract
+
     rows = {"Q": cfg.desc_rows[0], "K": cfg.block_n, "V": cfg.block_n, "Y": cfg.desc_rows[0]}
     assert [b["arg"] for b in m["tma"]] == list(build.TMA_ARGS)
     for b in m["tma"]:
         assert b["swizzle"] == 3 and b["rows"] == rows[b["arg"]] and v.head_dim % b["cols"] == 0
     assert 0 < m["shared"] <= build.SMEM_LIMIT[90]
     assert m["num_warps"] >= cfg.num_warps and m["num_warps"] % 4 == 0  # whole warpgroups
-    assert len(m["args"]) + 4 * (2 * build.TMA_RANK) == build._runtime_arg_count("fwd_gluon")
+    assert len(m["args"]) + 4 * (2 * build.TMA_RANK) == contract.launch_arg_count("fwd_gluon")
+
+
+def _compiled_table(out: Path) -> list[dict]:
+    """The table aot/build.py wrote into `out` (kernel_table.gen.cc, kernels.gen.S) compiled against
+    cpp/ and the contract header, read back through kernel_table(): each entry as C++ sees it."""
+    from aot import contract_header
+
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    contract_header.write(out)
+    fields = ("variant", "kind", "num_warps", "block_m", "block_n", "tile_causal", "tile_min_len", "tile_max_len",
+              "persistent", "dynamic", "q_rows", "kv_rows")
+    (out / "main.cc").write_text(
+        '#include <cstdio>\n#include "kernel_table.h"\nusing namespace ort_flash;\nint main() {\n'
+        "  size_t n = 0;\n  const KernelEntry* t = kernel_table(&n);\n  for (size_t i = 0; i < n; ++i) {\n"
+        "    const KernelEntry& e = t[i];\n"
+        '    std::printf("%s %s %d %d %d %d %d %d %d %d %d %d\\n", e.variant_name, code_name(e.key.kind), e.num_warps,'
+        " e.block_m, e.block_n, e.tile_causal, e.tile_min_len, e.tile_max_len, e.persistent, int(e.dynamic),"
+        " e.tma[0].rows, e.tma[1].rows);\n  }\n}\n")
+    r = subprocess.run([cxx, "-std=c++17", "-Wall", "-I", str(ROOT / "cpp"), "-I", str(out), str(out / "main.cc"),
+                        str(out / "kernel_table.gen.cc"), str(out / "kernels.gen.S"), "-o", str(out / "table")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = subprocess.run([str(out / "table")], capture_output=True, text=True, check=True).stdout.splitlines()
+    return [dict(zip(fields, [x[0], x[1]] + [int(c) for c in x[2:]])) for x in map(str.split, lines)]
 
 
 def test_fixture_variant_compiles_and_its_table_row(fixture_gluon, tmp_path):
     """The stand-in (4 default warps and a 1-warp TMA producer) through build.py's compile and
-    table writer: the launch's total warps (8: whole warpgroups), the four boxes, a KernelKind(4)
-    row and the static_assert on kGluonLaunchArgCount."""
+    table writer: the generated table, compiled, has a fwd_gluon entry with the launch's total warps
+    (8: whole warpgroups), its tile and its four boxes."""
     v = next(x for x in _gluon(variants.all_variants()) if (x.dtype, x.head_dim) == ("bf16", 128))
     cfg = variants.get_fwd_config(90, v)
     m = _compiled(v, cfg, tmp_path / "cache")
@@ -175,17 +199,11 @@ def test_fixture_variant_compiles_and_its_table_row(fixture_gluon, tmp_path):
     m.pop("cached")
     out = tmp_path / "out"
     build.write_outputs(out, [m], {v.name: v})
-    cc = (out / "kernel_table.gen.cc").read_text()
-    assert f"static_assert(kGluonLaunchArgCount == {build._runtime_arg_count('fwd_gluon')}" in cc
-    row = next(line for line in cc.splitlines() if v.name in line)
-    assert "KernelKind(4)" in row and ", 8, " in row and "{3, 128, 64}, {3, 64, 64}" in row, row
     assert json.loads((out / "manifest.json").read_text())["kernels"][0]["variant"] == v.name
-    # The generated table compiles against cpp/kernel_table.h (its static_asserts hold).
-    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    if cxx:
-        r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-I", str(ROOT / "cpp"), str(out / "kernel_table.gen.cc")],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-3000:]
+    e, = _compiled_table(out)
+    assert (e["variant"], e["kind"], e["num_warps"], e["block_m"], e["block_n"]) == (
+        v.name, "fwd_gluon", 8, cfg.block_m, cfg.block_n)
+    assert (e["q_rows"], e["kv_rows"]) == cfg.desc_rows
 
 
 def test_gluon_cache_key_follows_the_gluon_sources_only(fixture_gluon, monkeypatch):
@@ -281,9 +299,9 @@ def _persistent_on(monkeypatch):
     monkeypatch.setattr(variants, "GLUON_WS_TILES", tiles)
 
 
-def _table_row(tmp_path, x) -> str:
-    """The generated kernel table's row of warp-specialized variant x (a stand-in cubin, the
-    metadata aot/build.py records for its tile)."""
+def _table_entry(tmp_path, x) -> dict:
+    """The generated kernel table's entry of warp-specialized variant x, compiled (a stand-in
+    cubin, the metadata aot/build.py records for its tile)."""
     cfg = variants.get_fwd_config(90, x)
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(b"\0")
@@ -291,8 +309,9 @@ def _table_row(tmp_path, x) -> str:
                 block_m=cfg.block_m, block_n=cfg.block_n, num_stages=cfg.num_stages, cubin=str(cubin), tma=[],
                 pdl=False, persistent=cfg.persistent, dynamic=cfg.dynamic)
     build.write_outputs(tmp_path / "out", [meta], {x.name: x})
-    return next(line for line in (tmp_path / "out" / "kernel_table.gen.cc").read_text().splitlines()
-                if x.name in line)
+    e, = _compiled_table(tmp_path / "out")
+    assert e["variant"] == x.name
+    return e
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
@@ -303,7 +322,7 @@ def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on
     (dtype, head dim) over the whole range, and causal and key-vector-masked ones keep a CTA per
     tile; as shipped (off) none is. The build names PERSISTENT_GRID for every one of them (the
     compile cache keys constexprs by value and position), their cache keys differ by it, and the
-    generated table row carries it as KernelEntry's last field (the launcher's grid)."""
+    generated table's entry, compiled, carries it (KernelEntry::persistent: the launcher's grid)."""
     if on:
         _persistent_on(monkeypatch)
     else:
@@ -326,10 +345,8 @@ def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on
     if not on:
         return
     x = next(y for y in ws if variants.get_fwd_config(90, y).persistent)
-    row = _table_row(tmp_path, x)
-    assert row.rstrip().endswith(f", {x.tile_max_len}, 1, false}},"), row
-    header = (ROOT / "cpp" / "kernel_table.h").read_text()
-    assert re.search(r"int tile_max_len;\s*(//[^\n]*\n\s*)*int persistent;\s*(//[^\n]*\n\s*)*bool dynamic;\s*};", header)
+    e = _table_entry(tmp_path, x)
+    assert (e["tile_max_len"], e["persistent"], e["dynamic"]) == (x.tile_max_len, 1, 0), e
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
@@ -365,7 +382,7 @@ def test_dynamic_tiles_for_causal_unmasked_calls(monkeypatch, tmp_path, on):
     persistent grid with dynamic tiles, over every length, and with GLUON_WS_SKIP every unmasked
     one skips the consumers without rows; masked cubins neither. As shipped (off) none does. The
     build names DYNAMIC_TILES and SKIP_PAST_ROWS for every one of them, the cache keys differ by
-    them, and the generated table row ends with KernelEntry::dynamic."""
+    them, and the generated table's entry, compiled, has KernelEntry::dynamic."""
     if on:
         _dynamic_on(monkeypatch)
     else:
@@ -388,8 +405,8 @@ def test_dynamic_tiles_for_causal_unmasked_calls(monkeypatch, tmp_path, on):
     if not on:
         return
     x = next(y for y in ws if variants.get_fwd_config(90, y).dynamic)
-    row = _table_row(tmp_path, x)
-    assert row.rstrip().endswith(f", {x.tile_max_len}, 1, true}},"), row
+    e = _table_entry(tmp_path, x)
+    assert (e["tile_max_len"], e["persistent"], e["dynamic"]) == (x.tile_max_len, 1, 1), e
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
