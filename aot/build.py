@@ -5,7 +5,7 @@ Runs at package build time on a machine with no GPU: `triton.compile` with an ex
 (kernel source, Triton version, variant, tile config, arch), so unchanged kernels are not
 recompiled across builds.
 
-    python aot/build.py --archs 80,90 --out BUILD/aot [--cache DIR] [--jobs N]
+    python -m aot.build --archs 80,90 --out BUILD/aot [--cache DIR] [--jobs N]
 
 Writes into --out: one .cubin per (variant, arch), `kernels.gen.S` (embeds them with .incbin),
 `kernel_table.gen.cc` (the table cpp/kernel_registry.cc searches) and `manifest.json`.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib
 import inspect
 import json
 import os
@@ -22,101 +23,62 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import flash_decode  # noqa: E402
-import flash_fwd  # noqa: E402
-import gqa_prepare  # noqa: E402
-import compile_pool  # noqa: E402
-import variants  # noqa: E402
-from variants import (DTYPE_CODES, GQA_KINDS, KIND_CODES, MASK_KINDS, PRECISION_CODES,  # noqa: E402
-                      TRITON_VERSION, TileConfig, Variant, all_combinations, all_variants,
-                      edge_loop, get_fwd_config)
+from . import compile_pool, contract, flash_decode, flash_fwd, gqa_prepare, variants
+from .contract import TMA_ARGS, TMA_KINDS, TMA_RANK
+from .variants import (DTYPE_CODES, GQA_KINDS, KIND_CODES, MASK_KINDS, PRECISION_CODES, TRITON_VERSION,
+                       TileConfig, Variant, all_combinations, all_variants, edge_loop, get_fwd_config)
 
 # The kernel each variant kind compiles.
 KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
            "decode": flash_decode.flash_decode_split, "combine": flash_decode.flash_decode_combine,
            "gqa_prepare": gqa_prepare.gqa_prepare, "gqa_past": gqa_prepare.gqa_prepare}
-# fwd_tma, fwd_gluon: these arguments are (B, H, S, D) tensor descriptors. Each becomes, in the
-# launch ABI, the CUtensorMap (by value), its 4 dims (i32) and its 4 strides in elements (i64).
-TMA_KINDS = ("fwd_tma", "fwd_gluon")
-TMA_ARGS = ("Q", "K", "V", "Y")
-TMA_RANK = 4
 
 # Largest dynamic shared memory a block may use, per arch (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
-# Launch ABI: each kernel's non-constexpr parameters, in order. cpp/cuda_launch.cc fills exactly
-# these (the generated table static_asserts the counts); two null scratch pointers follow.
+# The strides aligned to 16 elements in an exact-head-dim ("even") variant.
 STRIDE_ARGS = tuple(f"stride_{t}{d}" for t in "qkvy" for d in ("b", "h", "m" if t in "qy" else "n"))
-# Name of the C++ constant that holds each kind's runtime-argument count (cpp/kernel_table.h).
-ARG_COUNT_NAMES = {"fwd": "kLaunchArgCount", "fwd_tma": "kTmaLaunchArgCount",
-                   "decode": "kDecodeArgCount", "combine": "kCombineArgCount",
-                   "gqa_prepare": "kGqaPrepareArgCount", "gqa_past": "kGqaPrepareArgCount"}
-# aot/gqa_prepare.py's pointers other than Q, K, V (which take the call's dtype like these).
-GQA_DTYPE_POINTERS = ("PastK", "PastV", "PresentK", "PresentV", "QRot", "Cos", "Sin")
-GQA_POINTERS = {"PositionIds": "*i64", "Totals": "*i64", "Seqlens": "*i32", "KeyMask": "*i8"}
-# fwd_gluon (the module variants.GLUON_MODULE names, only where the table has Gluon variants).
-GLUON_ARG_COUNT_NAME = "kGluonLaunchArgCount"
 # Triton's element-type codes in tensordesc metadata -> CUtensorMapDataType (FLOAT16 6, BFLOAT16 9).
 TMA_ELEM_TYPES = {"fp16": (6, 6), "bf16": (10, 9)}
+
+
+def gluon_module(ws: bool = False):
+    """A Gluon kernel's module (variants.GLUON_MODULE, or GLUON_WS_MODULE), imported on first use:
+    it needs triton.experimental.gluon, and a table without Gluon variants never imports it."""
+    return importlib.import_module(variants.GLUON_WS_MODULE if ws else variants.GLUON_MODULE)
 
 
 def kernel_fn(kind: str, ws: bool = False):
     """The (Triton or Gluon) JIT function a kind compiles (ws: the warp-specialized Gluon one)."""
     if kind == "fwd_gluon":
-        return variants.gluon_module(ws).flash_fwd_gluon_ws if ws else variants.gluon_module().flash_fwd_gluon
+        return gluon_module(ws).flash_fwd_gluon_ws if ws else gluon_module().flash_fwd_gluon
     return KERNELS[kind]
 
 
-def _runtime_arg_count(kind: str) -> int:
-    """Kernel parameters in the launch ABI (scratch pointers not counted)."""
-    params = inspect.signature(kernel_fn(kind).fn).parameters
-    n = sum("constexpr" not in str(p.annotation) for p in params.values())
-    return n + (len(TMA_ARGS) * 2 * TMA_RANK if kind in TMA_KINDS else 0)
-
-
-def _dtype_sig(dtype: str) -> str:
-    return {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}[dtype]
-
-
 def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
-    """(signature, attrs, argument names) for ASTSource."""
+    """(signature, attrs, argument names) for ASTSource: each runtime parameter typed by
+    aot/contract.py (the launcher's arguments are the contract's), the rest constexpr. A kernel
+    whose runtime parameters are not its ABI's, in order, is refused."""
     params = inspect.signature(kernel_fn(v.kind, v.ws).fn).parameters
-    arg_names = params.keys()
-    t = _dtype_sig(v.dtype)
-    mask_t = {"none": "*i8", "bool": "*i8", "add": t}[v.mask]
+    names = list(params)
+    runtime = tuple(n for n in names if "constexpr" not in str(params[n].annotation))
+    if runtime != contract.runtime_args(v.kind):
+        raise RuntimeError(f"{v.name}: the kernel's runtime parameters {runtime} are not aot/contract.py's "
+                           f"{contract.KIND_ABIS[v.kind]} ABI {contract.runtime_args(v.kind)}; change them together")
+    types = dict(contract.ABIS[contract.KIND_ABIS[v.kind]])
     sig = {}
-    for name in arg_names:
-        if v.kind in TMA_KINDS and name in TMA_ARGS:
+    for name in names:
+        if name not in types:
+            sig[name] = "constexpr"
+        elif v.kind in TMA_KINDS and name in TMA_ARGS:
             rows = cfg.desc_rows[name in ("K", "V")]
             # A Gluon descriptor's type names its shared layout, which the kernel's module picks.
-            sig[name] = (variants.gluon_module(v.ws).desc_signature(v.dtype, rows, v.head_dim)
+            sig[name] = (gluon_module(v.ws).desc_signature(v.dtype, rows, v.head_dim)
                          if v.kind == "fwd_gluon" else f"tensordesc<{v.dtype}[1,1,{rows},{v.head_dim}]>")
-        elif name in ("Q", "K", "V", "Y") or name in GQA_DTYPE_POINTERS:
-            sig[name] = t
-        elif name in GQA_POINTERS:
-            sig[name] = GQA_POINTERS[name]
-        elif name in ("Lse", "OPart", "LsePart"):
-            sig[name] = "*fp32"
-        elif name == "Mask":
-            sig[name] = mask_t
-        elif name == "SeqlensK":
-            sig[name] = "*i64"
-        elif name == "Counter":
-            sig[name] = "*i32"
-        elif name in ("scale", "softcap"):
-            sig[name] = "fp32"
-        elif name.startswith("stride_"):
-            sig[name] = "i64"
-        elif "constexpr" in str(params[name].annotation):
-            sig[name] = "constexpr"
         else:
-            sig[name] = "i32"
-    names = list(arg_names)
+            sig[name] = contract.triton_type(types[name], v.dtype, v.mask)
     attrs = {}
     # The GQA kernels' K and V may point into packed QKV: no alignment promised.
     for name in () if v.kind in GQA_KINDS else ("Q", "K", "V", "Y", "Lse", "OPart", "LsePart"):
@@ -288,13 +250,13 @@ def _tma_boxes(v: Variant, md) -> list[dict]:
 
 
 def gluon_sources() -> list[str]:
-    """The Gluon kernels' modules (the warp-specialized one where it takes calls) and their
-    pieces (aot/gluon_*.py)."""
-    here = Path(__file__).resolve().parent
-    mods = [variants.gluon_module().__file__]
+    """The Gluon kernels' modules: the one-partition kernel's and, where it takes calls, the
+    warp-specialized kernel's entry and its role modules (aot/gluon_ws/)."""
+    mods = [gluon_module().__file__]
     if variants.GLUON_WS_LENGTHS:
-        mods.append(variants.gluon_module(ws=True).__file__)
-    return mods + [str(f) for f in sorted(here.glob("gluon_*.py"))]
+        mods.append(gluon_module(ws=True).__file__)
+        mods += [str(f) for f in sorted((Path(__file__).resolve().parent / "gluon_ws").glob("*.py"))]
+    return mods
 
 
 def source_hash(kind: str | None = None, script: bool = True) -> str:
@@ -385,13 +347,7 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
     for sym, *_ in rows:
         cc.append(f"extern const unsigned char {sym}[];")
         cc.append(f"extern const unsigned char {sym}_end[];")
-    cc += ["}", "", "namespace ort_flash {", "",
-           *[f"static_assert({ARG_COUNT_NAMES.get(kind, GLUON_ARG_COUNT_NAME)} == {_runtime_arg_count(kind)}, "
-             f"\"the {kind} kernel's runtime arguments changed: update "
-             f"{'cpp/gqa_launch.cc' if kind in GQA_KINDS else 'cpp/cuda_launch.cc'}\");"
-             for kind in [k for k in KERNELS if k != "gqa_past"] +  # gqa_past: gqa_prepare's function
-             (["fwd_gluon"] if any(r[2].kind == "fwd_gluon" for r in rows) else [])],
-           "", "static const KernelEntry kEntries[] = {"]
+    cc += ["}", "", "namespace ort_flash {", "", "static const KernelEntry kEntries[] = {"]
     for sym, m, v, cfg in rows:
         cc.append(
             f"  {{{{DType({DTYPE_CODES[v.dtype]}), {v.head_dim}, {_cxx_bool(v.even_d)}, "

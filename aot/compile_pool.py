@@ -8,7 +8,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from variants import TileConfig, Variant
+from .variants import TileConfig, Variant
 
 
 def estimated_cost(v: Variant, arch: int, cfg: TileConfig) -> float:

@@ -25,7 +25,8 @@ differ. Same op contract: cpp/flash_params.h.
 import triton
 import triton.language as tl
 
-from flash_fwd import MASK_ADD, _attend, _visibility
+from .contract import MERGE_TALL, MERGE_WIDE
+from .flash_fwd import MASK_ADD, _attend, _visibility
 
 
 @triton.jit
@@ -46,8 +47,8 @@ def flash_decode_split(
     # PDL, programmatic dependent launch (sm_90+): 1 waits for the grid before it on the stream
     # (griddepcontrol.wait) before touching memory, so the launcher may start this grid while
     # that one drains (the AOT build's level on sm_90+, aot/build.py decode_pdl; the wait returns
-    # at once when not launched so); 2 also lets the next PDL grid launch at once (measured only,
-    # experiments/decode_floor.py: its waiting CTAs then hold SM slots, up to 1.4x slower at B32).
+    # at once when not launched so); 2 also lets the next PDL grid launch at once (tried in
+    # experiments/decode_floor.py, not built: its waiting CTAs hold SM slots; perf-notes decode v7).
     if PDL >= 1:
         tl.extra.cuda.gdc_wait()
     if PDL >= 2:
@@ -185,18 +186,18 @@ def flash_decode_split(
                                   MERGE_WIDE_M, MERGE_WIDE_S)
 
 
-# The fused merge's tiles, packed rows x splits (x the head dim), loaded at once: one L2 round
-# trip each. Wide: a GQA group of 4 at Sq = 1 against up to 16 splits per trip; tall: a whole
-# 16-row block (Sq = 4) against up to 4 splits. Same size, so the same registers.
-MERGE_WIDE_M = tl.constexpr(4)
-MERGE_WIDE_S = tl.constexpr(16)
-MERGE_TALL_M = tl.constexpr(16)
-MERGE_TALL_S = tl.constexpr(4)
+# The fused merge's tiles, packed rows x splits (aot/contract.py MERGE_WIDE, MERGE_TALL: the
+# launcher's merge_round_trips counts with them too).
+MERGE_WIDE_M = tl.constexpr(MERGE_WIDE[0])
+MERGE_WIDE_S = tl.constexpr(MERGE_WIDE[1])
+MERGE_TALL_M = tl.constexpr(MERGE_TALL[0])
+MERGE_TALL_S = tl.constexpr(MERGE_TALL[1])
 
 
 def merge_round_trips(rows: int, splits: int) -> int:
     """Dependent L2 round trips of the fused merge of one row block of `rows` packed rows, at the
-    tile the kernel picks (cpp/cuda_launch.cc's merge_round_trips mirrors this)."""
+    tile the kernel picks (cpp/decode_heuristics.cc's merge_round_trips counts the same with the
+    generated constants)."""
     def cdiv(a, b):
         return -(-a // b)
     return min(cdiv(rows, MERGE_WIDE_M.value) * cdiv(splits, MERGE_WIDE_S.value),

@@ -38,14 +38,6 @@ def desc_signature(dtype: str, rows: int, head_dim: int) -> str:
     return f"tensordesc<{dtype}[1,1,{rows},{head_dim}],{desc_layout()!r}>"
 
 
-def get_gluon_config(dtype: str, head_dim: int, causal: bool) -> dict:
-    """Tile table: BLOCK_M, BLOCK_N, NUM_STAGES and num_warps for a call (see perf-notes v6)."""
-    del dtype, causal
-    if head_dim == 128:  # one warpgroup per CTA, two CTAs per SM (115 KB of shared memory each)
-        return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3, num_warps=4)
-    return dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=4, num_warps=8)
-
-
 @gluon.jit
 def _load_kv(desc, ring, bars, b, hk, block, stage, pred, BLOCK_N: gl.constexpr):
     bar = bars.index(stage)

@@ -1,5 +1,6 @@
 #include "cuda_launch.h"
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -13,66 +14,42 @@
 namespace ort_flash {
 namespace {
 
-// The runtime arguments every kernel of the family shares, by value, in kernel order (the launch
-// ABI, aot/build.py). Launch arrays point into it, so it must outlive the launch call.
-struct KernelArgs {
-  // The scalar slots, in order.
-  enum Int { kHq, kGroup, kSq, kSkv, kD, kDv, kOffset, kCausal, kWindowLeft, kWindowRight, kMaskLen,
-             kHasSeqlens, kStoreLse, kInts };
-  // The stride slots: q, k, v, y (b, h, s), then the mask's (b, h, q); its key stride is 1.
-  enum Stride { kYStrideB = 9, kStrides = 15 };
-  CUdeviceptr q, k, v, y, lse, mask, seqlens;
-  float scale, softcap;
-  int32_t ints[kInts];
-  int64_t strides[kStrides];
-  CUdeviceptr global_scratch = 0, profile_scratch = 0;
+uint64_t dev(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
 
-  explicit KernelArgs(const FlashParams& p)
-      : q(reinterpret_cast<CUdeviceptr>(p.q)), k(reinterpret_cast<CUdeviceptr>(p.k)),
-        v(reinterpret_cast<CUdeviceptr>(p.v)), y(reinterpret_cast<CUdeviceptr>(p.y)),
-        lse(reinterpret_cast<CUdeviceptr>(p.lse)), mask(reinterpret_cast<CUdeviceptr>(p.mask)),
-        seqlens(reinterpret_cast<CUdeviceptr>(p.seqlens_k)), scale(p.scale), softcap(p.softcap),
-        ints{static_cast<int32_t>(p.hq), static_cast<int32_t>(p.hq / p.hkv),
-             static_cast<int32_t>(p.sq), static_cast<int32_t>(p.skv), static_cast<int32_t>(p.d),
-             static_cast<int32_t>(p.dv), static_cast<int32_t>(p.offset), p.causal ? 1 : 0,
-             static_cast<int32_t>(p.window_left), static_cast<int32_t>(p.window_right),
-             static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len),
-             p.seqlens_k != nullptr ? 1 : 0, p.lse != nullptr ? 1 : 0} {
-    for (int i = 0; i < 3; ++i) {
-      strides[i] = p.q_stride[i];
-      strides[3 + i] = p.k_stride[i];
-      strides[6 + i] = p.v_stride[i];
-      strides[9 + i] = p.y_stride[i];
-      strides[12 + i] = p.mask_stride[i];
-    }
-  }
-
-  // The two slots some kernels read with another meaning: the ABI is fixed by the cubins, and
-  // these kernels never take the slot's own input. A persistent forward kernel (it takes no
-  // windows) reads B x Hq from window_right; a dynamic-tile one (it takes no key lengths) reads
-  // its tile counter pair from the key-lengths pointer, has_seqlens saying whether there is one.
-  void reuse_for(const KernelLaunch& l, CUdeviceptr tile_counters) {
-    if (l.persistent_bh >= 0) ints[kWindowRight] = static_cast<int32_t>(l.persistent_bh);
-    if (l.tile_counters) {
-      seqlens = tile_counters;
-      ints[kHasSeqlens] = tile_counters ? 1 : 0;
-    }
-  }
-
-  void push_outputs_and_masks(std::vector<void*>& a) {
-    for (void* x : {static_cast<void*>(&lse), static_cast<void*>(&mask), static_cast<void*>(&seqlens)}) a.push_back(x);
-  }
-  void push_scalars(std::vector<void*>& a) {
-    a.push_back(&scale);
-    a.push_back(&softcap);
-    for (int32_t& i : ints) a.push_back(&i);
-  }
-  void push_strides_and_scratch(std::vector<void*>& a) {
-    for (int64_t& s : strides) a.push_back(&s);
-    a.push_back(&global_scratch);
-    a.push_back(&profile_scratch);
-  }
-};
+// The arguments the forward and the split-KV kernels share, by name (contract.gen.h's FwdArgs and
+// DecodeArgs: their fields are the kernels' parameters, their order the launch's).
+template <class Args>
+Args attention_args(const FlashParams& p) {
+  Args a;
+  a.Q = dev(p.q);
+  a.K = dev(p.k);
+  a.V = dev(p.v);
+  a.Y = dev(p.y);
+  a.Lse = dev(p.lse);
+  a.Mask = dev(p.mask);
+  a.SeqlensK = dev(p.seqlens_k);
+  a.scale = p.scale;
+  a.softcap = p.softcap;
+  a.Hq = static_cast<int32_t>(p.hq);
+  a.group = static_cast<int32_t>(p.hq / p.hkv);
+  a.Sq = static_cast<int32_t>(p.sq);
+  a.Skv = static_cast<int32_t>(p.skv);
+  a.D = static_cast<int32_t>(p.d);
+  a.Dv = static_cast<int32_t>(p.dv);
+  a.offset = static_cast<int32_t>(p.offset);
+  a.causal = p.causal ? 1 : 0;
+  a.window_left = static_cast<int32_t>(p.window_left);
+  a.window_right = static_cast<int32_t>(p.window_right);
+  a.mask_len = static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len);
+  a.has_seqlens = p.seqlens_k != nullptr ? 1 : 0;
+  a.store_lse = p.lse != nullptr ? 1 : 0;
+  a.stride_qb = p.q_stride[0], a.stride_qh = p.q_stride[1], a.stride_qm = p.q_stride[2];
+  a.stride_kb = p.k_stride[0], a.stride_kh = p.k_stride[1], a.stride_kn = p.k_stride[2];
+  a.stride_vb = p.v_stride[0], a.stride_vh = p.v_stride[1], a.stride_vn = p.v_stride[2];
+  a.stride_yb = p.y_stride[0], a.stride_yh = p.y_stride[1], a.stride_ym = p.y_stride[2];
+  a.stride_mb = p.mask_stride[0], a.stride_mh = p.mask_stride[1], a.stride_mm = p.mask_stride[2];
+  return a;
+}
 
 // cuLaunchKernel, or cuLaunchKernelEx with programmatic stream serialization where the plan says
 // so (it does only where the driver has it).
@@ -132,28 +109,22 @@ Status run_forward(const CudaDriver& d, const FlashParams& p, const DeviceKernel
   TmaArg tma[kTmaDescriptors];
   const bool encoded = plan.described() && encode_tma_args(d, p, *plan.main.kernel->entry, tma);
   const KernelLaunch& run = encoded ? plan.main : pointer;
-  // Runtime arguments in kernel order (the pointer kernel's Q/K/V/Y or the four descriptors),
-  // then the two scratch pointers; the Gluon kernel takes exactly the TMA kernel's.
-  KernelArgs a(p);
-  std::vector<void*> args;
-  args.reserve(kTmaLaunchArgCount + 2);
-  if (encoded) {
-    for (TmaArg& t : tma) t.push(args);
-  } else {
-    for (CUdeviceptr* x : {&a.q, &a.k, &a.v, &a.y}) args.push_back(x);
-  }
-  a.push_outputs_and_masks(args);
-  a.push_scalars(args);
-  a.push_strides_and_scratch(args);
-  const int expected = !encoded ? kLaunchArgCount
-                       : (plan.kind == KernelKind::kFwdGluon ? kGluonLaunchArgCount : kTmaLaunchArgCount);
-  if (args.size() != static_cast<size_t>(expected + 2)) {
-    return Status::Error("internal error: launch argument count mismatch");
-  }
   if (!run.error.empty()) return Status::Error(run.error);
-  CUdeviceptr counters = 0;
-  if (run.tile_counters) ORT_FLASH_RETURN_IF_ERROR(stream_counters(d, dk, stream, 0, &counters));
-  a.reuse_for(run, counters ? counters + kTileCounterOffset : 0);
+  FwdArgs a = attention_args<FwdArgs>(p);
+  // The two arguments some kernels read with another meaning (the ABI is fixed by the cubins, and
+  // these kernels never take the argument's own input): a persistent kernel (it takes no windows)
+  // reads B x Hq from window_right; a dynamic-tile one (it takes no key lengths) its tile counter
+  // pair from SeqlensK, has_seqlens saying whether there is one.
+  if (run.persistent_bh >= 0) a.window_right = static_cast<int32_t>(run.persistent_bh);
+  if (run.tile_counters) {
+    CUdeviceptr counters = 0;
+    ORT_FLASH_RETURN_IF_ERROR(stream_counters(d, dk, stream, 0, &counters));
+    a.SeqlensK = counters ? counters + kTileCounterOffset : 0;
+    a.has_seqlens = counters ? 1 : 0;
+  }
+  // The Gluon kernels take exactly the TMA kernel's arguments: the four descriptors in place of
+  // the pointers.
+  std::vector<void*> args = a.pointers(encoded ? tma : static_cast<TmaArg*>(nullptr));
   return launch_kernel(d, run, stream, args.data());
 }
 
@@ -169,29 +140,29 @@ Status run_decode(const CudaDriver& d, const FlashParams& p, const DeviceKernels
   }
   CUdeviceptr counters = 0;
   if (plan.fused_merge) ORT_FLASH_RETURN_IF_ERROR(stream_counters(d, dk, stream, plan.merge_counters, &counters));
-  KernelArgs a(p);
-  int32_t splits = plan.num_splits;
-  int32_t fused = counters != 0 ? 1 : 0;
-  std::vector<void*> args{&a.q, &a.k, &a.v, &a.y};
-  a.push_outputs_and_masks(args);
-  args.push_back(&opart);
-  args.push_back(&lpart);
-  args.push_back(&counters);
-  a.push_scalars(args);
-  args.push_back(&splits);
-  args.push_back(&fused);
-  a.push_strides_and_scratch(args);
-  if (args.size() != kDecodeArgCount + 2) return Status::Error("internal error: decode argument count mismatch");
+  DecodeArgs a = attention_args<DecodeArgs>(p);
+  a.OPart = opart;
+  a.LsePart = lpart;
+  a.Counter = counters;
+  a.num_splits = plan.num_splits;
+  a.fused = counters != 0 ? 1 : 0;
+  std::vector<void*> args = a.pointers();
   ORT_FLASH_RETURN_IF_ERROR(launch_kernel(d, plan.main, stream, args.data()));
-  if (splits == 1 || fused) return Status::Ok();
+  if (a.num_splits == 1 || a.fused) return Status::Ok();
   if (!plan.second.error.empty()) return Status::Error(plan.second.error);
-  using A = KernelArgs;
-  const int y_b = A::kYStrideB;
-  void* cargs[kCombineArgCount + 2] = {&opart, &lpart, &a.y, &a.lse, &a.ints[A::kHq], &a.ints[A::kSq],
-                                       &a.ints[A::kDv], &splits, &a.ints[A::kStoreLse], &a.strides[y_b],
-                                       &a.strides[y_b + 1], &a.strides[y_b + 2], &a.global_scratch,
-                                       &a.profile_scratch};
-  return launch_kernel(d, plan.second, stream, cargs);
+  CombineArgs c;
+  c.OPart = opart;
+  c.LsePart = lpart;
+  c.Y = a.Y;
+  c.Lse = a.Lse;
+  c.Hq = a.Hq;
+  c.Sq = a.Sq;
+  c.Dv = a.Dv;
+  c.num_splits = a.num_splits;
+  c.store_lse = a.store_lse;
+  c.stride_yb = a.stride_yb, c.stride_yh = a.stride_yh, c.stride_ym = a.stride_ym;
+  std::vector<void*> cargs = c.pointers();
+  return launch_kernel(d, plan.second, stream, cargs.data());
 }
 
 // `dk` null: the kernels of the stream's context, loaded after the call is known to have a variant.

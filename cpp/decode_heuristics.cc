@@ -42,7 +42,8 @@ int64_t decode_waves(int64_t ctas, int64_t key_blocks, int64_t splits, int64_t s
 }
 
 int64_t merge_round_trips(int64_t rows, int64_t splits) {
-  return std::min(ceil_div(rows, 4) * ceil_div(splits, 16), ceil_div(rows, 16) * ceil_div(splits, 4));
+  return std::min(ceil_div(rows, kMergeWideRows) * ceil_div(splits, kMergeWideSplits),
+                  ceil_div(rows, kMergeTallRows) * ceil_div(splits, kMergeTallSplits));
 }
 
 bool fuse_combine(int64_t splits, int64_t rows, int mode) {

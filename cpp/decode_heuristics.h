@@ -1,21 +1,21 @@
 // The split-KV decode cost model: when the decode kernel takes a call, into how many KV splits it
 // cuts the keys, and which kernel merges them. Pure functions of plain numbers (no driver, no
-// table), so they read, test and mirror easily (experiments/tune_decode.py choose_splits,
-// aot/flash_decode.py merge_round_trips, aot/variants.py DECODE_*).
+// table), so they read and test easily (experiments/tune_decode.py choose_splits; the merge's
+// tiles: aot/flash_decode.py merge_round_trips).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "contract.gen.h"  // kMaxDecodeSq, kMaxDecodeRows, kMerge*: the decode kernel's (aot/contract.py)
+
 namespace ort_flash {
 
-constexpr int64_t kMaxDecodeSq = 16;      // query rows per call the decode kernel takes
-constexpr int64_t kMaxDecodeRows = 64;    // GQA group x Sq packed into one CTA's rows
 constexpr int64_t kMaxSplits = 128;
 constexpr int64_t kMinSplitKeys = 128;    // a split shorter than this costs more than it gains
 constexpr int64_t kCtaOverheadTiles = 4;  // a CTA's pipeline fill and epilogue, in key tiles
 // The split kernel merges its own partials up to this many splits and this many dependent L2
-// round trips of its merge tile; past them the combine kernel does (perf-notes "decode v5").
+// round trips of its merge tile; past them the combine kernel does (perf-notes decode v5).
 constexpr int64_t kMaxFusedSplits = 32;
 constexpr int64_t kMaxFusedRoundTrips = 2;
 
@@ -34,7 +34,7 @@ int64_t decode_splits(int64_t requested, int64_t ctas, int64_t key_blocks, int64
 int64_t decode_waves(int64_t ctas, int64_t key_blocks, int64_t splits, int64_t sms);
 
 // The fused merge's dependent round trips for a block of `rows` packed rows: the kernel takes the
-// tile of 4 rows x 16 splits or 16 rows x 4 splits with fewer.
+// tile (kMergeWide*, kMergeTall*) with fewer.
 int64_t merge_round_trips(int64_t rows, int64_t splits);
 
 // Whether the split kernel merges `splits` partials of a row block of `rows` packed rows itself

@@ -8,12 +8,11 @@
 
 #include <cstdint>
 
-namespace ort_flash {
+// DType, MaskKind, Fp32Precision: the codes the kernels' variant table uses too (generated from
+// aot/contract.py into the build folder).
+#include "contract.gen.h"
 
-enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-enum class MaskKind : int { kNone = 0, kBool = 1, kAdditive = 2 };
-// How fp32 dot products are computed on the GPU; fp16/bf16 ignore it.
-enum class Fp32Precision : int { kIeee = 0, kTf32x3 = 1, kTf32 = 2 };
+namespace ort_flash {
 
 inline int dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 inline const char* dtype_name(DType t) {

@@ -2,42 +2,28 @@
 
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace ort_flash {
 namespace {
 
-// gqa_prepare's launch ABI (aot/build.py): its runtime arguments in kernel order, then Triton's
-// two scratch pointers (0). Pointers the call does not use are 0: the kernel never reads them.
-struct PrepareArgs {
-  CUdeviceptr q = 0, k = 0, v = 0, past_k = 0, past_v = 0, present_k = 0, present_v = 0, q_rot = 0,
-              cos = 0, sin = 0, position_ids = 0, seqlens = 0, totals = 0, key_mask = 0;
-  int32_t s = 0, hq = 0, hkv = 0, d = 0, q_heads = 0, rotary = 0, rotary_half = 0, max_position = 0,
-          has_position_ids = 0, first_prompt = 0, write_mask = 0, total_max = 0, present_len = 0, past_len = 0;
-  int64_t stride_qb = 0, stride_qs = 0, stride_kb = 0, stride_ks = 0, stride_vb = 0, stride_vs = 0;
-  CUdeviceptr global_scratch = 0, profile_scratch = 0;
-};
-
-CUdeviceptr dev(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
+// gqa_prepare's arguments: contract.gen.h's GqaPrepareArgs (its fields the kernel's parameters,
+// their order the launch's). Pointers the call does not use are 0: the kernel never reads them.
+uint64_t dev(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
 
 size_t aligned(size_t bytes) { return (bytes + 255) & ~static_cast<size_t>(255); }
 
-Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, PrepareArgs& a,
+Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, GqaPrepareArgs& a,
               CUstream stream) {
   if (gx <= 0 || gy <= 0) return Status::Ok();
   if (gx > std::numeric_limits<int32_t>::max() || gy > 65535) {
     return Status::Error(std::string(k.entry->variant_name) + ": grid (" + std::to_string(gx) + ", " +
                          std::to_string(gy) + ") exceeds the GPU's limits");
   }
-  void* args[] = {&a.q, &a.k, &a.v, &a.past_k, &a.past_v, &a.present_k, &a.present_v, &a.q_rot, &a.cos,
-                  &a.sin, &a.position_ids, &a.seqlens, &a.totals, &a.key_mask, &a.s, &a.hq, &a.hkv, &a.d,
-                  &a.q_heads, &a.rotary, &a.rotary_half, &a.max_position, &a.has_position_ids,
-                  &a.first_prompt, &a.write_mask, &a.total_max, &a.present_len, &a.past_len, &a.stride_qb,
-                  &a.stride_qs, &a.stride_kb, &a.stride_ks, &a.stride_vb, &a.stride_vs, &a.global_scratch,
-                  &a.profile_scratch};
-  static_assert(sizeof(args) / sizeof(args[0]) == kGqaPrepareArgCount + 2, "gqa_prepare's launch ABI");
+  std::vector<void*> args = a.pointers();
   const KernelEntry& e = *k.entry;
   return cuda_check(drv.cuLaunchKernel(k.function, static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1,
-                                       32 * e.num_warps, 1, 1, e.shared, stream, args, nullptr),
+                                       32 * e.num_warps, 1, 1, e.shared, stream, args.data(), nullptr),
                     (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
 }
 
@@ -103,26 +89,26 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   const int64_t q_row = (d.packed ? d.hq + 2 * d.hkv : d.hq) * d.d;
   const int64_t kv_row = d.packed ? q_row : d.hkv * d.d;
   const char* query = static_cast<const char*>(c.query);
-  PrepareArgs a;
-  a.q = dev(query);
-  a.k = d.packed ? dev(query + d.hq * d.d * es) : dev(c.key);
-  a.v = d.packed ? dev(query + (d.hq + d.hkv) * d.d * es) : dev(c.value);
-  a.past_k = dev(c.past_key);
-  a.past_v = dev(c.past_value);
-  a.present_k = dev(c.present_key);
-  a.present_v = dev(c.present_value);
-  a.q_rot = rotary ? dev(q_rot) : 0;
-  a.cos = rotary ? dev(c.cos_cache) : 0;
-  a.sin = rotary ? dev(c.sin_cache) : 0;
-  a.position_ids = dev(c.position_ids);
-  a.seqlens = dev(c.seqlens_k);
-  a.totals = dev(totals);
-  a.key_mask = mask ? dev(key_mask) : 0;
-  a.s = static_cast<int32_t>(d.sq);
-  a.hq = static_cast<int32_t>(d.hq);
-  a.hkv = static_cast<int32_t>(d.hkv);
-  a.d = static_cast<int32_t>(d.d);
-  a.q_heads = rotary ? a.hq : 0;
+  GqaPrepareArgs a;
+  a.Q = dev(query);
+  a.K = d.packed ? dev(query + d.hq * d.d * es) : dev(c.key);
+  a.V = d.packed ? dev(query + (d.hq + d.hkv) * d.d * es) : dev(c.value);
+  a.PastK = dev(c.past_key);
+  a.PastV = dev(c.past_value);
+  a.PresentK = dev(c.present_key);
+  a.PresentV = dev(c.present_value);
+  a.QRot = rotary ? dev(q_rot) : 0;
+  a.Cos = rotary ? dev(c.cos_cache) : 0;
+  a.Sin = rotary ? dev(c.sin_cache) : 0;
+  a.PositionIds = dev(c.position_ids);
+  a.Seqlens = dev(c.seqlens_k);
+  a.Totals = dev(totals);
+  a.KeyMask = mask ? dev(key_mask) : 0;
+  a.S = static_cast<int32_t>(d.sq);
+  a.Hq = static_cast<int32_t>(d.hq);
+  a.Hkv = static_cast<int32_t>(d.hkv);
+  a.D = static_cast<int32_t>(d.d);
+  a.q_heads = rotary ? a.Hq : 0;
   a.rotary = rotary ? (c.attrs.rotary_interleaved ? 2 : 1) : 0;
   a.rotary_half = rotary ? static_cast<int32_t>(d.rotary_dim / 2) : 0;
   a.max_position = rotary ? static_cast<int32_t>(d.max_position) : 0;

@@ -37,11 +37,9 @@ struct DeviceKernels {
   CUdeviceptr decode_counters = 0;
 };
 
+// Sets of counters (a stream's set: kCounterSlotBytes, the decode counters, then the tile counter
+// pair at kTileCounterOffset; contract.gen.h, from aot/contract.py).
 constexpr int kDecodeCounterSlots = 64;
-constexpr long long kDecodeCountersPerSlot = 4096;
-// One stream's set: the decode counters, then the tile counter pair at kTileCounterOffset.
-constexpr size_t kTileCounterOffset = sizeof(int32_t) * static_cast<size_t>(kDecodeCountersPerSlot);
-constexpr size_t kCounterSlotBytes = kTileCounterOffset + 2 * sizeof(int64_t);
 
 // Loads every kernel compiled for `device`'s arch into its primary context (the one ONNX
 // Runtime's CUDA EP uses). Safe to call from many threads; loads happen once.

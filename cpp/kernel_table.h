@@ -8,15 +8,14 @@
 
 namespace ort_flash {
 
-// Which kernel of the family (aot/variants.py KIND_CODES): the forward kernel (any shape), the
-// split-KV decode kernel (aot/flash_decode.py), its combine step, the forward kernel with
-// Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/tma_desc.cc encodes them), and the Gluon
-// Hopper forward kernel (aot/flash_fwd_gluon.py, sm_90), which takes the same arguments; and
-// GroupQueryAttention's prepare kernels (aot/gqa_prepare.py, cpp/gqa_launch.cc): the new tokens
-// (rotary, KV-cache rows, lengths) and the past copy of a separate present, one per dtype.
-enum class KernelKind : int {
-  kFwd = 0, kDecode = 1, kCombine = 2, kFwdTma = 3, kFwdGluon = 4, kGqaPrepare = 5, kGqaPast = 6
-};
+// KernelKind (contract.gen.h, from aot/contract.py) says which kernel of the family an entry is:
+// the forward kernel (any shape), the split-KV decode kernel (aot/flash_decode.py), its combine
+// step, the forward kernel with Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/tma_desc.cc encodes
+// them), the Gluon Hopper forward kernels (aot/flash_fwd_gluon.py, aot/flash_fwd_gluon_ws.py,
+// sm_90), which take the same arguments; and GroupQueryAttention's prepare kernels
+// (aot/gqa_prepare.py, cpp/gqa_launch.cc): the new tokens (rotary, KV-cache rows, lengths) and the
+// past copy of a separate present, one per dtype. Their arguments: contract.gen.h's FwdArgs,
+// DecodeArgs, CombineArgs and GqaPrepareArgs.
 
 // How a kFwdTma or kFwdGluon cubin expects one descriptor (aot/build.py reads it from Triton's metadata):
 // CUtensorMapSwizzle and the box, `rows` sequence positions x `cols` head-dim elements.
@@ -25,9 +24,8 @@ struct TmaBox {
   int rows;
   int cols;
 };
-constexpr int kTmaDescriptors = 4;  // Q, K, V, Y
 
-// The specialization a launch needs; mirrors aot/variants.py's Variant.
+// The specialization a launch needs: aot/variants.py's Variant, in the codes of aot/contract.py.
 struct VariantKey {
   DType dtype;
   int head_dim;        // BLOCK_D == BLOCK_DV bucket
@@ -76,16 +74,6 @@ struct KernelEntry {
   // pointer and has_seqlens 1 (it takes no key lengths), or 0 and round-robin tiles without one.
   bool dynamic;
 };
-
-// Runtime arguments of each kernel, in order (the launch ABI; aot/build.py asserts the counts).
-constexpr int kLaunchArgCount = 37;   // flash_fwd
-// flash_fwd with TMA: Q, K, V, Y each become the CUtensorMap, 4 dims (i32) and 4 strides (i64).
-constexpr int kTmaLaunchArgCount = kLaunchArgCount + kTmaDescriptors * 8;
-// flash_fwd_gluon: flash_fwd's runtime parameters with the same four descriptors.
-constexpr int kGluonLaunchArgCount = kTmaLaunchArgCount;
-constexpr int kDecodeArgCount = 42;   // flash_decode_split
-constexpr int kCombineArgCount = 12;  // flash_decode_combine
-constexpr int kGqaPrepareArgCount = 34;  // gqa_prepare (both of its kinds)
 
 const KernelEntry* kernel_table(size_t* count);
 const char* kernel_table_triton_version();

@@ -25,24 +25,6 @@ using namespace ort_flash;
 
 namespace {
 
-// aot/variants.py KIND_CODES' names.
-const char* kind_name(KernelKind k) {
-  switch (k) {
-    case KernelKind::kFwd: return "fwd";
-    case KernelKind::kDecode: return "decode";
-    case KernelKind::kCombine: return "combine";
-    case KernelKind::kFwdTma: return "fwd_tma";
-    case KernelKind::kFwdGluon: return "fwd_gluon";
-    case KernelKind::kGqaPrepare: return "gqa_prepare";
-    case KernelKind::kGqaPast: return "gqa_past";
-  }
-  return "?";
-}
-
-const char* mask_name(MaskKind m) {
-  return m == MaskKind::kNone ? "none" : (m == MaskKind::kBool ? "bool" : "add");
-}
-
 py::list kernels() {
   size_t n = 0;
   const KernelEntry* t = kernel_table(&n);
@@ -55,10 +37,10 @@ py::list kernels() {
     d["dtype"] = dtype_name(e.key.dtype);
     d["head_dim"] = e.key.head_dim;
     d["even_d"] = e.key.even_d;
-    d["precision"] = e.key.precision == Fp32Precision::kIeee ? "ieee" : (e.key.precision == Fp32Precision::kTf32 ? "tf32" : "tf32x3");
-    d["mask"] = mask_name(e.key.mask);
+    d["precision"] = code_name(e.key.precision);
+    d["mask"] = code_name(e.key.mask);
     d["extras"] = e.key.extras;
-    d["kind"] = kind_name(e.key.kind);
+    d["kind"] = code_name(e.key.kind);
     d["mask_keys"] = e.key.mask_keys;
     d["num_warps"] = e.num_warps;
     d["shared"] = e.shared;
@@ -148,7 +130,7 @@ py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& row
   LaunchPlan plan;
   check(plan_flash_cuda(p, dk, true, &plan));
   auto name = [](const KernelLaunch& l) { return std::string(l.kernel ? l.kernel->entry->variant_name : ""); };
-  return py::make_tuple(kind_name(plan.kind), name(plan.main), name(plan.second), plan.num_splits);
+  return py::make_tuple(code_name(plan.kind), name(plan.main), name(plan.second), plan.num_splits);
 }
 
 // Runs `launch` on `stream` with stream-ordered workspace (the split-KV partials, GQA's scratch),
@@ -256,12 +238,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("kernels", &kernels, "The AOT-compiled kernels in this build, one dict per (variant, arch).");
   m.def("triton_version", [] { return std::string(kernel_table_triton_version()); });
 
-  py::enum_<DType>(m, "DType")
-      .value("float32", DType::kFloat32).value("float16", DType::kFloat16).value("bfloat16", DType::kBFloat16);
-  py::enum_<MaskKind>(m, "MaskKind")
-      .value("none", MaskKind::kNone).value("bool", MaskKind::kBool).value("add", MaskKind::kAdditive);
-  py::enum_<Fp32Precision>(m, "Fp32Precision")
-      .value("ieee", Fp32Precision::kIeee).value("tf32x3", Fp32Precision::kTf32x3).value("tf32", Fp32Precision::kTf32);
+  // Every value of the contract's enums (contract.gen.h): dtypes by their ONNX names, the others by
+  // aot/'s codes.
+  auto dtypes = py::enum_<DType>(m, "DType");
+  for (int i = 0; code_name(static_cast<DType>(i)); ++i) dtypes.value(dtype_name(static_cast<DType>(i)), static_cast<DType>(i));
+  auto masks = py::enum_<MaskKind>(m, "MaskKind");
+  for (int i = 0; code_name(static_cast<MaskKind>(i)); ++i) masks.value(code_name(static_cast<MaskKind>(i)), static_cast<MaskKind>(i));
+  auto precisions = py::enum_<Fp32Precision>(m, "Fp32Precision");
+  for (int i = 0; code_name(static_cast<Fp32Precision>(i)); ++i) {
+    precisions.value(code_name(static_cast<Fp32Precision>(i)), static_cast<Fp32Precision>(i));
+  }
 
   py::class_<FlashParams>(m, "FlashParams")
       .def(py::init<>())
@@ -304,7 +290,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("variant_for", [](const FlashParams& p) {
     VariantKey k{};
     check(select_variant(p, &k));
-    return py::make_tuple(dtype_name(k.dtype), k.head_dim, k.even_d, mask_name(k.mask), k.extras,
+    return py::make_tuple(dtype_name(k.dtype), k.head_dim, k.even_d, code_name(k.mask), k.extras,
                           k.mask_keys);
   });
   m.def("launch_plan", [](const FlashParams& p, int device) {
@@ -312,7 +298,7 @@ PYBIND11_MODULE(_C, m) {
     check(prepare_device(device, &dk));
     LaunchPlan plan;
     check(plan_flash_cuda(p, *dk, true, &plan));
-    return py::make_tuple(kind_name(plan.kind), plan.num_splits, plan.workspace_bytes, plan.fused_merge);
+    return py::make_tuple(code_name(plan.kind), plan.num_splits, plan.workspace_bytes, plan.fused_merge);
   }, py::arg("p"), py::arg("device") = 0,
      "How run_cuda / the op would run `p`: (\"fwd\", \"fwd_tma\" or \"decode\", KV splits, "
      "workspace bytes, whether the split kernel merges the splits itself rather than the combine "

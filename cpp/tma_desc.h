@@ -15,14 +15,16 @@ namespace ort_flash {
 // and element strides.
 struct TmaArg {
   CUtensorMap map;
-  int32_t dims[4];
-  int64_t strides[4];
+  int32_t dims[kTmaRank];
+  int64_t strides[kTmaRank];
   void push(std::vector<void*>& args) {
     args.push_back(&map);
     for (int32_t& d : dims) args.push_back(&d);
     for (int64_t& s : strides) args.push_back(&s);
   }
 };
+
+static_assert(sizeof(CUtensorMap) == kTmaMapBytes, "a descriptor argument's map, by value (aot/contract.py)");
 
 // Whether the copy engine can address every Q/K/V/Y view of `p`: 16-byte aligned bases, strides
 // positive multiples of 16 bytes below 2^40, no empty dim.

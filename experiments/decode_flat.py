@@ -32,7 +32,7 @@ from pathlib import Path
 
 # The sibling scripts, the shipped kernels (aot/) and the package (ort_flash.bench.timers).
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot"), str(HERE.parent)]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -33,15 +33,16 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-import flash_fwd_gluon as fg  # noqa: E402
-import flash_fwd_gluon_ws as fws  # noqa: E402
+from aot import flash_fwd_gluon as fg  # noqa: E402
+from aot import flash_fwd_gluon_ws as fws  # noqa: E402
+from aot.tiles import gluon_config, ws_config, ws_desc_rows  # noqa: E402
 from tune import _shipped, bench, launch, save  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -52,7 +53,7 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     heads (GQA). `cfg` overrides the tile table's BLOCK_M/BLOCK_N/NUM_STAGES/num_warps."""
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
-    c = dict(fg.get_gluon_config(str(q.dtype), d, causal), **(cfg or {}))
+    c = dict(gluon_config(str(q.dtype), d, causal), **(cfg or {}))
     lay = fg.desc_layout()
     rows = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_N"], c["BLOCK_M"])
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d], lay)
@@ -82,10 +83,10 @@ def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     TILES_PER_CTA: a CTA takes that many consecutive BLOCK_M tiles)."""
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
-    c = dict(fws.get_ws_config(str(q.dtype), d, causal), **(cfg or {}))
+    c = dict(ws_config(str(q.dtype), d, causal), **(cfg or {}))
     lay = fg.desc_layout()
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d], lay)
-             for t, r in zip((q, k, v, y), fws.desc_rows(c))]
+             for t, r in zip((q, k, v, y), ws_desc_rows(c))]
     tiles = c.get("TILES_PER_CTA", 1)
     grid = (triton.cdiv(sq, c["BLOCK_M"] * tiles), b * hq)
     persistent = c.get("PERSISTENT_GRID", 0)

@@ -23,14 +23,15 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-import flash_fwd_gluon as fg  # noqa: E402
-import flash_fwd_gluon_ws as fws  # noqa: E402
+from aot import flash_fwd_gluon as fg  # noqa: E402
+from aot import flash_fwd_gluon_ws as fws  # noqa: E402
+from aot.tiles import ws_config, ws_desc_rows  # noqa: E402
 from gluon_attn import run_ws, runtime_ints  # noqa: E402
 from tune import _shipped, bench, launch, save  # noqa: E402
 
@@ -43,10 +44,10 @@ def run_ws_masked(q, k, v, y, lse, mask, kind, causal=False, offset=0, mask_len=
     "bool" (uint8 0/1) or "add" (the model dtype); mask_len defaults to L."""
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
-    c = dict(fws.get_ws_config(str(q.dtype), d, causal, kind), **(cfg or {}))
+    c = dict(ws_config(str(q.dtype), d, causal, kind), **(cfg or {}))
     lay = fg.desc_layout()
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d], lay)
-             for t, r in zip((q, k, v, y), fws.desc_rows(c))]
+             for t, r in zip((q, k, v, y), ws_desc_rows(c))]
     tiles = c.get("TILES_PER_CTA", 1)
     grid = (triton.cdiv(sq, c["BLOCK_M"] * tiles), b * hq)
     ml = mask.shape[-1] if mask_len is None else mask_len

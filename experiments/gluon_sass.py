@@ -18,7 +18,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-import flash_fwd_gluon as fg
+from aot import contract
+from aot import flash_fwd_gluon as fg
+from aot.tiles import gluon_config
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
@@ -26,16 +28,13 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 def compile_variant(dtype: str, d: int, cfg: dict):
     """One variant's CompiledKernel; `cfg` holds BLOCK_M, BLOCK_N, NUM_STAGES, num_warps and
     optionally OVERLAP_PV."""
-    params = inspect.signature(fg.flash_fwd_gluon.fn).parameters
+    types = dict(contract.ABIS[contract.KIND_ABIS["fwd_gluon"]])
     sig = {}
-    for name, prm in params.items():
-        if name in ("Q", "Y", "K", "V"):
+    for name in inspect.signature(fg.flash_fwd_gluon.fn).parameters:
+        if name in contract.TMA_ARGS:
             sig[name] = fg.desc_signature(dtype, cfg["BLOCK_N" if name in "KV" else "BLOCK_M"], d)
-        elif "constexpr" in str(prm.annotation):
-            sig[name] = "constexpr"
-        else:
-            sig[name] = {"Lse": "*fp32", "Mask": "*i8", "SeqlensK": "*i64", "scale": "fp32",
-                         "softcap": "fp32"}.get(name, "i64" if name.startswith("stride_") else "i32")
+        else:  # aot/contract.py's types, as aot/build.py gives them (no mask)
+            sig[name] = contract.triton_type(types[name], dtype, "none") if name in types else "constexpr"
     consts = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, NUM_STAGES=cfg["NUM_STAGES"])
     if "OVERLAP_PV" in cfg:
         consts["OVERLAP_PV"] = cfg["OVERLAP_PV"]
@@ -61,7 +60,7 @@ def report(dtypes, head_dims, cfgs) -> int:
     for dt, d, cfg in itertools.product(dtypes, head_dims, cfgs):
         if cfg and cfg.get("BLOCK_D", d) != d:
             continue
-        full = dict(fg.get_gluon_config(dt, d, False), **{k: v for k, v in (cfg or {}).items() if k != "BLOCK_D"})
+        full = dict(gluon_config(dt, d, False), **{k: v for k, v in (cfg or {}).items() if k != "BLOCK_D"})
         ck = compile_variant(dt, d, full)
         with tempfile.TemporaryDirectory() as tmp:
             cubin = Path(tmp) / "k.cubin"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 # The sibling scripts and the shipped kernels (aot/) they time.
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -38,7 +38,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from tune import bench, save, tile_dict  # noqa: E402
 from tune import launch as launch_shipped  # noqa: E402
-from variants import Variant, get_fwd_config, tma_tile  # noqa: E402
+from aot.variants import Variant, get_fwd_config, tma_tile  # noqa: E402
 
 
 @triton.jit

@@ -8,13 +8,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "aot"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run by path: the repository root
 
-import build  # noqa: E402
-import variants as V  # noqa: E402
+from aot import build  # noqa: E402
+from aot import variants as V  # noqa: E402
+from aot.contract import MAX_DECODE_ROWS, MAX_DECODE_SQ  # noqa: E402, F401 (the launcher's decode calls)
 
 ARCH = 90                  # the H200's build
-MAX_DECODE_SQ, MAX_DECODE_ROWS = 16, 64  # cpp/decode_heuristics.h kMaxDecodeSq, kMaxDecodeRows
 
 
 @dataclass(frozen=True)
@@ -176,13 +176,14 @@ _MODULES: dict = {}
 
 
 def _folder_module(folder: str, name: str):
-    """`folder`/`name`.py imported under a name of its own (None where the folder has no such file)."""
+    """`folder`/`name`.py imported under a name of its own in the aot package, so that its relative
+    imports resolve to aot/'s (None where the folder has no such file)."""
     path = str(Path(folder) / f"{name}.py")
     if not Path(path).exists():
         return None
     if path not in _MODULES:
         import importlib.util
-        spec = importlib.util.spec_from_file_location(f"{name}_ab{len(_MODULES)}", path)
+        spec = importlib.util.spec_from_file_location(f"aot.{name}_ab{len(_MODULES)}", path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod  # dataclasses look their module up there
         spec.loader.exec_module(mod)

@@ -42,7 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot"), str(HERE.parent)]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 # torch.cuda.is_available() through NVML, so CUDA is not initialized before the compile workers fork.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
@@ -50,8 +50,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
-import compile_pool  # noqa: E402
-from flash_decode import merge_round_trips  # noqa: E402
+from aot import compile_pool  # noqa: E402
+from aot.flash_decode import merge_round_trips  # noqa: E402
 from merged_pairs import (AB_CALLS, ARCH, CALLS, MAX_DECODE_ROWS, Call, Pair, V, ab_pairs,  # noqa: E402
                           combine_variant, fwd_config, make_pairs, source)
 from tune import save  # noqa: E402

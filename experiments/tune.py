@@ -28,13 +28,13 @@ from pathlib import Path
 
 # The sibling scripts and the shipped kernels (aot/) they time.
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
-from flash_fwd import flash_fwd  # noqa: E402
+from aot.flash_fwd import flash_fwd  # noqa: E402
 
 CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
               for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
@@ -92,7 +92,7 @@ def tile_dict(t) -> dict:
 
 def _shipped(dt: str, d: int, kind: str, mask: str = "none", mask_keys: bool = False, causal: bool = False,
              skv: int = 0) -> dict:
-    from variants import Variant, get_fwd_config, tma_tile
+    from aot.variants import Variant, get_fwd_config, tma_tile
     if kind == "fwd_tma" and mask == "none":
         return tile_dict(tma_tile(d, causal, skv))
     return tile_dict(get_fwd_config(90, Variant(dt, d, True, mask, False, "tf32", kind, mask_keys)))

@@ -28,13 +28,13 @@ from pathlib import Path
 
 # The sibling scripts and the shipped kernels (aot/) they time.
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
-from flash_decode import flash_decode_combine, flash_decode_split, merge_round_trips  # noqa: E402
+from aot.flash_decode import flash_decode_combine, flash_decode_split, merge_round_trips  # noqa: E402
 from tune import save  # noqa: E402
 
 CANDIDATES = [dict(BLOCK_N=n, num_warps=w, num_stages=s)
@@ -63,7 +63,7 @@ def choose_splits(groups: int, skv: int, block_n: int, sms: int) -> int:
 @functools.cache
 def _shipped_pdl(device) -> int:
     """The AOT build's PDL level for this GPU (aot/build.py decode_pdl), looked up once."""
-    from build import decode_pdl
+    from aot.build import decode_pdl
     major, minor = torch.cuda.get_device_capability(device)
     return decode_pdl(10 * major + minor)
 
@@ -101,7 +101,7 @@ def run(q, k, v, y, lse, opart, lpart, splits, cfg, combine=True, seqlens=None, 
 def sweep(args) -> int:
     """The tile candidates at the launcher's split count and at one and two CTAs per SM, or with
     --sweep the splits at the shipped tile (see the module docstring)."""
-    from variants import Variant, get_fwd_config
+    from aot.variants import Variant, get_fwd_config
 
     from ort_flash.bench.tensors import rotation_sets
     from ort_flash.bench.timers import cuda_graph_calls, time_calls

@@ -16,12 +16,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "aot")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 
 import gluon_attn  # noqa: E402
-import variants  # noqa: E402
+from aot import variants  # noqa: E402
+from aot.tiles import ws_config  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 
@@ -49,16 +50,18 @@ def _softmax_pairs(s, m_i, l_i, start_n, mask_from, limit, pos, qk_scale,
 
 
 def use_pair_softmax():
-    """The warp-specialized kernel's unmasked softmax through _softmax_pairs (before the first launch)."""
-    gluon_attn.fws._softmax = _softmax_pairs
+    """The warp-specialized kernel's unmasked softmax through _softmax_pairs (before the first
+    launch): the name its main loop (aot/gluon_ws/mainloop.py) calls."""
+    from aot.gluon_ws import mainloop
+    mainloop._softmax = _softmax_pairs
 
 
 def shipped_cfg(dtype: str, d: int, causal: bool, n: int) -> dict:
-    """The tile the AOT build ships for this call: the kernel module's get_ws_config, with the tiles
+    """The tile the AOT build ships for this call: aot/tiles.py's ws_config, with the tiles
     per CTA of the cubin whose length range holds n (variants.gluon_ws_entries), and the persistent
     grid (PERSISTENT_GRID, CTAs per SM) where variants.GLUON_WS_PERSISTENT turns it on."""
     tiles = [tl for lo, hi, tl in variants.gluon_ws_entries(dtype, d, causal) if lo <= n and (hi == 0 or n < hi)]
-    cfg = gluon_attn.fws.get_ws_config(dtype, d, causal)
+    cfg = ws_config(dtype, d, causal)
     del cfg["PERSISTENT"]  # what the build makes of it is variants.gluon_ws_tile's
     persistent = variants.gluon_ws_tile(dtype, d, causal).persistent
     return dict(cfg, TILES_PER_CTA=tiles[0] if tiles else 1, **({"PERSISTENT_GRID": persistent} if persistent else {}))

@@ -1,7 +1,7 @@
 """A stand-in for aot/flash_fwd_gluon.py in CPU tests, never shipped: a Gluon kernel with the real
-one's interface (/work/notes/gluon-contract.md: flash_fwd's runtime parameters, Q/K/V/Y as 4-D TMA
-descriptors with (1, 1, rows, D) boxes, the BLOCK_M/BLOCK_N/BLOCK_D/NUM_STAGES constexprs,
-desc_signature and get_gluon_config) that only moves tiles (Y = Q after touching K and V), so
+one's interface (flash_fwd's runtime parameters, Q/K/V/Y as 4-D TMA descriptors with (1, 1, rows,
+D) boxes, the BLOCK_M/BLOCK_N/BLOCK_D/NUM_STAGES constexprs, desc_signature; and get_gluon_config,
+the tiles a test puts in place of aot/tiles.py's gluon_config) that only moves tiles (Y = Q after touching K and V), so
 the AOT pipeline (signature strings, metadata, boxes, table rows) can be checked without the
 kernel and without a GPU. It computes no attention: never launch it."""
 from triton.experimental import gluon

@@ -8,6 +8,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (cases.py, _onnx_models.py)
+# The repository root, for the build-time package `aot` (`python -m pytest` from the root has it
+# already); appended, so that an installed ort_flash (tools/ort_versions.sh) still comes first.
+if os.path.dirname(os.path.dirname(os.path.abspath(__file__))) not in sys.path:
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @functools.lru_cache(maxsize=None)

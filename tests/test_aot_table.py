@@ -1,12 +1,12 @@
-"""The AOT kernel table and its launch ABI, checked without a GPU: the TMA-descriptor variants
-(aot/build.py's signatures and recorded boxes, the table compiled into the library) agree with
-what cpp/cuda_launch.cc encodes and passes."""
+"""The AOT kernel table and its launch ABI, checked without a GPU: every kernel takes aot/contract.py's
+arguments (the generated contract.gen.h packs them for the launcher; tests/test_launch_abi.py checks
+them against the cubins), the TMA-descriptor variants (aot/build.py's signatures and recorded boxes,
+the table compiled into the library), and the C++ dispatcher over the variant table."""
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import re
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,31 +18,79 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def build():
     pytest.importorskip("triton", reason="aot/build.py imports the kernel sources (Triton)")
-    sys.path.insert(0, str(ROOT / "aot"))
-    import build as b
+    from aot import build as b
     return b
 
 
-def _cxx_constants() -> dict[str, int]:
-    text = (ROOT / "cpp" / "kernel_table.h").read_text()
-    base = dict(re.findall(r"constexpr int (k\w+) = (\d+);", text))
-    out = {k: int(v) for k, v in base.items()}
-    m = re.search(r"kTmaLaunchArgCount = kLaunchArgCount \+ kTmaDescriptors \* (\d+);", text)
-    out["kTmaLaunchArgCount"] = out["kLaunchArgCount"] + out["kTmaDescriptors"] * int(m.group(1))
-    return out
+def test_every_kernel_takes_the_contracts_arguments(build):
+    """Each kind's kernel function (the Gluon ones too) has aot/contract.py's runtime parameters, in
+    order; the build refuses one that has not (its signature says which ABI it breaks)."""
+    import inspect
+
+    from aot import contract
+    from aot.variants import Variant
+
+    def runtime(fn):
+        return tuple(n for n, p in inspect.signature(fn.fn).parameters.items() if "constexpr" not in str(p.annotation))
+
+    for kind in contract.KIND_ABIS:
+        fns = [build.kernel_fn(kind)] + ([build.kernel_fn(kind, ws=True)] if kind == "fwd_gluon" else [])
+        for fn in fns:
+            assert runtime(fn) == contract.runtime_args(kind), (kind, fn)
+    v = Variant("fp16", 64, True, "none", False, "tf32", "combine")
+    fake = type("Fake", (), {"fn": lambda OPart, Y, LsePart: None})()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(build.KERNELS, "combine", fake)
+        with pytest.raises(RuntimeError, match="not aot/contract.py's Combine ABI"):
+            build.signature(v, build.get_fwd_config(90, v))
 
 
-def test_launch_abi_counts_match_the_launcher(build):
-    consts = _cxx_constants()
-    for kind, name in build.ARG_COUNT_NAMES.items():
-        assert build._runtime_arg_count(kind) == consts[name], kind
-    # Each descriptor is the map, then rank dims and rank strides.
-    assert consts["kTmaDescriptors"] == len(build.TMA_ARGS)
-    assert build._runtime_arg_count("fwd_tma") - build._runtime_arg_count("fwd") == 4 * 2 * build.TMA_RANK
+def test_contract_header_packs_each_abi(tmp_path):
+    """contract.gen.h (aot/contract_header.py) compiles on its own, and each ABI struct's pointers()
+    is the address of each field in the contract's order, then the two scratch pointers; with
+    descriptors the forward ABI has each one's map, dims and strides in its tensor's place."""
+    import shutil
+    import subprocess
+
+    from aot import contract, contract_header
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    contract_header.write(tmp_path)
+    lines = ["#include <cstddef>", "#include <cstdio>", '#include "contract.gen.h"', "using namespace ort_flash;",
+             "struct Tma { char map[kTmaMapBytes]; int32_t d[kTmaRank]; int64_t s[kTmaRank];",
+             "  void push(std::vector<void*>& a) { a.push_back(map); for (auto& x : d) a.push_back(&x);",
+             "    for (auto& x : s) a.push_back(&x); } };",
+             "template <class A> void show(const char* abi, A& a, const std::vector<void*>& p) {",
+             '  std::printf("pack %s", abi);',
+             "  for (void* x : p) std::printf(\" %ld\", static_cast<long>(static_cast<char*>(x) - reinterpret_cast<char*>(&a)));",
+             '  std::printf("\\n"); }', "int main() {"]
+    for abi, params in contract.ABIS.items():
+        lines += [f"  {{ {abi}Args a; show(\"{abi}\", a, a.pointers({'static_cast<Tma*>(nullptr)' if abi == 'Fwd' else ''}));"]
+        lines += [f'    std::printf("field {abi} {n} %ld\\n", static_cast<long>(offsetof({abi}Args, {n})));'
+                  for n in [n for n, _ in params] + ["global_scratch", "profile_scratch"]]
+        if abi == "Fwd":
+            lines += ["    Tma t[kTmaDescriptors]; show(\"FwdTma\", a, a.pointers(t));"]
+        lines += ["  }"]
+    (tmp_path / "t.cc").write_text("\n".join(lines + ["  return 0;", "}"]) + "\n")
+    r = subprocess.run([cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-Wno-invalid-offsetof", "-I", str(tmp_path),
+                        str(tmp_path / "t.cc"), "-o", str(tmp_path / "t")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = [x.split() for x in subprocess.run([str(tmp_path / "t")], capture_output=True, text=True,
+                                             check=True).stdout.splitlines()]
+    packs = {x[1]: [int(o) for o in x[2:]] for x in out if x[0] == "pack"}
+    fields = {(x[1], x[2]): int(x[3]) for x in out if x[0] == "field"}
+    for abi, params in contract.ABIS.items():
+        names = [n for n, _ in params] + ["global_scratch", "profile_scratch"]
+        assert packs[abi] == [fields[(abi, n)] for n in names], abi  # the fields in order, then the scratch
+    per_map = 1 + 2 * contract.TMA_RANK
+    assert len(packs["FwdTma"]) == contract.launch_arg_count("fwd_tma") + 2
+    assert packs["FwdTma"][len(contract.TMA_ARGS) * per_map:] == packs["Fwd"][len(contract.TMA_ARGS):]
 
 
 def test_tma_variants_and_signatures(build):
-    from variants import TMA_MIN_ARCH, all_variants, get_fwd_config
+    from aot.variants import TMA_MIN_ARCH, all_variants, get_fwd_config
 
     tma = [v for v in all_variants() if v.kind == "fwd_tma"]
     assert tma and all(v.dtype in ("fp16", "bf16") and v.head_dim in (64, 128) and v.even_d
@@ -57,7 +105,7 @@ def test_tma_variants_and_signatures(build):
 
 
 def test_tma_boxes_refuse_what_the_launcher_cannot_encode(build):
-    from variants import Variant
+    from aot.variants import Variant
 
     v = Variant("fp16", 128, True, "none", False, "tf32", "fwd_tma")
     good = dict(swizzle=3, elem_size=2, elem_type=6, block_size=[1, 1, 64, 64], fp4_padded=False)
@@ -93,8 +141,8 @@ def test_key_vector_mask_variants(build):
     twin (the launcher's fallback), and is named apart from its twin."""
     import dataclasses
 
-    import variants as variants_mod
-    from variants import all_variants
+    from aot import variants as variants_mod
+    from aot.variants import all_variants
 
     vs = all_variants()
     names = {v.name for v in vs}
@@ -109,8 +157,7 @@ def test_key_vector_mask_variants(build):
 
 
 def _variants():
-    sys.path.insert(0, str(ROOT / "aot"))
-    import variants
+    from aot import variants
     return variants
 
 
@@ -157,7 +204,7 @@ def test_decode_wide_tiles_twin_their_base():
         assert (b.block_m, b.block_n) == (w.block_m, w.block_n) and b != w, (b, w)
 
 
-def test_library_table_mirrors_the_tile_table():
+def test_library_table_carries_the_tile_table():
     """The compiled table (what the C++ dispatcher searches) carries each TMA cubin's tile and
     its range as aot/variants.py states them."""
     from ort_flash import _C
@@ -198,12 +245,10 @@ def test_only_decode_kernels_from_sm90_wait_for_the_grid_before(build):
     assert any(k["pdl"] for k in kernels) == any(k["arch"] >= 90 for k in kernels)
 
 
-# The dispatcher's variant selection mirrored (cpp/kernel_select.cc select_variant, decode_key,
-# find_superset, find_fwd_kernel): every call class finds a compiled variant on each arch, the hot
-# shapes their exact one, and merged classes (aot/variants.py superset_only) a superset of theirs.
-
-BUCKETS = (32, 64, 128, 256)
-DECODE_BUCKETS = (64, 128, 256)
+# Every call class the launcher distinguishes, planned by the C++ dispatcher (_C.plan_with_table, no
+# GPU) over the full product of the variant table (all_combinations: a variant per combination)
+# and over the table the build compiles: merging rare classes into superset variants cost no call
+# its kernel, and the hot shapes keep their own.
 
 
 def _calls():
@@ -218,112 +263,54 @@ def _calls():
             yield dict(dtype=dtype, prec=prec, d=d, aligned=aligned, mask=mask, keys=keys, extras=extras)
 
 
-def _candidates(key: dict):
-    """find_superset's order: exact, with extras, with a masked head dim, with both."""
-    for i in range(4):
-        k = dict(key, extras=key["extras"] or bool(i & 1), even=key["even"] and not i & 2)
-        if i == 0 or k != key:
-            yield k
+def _plan(call: dict, sq: int, rows: list, arch: int) -> tuple[str, str]:
+    """(kind, variant) the dispatcher plans for `call` with `sq` query rows (1: a decode shape)."""
+    from ort_flash import _C
 
-
-def _select(call: dict, table: dict, kind: str):
-    """The variant the launcher takes for `call` of `kind` ("fwd" or "decode") from `table`
-    ({(kind, dtype, prec, head dim, even, mask, keys, extras): Variant} of one arch's base tiles)."""
-    buckets = BUCKETS if kind == "fwd" else DECODE_BUCKETS
-    bucket = next(b for b in buckets if call["d"] <= b)
-    key = dict(dtype=call["dtype"], prec=call["prec"] if kind == "fwd" else "ieee", hd=bucket,
-               even=call["d"] == bucket and call["aligned"] and bucket != 32, mask=call["mask"],
-               keys=call["keys"] and kind == "fwd", extras=call["extras"])
-    for keys in ((key["keys"], False) if key["keys"] else (False,)):
-        for k in _candidates(dict(key, keys=keys)):
-            t = (kind, k["dtype"], k["prec"], k["hd"], k["even"], k["mask"], k["keys"], k["extras"])
-            if t in table:
-                return table[t], k == key
-    return None, False
-
-
-def _table(variants, arch: int, combos: bool = False) -> dict:
-    out = {}
-    for v in (variants.all_combinations() if combos else variants.all_variants()):
-        if arch < v.min_arch or v.kind not in ("fwd", "decode") or v.tile_min_len:
-            continue
-        prec = v.precision if v.dtype == "fp32" else ("ieee" if v.kind == "decode" else "tf32")
-        out[(v.kind, v.dtype, prec, v.head_dim, v.even_d, v.mask, v.mask_keys, v.extras)] = v
-    return out
+    p = _C.FlashParams()
+    p.dtype = getattr(_C.DType, {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[call["dtype"]])
+    p.fp32_precision = getattr(_C.Fp32Precision, call["prec"])
+    d, row = call["d"], call["d"] if call["aligned"] else call["d"] + 8
+    p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = 2, 4, 2, sq, 700, d, d
+    p.q_stride = p.y_stride = [4 * sq * row, sq * row, row]
+    p.k_stride = p.v_stride = [2 * 700 * row, 700 * row, row]
+    p.q = p.k = p.v = p.y = 1 << 20
+    p.scale = 0.1
+    p.mask_kind = getattr(_C.MaskKind, call["mask"])
+    if call["mask"] != "none":
+        p.mask, p.mask_len = 1 << 20, 700
+        p.mask_stride = [700 * sq, 0, 0 if call["keys"] else 700, 1]
+    if call["extras"]:
+        p.softcap = 30.0
+    kind, name, *_ = _C.plan_with_table(p, rows, arch=arch, tensor_maps=False)
+    return kind, name
 
 
 @pytest.mark.parametrize("arch", (80, 90))
 def test_every_call_class_finds_a_kernel(arch):
-    """What a build without merged classes ran on CUDA still runs: every call class finds a
-    variant, the same one where it is still compiled; fp16/bf16 at exact head dims 64 and 128
-    always their exact one; a superset otherwise (extras or a masked head dim, never the reverse)."""
-    v = _variants()
-    table, before = _table(v, arch), _table(v, arch, combos=True)
-    assert set(table) < set(before)  # merging removed variants and added none
-    for call in _calls():
-        for kind in ("fwd", "decode"):
-            if kind == "decode" and call["prec"] == "tf32" and call["dtype"] == "fp32":
-                continue  # decode dots in fp32 are always IEEE
-            old, _ = _select(call, before, kind)
-            new, exact = _select(call, table, kind)
-            assert (old is None) == (new is None), (kind, call, old, new)
-            if new is None:
-                continue
-            if old in table.values():
-                assert new == old, (kind, call, old, new)
-            if call["dtype"] != "fp32" and call["d"] in (64, 128) and call["aligned"]:
-                assert exact and new == old, (kind, call, new)  # the hot shapes: their own variant
-            assert (new.extras or not call["extras"]) and (new.even_d <= old.even_d), (call, new)
-            assert (new.dtype, new.head_dim, new.mask) == (old.dtype, old.head_dim, old.mask)
-
-
-def _row(v, x, arch: int) -> dict:
-    cfg = v.get_fwd_config(arch, x)
-    return dict(variant=x.name, dtype=v.DTYPE_CODES[x.dtype], head_dim=x.head_dim, even_d=x.even_d,
-                mask=v.MASK_KINDS[x.mask], extras=x.extras, kind=v.KIND_CODES[x.kind],
-                precision=v.PRECISION_CODES[x.precision] if x.dtype == "fp32" else 0,
-                mask_keys=x.mask_keys, num_warps=cfg.num_warps, block_m=cfg.block_m,
-                block_n=cfg.block_n, tile_causal=x.tile_causal, tile_min_len=x.tile_min_len,
-                pdl=x.kind == "decode" and arch >= 90)
-
-
-@pytest.mark.parametrize("arch", (80, 90))
-def test_cpp_dispatcher_agrees_with_the_mirror(arch):
-    """The C++ dispatcher over this build's variant table (_C.plan_with_table: no GPU needed)
-    launches what the mirror above selects, merged classes included."""
-    from ort_flash import _C
+    """What a build without merged classes ran on CUDA still runs, as the same kind: every call
+    class finds a variant, the same one where it is still compiled; fp16/bf16 at exact head dims 64
+    and 128 always their own; a superset otherwise (extras or a masked head dim, never the reverse)."""
+    from _table_rows import table_rows
 
     v = _variants()
-    rows = [_row(v, x, arch) for x in v.all_variants() if arch >= x.min_arch]
-    table = _table(v, arch)
-    dt = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+    by_name = {x.name: x for x in v.all_combinations()}
+    now = table_rows(arch, gluon=False)
+    before = table_rows(arch, gluon=False, combinations=True)
+    compiled = {r["variant"] for r in now}
+    assert compiled < {r["variant"] for r in before}  # merging removed variants and added none
     checked = 0
     for call in _calls():
-        if call["keys"] and call["mask"] == "bool" or call["d"] in (16, 48):
-            continue  # fewer C++ calls; the mirror checks them all
-        p = _C.FlashParams()
-        p.dtype = getattr(_C.DType, dt[call["dtype"]])
-        p.fp32_precision = getattr(_C.Fp32Precision, call["prec"])
-        d, row = call["d"], call["d"] if call["aligned"] else call["d"] + 8
-        for sq, kind in ((300, "fwd"), (1, "decode")):
-            p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = 2, 4, 2, sq, 700, d, d
-            p.q_stride = p.y_stride = [4 * sq * row, sq * row, row]
-            p.k_stride = p.v_stride = [2 * 700 * row, 700 * row, row]
-            p.q = p.k = p.v = p.y = 1 << 20
-            p.scale = 0.1
-            p.mask_kind = getattr(_C.MaskKind, call["mask"])
-            if call["mask"] != "none":
-                p.mask, p.mask_len = 1 << 20, 700
-                p.mask_stride = [700 * sq, 0, 0 if call["keys"] else 700, 1]
-            if call["extras"]:
-                p.softcap = 30.0
-            if kind == "decode" and call["dtype"] == "fp32" and call["prec"] == "tf32":
-                continue
-            got_kind, name, *_ = _C.plan_with_table(p, rows, arch=arch, tensor_maps=False)
-            want, _ = _select(dict(call, keys=call["keys"] or sq == 1), table, kind)
-            assert got_kind == kind and name == want.name, (kind, call, got_kind, name, want.name)
+        for sq in (300, 1):
+            (kind_old, old), (kind_new, new) = _plan(call, sq, before, arch), _plan(call, sq, now, arch)
+            assert old and new and kind_old == kind_new, (call, sq, old, new)
+            old, new = by_name[old], by_name[new]
+            if old.name in compiled or (call["dtype"] != "fp32" and call["d"] in (64, 128) and call["aligned"]):
+                assert new == old, (call, sq, old.name, new.name)
+            assert (new.extras or not call["extras"]) and (new.even_d <= old.even_d), (call, new)
+            assert (new.dtype, new.head_dim, new.mask) == (old.dtype, old.head_dim, old.mask)
             checked += 1
-    assert checked > 300
+    assert checked > 1000
 
 
 def test_info_says_when_no_cuda_kernels_are_compiled(monkeypatch):
@@ -351,8 +338,8 @@ def test_compile_pool_runs_longest_first_and_reports_progress(build, capsys):
     """The build starts the costliest kernels first (so the last to finish are short and no core
     idles at the end), skips cached ones, returns metas in job order, and prints one progress line
     per compiled kernel (done / total, elapsed, estimate)."""
-    import compile_pool
-    from variants import all_variants, get_fwd_config
+    from aot import compile_pool
+    from aot.variants import all_variants, get_fwd_config
 
     vs = [v for v in all_variants() if v.kind in ("fwd", "combine")][:40]
     fresh = [i % 5 != 0 for i in range(len(vs))]
@@ -401,9 +388,7 @@ def test_triton_cache_keys_tell_variants_apart():
     constexprs by name, signature and options."""
     import collections
 
-    sys.path.insert(0, str(ROOT / "aot"))
-    import build
-    import variants
+    from aot import build, variants
 
     groups = collections.defaultdict(set)
     for arch in (80, 90):
@@ -419,9 +404,8 @@ def test_triton_cache_keys_tell_variants_apart():
 def test_gqa_prepare_variants():
     """GroupQueryAttention's prepare kernels: one cubin per (kind, dtype) for every arch, never
     merged, their BLOCK_D the CUDA op's largest head size, both kinds one function (one ABI)."""
-    sys.path.insert(0, str(ROOT / "aot"))
-    import build
-    import variants as v
+    from aot import build
+    from aot import variants as v
 
     g = [x for x in v.all_variants() if x.kind in v.GQA_KINDS]
     assert g == v.gqa_variants() and [x for x in v.all_combinations() if x.kind in v.GQA_KINDS] == g

@@ -269,13 +269,8 @@ def test_decode_dispatch():
 def test_decode_merge_dispatch():
     """The split kernel merges its own partials where its tile takes at most two dependent round
     trips (aot/flash_decode.py merge_round_trips), else the combine kernel does."""
-    import sys
-    from pathlib import Path
-
+    from aot import flash_decode
     from ort_flash import _C
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aot"))
-    import flash_decode
 
     seen = set()
     for b, hq, hkv, sq, skv in ((1, 32, 8, 1, 4096), (1, 32, 8, 1, 32768), (1, 32, 8, 4, 4096),
@@ -371,13 +366,8 @@ def test_tma_tiles():
 
 
 def _tma_tiles():
-    import sys
-    from pathlib import Path
-
+    from aot import variants
     from ort_flash import _C
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aot"))
-    import variants
 
     tiles = {k["variant"]: (k["block_m"], k["block_n"], k["num_warps"]) for k in _C.kernels()}
     for d, causal, sq, skv, extras in [(64, True, 512, 512, False), (64, False, 1024, 1024, False),

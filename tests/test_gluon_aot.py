@@ -10,6 +10,7 @@ shipped aot/flash_fwd_gluon.py where it exists."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -22,22 +23,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("triton.experimental.gluon", reason="the Gluon kernels compile with Triton's Gluon")
-sys.path.insert(0, str(ROOT / "aot"))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import build  # noqa: E402
-import variants  # noqa: E402
+from _paths import child_env  # noqa: E402
 from _table_rows import table_rows as _rows  # noqa: E402
-from _ws_tiles import cta_tile, tile_of  # noqa: E402
 
-SHIPPED = (ROOT / "aot" / f"{variants.GLUON_MODULE}.py").exists()
+from aot import build, variants  # noqa: E402
+
+SHIPPED = importlib.util.find_spec(variants.GLUON_MODULE) is not None
 
 
 @pytest.fixture
 def fixture_gluon(monkeypatch):
     """The variant table with Gluon variants from the stand-in kernel, taking every length."""
+    import _gluon_fixture
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
     monkeypatch.setattr(variants, "GLUON_MODULE", "_gluon_fixture")
+    monkeypatch.setattr(variants, "gluon_config", _gluon_fixture.get_gluon_config)
     monkeypatch.setattr(variants, "GLUON_LENGTHS", {})
     monkeypatch.setattr(variants, "GLUON_WS_LENGTHS", {})
     return variants
@@ -95,24 +96,20 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
 
 
 def test_gluon_runtime_parameters_are_flash_fwds(fixture_gluon):
-    """The launcher passes one argument list to either kernel: same non-constexpr names, same
-    order, and the same descriptor expansion as fwd_tma (kGluonLaunchArgCount)."""
+    """The launcher passes one argument list to either kernel (aot/contract.py's forward ABI, the
+    descriptors as fwd_tma's): the stand-in takes it too, so the pipeline tests below are the real
+    kernels'."""
     import inspect
 
-    def runtime(fn):
-        return [n for n, p in inspect.signature(fn.fn).parameters.items() if "constexpr" not in str(p.annotation)]
+    from aot import contract
 
-    want = runtime(build.KERNELS["fwd"])
-    assert runtime(build.kernel_fn("fwd_gluon")) == want
-    if SHIPPED:
-        import flash_fwd_gluon
-        assert runtime(flash_fwd_gluon.flash_fwd_gluon) == want
-    header = (ROOT / "cpp" / "kernel_table.h").read_text()
-    assert re.search(r"constexpr int kGluonLaunchArgCount = kTmaLaunchArgCount;", header)
-    assert build._runtime_arg_count("fwd_gluon") == build._runtime_arg_count("fwd_tma")
+    fn = build.kernel_fn("fwd_gluon")
+    runtime = [n for n, p in inspect.signature(fn.fn).parameters.items() if "constexpr" not in str(p.annotation)]
+    assert tuple(runtime) == contract.runtime_args("fwd_gluon") == contract.runtime_args("fwd")
+    assert contract.launch_arg_count("fwd_gluon") == contract.launch_arg_count("fwd_tma")
 
 
-@pytest.mark.parametrize("module", ["_gluon_fixture"] + (["flash_fwd_gluon"] if SHIPPED else []))
+@pytest.mark.parametrize("module", ["_gluon_fixture"] + (["aot.flash_fwd_gluon"] if SHIPPED else []))
 def test_gluon_signature_is_the_jit_paths(monkeypatch, module):
     """AOT names each descriptor's type as the JIT does for a host TensorDescriptor of the same
     block with the default 128-byte-swizzle layout (the type carries the NVMMASharedLayout): rows
@@ -153,19 +150,47 @@ def _compiled(v, cfg, cache: Path):
 
 
 def _check_meta(m, v, cfg):
+    from aot import contract
+
     rows = {"Q": cfg.desc_rows[0], "K": cfg.block_n, "V": cfg.block_n, "Y": cfg.desc_rows[0]}
     assert [b["arg"] for b in m["tma"]] == list(build.TMA_ARGS)
     for b in m["tma"]:
         assert b["swizzle"] == 3 and b["rows"] == rows[b["arg"]] and v.head_dim % b["cols"] == 0
     assert 0 < m["shared"] <= build.SMEM_LIMIT[90]
     assert m["num_warps"] >= cfg.num_warps and m["num_warps"] % 4 == 0  # whole warpgroups
-    assert len(m["args"]) + 4 * (2 * build.TMA_RANK) == build._runtime_arg_count("fwd_gluon")
+    assert len(m["args"]) + 4 * (2 * build.TMA_RANK) == contract.launch_arg_count("fwd_gluon")
+
+
+def _compiled_table(out: Path) -> list[dict]:
+    """The table aot/build.py wrote into `out` (kernel_table.gen.cc, kernels.gen.S) compiled against
+    cpp/ and the contract header, read back through kernel_table(): each entry as C++ sees it."""
+    from aot import contract_header
+
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    contract_header.write(out)
+    fields = ("variant", "kind", "num_warps", "block_m", "block_n", "tile_causal", "tile_min_len", "tile_max_len",
+              "persistent", "dynamic", "q_rows", "kv_rows")
+    (out / "main.cc").write_text(
+        '#include <cstdio>\n#include "kernel_table.h"\nusing namespace ort_flash;\nint main() {\n'
+        "  size_t n = 0;\n  const KernelEntry* t = kernel_table(&n);\n  for (size_t i = 0; i < n; ++i) {\n"
+        "    const KernelEntry& e = t[i];\n"
+        '    std::printf("%s %s %d %d %d %d %d %d %d %d %d %d\\n", e.variant_name, code_name(e.key.kind), e.num_warps,'
+        " e.block_m, e.block_n, e.tile_causal, e.tile_min_len, e.tile_max_len, e.persistent, int(e.dynamic),"
+        " e.tma[0].rows, e.tma[1].rows);\n  }\n}\n")
+    r = subprocess.run([cxx, "-std=c++17", "-Wall", "-I", str(ROOT / "cpp"), "-I", str(out), str(out / "main.cc"),
+                        str(out / "kernel_table.gen.cc"), str(out / "kernels.gen.S"), "-o", str(out / "table")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = subprocess.run([str(out / "table")], capture_output=True, text=True, check=True).stdout.splitlines()
+    return [dict(zip(fields, [x[0], x[1]] + [int(c) for c in x[2:]])) for x in map(str.split, lines)]
 
 
 def test_fixture_variant_compiles_and_its_table_row(fixture_gluon, tmp_path):
     """The stand-in (4 default warps and a 1-warp TMA producer) through build.py's compile and
-    table writer: the launch's total warps (8: whole warpgroups), the four boxes, a KernelKind(4)
-    row and the static_assert on kGluonLaunchArgCount."""
+    table writer: the generated table, compiled, has a fwd_gluon entry with the launch's total warps
+    (8: whole warpgroups), its tile and its four boxes."""
     v = next(x for x in _gluon(variants.all_variants()) if (x.dtype, x.head_dim) == ("bf16", 128))
     cfg = variants.get_fwd_config(90, v)
     m = _compiled(v, cfg, tmp_path / "cache")
@@ -174,17 +199,11 @@ def test_fixture_variant_compiles_and_its_table_row(fixture_gluon, tmp_path):
     m.pop("cached")
     out = tmp_path / "out"
     build.write_outputs(out, [m], {v.name: v})
-    cc = (out / "kernel_table.gen.cc").read_text()
-    assert f"static_assert(kGluonLaunchArgCount == {build._runtime_arg_count('fwd_gluon')}" in cc
-    row = next(line for line in cc.splitlines() if v.name in line)
-    assert "KernelKind(4)" in row and ", 8, " in row and "{3, 128, 64}, {3, 64, 64}" in row, row
     assert json.loads((out / "manifest.json").read_text())["kernels"][0]["variant"] == v.name
-    # The generated table compiles against cpp/kernel_table.h (its static_asserts hold).
-    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    if cxx:
-        r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-I", str(ROOT / "cpp"), str(out / "kernel_table.gen.cc")],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-3000:]
+    e, = _compiled_table(out)
+    assert (e["variant"], e["kind"], e["num_warps"], e["block_m"], e["block_n"]) == (
+        v.name, "fwd_gluon", 8, cfg.block_m, cfg.block_n)
+    assert (e["q_rows"], e["kv_rows"]) == cfg.desc_rows
 
 
 def test_gluon_cache_key_follows_the_gluon_sources_only(fixture_gluon, monkeypatch):
@@ -280,9 +299,9 @@ def _persistent_on(monkeypatch):
     monkeypatch.setattr(variants, "GLUON_WS_TILES", tiles)
 
 
-def _table_row(tmp_path, x) -> str:
-    """The generated kernel table's row of warp-specialized variant x (a stand-in cubin, the
-    metadata aot/build.py records for its tile)."""
+def _table_entry(tmp_path, x) -> dict:
+    """The generated kernel table's entry of warp-specialized variant x, compiled (a stand-in
+    cubin, the metadata aot/build.py records for its tile)."""
     cfg = variants.get_fwd_config(90, x)
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(b"\0")
@@ -290,8 +309,9 @@ def _table_row(tmp_path, x) -> str:
                 block_m=cfg.block_m, block_n=cfg.block_n, num_stages=cfg.num_stages, cubin=str(cubin), tma=[],
                 pdl=False, persistent=cfg.persistent, dynamic=cfg.dynamic)
     build.write_outputs(tmp_path / "out", [meta], {x.name: x})
-    return next(line for line in (tmp_path / "out" / "kernel_table.gen.cc").read_text().splitlines()
-                if x.name in line)
+    e, = _compiled_table(tmp_path / "out")
+    assert e["variant"] == x.name
+    return e
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
@@ -302,7 +322,7 @@ def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on
     (dtype, head dim) over the whole range, and causal and key-vector-masked ones keep a CTA per
     tile; as shipped (off) none is. The build names PERSISTENT_GRID for every one of them (the
     compile cache keys constexprs by value and position), their cache keys differ by it, and the
-    generated table row carries it as KernelEntry's last field (the launcher's grid)."""
+    generated table's entry, compiled, carries it (KernelEntry::persistent: the launcher's grid)."""
     if on:
         _persistent_on(monkeypatch)
     else:
@@ -325,10 +345,8 @@ def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on
     if not on:
         return
     x = next(y for y in ws if variants.get_fwd_config(90, y).persistent)
-    row = _table_row(tmp_path, x)
-    assert row.rstrip().endswith(f", {x.tile_max_len}, 1, false}},"), row
-    header = (ROOT / "cpp" / "kernel_table.h").read_text()
-    assert re.search(r"int tile_max_len;\s*(//[^\n]*\n\s*)*int persistent;\s*(//[^\n]*\n\s*)*bool dynamic;\s*};", header)
+    e = _table_entry(tmp_path, x)
+    assert (e["tile_max_len"], e["persistent"], e["dynamic"]) == (x.tile_max_len, 1, 0), e
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
@@ -345,46 +363,6 @@ def test_persistent_ws_kernel_compiles_for_sm90(monkeypatch, hd):
     assert re.search(r"STACK:0 ", res) and re.search(r"LOCAL:0 ", res), res
     assert 0 < shared <= build.SMEM_LIMIT[90]
     assert sass.count("HGMMA") > 0 and "STL" not in sass
-
-
-def _tile_walk(grid_x: int, bh_all: int, sq: int, block_m: int, causal: bool) -> list:
-    """The (batch x head, query tile) pairs each CTA of a persistent launch runs, in the order
-    aot/flash_fwd_gluon_ws.py's _cta_tile takes them (mirrored; test_persistent_launch_covers_every_tile_once
-    checks the mirror against the kernel's source)."""
-    n_m = -(-sq // block_m)
-    out = []
-    for g in range(grid_x):
-        mine = []
-        for t in range(-(-(n_m * bh_all - g) // grid_x)):  # n_valid
-            mine.append(cta_tile(g + t * grid_x, n_m, bh_all, causal))
-        out.append(mine)
-    return out
-
-
-@pytest.mark.parametrize("b,hq,sq,sms,causal", [(1, 1, 100, 132, False), (2, 3, 1000, 132, False),
-                                                (32, 16, 512, 132, False), (1, 16, 16384, 132, True),
-                                                (3, 5, 777, 7, True), (2, 8, 129, 132, False)])
-def test_persistent_launch_covers_every_tile_once(b, hq, sq, sms, causal):
-    """The launcher's grid for a persistent entry (ort_flash._C.fwd_grid, what launch_flash_cuda
-    launches with; no GPU needed) and the kernel's walk over tiles run every (batch, head, query
-    tile) exactly once, with B * Hq in window_right; a per-tile entry keeps (ceil(Sq / block_m),
-    B * Hq) and leaves window_right alone."""
-    from ort_flash import _C
-    src = (ROOT / "aot" / "flash_fwd_gluon_ws.py").read_text()
-    for line in ("tid = g0 + t * gl.num_programs(0)", "bh = tid // n_m", "m_t = n_m - 1 - tid % n_m",
-                 "bh = tid % bh_all", "m_t = n_m - 1 - tid // bh_all",
-                 "n_valid = gl.cdiv(gl.cdiv(Sq, BLOCK_M) * bh_all - g0, gl.num_programs(0))", "bh_all = window_right"):
-        assert line in src, f"the kernel's tile walk changed ({line!r}): update _ws_tiles.cta_tile"
-    p = _params(b=b, hq=hq, hkv=1, sq=sq, skv=sq, causal=causal)
-    p.window_right = -1
-    n_m = -(-sq // 128)
-    x, y, wr = _C.fwd_grid(p, 128, 1, sms)
-    assert (y, wr) == (1, b * hq) and x == min(sms, n_m * b * hq), (x, y, wr)
-    walk = _tile_walk(x, wr, sq, 128, causal)
-    assert sorted(t for cta in walk for t in cta) == [(bh, m) for bh in range(b * hq) for m in range(n_m)]
-    if causal:  # each CTA takes its tiles longest first
-        assert all([m for _, m in cta] == sorted((m for _, m in cta), reverse=True) for cta in walk)
-    assert _C.fwd_grid(p, 128, 0, sms) == (n_m, b * hq, -1)
 
 
 def _dynamic_on(monkeypatch):
@@ -404,7 +382,7 @@ def test_dynamic_tiles_for_causal_unmasked_calls(monkeypatch, tmp_path, on):
     persistent grid with dynamic tiles, over every length, and with GLUON_WS_SKIP every unmasked
     one skips the consumers without rows; masked cubins neither. As shipped (off) none does. The
     build names DYNAMIC_TILES and SKIP_PAST_ROWS for every one of them, the cache keys differ by
-    them, and the generated table row ends with KernelEntry::dynamic."""
+    them, and the generated table's entry, compiled, has KernelEntry::dynamic."""
     if on:
         _dynamic_on(monkeypatch)
     else:
@@ -427,8 +405,8 @@ def test_dynamic_tiles_for_causal_unmasked_calls(monkeypatch, tmp_path, on):
     if not on:
         return
     x = next(y for y in ws if variants.get_fwd_config(90, y).dynamic)
-    row = _table_row(tmp_path, x)
-    assert row.rstrip().endswith(f", {x.tile_max_len}, 1, true}},"), row
+    e = _table_entry(tmp_path, x)
+    assert (e["tile_max_len"], e["persistent"], e["dynamic"]) == (x.tile_max_len, 1, 1), e
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
@@ -469,74 +447,11 @@ def test_dynamic_dispatch_takes_the_warp_specialized_kernel_for_causal_calls(mon
     assert row["dynamic"] and row["persistent"] == 1, row
 
 
-def _claims(n_ctas: int, total: int, rng) -> tuple[list, int, int]:
-    """The dynamic tile protocol of aot/flash_fwd_gluon_ws.py's producer (mirrored: _claim and the
-    DYNAMIC branch of _producer) with the CTAs' claims interleaved at random, their first ones
-    included (a CTA may start after others have run tiles): (the tile ids each CTA runs, the
-    counter's value at the end, how many claims came back past the last tile)."""
-    ctr, past, tiles = 0, 0, [[] for _ in range(n_ctas)]
-    nxt = {}
-    cur = {g: g for g in range(n_ctas)}  # tid = program_id(0)
-    live = list(range(n_ctas))
-    while live:
-        g = rng.choice(live)
-        if g not in nxt:  # nxt = _claim(...) before the loop
-            nxt[g] = n_ctas + ctr
-            ctr += 1
-            continue
-        tiles[g].append(cur[g])  # the loop body runs tile cur[g] (tid < total)
-        cur[g] = nxt[g]
-        if cur[g] < total:
-            nxt[g] = n_ctas + ctr
-            ctr += 1
-        else:
-            past += 1
-            live.remove(g)
-    return tiles, ctr, past
-
-
-@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("b,hq,sq,block_m,hd", [(1, 16, 16384, 128, 128), (32, 16, 512, 128, 128),
-                                                (5, 6, 777, 128, 128), (3, 7, 1000, 192, 64), (1, 1, 100, 192, 64)])
-def test_dynamic_tiles_run_every_tile_once(b, hq, sq, block_m, hd):
-    """A DYNAMIC_TILES launch (the launcher's persistent grid, _C.fwd_grid) runs every (batch, head,
-    query tile) exactly once whatever order its CTAs claim in (random interleavings), each CTA's
-    first tile is its program id, every CTA makes exactly one claim past the last tile (the count
-    the reset waits for) and the counter then reads CTAs + tiles - CTAs = tiles, which the last CTA
-    zeroes. The heads go in groups of grp (K/V of about 16 MB), longest tiles first within one."""
-    import random
-    from ort_flash import _C
-    src = (ROOT / "aot" / "flash_fwd_gluon_ws.py").read_text()
-    for line in ("per = grp * n_m", "gsz = gl.minimum(grp, bh_all - g * grp)", "bh = g * grp + i % gsz",
-                 "return n_m - 1 - i // gsz, b_t, h_t, hk_t, bh",
-                 "nxt = gl.num_programs(0) + gl.atomic_add(ctr, 1, sem=\"relaxed\").to(gl.int32)",
-                 "tid = gl.program_id(0)", "if done == gl.num_programs(0) - 1:",
-                 "grp = gl.maximum(gl.minimum((4194304 // BLOCK_D) // gl.maximum(Skv, 1), 8), 1)"):
-        assert line in src, f"the kernel's dynamic tiles changed ({line!r}): update _claims / _ws_tiles.tile_of"
-    p = _params(b=b, hq=hq, hkv=1, sq=sq, skv=sq, causal=True)
-    p.window_right = -1
-    n_m = -(-sq // block_m)
-    x, y, wr = _C.fwd_grid(p, block_m, 1, 132)
-    assert (y, wr) == (1, b * hq) and x == min(132, n_m * b * hq)
-    grp = max(min((4194304 // hd) // sq, 8), 1)
-    order = [tile_of(t, n_m, wr, grp) for t in range(n_m * wr)]
-    assert sorted(order) == [(bh, m) for bh in range(wr) for m in range(n_m)]
-    for t0 in range(0, len(order), grp * n_m):  # within a group of heads, longest tiles first
-        ms = [m for _, m in order[t0:t0 + grp * n_m]]
-        assert ms == sorted(ms, reverse=True)
-    rng = random.Random(sq)
-    for _ in range(5):
-        tiles, ctr, past = _claims(x, n_m * wr, rng)
-        assert sorted(t for cta in tiles for t in cta) == list(range(n_m * wr))
-        assert [cta[0] for cta in tiles] == list(range(x))
-        assert past == x and ctr == n_m * wr
-
-
 def test_gluon_ws_switches_from_the_environment():
     """ORT_FLASH_GLUON_WS_ON turns the named switches on for a development build (the GPU machine
     measures them without an edit); an unknown name is an error that names the valid ones."""
-    code = "import variants as v; print(v.GLUON_WS_PERSISTENT, v.GLUON_WS_DYNAMIC, v.GLUON_WS_SKIP)"
-    run = dict(capture_output=True, text=True, cwd=ROOT / "aot")
+    code = "from aot import variants as v; print(v.GLUON_WS_PERSISTENT, v.GLUON_WS_DYNAMIC, v.GLUON_WS_SKIP)"
+    run = dict(capture_output=True, text=True, cwd=ROOT)
     for value, want in (("", "False False False"), ("dynamic, skip", "False True True"),
                         ("persistent,dynamic,skip", "True True True")):
         env = dict(os.environ, ORT_FLASH_GLUON_WS_ON=value)
@@ -710,7 +625,7 @@ def _plans_in_subprocess(rows, calls, **env) -> list[tuple]:
             "print(json.dumps([list(t._kind(t._params(**{k: tuple(v) if k == 'mask' else v "
             "for k, v in c.items()}), rows)) for c in calls]))")
     r = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), json.dumps(rows), json.dumps(calls)],
-                       capture_output=True, text=True, env=dict(os.environ, **env), timeout=300)
+                       capture_output=True, text=True, env=child_env(**env), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return [tuple(x) for x in json.loads(r.stdout.strip().splitlines()[-1])]
 

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "aot"))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import _fake_cuda  # noqa: E402
 from test_launch_abi import ARCH, SMS, Log, _fwd_expected, abi_names, decode_params, f32  # noqa: E402
@@ -123,32 +120,13 @@ def attention_params(c: dict, want: dict) -> dict:
     return p
 
 
-def decode_gqa(ev: dict, fn: dict, entry: dict) -> dict:
-    """A gqa_prepare launch's parameters by name, typed by aot/build.py's signature."""
-    import build
-    import variants
-
-    v = next(x for x in variants.gqa_variants() if x.name == entry["variant"])
-    sig, _, names = build.signature(v, variants.get_fwd_config(ARCH, v))
-    names = [n for n in names if sig[n] != "constexpr"] + ["global_scratch", "profile_scratch"]
-    raw = _fake_cuda.param_bytes(ev, fn)
-    assert len(raw) == len(names), f"the launcher passes {len(names)} parameters, the cubin takes {len(raw)}"
-    out = {}
-    for name, b in zip(names, raw):
-        size, fmt = (4, "<i") if sig.get(name) == "i32" else (8, "<q")
-        assert len(b) == size, f"{name}: the cubin takes {len(b)} bytes, its type {size}"
-        out[name] = struct.unpack(fmt, b)[0]
-    return out
-
-
 def launches(log: Log, i: int) -> list[tuple[dict, dict, dict]]:
     out = []
     for ev in log.calls[i]:
         if ev["ev"] == "launch":
             fn = log.functions[ev["function"]]
             e = log.entry_of_module[fn["module"]]
-            got = decode_gqa(ev, fn, e) if e["kind"].startswith("gqa_") else \
-                decode_params(abi_names(e["kind"], fn["name"]), _fake_cuda.param_bytes(ev, fn))
+            got = decode_params(abi_names(e["kind"]), _fake_cuda.param_bytes(ev, fn))  # aot/contract.py's types
             out.append((ev, e, got))
     return out
 

@@ -8,13 +8,13 @@ tests/test_kernel_interpreter.py does."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _paths import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARD = 64  # poisoned elements on each side of every output
@@ -52,7 +52,7 @@ CASES = [
 def _interpreted(case: dict) -> None:
     pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
     pytest.importorskip("triton", reason="the kernel source needs Triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = child_env(TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, __file__, json.dumps(case)], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -139,12 +139,10 @@ def _round_bf16_like_gpu() -> None:
 def check_case(c: dict) -> None:
     import torch
 
-    sys.path.insert(0, str(ROOT / "aot"))
-    sys.path.insert(0, str(ROOT / "tests"))
     from test_kernel_interpreter import _patch_interpreter
     _patch_interpreter()
     _round_bf16_like_gpu()
-    from gqa_prepare import gqa_prepare
+    from aot.gqa_prepare import gqa_prepare
 
     c = dict(dict(dtype="float16", rotary=0, half=0, shared=False, packed=False, position_ids=False), **c)
     dt = getattr(torch, c["dtype"])

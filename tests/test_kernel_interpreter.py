@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _paths import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def _interpreted(arg: str) -> None:
     when it is imported), on torch CPU tensors."""
     pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
     pytest.importorskip("triton", reason="the kernel source needs Triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = child_env(TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, __file__, arg], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -125,10 +125,9 @@ def check_case(case):
     import torch
     import triton
 
-    sys.path.insert(0, str(ROOT / "aot"))
     _patch_interpreter()
-    from flash_decode import flash_decode_combine, flash_decode_split
-    from flash_fwd import flash_fwd as kernel
+    from aot.flash_decode import flash_decode_combine, flash_decode_split
+    from aot.flash_fwd import flash_fwd as kernel
 
     from ort_flash.reference import attention_reference
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,

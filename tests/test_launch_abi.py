@@ -16,10 +16,8 @@ from these arguments; this checks the arguments on every CI run.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
@@ -28,10 +26,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "aot"))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import _fake_cuda  # noqa: E402
+from _paths import child_env  # noqa: E402
+
+from aot import contract  # noqa: E402
 
 _C = pytest.importorskip("ort_flash._C", reason="the native module is not built")
 KERNELS = _C.kernels()
@@ -44,11 +43,9 @@ pytestmark = [
 ARCH = 90 if 90 in ARCHS else (ARCHS[-1] if ARCHS else 0)
 SMS = 132
 CALLS_STREAM = 7  # the stream the calls run on where a test names none
-COUNTER_SLOT = 4096 * 4 + 2 * 8  # cpp/kernel_registry.h kCounterSlotBytes
-TILE_COUNTERS = 4096 * 4  # kTileCounterOffset
-TMA_KINDS = ("fwd_tma", "fwd_gluon")
-POINTERS = {"Q", "K", "V", "Y", "Lse", "Mask", "SeqlensK", "OPart", "LsePart", "Counter",
-            "global_scratch", "profile_scratch"}
+COUNTER_SLOT = contract.COUNTER_SLOT_BYTES
+TILE_COUNTERS = contract.TILE_COUNTER_OFFSET
+TMA_KINDS = contract.TMA_KINDS
 
 
 @pytest.fixture(scope="module")
@@ -86,36 +83,32 @@ def f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def abi_names(kind: str, kernel: str) -> list[str]:
-    """The kernel's parameters in launch order (aot/build.py): each TMA tensor as its map, 4 dims
-    and 4 strides, then Triton's two scratch pointers."""
-    import build  # aot/build.py
-
-    fn = build.kernel_fn({"flash_decode_split": "decode", "flash_decode_combine": "combine"}.get(kernel, kind),
-                         ws=kernel == "flash_fwd_gluon_ws")
+def abi_names(kind: str) -> list[tuple[str, str]]:
+    """A kind's launch parameters as aot/contract.py states them, (name, type) in launch order: each
+    TMA tensor as its map, TMA_RANK dims and TMA_RANK strides, then Triton's two scratch pointers."""
+    rank = contract.TMA_RANK
     names = []
-    for name, prm in inspect.signature(fn.fn).parameters.items():
-        if "constexpr" in str(prm.annotation):
-            continue
-        if kind in TMA_KINDS and name in build.TMA_ARGS:
-            names += [f"{name}.map"] + [f"{name}.dim{i}" for i in range(4)] + [f"{name}.stride{i}" for i in range(4)]
+    for name, typ in contract.ABIS[contract.KIND_ABIS[kind]]:
+        if kind in TMA_KINDS and name in contract.TMA_ARGS:
+            names += ([(f"{name}.map", "map")] + [(f"{name}.dim{i}", "i32") for i in range(rank)]
+                      + [(f"{name}.stride{i}", "i64") for i in range(rank)])
         else:
-            names.append(name)
-    return names + ["global_scratch", "profile_scratch"]
+            names.append((name, typ))
+    return names + [("global_scratch", "ptr"), ("profile_scratch", "ptr")]
 
 
-def decode_params(names: list[str], raw: list[bytes]) -> dict:
-    """Each parameter's value by its ABI type; fails where the cubin's size is not the type's."""
+def decode_params(names: list[tuple[str, str]], raw: list[bytes]) -> dict:
+    """Each parameter's value by its contract type; fails where the cubin's size is not the type's."""
     assert len(names) == len(raw), f"the launcher's ABI has {len(names)} parameters, the cubin {len(raw)}"
     out = {}
-    for name, b in zip(names, raw):
-        if name.endswith(".map"):
-            size, (magic, index) = 128, struct.unpack_from("<QQ", b)
+    for (name, typ), b in zip(names, raw):
+        if typ == "map":
+            size, (magic, index) = contract.TMA_MAP_BYTES, struct.unpack_from("<QQ", b)
             assert magic == _fake_cuda.MAP_MAGIC, f"{name} is not a map cuTensorMapEncodeTiled wrote"
             value = ("map", index)
-        elif name in POINTERS or ".stride" in name or name.startswith("stride_"):
+        elif typ.startswith("ptr") or typ == "i64":
             size, value = 8, struct.unpack("<q", b)[0]
-        elif name in ("scale", "softcap"):
+        elif typ == "f32":
             size, value = 4, struct.unpack("<f", b)[0]
         else:
             size, value = 4, struct.unpack("<i", b)[0]
@@ -161,7 +154,7 @@ class Log:
                 continue
             fn = self.functions[ev["function"]]
             entry = self.entry_of_module[fn["module"]]
-            names = abi_names(entry["kind"], fn["name"])
+            names = abi_names(entry["kind"])
             out.append((ev, entry, decode_params(names, _fake_cuda.param_bytes(ev, fn))))
         return out
 
@@ -463,7 +456,7 @@ def switched_table():
     if ARCH != 90:
         pytest.skip("no sm_90 kernels in this build")
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "_table_rows.py"), "90"], check=True,
-                         env=dict(os.environ, ORT_FLASH_GLUON_WS_ON=SWITCHES), capture_output=True, text=True)
+                         env=child_env(ORT_FLASH_GLUON_WS_ON=SWITCHES), capture_output=True, text=True)
     rows = json.loads(out.stdout)
     shipped = {e["variant"]: e for e in table_entries(90)}
     entries = []

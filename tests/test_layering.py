@@ -57,9 +57,6 @@ LONG_SOURCES = ("aot", "cpp", "ort_flash")
 SOURCE_SUFFIXES = {".py", ".c", ".cc", ".cpp", ".h", ".hpp", ".inc", ".cu", ".cuh"}
 LONG_ALLOWED = {
     "cpp/cpu_flash_kernel.inc",  # the CPU kernel's tile code, compiled once per ISA
-    # The warp-specialized Gluon kernel: issue #42 item 2 splits it into scheduler, producer,
-    # consumer and epilogue modules on the aot branch; that split removes this exception.
-    "aot/flash_fwd_gluon_ws.py",
 }
 
 

@@ -83,12 +83,11 @@ def _params(mv, call):
 def test_pairs_are_what_the_cpp_dispatcher_picks(mv):
     """Before: the dispatcher over the unmerged product; after: over today's table; the decode
     calls' KV splits and the fused merge as the script plans them."""
+    from _table_rows import table_rows
     from ort_flash import _C
-    from test_aot_table import _row
 
-    v = mv.V
-    today = [_row(v, x, mv.ARCH) for x in v.all_variants() if mv.ARCH >= x.min_arch]
-    unmerged = [_row(v, x, mv.ARCH) for x in v.all_combinations() if mv.ARCH >= x.min_arch]
+    today = table_rows(mv.ARCH)
+    unmerged = table_rows(mv.ARCH, combinations=True)
     for pair in mv.make_pairs():
         p = _params(mv, pair.call)
         kind, after, _, splits = _C.plan_with_table(p, today, arch=mv.ARCH, sm_count=mv.H200_SMS,

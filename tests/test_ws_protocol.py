@@ -1,16 +1,19 @@
 """The warp-specialized kernel's barrier protocol, played out on the CPU (Gluon has no interpreter in
 Triton 3.6, and a wrong phase on the GPU is a hang or a silent overwrite).
 
-aot/flash_fwd_gluon_ws.py's partitions of the persistent grid (the producer, NC consumers per CTA,
-several CTAs sharing the dynamic tile counter) are mirrored here line for line as Python generators
+The partitions of the warp-specialized kernel (aot/flash_fwd_gluon_ws.py, aot/gluon_ws/) on the
+persistent grid (the producer, NC consumers per CTA, several CTAs sharing the dynamic tile counter)
+are mirrored here line for line as Python generators
 over simulated mbarriers: arrive, expect (arrive.expect_tx), TMA completions that land in any
 order, waits by phase parity as the hardware does them. A random scheduler interleaves them and
 checks that no schedule deadlocks, that no wait passes on a phase other than the one its parity
 names (an aliased phase), that every load a consumer reads holds its own tile's block when it
 waits for it and still holds it when it frees the slot (no load overwrites a slot in use), that
 every (batch x head, tile, consumer) row block is written once, and that the dynamic counter is
-back at zero. The mirror is checked against the kernel's source lines, so a change to the kernel's
-phases fails here until the mirror follows.
+back at zero. The barrier phases are checked against the kernel's source lines, so a change to them
+fails here until the mirror follows (they wait on mbarriers, which no host run of the kernel's own
+code can do); the tiles each CTA runs, their order and their key blocks are the kernel's own
+scheduler (aot/gluon_ws/scheduler.py), run on the host (tests/_gluon_host.py).
 """
 from __future__ import annotations
 
@@ -18,9 +21,15 @@ import random
 from pathlib import Path
 
 import pytest
-from _ws_tiles import cta_tile, tile_of
 
-SRC = (Path(__file__).resolve().parents[1] / "aot" / "flash_fwd_gluon_ws.py").read_text()
+pytest.importorskip("triton.experimental.gluon", reason="the kernel's scheduler is Gluon source")
+
+from _gluon_host import HostGl, host  # noqa: E402
+
+from aot.gluon_ws import scheduler  # noqa: E402
+
+AOT = Path(__file__).resolve().parents[1] / "aot"
+SRC = "".join(p.read_text() for p in [AOT / "flash_fwd_gluon_ws.py", *sorted((AOT / "gluon_ws").glob("*.py"))])
 
 # The lines the mirror below restates (a change to any of them must be mirrored).
 MIRRORED = (
@@ -105,21 +114,26 @@ class Sim:
         self.written = []
         self.errors = []
 
-    # The tile maps, as in the kernel.
-    def tile_of(self, tid):
-        return tile_of(tid, self.n_m, self.bh_all, self.grp)
+    # The tile maps: the kernel's scheduler, run on the host for CTA g0 of the persistent grid.
+    def _gl(self, g0=0):
+        return HostGl((self.ctas, 1, 1), (g0, 0, 0))
+
+    def tile_of(self, tid):  # (batch x head, query tile); Hq 1: b is the pair's index
+        m, _, _, _, bh = host(scheduler._tile_of, self._gl())(tid, self.n_m, self.bh_all, self.grp, 1, 1)
+        return bh, m
 
     def cta_tile(self, g0, t):
-        return cta_tile(g0 + t * self.ctas, self.n_m, self.bh_all, self.causal)
+        m, _, _, _, bh = host(scheduler._cta_tile, self._gl(g0))(
+            t, g0, self.n_valid(g0), self.sq, int(self.causal), self.bh_all, 1, 1, 0, 0, 0, 0, self.block_m, True)
+        return bh, m
 
-    def span(self, m):  # _tile_span, offset 0, Skv == Sq
-        m0 = m * self.block_m
-        row_hi = min(m0 + self.block_m, self.sq) - 1
-        hi = min(self.sq, row_hi + 1) if self.causal else self.sq
-        return m0, max(-(-hi // self.block_n), 1)
+    def span(self, m):  # (first row, key blocks); offset 0, Skv == Sq
+        m0, _, n_blocks = host(scheduler._tile_span, self._gl())(m, self.sq, self.sq, 0, int(self.causal),
+                                                                 self.block_m, self.block_n)
+        return m0, n_blocks
 
     def n_valid(self, g0):
-        return -(-(self.total - g0) // self.ctas)
+        return host(scheduler._cta_tiles, self._gl(g0))(0, self.sq, self.bh_all, self.block_m, 2, True)[1]
 
     def check(self, slots, idx, want, what):
         if slots[idx] != want:

@@ -12,10 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cache=${ORT_FLASH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ort_flash}/aot
 keys=$(python3 - <<'PY'
-import os, sys
-sys.path.insert(0, "aot")
-import build, variants
-cache = os.environ.get("CACHE")
+from aot import build, variants
 for v in variants.all_variants():
     print(build.cache_key(v, 90, variants.get_fwd_config(90, v)))
 PY

@@ -1,0 +1,93 @@
+"""Tile policy as data: the tiles the kernels compile at, for the variant table (aot/variants.py,
+get_fwd_config) and the kernels that need a number of them. Plain data and lookups: it imports
+neither Triton nor a kernel module, so the table reads it without the kernels.
+
+Tiles are for the pinned Triton and tuned offline on the H200 (experiments/tune.py,
+experiments/gluon_attn.py, experiments/gluon_mask.py); docs/perf-notes.md has the measurements,
+cited here by version. Nothing is autotuned at run time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    # The warp-specialized Gluon kernel's knobs (0: the other kernels). Out of repr, so the other
+    # cubins' cache keys stay; build.cache_key adds them where set.
+    consumers: int = field(default=0, repr=False)      # consumer warpgroups (block_m / consumers rows each)
+    maxnreg: int = field(default=0, repr=False)        # registers per thread outside the partitions
+    consumer_regs: int = field(default=0, repr=False)  # registers per thread of a consumer partition
+    pingpong: bool = field(default=False, repr=False)  # the consumers take turns issuing their GEMMs
+    tiles: int = field(default=1, repr=False)          # query tiles a CTA runs in turn (block_m: all of them)
+    overlap: bool = field(default=False, repr=False)   # a consumer's softmax also runs under its own P V
+    persistent: int = field(default=0, repr=False)     # CTAs per SM of a persistent grid (0: a CTA per tile)
+    dynamic: bool = field(default=False, repr=False)   # its CTAs claim tiles through a counter
+    skip: bool = field(default=False, repr=False)      # consumers without rows in a tile skip its GEMMs
+
+    @property
+    def desc_rows(self) -> tuple[int, int]:
+        """Box rows of (the Q and Y, the K and V) TMA descriptors."""
+        return self.block_m // self.tiles // max(self.consumers, 1), self.block_n
+
+
+# The unmasked TMA kernels' tiles per head dim: (causal, min length, (BLOCK_M, BLOCK_N, warps,
+# stages)). An entry serves calls with that causal flag (-1: either) and min(Sq, Skv) from its min
+# length up to the next matching entry's (the shorter side, so a short chunk against a long cache
+# keeps the small-BLOCK_M tile and its larger grid). experiments/tune.py --tma (perf-notes v5). The
+# C++ dispatcher reads the ranges from the generated table (KernelEntry::tile_causal, tile_min_len).
+TMA_TILES = {
+    64: ((0, 0, (128, 64, 8, 3)), (1, 0, (64, 64, 4, 2)), (-1, 8192, (64, 128, 4, 2))),
+    128: ((-1, 0, (64, 64, 4, 3)), (0, 2048, (128, 128, 8, 3)), (1, 8192, (128, 128, 8, 3))),
+}
+
+# GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): heads of one token per CTA
+# (gqa_prepare), cache rows per CTA (gqa_past); memory-bound, untuned.
+GQA_TILES = {"gqa_prepare": (4, 0, 4, 1), "gqa_past": (8, 0, 4, 1)}
+
+# The one-partition Gluon kernel (aot/flash_fwd_gluon.py) per head dim (perf-notes prefill v6):
+# d128 one warpgroup per CTA and two CTAs per SM (115 KB of shared memory each).
+GLUON_TILES = {128: dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3, num_warps=4),
+               64: dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=4, num_warps=8)}
+
+# The warp-specialized kernel (aot/gluon_ws/): the default partition is one consumer warpgroup
+# (wgmma's M is 64 rows per warpgroup); the producer is one more warp.
+WS_CONSUMER_WARPS = 4
+WS_PRODUCER_REGS = 24
+# Per (head dim, key-vector mask): d128 two consumers of 64 rows, BLOCK_N 128, two slots (164 KB);
+# d64 three consumers (192 rows), three slots (123 KB), under a mask BLOCK_N 64 and four slots (its
+# fastest spill-free tile: at BLOCK_N 128 the mask row's registers spilled). Registers: maxnreg a
+# thread outside the partitions (one CTA per SM), CONSUMER_REGS per consumer thread, the producer's
+# WS_PRODUCER_REGS. perf-notes prefill v7 (unmasked), v8 (masked).
+WS_TILES = {
+    (128, False): dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, maxnreg=168, NUM_CONSUMERS=2, CONSUMER_REGS=240),
+    (128, True): dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2, maxnreg=168, NUM_CONSUMERS=2, CONSUMER_REGS=240),
+    (64, False): dict(BLOCK_M=192, BLOCK_N=128, NUM_STAGES=3, maxnreg=128, NUM_CONSUMERS=3, CONSUMER_REGS=160),
+    (64, True): dict(BLOCK_M=192, BLOCK_N=64, NUM_STAGES=4, maxnreg=128, NUM_CONSUMERS=3, CONSUMER_REGS=160),
+}
+
+
+def gluon_config(dtype: str, head_dim: int, causal: bool) -> dict:
+    """The one-partition Gluon kernel's BLOCK_M, BLOCK_N, NUM_STAGES and num_warps for a call."""
+    del dtype, causal
+    return dict(GLUON_TILES[head_dim])
+
+
+def ws_config(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> dict:
+    """The warp-specialized kernel's tile for a call (its constexprs, num_warps and maxnreg), with
+    PERSISTENT: CTAs per SM of a persistent grid for the calls that may take one (non-causal,
+    unmasked; variants.GLUON_WS_PERSISTENT decides whether the build does), else 0."""
+    del dtype
+    persistent = 1 if (not causal and mask == "none") else 0
+    return dict(WS_TILES[(head_dim, mask != "none")], num_warps=WS_CONSUMER_WARPS, PINGPONG=True,
+                PERSISTENT=persistent)
+
+
+def ws_desc_rows(cfg: dict) -> tuple:
+    """The box rows of the warp-specialized kernel's Q, K, V and Y descriptors for a ws_config."""
+    half = cfg["BLOCK_M"] // cfg.get("NUM_CONSUMERS", 2)
+    return half, cfg["BLOCK_N"], cfg["BLOCK_N"], half
