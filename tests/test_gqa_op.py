@@ -150,3 +150,22 @@ def test_gqa_op_windowed_cache_matches_onnxruntime(name, library):
         for i in range(2):
             np.testing.assert_allclose(caches["ours"][i][:, :, :kept], caches["ort"][i][:, :, :kept],
                                        rtol=1e-6, atol=1e-6, err_msg=ctx)
+
+
+def test_bfloat16_read_back_is_exact():
+    """tests/test_gqa_cuda.py reads bfloat16 outputs back through a one-node Cast session
+    (ONNX Runtime's Python API has no numpy bfloat16): checked here on the CPU EP, bit for bit
+    over random values, signed zeros, infinities and subnormals, on an odd shape."""
+    import onnx
+    import onnxruntime as ort
+
+    from test_gqa_cuda import read_bfloat16
+
+    rng = np.random.default_rng()
+    a = (rng.standard_normal((3, 5, 7)) * 10.0 ** rng.integers(-40, 38, (3, 5, 7))).astype(bfloat16)
+    a.flat[:5] = np.array([0.0, -0.0, np.inf, -np.inf, 1e-40], dtype=np.float32).astype(bfloat16)
+    value = ort.OrtValue.ortvalue_from_shape_and_type(list(a.shape), onnx.TensorProto.BFLOAT16, "cpu", 0)
+    value.update_inplace(a.view(np.uint16))
+    out = read_bfloat16(value, "CPUExecutionProvider")
+    assert out.dtype == bfloat16 and out.shape == a.shape
+    np.testing.assert_array_equal(out.view(np.uint16), a.view(np.uint16))

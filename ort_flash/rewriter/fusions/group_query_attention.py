@@ -16,8 +16,8 @@
 # kept as ONNX Runtime's op keeps it. Declined with a reason: what ort_flash's op does not
 # compute (a quantized cache, attention sinks, an attention bias, fused Q/K norms, the QK
 # output, smooth softmax) and, unless ORT_FLASH_GQA_CUDA=1, float16 / bfloat16 nodes: they run
-# on CUDA, where ort_flash's GroupQueryAttention kernel (cpp/gqa_launch.cc) is built but has not
-# yet run on a GPU.
+# on CUDA, where ort_flash's GroupQueryAttention (cpp/gqa_launch.cc) computes the same outputs but
+# is slower than ONNX Runtime's own at prefill (perf-notes, "GroupQueryAttention on CUDA").
 from __future__ import annotations
 
 import math
@@ -113,8 +113,8 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
         _fail(f"query of type {dtype} (expected float32, float16 or bfloat16)")
     if dtype != ir.DataType.FLOAT and os.environ.get("ORT_FLASH_GQA_CUDA") != "1":
         _fail(f"a {dtype.name.lower()} GroupQueryAttention runs on CUDA, where ort_flash's "
-              "GroupQueryAttention kernel has not yet run on a GPU (left to ONNX Runtime's own; "
-              "ORT_FLASH_GQA_CUDA=1 maps it)")
+              "GroupQueryAttention is slower than ONNX Runtime's own at prefill (docs/perf-notes.md, "
+              "GroupQueryAttention on CUDA): left to ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
     for name in ("past_key", "past_value"):
         value = inputs.get(name)
         if value is not None and value.dtype is not None and value.dtype != dtype:
