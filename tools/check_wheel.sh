@@ -67,7 +67,7 @@ expect 2 "CUDA was requested, but the installed ONNX Runtime (onnxruntime" "$V/b
 expect 0 "OnnxRuntimeWarning: ort_flash: no ONNX Runtime is installed: pip install onnxruntime-gpu" \
   "$V/bin/python" -c "import ort_flash"
 expect 1 "onnxruntime:  PROBLEM: no ONNX Runtime is installed" "$V/bin/ort-flash" info
-expect 1 "ImportError: ort_flash: no ONNX Runtime is installed" \
+expect 1 "NoOnnxRuntimeError: ort_flash: no ONNX Runtime is installed" \
   "$V/bin/python" -W ignore -c "import ort_flash, ort_flash.demo as d; ort_flash.InferenceSession(d.demo_model_path('cpu'))"
 cd "$HERE"
 "$PY" tools/wheel_cubins.py "$WHEEL" --expect "$kernels"
