@@ -1,13 +1,22 @@
 # Sourced by tools/gpu_session.sh, tools/gpu_release.sh and tools/bench_gpu.sh on the GPU machine,
-# from the repository root: installs the carried onnxruntime-gpu (.ortgpu0-4) into /tmp/ortsite
-# once (all five parts must be there; before they are, only the direct-kernel tests can run),
+# from the repository root: installs the carried onnxruntime-gpu (.ortgpu0-4, or the xz parts
+# .ortgpux0-3 of tools/stage_ort_xz.sh) into /tmp/ortsite once (all parts must have arrived;
+# before they have, only the direct-kernel tests can run),
 # points the build at the carried ORT headers (.orth) and sm_90, and unpacks the optional
 # .gpucache and .gpumodels, installs the optional .gpugenai wheel (tools/stage_gpu_cache.sh): compiled cubins, the model exports CI made.
 if ! python3 -c "import sys; sys.path.insert(0, '/tmp/ortsite'); import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" 2>/dev/null; then
-  if [ "$(ls .ortgpu?/part 2>/dev/null | wc -l)" -eq 5 ]; then
+  # tools/stage_ort_xz.sh's four parts, carried in one call each: every call that sources this
+  # file keeps its part in /tmp/ortgpux, and the call that completes the set unpacks them.
+  for i in 0 1 2 3; do
+    [ -f .ortgpux$i/part ] && mkdir -p /tmp/ortgpux && cp .ortgpux$i/part /tmp/ortgpux/part$i
+  done
+  if [ "$(ls /tmp/ortgpux/part? 2>/dev/null | wc -l)" -eq 4 ]; then
+    mkdir -p /tmp/ortsite && cat /tmp/ortgpux/part0 /tmp/ortgpux/part1 /tmp/ortgpux/part2 /tmp/ortgpux/part3 \
+      | xz -dc -T0 | tar xf - -C /tmp/ortsite || exit 1
+  elif [ "$(ls .ortgpu?/part 2>/dev/null | wc -l)" -eq 5 ]; then
     w=/tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl; cat .ortgpu?/part > $w && python3 -m pip install -q --no-index --no-deps --target /tmp/ortsite $w || exit 1
   else
-    echo "gpu_env.sh: onnxruntime-gpu not staged (.ortgpu0-4): ONNX Runtime CUDA tests will skip"
+    echo "gpu_env.sh: onnxruntime-gpu not staged (.ortgpu0-4 or .ortgpux0-3): ONNX Runtime CUDA tests will skip"
   fi
 fi
 # onnxruntime-genai-cuda (for the gqa/genai steps), carried as a wheel in .gpugenai/ when the
