@@ -147,9 +147,11 @@ def test_info_says_it_and_fails_without_a_runtime(monkeypatch, capsys):
     assert lines == ["onnxruntime:  PROBLEM: no ONNX Runtime is installed: " + _onnxruntime.INSTALL], out
 
 
-def test_rewrite_without_a_runtime_says_what_to_install(monkeypatch, capsys, tmp_path):
-    """`ort-flash rewrite` needs ONNX Runtime to check what it writes: with none, one line that
-    names what to install (not the exception's type), exit 2, and no output file."""
+@pytest.mark.parametrize("command", ["rewrite", "verify", "demo"])
+def test_commands_without_a_runtime_say_what_to_install(command, monkeypatch, capsys, tmp_path):
+    """rewrite (it checks what it writes in a session), verify and demo need ONNX Runtime: with
+    none, the same one line that names what to install (not the exception's type), exit 2, and
+    no output file."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -159,9 +161,12 @@ def test_rewrite_without_a_runtime_says_what_to_install(monkeypatch, capsys, tmp
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     out = tmp_path / "out.onnx"
-    assert cli.main(["rewrite", str(tmp_path / "m.onnx"), "-o", str(out)]) == 2
+    argv = {"rewrite": ["rewrite", str(tmp_path / "m.onnx"), "-o", str(out)],
+            "verify": ["verify", str(tmp_path / "m.onnx"), str(tmp_path / "m.onnx")],
+            "demo": ["demo", "--provider", "cpu"]}[command]
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["ort-flash: error: no ONNX Runtime is installed: " + _onnxruntime.INSTALL], err
+    assert err == ["ort-flash: error: " + _onnxruntime.problem()], err
     assert not out.exists()
 
 

@@ -29,8 +29,8 @@ def main(argv=None) -> int:
         return 130
     except MemoryError:
         return user_error("out of memory")
-    except NoOnnxRuntimeError as e:  # its message is the line: what to install
-        return user_error(str(e).removeprefix("ort_flash: "))
+    except NoOnnxRuntimeError as e:  # its message, not its type: what to install (as demo and verify say it)
+        return user_error(e)
     except Exception as e:  # noqa: BLE001 - any other failure: one line, exit 2, no traceback
         return user_error(f"{type(e).__name__}: {e}")
 
