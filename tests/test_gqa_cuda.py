@@ -5,6 +5,8 @@ for case as tests/test_gqa_op.py checks the CPU op; and seqlens_k values the op 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import pytest
@@ -45,10 +47,9 @@ def _device(array: np.ndarray):
     return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", 0)
 
 
-def read_bfloat16(value, provider: str = "CUDAExecutionProvider") -> np.ndarray:
-    """A bfloat16 OrtValue's contents on the host. ONNX Runtime's Python API has no numpy type for
-    bfloat16 (`OrtValue.numpy()` refuses it), so a one-node session casts it to float32 where it
-    lies (exact: float32 holds every bfloat16) and returns that on the host."""
+@functools.lru_cache(maxsize=None)
+def _cast_to_float32(provider: str):
+    """A one-node session on `provider` casting a bfloat16 tensor of any shape to float32."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -56,8 +57,14 @@ def read_bfloat16(value, provider: str = "CUDAExecutionProvider") -> np.ndarray:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "read", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=[provider])
-    binding = sess.io_binding()
+    return ort.InferenceSession(model.SerializeToString(), providers=[provider])
+
+
+def read_bfloat16(value, provider: str = "CUDAExecutionProvider") -> np.ndarray:
+    """A bfloat16 OrtValue's contents on the host. ONNX Runtime's Python API has no numpy type for
+    bfloat16 (`OrtValue.numpy()` refuses it), so a one-node session casts it to float32 where it
+    lies (exact: float32 holds every bfloat16) and returns that on the host."""
+    binding = _cast_to_float32(provider).io_binding()
     binding.bind_ortvalue_input("x", value)
     binding.bind_output("y", "cpu")
     sess.run_with_iobinding(binding)
