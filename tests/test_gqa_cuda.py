@@ -64,7 +64,8 @@ def read_bfloat16(value, provider: str = "CUDAExecutionProvider") -> np.ndarray:
     """A bfloat16 OrtValue's contents on the host. ONNX Runtime's Python API has no numpy type for
     bfloat16 (`OrtValue.numpy()` refuses it), so a one-node session casts it to float32 where it
     lies (exact: float32 holds every bfloat16) and returns that on the host."""
-    binding = _cast_to_float32(provider).io_binding()
+    sess = _cast_to_float32(provider)
+    binding = sess.io_binding()
     binding.bind_ortvalue_input("x", value)
     binding.bind_output("y", "cpu")
     sess.run_with_iobinding(binding)
