@@ -102,7 +102,10 @@ GLUON_WS_LENGTHS, GLUON_WS_TILES = ws_tables(GLUON_WS_PERSISTENT, GLUON_WS_DYNAM
 # runs unmasked over it (MASK_PREFIX, aot/gluon_ws/mask_prefix.py). perf-notes prefill v8, v10
 # (which also states the one regression, a mask with holes at d64, as does the README).
 GLUON_WS_MASKS = {128: ("bool", "add"), 64: ("bool", "add")}
-GLUON_WS_MASKED_CAUSAL = (128,)  # head dims whose masked cubins also take causal calls (d64's: not measured)
+# Head dims whose masked cubins also take causal calls, each from which min(Sq, Skv): below the
+# unmasked causal cubins' range too, since a masked call has no one-partition Gluon kernel and
+# would take the TMA kernel there (GroupQueryAttention's first prompt is always such a call).
+GLUON_WS_MASKED_CAUSAL = {128: 0, 64: 0}
 # The masked cubins' lower bound where it lies above the unmasked ones' (GLUON_WS_LENGTHS): d64's
 # masked kernel was measured from 2048 keys only (perf-notes prefill v10).
 GLUON_WS_MASKED_FROM = {64: 2048}
@@ -274,7 +277,7 @@ def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none"
         return []
     lo, hi = rng
     if mask != "none":
-        lo = max(lo, GLUON_WS_MASKED_FROM.get(head_dim, 0))
+        lo = GLUON_WS_MASKED_CAUSAL[head_dim] if causal else max(lo, GLUON_WS_MASKED_FROM.get(head_dim, 0))
     steps = sorted((GLUON_WS_TILES.get((head_dim, bool(causal)), {0: 1}) if mask == "none" else {0: 1}).items())
     cuts = [lo] + [k for k, _ in steps if lo < k and (hi == 0 or k < hi)]
     # Each cubin's tiles: those of the last step at or below its lower bound (1 before any step).

@@ -84,12 +84,17 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
     for x in g:
         if x.mask != "none":
             assert x.ws and x.mask_keys and x.mask in variants.GLUON_WS_MASKS.get(x.head_dim, ()), x
-            twins = [y for y in plain if y.ws and (y.dtype, y.head_dim, y.tile_causal) == (x.dtype, x.head_dim, x.tile_causal)]
-            assert twins and x.tile_min_len == max(min(y.tile_min_len for y in twins),
-                                                   variants.GLUON_WS_MASKED_FROM.get(x.head_dim, 0)), x
-            assert x.tile_max_len == (0 if any(y.tile_max_len == 0 for y in twins) else max(y.tile_max_len for y in twins))
+            for causal in ((0, 1) if x.tile_causal == -1 else (x.tile_causal,)):
+                twins = [y for y in plain if y.ws and (y.dtype, y.head_dim) == (x.dtype, x.head_dim)
+                         and y.tile_causal in (-1, causal)]
+                # non-causal: within the unmasked cubins' range (from GLUON_WS_MASKED_FROM at the
+                # least); causal: from GLUON_WS_MASKED_CAUSAL's length, below them too
+                lo = (variants.GLUON_WS_MASKED_CAUSAL[x.head_dim] if causal else
+                      max(min(y.tile_min_len for y in twins), variants.GLUON_WS_MASKED_FROM.get(x.head_dim, 0)))
+                assert twins and x.tile_min_len == lo, x
+                assert x.tile_max_len == (0 if any(y.tile_max_len == 0 for y in twins) else max(y.tile_max_len for y in twins))
             assert variants.get_fwd_config(90, x).tiles == 1, x
-            assert x.tile_causal != 1 or x.head_dim in variants.GLUON_WS_MASKED_CAUSAL, x
+            assert x.tile_causal == 0 or x.head_dim in variants.GLUON_WS_MASKED_CAUSAL, x
     assert all(x.min_arch == 90 for x in g)
     jobs80 = [x for x in variants.all_variants() if 80 >= x.min_arch]
     assert not _gluon(jobs80)
@@ -478,7 +483,7 @@ def test_shipped_gluon_ranges_split_the_lengths():
                 assert spans == [], (dtype, hd, causal, mask, spans)
                 continue
             ws = variants.gluon_lengths(dtype, hd, causal, ws=True)
-            lo = max(ws[0], variants.GLUON_WS_MASKED_FROM.get(hd, 0))
+            lo = variants.GLUON_WS_MASKED_CAUSAL[hd] if causal else max(ws[0], variants.GLUON_WS_MASKED_FROM.get(hd, 0))
             assert spans == [(lo, ws[1] or 1 << 40)], (dtype, hd, causal, mask, spans)
             continue
         assert spans, (dtype, hd, causal)
@@ -601,17 +606,19 @@ def test_dispatch_per_shape_rule(fixture_gluon, monkeypatch):
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
 def test_dispatch_key_vector_masks_on_the_shipped_table():
     """The shipped table: a key-vector mask at head dim 128 (bool or additive, causal or not, a
-    per-head mask) runs the warp-specialized kernel's masked cubin over its range; at head dim 64,
-    below the range (causal), with a full mask or with ORT_FLASH_GLUON=0 the kernels it ran before."""
+    per-head mask) runs the warp-specialized kernel's masked cubin over its range, causal ones at
+    every length, at head dim 64 too; at head dim 64 below the range (non-causal), with a full mask
+    or with ORT_FLASH_GLUON=0 the kernels it ran before."""
     rows = _rows(90)
     for call, want in [(dict(mask=("bool", 0)), "_boolk"), (dict(mask=("add", 0), dtype="bfloat16"), "_addk"),
                        (dict(mask=("add", 0), causal=True, sq=4096, skv=4096), "_addk"),
+                       (dict(mask=("add", 0), causal=True), "_addk"),
+                       (dict(mask=("bool", 0), causal=True, d=64, sq=130, skv=300), "_boolk"),
                        (dict(mask=("bool", 0), sq=16384, skv=16384), "_boolk")]:
         kind, name, fallback, _ = _kind(_params(**call), rows)
         assert kind == "fwd_gluon" and "gluon_ws" in name and want in name, (call, kind, name)
         assert fallback.startswith("flash_fwd_") and "gluon" not in fallback, fallback
-    for call, want in [(dict(mask=("bool", 0), d=64), "fwd_tma"), (dict(mask=("add", 0), causal=True), "fwd_tma"),
-                       (dict(mask=("add", 1000)), "fwd")]:
+    for call, want in [(dict(mask=("bool", 0), d=64), "fwd_tma"), (dict(mask=("add", 1000)), "fwd")]:
         kind, name, *_ = _kind(_params(**call), rows)
         assert kind == want and "gluon" not in name, (call, kind, name)
     off = _plans_in_subprocess(rows, [dict(mask=("bool", 0))], ORT_FLASH_GLUON="0")
