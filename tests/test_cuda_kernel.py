@@ -310,8 +310,9 @@ def _unmasked_prefill_kind(p) -> str:
 
 def test_tma_dispatch():
     """On sm_90 unmasked fp16/bf16 prefill with exact head dims 64/128 takes the TMA-descriptor
-    kernel (the Gluon one where built), in either layout; masks, fp32, other head dims, decode
-    shapes and ORT_FLASH_TMA=0 do not."""
+    kernel (the Gluon one where built), in either layout, and so do key-vector masks (a causal one
+    the Gluon kernel where built); full masks, fp32, other head dims, decode shapes and
+    ORT_FLASH_TMA=0 do not."""
     from ort_flash import _C
 
     arch = _C.prepare_device(0)[1]
@@ -322,14 +323,25 @@ def test_tma_dispatch():
     for p in tma_cases:
         assert _C.launch_plan(p)[0] == _unmasked_prefill_kind(p)
     assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 128, "float32"))[0] == "fwd"
-    masked = _decode_params(2, 16, 4, 1000, 1000, 128)
-    masked.mask_kind = _C.MaskKind.add
-    masked.mask_len = 1000
-    masked.mask_stride = [1000, 0, 0, 1]  # (B, 1, 1, S): one key vector per batch, TMA with it
-    assert _C.launch_plan(masked)[0] == ("fwd_tma" if arch == 90 else "fwd")
-    assert _C.launch_variant(masked) == ("flash_fwd_tma_fp16_d128_addk" if arch == 90 else "flash_fwd_fp16_d128_addk")
-    masked.mask_stride = [1000 * 1000, 0, 1000, 1]  # (B, 1, S, S): full masks keep the pointer kernels
-    assert _C.launch_plan(masked)[0] == "fwd" and _C.launch_variant(masked) == "flash_fwd_fp16_d128_add"
+    def masked(d, causal):
+        p = _decode_params(2, 16, 4, 1000, 1000, d)
+        p.causal = causal
+        p.mask_kind = _C.MaskKind.add
+        p.mask_len = 1000
+        p.mask_stride = [1000, 0, 0, 1]  # (B, 1, 1, S): one key vector per batch
+        return p
+
+    # d64 non-causal below the masked Gluon cubins' range (aot/variants.py GLUON_WS_MASKED_FROM): TMA
+    p = masked(64, False)
+    assert _C.launch_plan(p)[0] == ("fwd_tma" if arch == 90 else "fwd")
+    assert _C.launch_variant(p) == ("flash_fwd_tma_fp16_d64_addk" if arch == 90 else "flash_fwd_fp16_d64_addk")
+    # causal at any length: the warp-specialized kernel's masked cubin where the build has it
+    p = masked(128, True)
+    gluon = _gluon_built()
+    assert _C.launch_plan(p)[0] == ("fwd_gluon" if gluon else "fwd_tma" if arch == 90 else "fwd")
+    assert ("gluon_ws" in _C.launch_variant(p)) == gluon and "_addk" in _C.launch_variant(p)
+    p.mask_stride = [1000 * 1000, 0, 1000, 1]  # (B, 1, S, S): full masks keep the pointer kernels
+    assert _C.launch_plan(p)[0] == "fwd" and _C.launch_variant(p) == "flash_fwd_fp16_d128_add"
     assert _C.launch_plan(_decode_params(2, 16, 4, 1000, 1000, 80))[0] == "fwd"
     assert _C.launch_plan(_decode_params(1, 32, 8, 1, 4096, 128))[0] == "decode"
     last, out = _in_subprocess("from ort_flash import _C; from test_cuda_kernel import _decode_params as d; "
