@@ -45,9 +45,14 @@ TMA_TILES = {
     128: ((-1, 0, (64, 64, 4, 3)), (0, 2048, (128, 128, 8, 3)), (1, 8192, (128, 128, 8, 3))),
 }
 
-# GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): heads of one token per CTA
-# (gqa_prepare), cache rows per CTA (gqa_past); memory-bound, untuned.
-GQA_TILES = {"gqa_prepare": (4, 0, 4, 1), "gqa_past": (8, 0, 4, 1)}
+# GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): about GQA_ELEMENTS elements of one
+# head per CTA, as rows (tokens: gqa_prepare; cache rows: gqa_past) of the head dim; memory-bound.
+GQA_ELEMENTS = 2048
+
+
+def gqa_tile(head_dim: int) -> tuple[int, int, int, int]:
+    """(rows per CTA, -, num_warps, stages) of a prepare kernel compiled for `head_dim`."""
+    return (GQA_ELEMENTS // head_dim, 0, 4, 1)
 
 # The one-partition Gluon kernel (aot/flash_fwd_gluon.py) per head dim (perf-notes prefill v6):
 # d128 one warpgroup per CTA and two CTAs per SM (115 KB of shared memory each).

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 
 from .contract import DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES  # noqa: F401 (the table's codes)
-from .tiles import GQA_TILES, TMA_TILES, TileConfig, gluon_config, ws_config  # noqa: F401 (TileConfig: the table's type)
+from .tiles import TMA_TILES, TileConfig, gluon_config, gqa_tile, ws_config  # noqa: F401 (TileConfig: the table's type)
 
 TRITON_VERSION = "3.6.0"
 
@@ -123,11 +123,12 @@ DECODE_BLOCK_M = 16         # packed rows (query heads of a GQA group x query po
 # base tile, which plans the splits.
 DECODE_WIDE_WAVES = 2
 DECODE_WIDE_MIN_ARCH = 90
-# GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): one cubin per (kind, dtype), its
-# BLOCK_D the largest head size the CUDA op takes (cpp/gqa_shapes.cc), rows masked past D.
+# GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): one cubin per (kind, dtype, BLOCK_D),
+# BLOCK_D 64, 128 and the largest head size the CUDA op takes (cpp/gqa_shapes.cc); the launcher
+# takes the smallest that holds the call's head size, columns masked past D.
 GQA_KINDS = ("gqa_prepare", "gqa_past")
 GQA_DTYPES = ("fp16", "bf16", "fp32")
-GQA_HEAD_DIM = 256
+GQA_HEAD_DIMS = (64, 128, 256)
 # Key-vector mask variants (MASK_KEYS) of the forward kinds.
 MASK_KEYS_DTYPES = ("fp16", "bf16")
 MASK_KEYS_HEAD_DIMS = (64, 128)
@@ -165,7 +166,7 @@ class Variant:
     @property
     def name(self) -> str:
         if self.kind in GQA_KINDS:
-            return f"{self.kind}_{self.dtype}"
+            return f"{self.kind}_{self.dtype}_d{self.head_dim}"
         if self.kind == "combine":
             return f"flash_combine_{self.dtype}_d{self.head_dim}"
         prec = f"_{self.precision}" if self.dtype == "fp32" and self.kind == "fwd" else ""
@@ -181,7 +182,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
     """Tile table per (arch, kind, dtype, head dim), and for the unmasked TMA kernels per causal
     flag and sequence length (TMA_TILES)."""
     if v.kind in GQA_KINDS:
-        return TileConfig(*GQA_TILES[v.kind])
+        return TileConfig(*gqa_tile(v.head_dim))
     if v.kind == "combine":
         return TileConfig(1, 16, 4 if v.head_dim >= 128 else 2, 1)  # block_n: splits per step
     if v.kind == "decode":
@@ -414,5 +415,5 @@ def all_combinations() -> list[Variant]:
 def gqa_variants() -> list[Variant]:
     """GroupQueryAttention's prepare kernels (no mask, extras or precision: those fields keep
     their defaults)."""
-    return [Variant(dtype, GQA_HEAD_DIM, False, "none", False, "ieee" if dtype == "fp32" else "tf32", kind)
-            for kind in GQA_KINDS for dtype in GQA_DTYPES]
+    return [Variant(dtype, hd, False, "none", False, "ieee" if dtype == "fp32" else "tf32", kind)
+            for kind in GQA_KINDS for dtype in GQA_DTYPES for hd in GQA_HEAD_DIMS]

@@ -30,10 +30,15 @@ Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t 
 }  // namespace
 
 const LoadedKernel* gqa_kernel(const DeviceKernels& dk, KernelKind kind, DType dtype, int64_t d) {
+  const LoadedKernel* best = nullptr;  // the smallest BLOCK_D that holds d
   for (const LoadedKernel& k : dk.kernels) {
-    if (k.entry->key.kind == kind && k.entry->key.dtype == dtype && k.entry->key.head_dim >= d) return &k;
+    const VariantKey& key = k.entry->key;
+    if (key.kind == kind && key.dtype == dtype && key.head_dim >= d &&
+        (!best || key.head_dim < best->entry->key.head_dim)) {
+      best = &k;
+    }
   }
-  return nullptr;
+  return best;
 }
 
 Status gqa_cuda_ready(int device, DType dtype) {
@@ -128,8 +133,9 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
     const int64_t rows = past->entry->block_m;
     ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + rows - 1) / rows, d.batch * d.hkv, a, stream));
   }
-  const int64_t heads = prepare->entry->block_m;
-  ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *prepare, d.batch * d.sq, (a.q_heads + d.hkv + heads - 1) / heads, a, stream));
+  // BLOCK_ROWS tokens of one batch row per program, one head per grid row.
+  const int64_t tokens = prepare->entry->block_m;
+  ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *prepare, d.batch * ((d.sq + tokens - 1) / tokens), a.q_heads + d.hkv, a, stream));
 
   if (gqa_attends_nothing(c)) {
     return cuda_check(drv->cuMemsetD8Async(dev(c.output), 0, static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es,

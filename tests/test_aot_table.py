@@ -402,18 +402,22 @@ def test_triton_cache_keys_tell_variants_apart():
 
 
 def test_gqa_prepare_variants():
-    """GroupQueryAttention's prepare kernels: one cubin per (kind, dtype) for every arch, never
-    merged, their BLOCK_D the CUDA op's largest head size, both kinds one function (one ABI)."""
+    """GroupQueryAttention's prepare kernels: one cubin per (kind, dtype, BLOCK_D) for every arch,
+    never merged, BLOCK_D 64, 128 and the CUDA op's largest head size, rows per CTA about
+    GQA_ELEMENTS elements, both kinds one function (one ABI)."""
     from aot import build
     from aot import variants as v
 
     g = [x for x in v.all_variants() if x.kind in v.GQA_KINDS]
     assert g == v.gqa_variants() and [x for x in v.all_combinations() if x.kind in v.GQA_KINDS] == g
-    assert {(x.kind, x.dtype) for x in g} == {(k, t) for k in v.GQA_KINDS for t in v.GQA_DTYPES}
-    assert all(x.min_arch == 0 and x.head_dim == v.GQA_HEAD_DIM == 256 and not v.edge_loop(x) for x in g)
+    assert sorted((x.kind, x.dtype, x.head_dim) for x in g) == sorted(
+        (k, t, hd) for k in v.GQA_KINDS for t in v.GQA_DTYPES for hd in (64, 128, 256))
+    assert v.GQA_HEAD_DIMS[-1] == 256 and all(x.min_arch == 0 and not v.edge_loop(x) for x in g)
     assert build.KERNELS["gqa_prepare"] is build.KERNELS["gqa_past"]
     for x in g:
         src, _, _, sig, constexprs = build.triton_source(x, 90, v.get_fwd_config(90, x))
-        assert constexprs == {"BLOCK_H": v.GQA_TILES[x.kind][0], "BLOCK_D": 256, "COPY_PAST": x.kind == "gqa_past"}
+        rows = v.get_fwd_config(90, x).block_m
+        assert rows * x.head_dim == 2048 and x.name == f"{x.kind}_{x.dtype}_d{x.head_dim}"
+        assert constexprs == {"BLOCK_ROWS": rows, "BLOCK_D": x.head_dim, "COPY_PAST": x.kind == "gqa_past"}
         assert sig["Seqlens"] == "*i32" and sig["Totals"] == sig["PositionIds"] == "*i64" and sig["KeyMask"] == "*i8"
         assert sig["Q"] == sig["PresentK"] == sig["Cos"] == {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}[x.dtype]

@@ -30,6 +30,11 @@ STREAM = 5
 ES = {"float16": 2, "bfloat16": 2, "float32": 4}
 SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
+
+def block_d(d: int) -> int:
+    """The prepare kernels' BLOCK_D for head size d (cpp/gqa_launch.cc gqa_kernel)."""
+    return min(x for x in (64, 128, 256) if x >= d)
+
 _CHILD = """
 import json, os, sys
 from ort_flash import _C
@@ -178,11 +183,13 @@ def test_gqa_launches(runs, what):
     prepares = got[:1 if shared else 2]
     if not shared:  # the past copy first: rows of present_len, one (batch, KV head) per grid row
         ev, e, args = prepares[0]
-        assert e["variant"] == f"gqa_past_{SHORT[c['dtype']]}" and args == want
+        assert e["variant"] == f"gqa_past_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
         assert ev["grid"] == [math.ceil(c["present_len"] / e["block_m"]), b * hkv, 1]
     ev, e, args = prepares[-1]
-    assert e["variant"] == f"gqa_prepare_{SHORT[c['dtype']]}" and args == want
-    assert ev["grid"] == [b * s, math.ceil((want["q_heads"] + hkv) / e["block_m"]), 1]
+    # the smallest BLOCK_D holding the head size; block_m tokens of one batch row per program,
+    # a head per grid row
+    assert e["variant"] == f"gqa_prepare_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
+    assert ev["grid"] == [b * math.ceil(s / e["block_m"]), want["q_heads"] + hkv, 1]
     for ev, e, _ in prepares:
         assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
     rest = got[len(prepares):]
@@ -222,4 +229,5 @@ def test_gqa_kernels_load_with_the_table(runs):
     both prepare kinds for every dtype, loaded with the rest of the device's table."""
     _, log = runs
     loaded = {e["variant"] for e in log.entry_of_module.values()}
-    assert {f"{k}_{t}" for k in ("gqa_prepare", "gqa_past") for t in ("fp16", "bf16", "fp32")} <= loaded
+    assert {f"{k}_{t}_d{hd}" for k in ("gqa_prepare", "gqa_past") for t in ("fp16", "bf16", "fp32")
+            for hd in (64, 128, 256)} <= loaded

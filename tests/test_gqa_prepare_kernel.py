@@ -39,6 +39,9 @@ CASES = [
     # Decode: positions outside cos_cache (unrotated), separate buffers.
     dict(b=2, s=1, hq=2, hkv=1, d=32, total=6, seqlens=[5, 3], past_len=6, rotary=1, half=16,
          position_ids=True, bad_positions=True),
+    # Head dim 256 (the largest BLOCK_D), a first prompt with partial rotary, separate present.
+    dict(b=1, s=3, hq=2, hkv=1, d=256, total=3, seqlens=[2], past_len=0, rotary=1, half=64,
+         dtype="bfloat16"),
     # Hostile seqlens_k: negative, past total_sequence_length, INT32_MAX, fewer keys than new tokens.
     dict(b=5, s=2, hq=2, hkv=1, d=32, total=6, seqlens=[-7, 999999, 2147483647, 0, 5], past_len=6,
          shared=True, rotary=1, half=8, dtype="bfloat16"),
@@ -195,13 +198,13 @@ def check_case(c: dict) -> None:
             s_len, hq, hkv, d, q_heads, rotary, c["half"], max_pos, int(c["position_ids"]),
             int(first), write_mask, c["total"], plen, c["past_len"],
             stride_q[0], stride_q[1], stride_k[0], stride_k[1], stride_v[0], stride_v[1]]
-    block_d = 256
+    block_d = min(x for x in (64, 128, 256) if x >= d)  # cpp/gqa_launch.cc gqa_kernel
     if not c["shared"]:
         rows = 8
-        gqa_prepare[(-(-plen // rows), bsz * hkv)](*args, BLOCK_H=rows, BLOCK_D=block_d, COPY_PAST=True)
-    heads = 2
-    gqa_prepare[(bsz * s_len, -(-(q_heads + hkv) // heads))](*args, BLOCK_H=heads, BLOCK_D=block_d,
-                                                              COPY_PAST=False)
+        gqa_prepare[(-(-plen // rows), bsz * hkv)](*args, BLOCK_ROWS=rows, BLOCK_D=block_d, COPY_PAST=True)
+    tokens = 2  # tiles of 2 tokens: odd S leaves a last tile half empty
+    gqa_prepare[(bsz * -(-s_len // tokens), q_heads + hkv)](*args, BLOCK_ROWS=tokens, BLOCK_D=block_d,
+                                                             COPY_PAST=False)
 
     def heads_of(x, h):  # (B, S, H*D) -> (B, S, H, D) float32 numpy
         return x.float().numpy().reshape(bsz, s_len, -1)[..., :h * d].reshape(bsz, s_len, h, d)
