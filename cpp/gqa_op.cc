@@ -1,6 +1,5 @@
 #include "gqa_op.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -62,14 +61,6 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   auto prefix = [&](Status s) {
     return s.ok() ? s : Status::Error("GroupQueryAttention node '" + node_ + "': " + s.message());
   };
-  // float16 and float32 were checked against the reference on a GPU (tests/test_gqa_cuda.py); bfloat16
-  // stays opt-in until it is too.
-  const char* opt_in = std::getenv("ORT_FLASH_GQA_CUDA");
-  if (dims.dtype == DType::kBFloat16 && (!opt_in || std::string(opt_in) != "1")) {
-    return prefix(Status::Error("ort_flash's bfloat16 GroupQueryAttention CUDA kernels have not yet been checked on "
-                                "a GPU; set ORT_FLASH_GQA_CUDA=1 to use them, or run the model on the CPU execution "
-                                "provider"));
-  }
   if (dims.windowed) {
     return prefix(Status::Error("a windowed KV cache (sliding_window_cache=1) runs on the CPU execution provider only "
                                 "for now"));

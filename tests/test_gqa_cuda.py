@@ -16,16 +16,6 @@ from _gqa_models import OUTPUT_NAMES, gqa_model, output_shapes
 from test_gqa_op import DTYPES, SUPPORTED, check_gqa_case
 from test_reference_gqa import _inputs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _opted_in():
-    """The op's bfloat16 CUDA kernels run only with ORT_FLASH_GQA_CUDA=1 until this file has
-    passed on a GPU for bfloat16 too (float16 and float32 have)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ORT_FLASH_GQA_CUDA", "1")
-        yield
-
-
 pytestmark = pytest.mark.gpu
 
 
