@@ -45,6 +45,19 @@ def test_every_kernel_takes_the_contracts_arguments(build):
             build.signature(v, build.get_fwd_config(90, v))
 
 
+def test_ordered_args_puts_named_arguments_in_launch_order():
+    """aot/contract.py ordered_args (the experiments' launches): a kind's arguments by name in its
+    ABI's order; a name it lacks, one left out or None, and one the ABI has not are refused by name."""
+    from aot import contract
+
+    names = contract.runtime_args("decode")
+    values = {n: i for i, n in enumerate(reversed(names))}
+    assert contract.ordered_args("decode", values) == [values[n] for n in names]
+    assert contract.stride_args("k", (7, 8, 9, 1)) == dict(stride_kb=7, stride_kh=8, stride_kn=9)
+    with pytest.raises(ValueError, match=r"no value for OPart, fused; no parameter Hk"):
+        contract.ordered_args("decode", dict({n: 1 for n in names if n != "fused"}, OPart=None, Hk=2))
+
+
 def test_contract_header_packs_each_abi(tmp_path):
     """contract.gen.h (aot/contract_header.py) compiles on its own, and each ABI struct's pointers()
     is the address of each field in the contract's order, then the two scratch pointers; with
