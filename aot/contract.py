@@ -31,10 +31,16 @@ MASK_KINDS = codes("MaskKind")
 PRECISION_CODES = codes("Fp32Precision")
 KIND_CODES = codes("KernelKind")
 
+
+def _stride_names(tensor: str) -> tuple[str, ...]:
+    """A (B, H, S, ...) tensor's three stride parameters: batch, head, row (m: query rows, n: keys)."""
+    return tuple(f"stride_{tensor}{d}" for d in ("b", "h", "m" if tensor in "qym" else "n"))
+
+
 # A parameter's type: "ptr:<element>" a device pointer to the call's dtype ("ptr:dtype"), to the
 # mask's element ("ptr:mask": bytes for a bool mask or none, the dtype for an additive one) or to
 # f32 / i64 / i32 / i8; else the scalar "f32", "i32" or "i64".
-_STRIDES = tuple((f"stride_{t}{d}", "i64") for t in "qkvym" for d in ("b", "h", "m" if t in "qym" else "n"))
+_STRIDES = tuple((n, "i64") for t in "qkvym" for n in _stride_names(t))
 _TENSORS = (("Q", "ptr:dtype"), ("K", "ptr:dtype"), ("V", "ptr:dtype"), ("Y", "ptr:dtype"), ("Lse", "ptr:f32"),
             ("Mask", "ptr:mask"), ("SeqlensK", "ptr:i64"))
 _SHAPE = tuple((n, "i32") for n in ("Hq", "group", "Sq", "Skv", "D", "Dv", "offset", "causal", "window_left",
@@ -91,6 +97,23 @@ MERGE_TALL = (16, 4)
 def runtime_args(kind: str) -> tuple[str, ...]:
     """A kind's runtime parameter names, in launch order."""
     return tuple(n for n, _ in ABIS[KIND_ABIS[kind]])
+
+
+def ordered_args(kind: str, values: dict) -> list:
+    """`values`, a kind's runtime arguments by name, as its launch's list (runtime_args' order). A
+    name the ABI lacks, or one it has that `values` leaves out or sets to None, raises ValueError."""
+    names = runtime_args(kind)
+    unknown = sorted(set(values) - set(names))
+    missing = [n for n in names if values.get(n) is None]
+    if unknown or missing:
+        raise ValueError(f"{kind} ({KIND_ABIS[kind]} ABI) launch: " + "; ".join(
+            f"{what} {', '.join(ns)}" for what, ns in (("no value for", missing), ("no parameter", unknown)) if ns))
+    return [values[n] for n in names]
+
+
+def stride_args(tensor: str, strides) -> dict:
+    """A tensor's stride arguments by name (`tensor`: q, k, v, y or m) from its first three strides."""
+    return dict(zip(_stride_names(tensor), strides[:3]))
 
 
 def triton_type(kind: str, dtype: str, mask: str) -> str:

@@ -172,8 +172,8 @@ def flash_decode_split(
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
                 row_lo = pid_m * BLOCK_M
                 row_hi = tl.minimum((pid_m + 1) * BLOCK_M, n_rows)
-                # The tile with fewer dependent L2 round trips (merge_round_trips; the launcher
-                # fuses only where that is at most kMaxFusedRoundTrips).
+                # The tile with fewer dependent L2 round trips (merge_tile; the launcher fuses
+                # only where that is at most kMaxFusedRoundTrips).
                 n_blk = row_hi - row_lo
                 if tl.cdiv(n_blk, MERGE_TALL_M) * tl.cdiv(num_splits, MERGE_TALL_S) < \
                         tl.cdiv(n_blk, MERGE_WIDE_M) * tl.cdiv(num_splits, MERGE_WIDE_S):
@@ -194,14 +194,23 @@ MERGE_TALL_M = tl.constexpr(MERGE_TALL[0])
 MERGE_TALL_S = tl.constexpr(MERGE_TALL[1])
 
 
+def _merge_trips(rows: int, splits: int, tile: tuple[int, int]) -> int:
+    return -(-rows // tile[0]) * -(-splits // tile[1])
+
+
+def merge_tile(rows: int, splits: int) -> tuple[int, int]:
+    """The tile (packed rows, splits) flash_decode_split's fused merge takes for a row block of
+    `rows` packed rows: the one with fewer dependent L2 round trips, the wide one on a tie. The
+    kernel states it inline (a jit helper would change its SASS); tests/test_kernel_interpreter.py
+    holds the kernel's choice to this one."""
+    return MERGE_TALL if _merge_trips(rows, splits, MERGE_TALL) < _merge_trips(rows, splits, MERGE_WIDE) else MERGE_WIDE
+
+
 def merge_round_trips(rows: int, splits: int) -> int:
     """Dependent L2 round trips of the fused merge of one row block of `rows` packed rows, at the
-    tile the kernel picks (cpp/decode_heuristics.cc's merge_round_trips counts the same with the
-    generated constants)."""
-    def cdiv(a, b):
-        return -(-a // b)
-    return min(cdiv(rows, MERGE_WIDE_M.value) * cdiv(splits, MERGE_WIDE_S.value),
-               cdiv(rows, MERGE_TALL_M.value) * cdiv(splits, MERGE_TALL_S.value))
+    tile the kernel picks (cpp/decode_heuristics.cc counts the same with the generated constants;
+    tests/test_aot_table.py holds the launcher's decision to this one)."""
+    return _merge_trips(rows, splits, merge_tile(rows, splits))
 
 
 @triton.jit

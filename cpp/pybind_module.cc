@@ -110,9 +110,11 @@ KernelEntry entry_from_row(const py::dict& r, int arch, const std::string& name)
 }
 
 // The dispatcher over a table given as rows (aot/variants.py's codes and tiles) rather than the
-// compiled one: the launch plan for any build and GPU, checked where there is neither.
-py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& rows, int arch, int sm_count,
-                          bool tensor_maps) {
+// compiled one: the launch plan for any build and GPU, checked where there is neither. `read` takes
+// what it needs from the plan while the entries it points into live.
+template <class Read>
+py::tuple with_table_plan(const FlashParams& p, const std::vector<py::dict>& rows, int arch, int sm_count,
+                          bool tensor_maps, const Read& read) {
   std::vector<std::string> names;
   names.reserve(rows.size());
   std::vector<KernelEntry> entries;
@@ -129,8 +131,23 @@ py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& row
   for (const KernelEntry& e : entries) dk.kernels.push_back({&e, nullptr});
   LaunchPlan plan;
   check(plan_flash_cuda(p, dk, true, &plan));
-  auto name = [](const KernelLaunch& l) { return std::string(l.kernel ? l.kernel->entry->variant_name : ""); };
-  return py::make_tuple(code_name(plan.kind), name(plan.main), name(plan.second), plan.num_splits);
+  return read(plan);
+}
+
+std::string variant_of(const KernelLaunch& l) { return l.kernel ? l.kernel->entry->variant_name : ""; }
+
+py::tuple plan_with_table(const FlashParams& p, const std::vector<py::dict>& rows, int arch, int sm_count,
+                          bool tensor_maps) {
+  return with_table_plan(p, rows, arch, sm_count, tensor_maps, [](const LaunchPlan& plan) {
+    return py::make_tuple(code_name(plan.kind), variant_of(plan.main), variant_of(plan.second), plan.num_splits);
+  });
+}
+
+// How the dispatcher splits and merges a call over a table of rows (the decode plan's choices).
+py::tuple merge_with_table(const FlashParams& p, const std::vector<py::dict>& rows, int arch, int sm_count) {
+  return with_table_plan(p, rows, arch, sm_count, false, [](const LaunchPlan& plan) {
+    return py::make_tuple(code_name(plan.kind), variant_of(plan.main), plan.num_splits, plan.fused_merge);
+  });
 }
 
 // Runs `launch` on `stream` with stream-ordered workspace (the split-KV partials, GQA's scratch),
@@ -327,6 +344,10 @@ PYBIND11_MODULE(_C, m) {
         "as aot/variants.py codes; num_warps, block_m, block_n, tile_causal, tile_min_len, pdl, "
         "tile_max_len): "
         "(kind, the variant it launches, its fallback or second kernel, KV splits). Needs no GPU.");
+  m.def("merge_with_table", &merge_with_table, py::arg("p"), py::arg("rows"), py::arg("arch") = 90,
+        py::arg("sm_count") = 132,
+        "plan_with_table's (kind, the variant it launches, KV splits) and whether the split kernel "
+        "merges the splits itself rather than the combine kernel (launch_plan's fused merge). Needs no GPU.");
   m.def("fwd_grid", [](const FlashParams& p, int block_m, int persistent, int sm_count) {
     KernelEntry e{};
     e.block_m = block_m;

@@ -42,8 +42,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 from aot import flash_fwd_gluon as fg  # noqa: E402
 from aot import flash_fwd_gluon_ws as fws  # noqa: E402
+from aot.contract import ordered_args  # noqa: E402
 from aot.tiles import gluon_config, ws_config, ws_desc_rows  # noqa: E402
-from tune import _shipped, bench, launch, save  # noqa: E402
+from tune import _shipped, bench, fwd_values, launch, save  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -52,7 +53,6 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     """One launch of flash_fwd_gluon on (B, H, S, D) tensors (last stride 1); K/V may have fewer
     heads (GQA). `cfg` overrides the tile table's BLOCK_M/BLOCK_N/NUM_STAGES/num_warps."""
     b, hq, sq, d = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
     c = dict(gluon_config(str(q.dtype), d, causal), **(cfg or {}))
     lay = fg.desc_layout()
     rows = (c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_N"], c["BLOCK_M"])
@@ -60,10 +60,10 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
              for t, r in zip((q, k, v, y), rows)]
     dummy = lse  # Mask / SeqlensK: unused by this kernel
     grid = (triton.cdiv(sq, c["BLOCK_M"]), b * hq)
+    args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=dummy, SeqlensK=dummy, offset=offset,
+                      causal=int(causal), store_lse=int(store_lse))
     fg.flash_fwd_gluon[grid](
-        *descs, lse, dummy, dummy, 1.0 / math.sqrt(d), 0.0,
-        hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, -1, skv, 0, int(store_lse),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
+        *ordered_args("fwd_gluon", args),
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
         OVERLAP_PV=c.get("OVERLAP_PV", False), num_warps=c["num_warps"])
 
@@ -82,7 +82,6 @@ def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     tile table (BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, maxnreg, NUM_CONSUMERS, CONSUMER_REGS,
     TILES_PER_CTA: a CTA takes that many consecutive BLOCK_M tiles)."""
     b, hq, sq, d = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
     c = dict(ws_config(str(q.dtype), d, causal), **(cfg or {}))
     lay = fg.desc_layout()
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d], lay)
@@ -95,11 +94,11 @@ def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
         grid = (min(sms * persistent, triton.cdiv(sq, c["BLOCK_M"]) * b * hq), 1)
     dynamic = c.get("DYNAMIC_TILES", 0) if persistent else 0
     ctr = counter(q.device) if dynamic else lse
+    args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=lse, SeqlensK=ctr, offset=offset,
+                      causal=int(causal), window_right=b * hq if persistent else -1, has_seqlens=int(dynamic == 1),
+                      store_lse=int(store_lse))
     fws.flash_fwd_gluon_ws[grid](
-        *descs, lse, lse, ctr, 1.0 / math.sqrt(d), 0.0,
-        hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, b * hq if persistent else -1, skv,
-        int(dynamic == 1), int(store_lse),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], 0, 0, 0,
+        *ordered_args("fwd_gluon", args),
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
         PINGPONG=c["PINGPONG"], NUM_CONSUMERS=c.get("NUM_CONSUMERS", 2),
         CONSUMER_REGS=c.get("CONSUMER_REGS", 240), TILES_PER_CTA=tiles, OVERLAP_PV=c.get("OVERLAP_PV", False),

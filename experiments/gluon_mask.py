@@ -31,9 +31,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 from aot import flash_fwd_gluon as fg  # noqa: E402
 from aot import flash_fwd_gluon_ws as fws  # noqa: E402
+from aot.contract import ordered_args, stride_args  # noqa: E402
 from aot.tiles import ws_config, ws_desc_rows  # noqa: E402
 from gluon_attn import run_ws, runtime_ints  # noqa: E402
-from tune import _shipped, bench, launch, save  # noqa: E402
+from tune import _shipped, bench, fwd_values, launch, save  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 KINDS = {"bool": 1, "add": 2}
@@ -43,7 +44,6 @@ def run_ws_masked(q, k, v, y, lse, mask, kind, causal=False, offset=0, mask_len=
     """One launch of the warp-specialized kernel with a key-vector mask (B, 1 or H, 1, L): `kind`
     "bool" (uint8 0/1) or "add" (the model dtype); mask_len defaults to L."""
     b, hq, sq, d = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
     c = dict(ws_config(str(q.dtype), d, causal, kind), **(cfg or {}))
     lay = fg.desc_layout()
     descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d], lay)
@@ -51,11 +51,11 @@ def run_ws_masked(q, k, v, y, lse, mask, kind, causal=False, offset=0, mask_len=
     tiles = c.get("TILES_PER_CTA", 1)
     grid = (triton.cdiv(sq, c["BLOCK_M"] * tiles), b * hq)
     ml = mask.shape[-1] if mask_len is None else mask_len
+    args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=mask, SeqlensK=lse, offset=offset,
+                      causal=int(causal), mask_len=ml,
+                      **stride_args("m", (mask.stride(0), mask.stride(1) if mask.shape[1] > 1 else 0, 0)))
     fws.flash_fwd_gluon_ws[grid](
-        *descs, lse, mask, lse, 1.0 / math.sqrt(d), 0.0,
-        hq, hq // hkv, sq, skv, d, d, offset, int(causal), -1, -1, ml, 0, 1,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3],
-        mask.stride(0), mask.stride(1) if mask.shape[1] > 1 else 0, 0,
+        *ordered_args("fwd_gluon", args),
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
         PINGPONG=c["PINGPONG"], NUM_CONSUMERS=c["NUM_CONSUMERS"], CONSUMER_REGS=c["CONSUMER_REGS"],
         TILES_PER_CTA=tiles, MASK_KIND=KINDS[kind], MASK_PREFIX=PREFIX[0] and tiles == 1,

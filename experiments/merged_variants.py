@@ -51,10 +51,11 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from aot import compile_pool  # noqa: E402
+from aot.contract import ordered_args, stride_args  # noqa: E402
 from aot.flash_decode import merge_round_trips  # noqa: E402
 from merged_pairs import (AB_CALLS, ARCH, CALLS, MAX_DECODE_ROWS, Call, Pair, V, ab_pairs,  # noqa: E402
                           combine_variant, fwd_config, make_pairs, source)
-from tune import save  # noqa: E402
+from tune import fwd_values, save  # noqa: E402
 from tune_decode import MAX_SPLITS, choose_splits  # noqa: E402
 
 H200_SMS = 132             # the dry run's SM count (choose_splits)
@@ -165,22 +166,19 @@ def launch_args(c: Call, v: V.Variant, t: dict, names, sig, splits: int = 1, fus
     """The kernel's arguments in parameter order, as cpp/cuda_launch.cc fills them; the extras
     neutral (no window, no key lengths, the call's softcap: 0 but in AB_CALLS). Constexpr slots are
     None (the launcher skips them)."""
-    a = dict(Q=t["q"], K=t["k"], V=t["v"], Y=t["y"], Lse=t["lse"],
-             Mask=t["dummy8"] if t["mask"] is None else t["mask"].view(torch.int8) if c.mask == "bool" else t["mask"],
-             SeqlensK=t["dummy64"], scale=1.0 / math.sqrt(c.d), softcap=c.softcap, Hq=c.hq, group=c.hq // c.hkv,
-             Sq=c.sq, Skv=c.skv, D=c.d, Dv=c.d, offset=c.skv - c.sq, causal=int(c.causal), window_left=-1,
-             window_right=-1, mask_len=c.skv, has_seqlens=0, store_lse=1, num_splits=splits, fused=int(fused),
-             OPart=t.get("opart"), LsePart=t.get("lpart"), Counter=t.get("counter"))
-    for n, x in zip("qkvy", ("q", "k", "v", "y")):
-        a.update(zip((f"stride_{n}b", f"stride_{n}h", f"stride_{n}{'m' if n in 'qy' else 'n'}"), t[x].stride()[:3]))
-    a.update(zip(("stride_mb", "stride_mh", "stride_mm"), t["mask_strides"]))
-    return _ordered(a, names, sig, v.name)
+    mask = t["dummy8"] if t["mask"] is None else t["mask"].view(torch.int8) if c.mask == "bool" else t["mask"]
+    a = fwd_values(t["q"], t["k"], t["v"], t["y"], t["lse"], Mask=mask, SeqlensK=t["dummy64"], softcap=c.softcap,
+                   offset=c.skv - c.sq, causal=int(c.causal), **stride_args("m", t["mask_strides"]))
+    if v.kind == "decode":
+        a.update(num_splits=splits, fused=int(fused), OPart=t.get("opart"), LsePart=t.get("lpart"),
+                 Counter=t.get("counter"))
+    return _ordered(v.kind, a, names, sig)
 
 
-def _ordered(a: dict, names, sig, name: str) -> list:
-    missing = [n for n in names if sig[n] != "constexpr" and a.get(n) is None]
-    if missing:
-        raise ValueError(f"{name}: no launch value for {missing}")
+def _ordered(kind: str, a: dict, names, sig) -> list:
+    """`a`, the kind's runtime arguments by name (aot/contract.py's ABI: each one, no other), in the
+    compiled kernel's parameter order `names`, its constexpr slots None."""
+    ordered_args(kind, a)  # raises unless `a` has a value for each of them and no other
     return [a[n] if sig[n] != "constexpr" else None for n in names]
 
 
@@ -203,8 +201,8 @@ def runner(p: Pair, v: V.Variant, kern, comb, t: dict, sms: int, folder: str | N
     crun = comb[(c.b * c.hq * c.sq, 1, 1)]
     _, _, cnames, csig = source(cv, ARCH, False)
     cvals = dict(OPart=t["opart"], LsePart=t["lpart"], Y=t["y"], Lse=t["lse"], Hq=c.hq, Sq=c.sq, Dv=c.d,
-                 num_splits=splits, store_lse=1, **dict(zip(("stride_yb", "stride_yh", "stride_ym"), t["y"].stride()[:3])))
-    cargs = _ordered(cvals, cnames, csig, cv.name)
+                 num_splits=splits, store_lse=1, **stride_args("y", t["y"].stride()))
+    cargs = _ordered(cv.kind, cvals, cnames, csig)
 
     def both():
         run(*args)

@@ -34,6 +34,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
+from aot.contract import ordered_args, stride_args  # noqa: E402
 from aot.flash_fwd import flash_fwd  # noqa: E402
 
 CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
@@ -45,6 +46,23 @@ TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TMA_CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
                   for m, n, w, s in itertools.product((64, 128), (64, 128), (4, 8), (2, 3, 4))
                   if not (m == 64 and w == 8)]
+
+
+def fwd_values(q, k, v, y, lse, **named) -> dict:
+    """The forward kernels' runtime arguments by name (aot/contract.py's Fwd ABI; ordered_args puts
+    them in launch order) for (B, H, S, D) views q, k, v, y (last stride 1) and lse: shapes and
+    strides from the tensors, scale 1/sqrt(D), no softcap, offset, causality, window, key lengths
+    or mask (its strides 0, mask_len Skv), Lse stored. `named` sets any argument by its name (Q, K,
+    V, Y: TMA descriptors in the tensors' place; Mask and SeqlensK have no default)."""
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    values = dict(Q=q, K=k, V=v, Y=y, Lse=lse, scale=1.0 / math.sqrt(d), softcap=0.0, Hq=hq, group=hq // hkv,
+                  Sq=sq, Skv=skv, D=d, Dv=v.shape[3], offset=0, causal=0, window_left=-1, window_right=-1,
+                  mask_len=skv, has_seqlens=0, store_lse=1, **stride_args("q", q.stride()),
+                  **stride_args("k", k.stride()), **stride_args("v", v.stride()), **stride_args("y", y.stride()),
+                  **stride_args("m", (0, 0, 0)))
+    values.update(named)
+    return values
 
 
 def launch(q, k, v, y, lse, causal, cfg, tma=False, mask=None, mask_keys=False):
@@ -62,10 +80,10 @@ def launch(q, k, v, y, lse, causal, cfg, tma=False, mask=None, mask_keys=False):
         rows = (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_N"], cfg["BLOCK_M"])
         tensors = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, d])
                    for t, r in zip(tensors, rows)]
+    args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", tensors)), Mask=dummy, SeqlensK=seqlens,
+                      causal=int(causal), **stride_args("m", ms))
     flash_fwd[grid](
-        *tensors, lse, dummy, seqlens, 1.0 / math.sqrt(d), 0.0,
-        h, 1, s, s, d, d, 0, int(causal), -1, -1, s, 0, 1,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *y.stride()[:3], *ms,
+        *ordered_args("fwd_tma" if tma else "fwd", args),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, BLOCK_DV=d, EVEN_D=True,
         MASK_KIND=0 if mask is None else 2, EXTRAS=False, DOT_PRECISION="tf32", TMA=tma,
         MASK_KEYS=mask_keys, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

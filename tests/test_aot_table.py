@@ -45,6 +45,19 @@ def test_every_kernel_takes_the_contracts_arguments(build):
             build.signature(v, build.get_fwd_config(90, v))
 
 
+def test_ordered_args_puts_named_arguments_in_launch_order():
+    """aot/contract.py ordered_args (the experiments' launches): a kind's arguments by name in its
+    ABI's order; a name it lacks, one left out or None, and one the ABI has not are refused by name."""
+    from aot import contract
+
+    names = contract.runtime_args("decode")
+    values = {n: i for i, n in enumerate(reversed(names))}
+    assert contract.ordered_args("decode", values) == [values[n] for n in names]
+    assert contract.stride_args("k", (7, 8, 9, 1)) == dict(stride_kb=7, stride_kh=8, stride_kn=9)
+    with pytest.raises(ValueError, match=r"no value for OPart, fused; no parameter Hk"):
+        contract.ordered_args("decode", dict({n: 1 for n in names if n != "fused"}, OPart=None, Hk=2))
+
+
 def test_contract_header_packs_each_abi(tmp_path):
     """contract.gen.h (aot/contract_header.py) compiles on its own, and each ABI struct's pointers()
     is the address of each field in the contract's order, then the two scratch pointers; with
@@ -311,6 +324,59 @@ def test_every_call_class_finds_a_kernel(arch):
             assert (new.dtype, new.head_dim, new.mask) == (old.dtype, old.head_dim, old.mask)
             checked += 1
     assert checked > 1000
+
+
+def _decode_call(b: int, hq: int, hkv: int, sq: int, skv: int):
+    """FlashParams of an fp16 d128 causal decode call on contiguous (B, H, S, D) tensors."""
+    from ort_flash import _C
+
+    p = _C.FlashParams()
+    p.dtype, p.causal, p.scale = _C.DType.float16, True, 0.1
+    p.batch, p.hq, p.hkv, p.sq, p.skv, p.d, p.dv = b, hq, hkv, sq, skv, 128, 128
+    p.q_stride = p.y_stride = [hq * sq * 128, sq * 128, 128]
+    p.k_stride = p.v_stride = [hkv * skv * 128, skv * 128, 128]
+    p.q = p.k = p.v = p.y = 1 << 20
+    return p
+
+
+def test_the_dispatcher_fuses_the_merge_by_merge_round_trips():
+    """Whether the split kernel merges its own partials (cpp/decode_heuristics.cc fuse_combine, which
+    counts round trips with its own formula over contract.gen.h's merge tiles) is decided by
+    aot/flash_decode.py's merge_round_trips (the tile the kernel takes, tests/test_kernel_interpreter.py):
+    fused iff 1 < splits <= kMaxFusedSplits (32) and the round trips of a row block (GQA group x Sq
+    packed rows, at most the decode tile's block_m) are at most kMaxFusedRoundTrips (2). Over every
+    (GQA group, Sq) of a decode call (up to kMaxDecodeRows packed rows) at every KV split count up to
+    kMaxSplits (one CTA per SM: the split count is the keys' / 128), and over calls whose splits the
+    cost model picks on 132 SMs."""
+    import os
+
+    from _table_rows import table_rows
+
+    from aot import contract
+    from aot.flash_decode import merge_round_trips
+    from ort_flash import _C
+
+    if os.environ.get("ORT_FLASH_DECODE_SPLITS") or os.environ.get("ORT_FLASH_FUSED_COMBINE"):
+        pytest.skip("the launcher's decode switches are set in this process")
+    rows = [r for r in table_rows(90) if r["kind"] in (contract.KIND_CODES["decode"], contract.KIND_CODES["combine"])]
+    block_m = {r["variant"]: r["block_m"] for r in rows}
+
+    def check(b, hq, hkv, sq, skv, sms):
+        kind, variant, splits, fused = _C.merge_with_table(_decode_call(b, hq, hkv, sq, skv), rows, sm_count=sms)
+        packed = min(block_m[variant], hq // hkv * sq)
+        want = 1 < splits <= 32 and merge_round_trips(packed, splits) <= 2
+        assert kind == "decode" and fused == want, (b, hq, hkv, sq, skv, splits, fused)
+        return splits, fused
+
+    seen = set()
+    shapes = [(g, sq) for sq in range(1, contract.MAX_DECODE_SQ + 1) for g in range(1, contract.MAX_DECODE_ROWS // sq + 1)]
+    for g, sq in shapes:
+        for splits in range(1, 129):
+            assert check(1, g, 1, sq, 128 * splits, 1 << 20)[0] == splits, (g, sq, splits)
+    for b, hkv, skv in ((1, 8, 4096), (1, 8, 32768), (4, 8, 4096), (8, 2, 20000), (1, 1, 65536), (16, 8, 1000)):
+        for g, sq in shapes:
+            seen.add(check(b, g * hkv, hkv, sq, skv, 132))
+    assert {f for _, f in seen} == {True, False} and len({s for s, _ in seen}) > 10, seen
 
 
 def test_info_says_when_no_cuda_kernels_are_compiled(monkeypatch):

@@ -237,6 +237,58 @@ def check_case(case):
     assert np.abs(got_lse[fin] - ref_lse[fin]).max(initial=0) < 1e-4
 
 
+def test_fused_merge_takes_the_tile_merge_tile_names():
+    """flash_decode_split's fused merge picks its tile inline (a jit helper would change the
+    cubins' SASS): the tile it runs for a row block of 1..16 packed rows (DECODE_BLOCK_M; 17, 40
+    and 64 rows: several blocks, the last one short) at 2..36 splits and past them, up to the
+    launcher's 128, is flash_decode.merge_tile's, which merge_round_trips counts and the launcher's
+    decision is held to (test_aot_table.py)."""
+    _interpreted("merge_tiles")
+
+
+def check_merge_tiles():
+    """One CTA per row block, its counter set as if every other split had arrived, so it merges;
+    the scores (_attend) and the merge itself (_merge_splits, recorded) are not what is checked."""
+    import torch
+    import triton
+
+    _patch_interpreter()
+    from aot import flash_decode as fd
+    from aot.variants import DECODE_BLOCK_M
+
+    def num(x):
+        h = getattr(x, "handle", None)
+        return int(np.asarray(h.data).reshape(-1)[0]) if h is not None else int(x)
+
+    taken = []
+    fd._attend = lambda acc, l_i, m_i, *a, **kw: (acc, l_i, m_i)
+    # _merge_splits(..., row_lo, row_hi, ..., MERGE_M, MERGE_S): positions 9 and 10, the last two.
+    fd._merge_splits = lambda *a: taken.append((num(a[10]) - num(a[9]), num(a[-2]), num(a[-1])))
+    d = bn = 16
+    wide = list(range(2, 37)) + [47, 48, 49, 64, 65, 128]
+    cases = [(rows, s) for rows in range(1, DECODE_BLOCK_M + 1) for s in wide]
+    cases += [(rows, s) for rows in (17, 40, 64) for s in (2, 9, 33, 64)]
+    seen = set()
+    for rows, splits in cases:
+        blocks = triton.cdiv(rows, DECODE_BLOCK_M)
+        q, y = (torch.zeros(1, rows, 1, d, dtype=torch.float16) for _ in range(2))
+        kv = torch.zeros(1, 1, bn, d, dtype=torch.float16)
+        counter = torch.full((blocks,), splits - 1, dtype=torch.int32)
+        strides = (*q.stride()[:3], *kv.stride()[:3], *kv.stride()[:3], *y.stride()[:3], 0, 0, 0)
+        taken.clear()
+        fd.flash_decode_split[(1, 1, blocks)](
+            q, kv, kv, y, torch.zeros(1, rows, 1), torch.zeros(1, dtype=torch.int8), torch.zeros(1, dtype=torch.int64),
+            torch.zeros(rows * splits * d), torch.zeros(rows * splits), counter, 1.0, 0.0,
+            rows, rows, 1, bn, d, d, 0, 0, -1, -1, bn, 0, 1, splits, 1, *strides,
+            BLOCK_M=DECODE_BLOCK_M, BLOCK_N=bn, BLOCK_D=d, BLOCK_DV=d, EVEN_D=True, MASK_KIND=0, EXTRAS=False,
+            DOT_PRECISION="tf32")
+        assert not counter.any(), (rows, splits, counter)
+        want = [(n, *fd.merge_tile(n, splits)) for n in [DECODE_BLOCK_M] * (blocks - 1) + [rows - DECODE_BLOCK_M * (blocks - 1)]]
+        assert sorted(taken) == sorted(want), (rows, splits, taken, want)
+        seen |= {(m, s) for _, m, s in taken}
+    assert seen == {fd.MERGE_WIDE, fd.MERGE_TALL}, seen
+
+
 def test_decode_floor_kernels_match_reference():
     """experiments/decode_floor.py's floor kernels (the figures under the decode kernel in
     docs/perf-notes.md) compute what they claim: the chunk sums, the dots without softmax, the
@@ -318,5 +370,7 @@ if __name__ == "__main__":
         check_floor()
     elif sys.argv[1] == "flat":
         check_flat()
+    elif sys.argv[1] == "merge_tiles":
+        check_merge_tiles()
     else:
         check_case(json.loads(sys.argv[1]))
