@@ -1,355 +1,218 @@
-"""The warp-specialized kernel's barrier protocol, played out on the CPU (Gluon has no interpreter in
-Triton 3.6, and a wrong phase on the GPU is a hang or a silent overwrite).
+"""The warp-specialized kernel's barrier protocol, played out on the CPU by the kernel's own code
+(Gluon has no interpreter in Triton 3.6, and a wrong phase on the GPU is a hang or a silent
+overwrite).
 
-The partitions of the warp-specialized kernel (aot/flash_fwd_gluon_ws.py, aot/gluon_ws/) on the
-persistent grid (the producer, NC consumers per CTA, several CTAs sharing the dynamic tile counter)
-are mirrored here line for line as Python generators
-over simulated mbarriers: arrive, expect (arrive.expect_tx), TMA completions that land in any
-order, waits by phase parity as the hardware does them. A random scheduler interleaves them and
-checks that no schedule deadlocks, that no wait passes on a phase other than the one its parity
-names (an aliased phase), that every load a consumer reads holds its own tile's block when it
-waits for it and still holds it when it frees the slot (no load overwrites a slot in use), that
-every (batch x head, tile, consumer) row block is written once, and that the dynamic counter is
-back at zero. The barrier phases are checked against the kernel's source lines, so a change to them
-fails here until the mirror follows (they wait on mbarriers, which no host run of the kernel's own
-code can do); the tiles each CTA runs, their order and their key blocks are the kernel's own
-scheduler (aot/gluon_ws/scheduler.py), run on the host (tests/_gluon_host.py).
+Every partition of every CTA of a launch (aot/flash_fwd_gluon_ws.py's entry and warp_specialize;
+aot/gluon_ws/'s producer, consumers, softmax and epilogue, the scheduler and the tile counter)
+runs on the host (tests/_gluon_host.py) on a thread of its own, one at a time in a random order,
+over host stand-ins for the hardware (`Hopper`): mbarriers waited on by phase parity as
+try_wait.parity does, TMA loads that land at random later steps and count their bytes on their
+barrier, shared-memory slots that remember which (tensor, batch, head, row) they hold, async wgmma
+reads and TMA stores. Nothing is stubbed but the hardware: the tensors' values (scores, softmax,
+accumulators) are not followed (an Inert), and branching on them would fail the run.
+
+Checked for every schedule: no deadlock (every thread waiting, nothing in flight); no wait passing
+on a phase other than the one its parity names (an aliased phase); no load over a slot a consumer
+has read and not freed, and no slot changing under an async read or freed before its reader's MMA
+or store has retired; every read of a slot holds the reading consumer's own tile's block (Q: its
+rows; K and V: the tile's key blocks 0, 1, ... in order, all of those the tile's rows see); every
+(batch x head, tile, consumer) row block written exactly once (with SKIP_PAST_ROWS none of a
+consumer whose rows all lie past Sq), from what that consumer stored; every barrier quiescent when
+the entry invalidates it; the dynamic tile counter back at [0, 0]. Over the per-tile grid (one and
+two tiles per CTA), the persistent grid with static and dynamic tiles, with and without
+SKIP_PAST_ROWS, two and three consumers, two and three ring slots. The grids are the scheduler's
+formulas (tests/test_ws_scheduler.py holds them to the launcher's). MASK_PREFIX's hand-off
+(mask_prefix.py) is not played here: its producer waits on what the first consumer reads of the
+mask, which this run does not model.
+
+What the host run cannot execute as written: an integer divided by zero is undefined on the GPU
+and an Inert here (the consumers pass `group` 0 to the scheduler's _cta_tile, whose unused hk is
+then h // 0).
 """
 from __future__ import annotations
 
+import collections
+import inspect
 import random
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton.experimental.gluon", reason="the kernel's scheduler is Gluon source")
+pytest.importorskip("triton.experimental.gluon", reason="the kernel's source is Gluon")
 
-from _gluon_host import HostGl, host  # noqa: E402
+from _gluon_host import (Around, Deadlock, Desc, HInt, Hopper, HostGl, Inert, Interleaving,  # noqa: E402
+                         ProtocolError, Ptr, host)
 
-from aot.gluon_ws import scheduler  # noqa: E402
+from aot import flash_fwd_gluon_ws as entry  # noqa: E402
+from aot.gluon_ws import mainloop  # noqa: E402
 
-AOT = Path(__file__).resolve().parents[1] / "aot"
-SRC = "".join(p.read_text() for p in [AOT / "flash_fwd_gluon_ws.py", *sorted((AOT / "gluon_ws").glob("*.py"))])
-
-# The lines the mirror below restates (a change to any of them must be mirrored).
-MIRRORED = (
-    "mbarrier.wait(q_empty.index(qb * NC + w), ((t // QB) & 1) ^ 1)",
-    "mbarrier.wait(k_empty.index(st), phase ^ 1)",
-    "mbarrier.wait(v_empty.index(st), phase ^ 1)",
-    "mbarrier.wait(q_ready.index(q_idx), (t // QB) & 1)",
-    "mbarrier.wait(k_ready.index(st0), (c0 // NUM_STAGES) & 1)",
-    "mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)",
-    "mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)",
-    "mbarrier.wait(turns.index(WG), ((i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))",
-    "mbarrier.arrive(turns.index((WG + 1) % NC))",
-    "mbarrier.wait(v_ready.index(last), (c_last // NUM_STAGES) & 1)",
-    "mbarrier.wait(v_ready.index(c_last % NUM_STAGES), (c_last // NUM_STAGES) & 1)",
-    "mbarrier.wait(q_empty.index(qb * NC + w), ((tt // 2) & 1) ^ 1)",
-    "mbarrier.wait(q_ready.index(qb * NC + WG), (tt // 2) & 1)",
-    "_publish_tile(ids, q_ready, q_empty, -1, tt, NC, True)",
-    "if m0 + WG * WG_M >= Sq:",
-    "t, c0, c0 - t, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,",
-    "tt, c0, c0 - tt, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,",
-    "mbarrier.init(k_empty.index(i), count=NC)",
-    "if done == gl.num_programs(0) - 1:",
-)
+D = 64  # head dim: the box sizes; the protocol does not depend on it
+GUARDS = {"k_empty": "k_ring", "v_empty": "v_ring", "q_empty": "q_smem"}  # a slot is freed on its empty barrier
+SKEW = 4  # threads' speeds from 1/16 to 16: one partition may lag far behind the others
+_TILE_ARGS = list(inspect.signature(mainloop._consumer_tile.fn).parameters)
 
 
-class ProtocolError(Exception):
-    pass
+def _cdiv(a, b):
+    return -(-a // b)
 
 
-class Bar:
-    """An mbarrier: `count` arrivals and the expected transaction bytes complete a phase."""
+class Launch:
+    """One launch of the kernel on the host: its grid's CTAs, their partitions on threads."""
 
-    def __init__(self, count: int):
-        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-    def _complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self):
-        if self.pending == 0:  # a phase still waiting for its bytes
-            raise ProtocolError("an arrival on a barrier whose phase has all its arrivals")
-        self.pending -= 1
-        self._complete()
-
-    def expect(self, nbytes: int):  # arrive.expect_tx
-        self.tx += nbytes
-        self.arrive()
-
-    def land(self, nbytes: int):  # a TMA's complete_tx
-        self.tx -= nbytes
-        if self.tx < 0:
-            raise ProtocolError("bytes landed that no expect announced")
-        self._complete()
-
-
-class Wait:
-    """A wait for phase k (-1: the phase before the first, which a fresh barrier has passed) by
-    its parity, as try_wait.parity does it."""
-
-    def __init__(self, bar: Bar, k: int):
-        self.bar, self.k = bar, k
-
-    def ready(self) -> bool:
-        return (self.bar.phase & 1) != (self.k & 1)
-
-
-class Sim:
-    def __init__(self, *, ctas, bh_all, sq, causal, nc, stages, wg_m, block_n, dynamic, skip, seed):
-        self.bh_all, self.sq, self.causal = bh_all, sq, causal
-        self.nc, self.stages, self.wg_m, self.block_n = nc, stages, wg_m, block_n
+    def __init__(self, *, mode, b, hq, group, sq, skv, offset, causal, nc, stages, wg_m, block_n, skip,
+                 ctas=0, seed=0, shift=None, counter=True, pingpong=True, overlap=False):
+        self.b, self.hq, self.group, self.sq, self.skv, self.offset, self.causal = b, hq, group, sq, skv, offset, causal
+        self.nc, self.stages, self.wg_m, self.block_n, self.skip = nc, stages, wg_m, block_n, skip
         self.block_m = wg_m * nc
-        self.dynamic, self.skip = dynamic, skip
-        self.n_m = -(-sq // self.block_m)
-        self.total = self.n_m * bh_all
-        self.ctas = min(ctas, self.total)  # the launcher's grid: min(CTAs per SM x SMs, tiles)
-        self.grp = 2  # any group size: the kernel's depends on Skv
-        self.rng = random.Random(seed)
+        self.mode, self.pingpong, self.overlap = mode, pingpong, overlap
+        self.n_m = _cdiv(sq, self.block_m)
+        self.persistent = mode in ("static", "dynamic")
+        self.dynamic = mode == "dynamic"
+        self.use_ctr = self.dynamic and counter
+        self.tiles = 2 if mode == "tile2" else 1
+        total = self.n_m * b * hq
+        self.grid = (min(ctas, total), 1) if self.persistent else (_cdiv(sq, self.block_m * self.tiles), b * hq)
         self.counter = [0, 0]
-        self.tma = []  # (slot list, index, content, barrier)
-        self.written = []
-        self.errors = []
+        self.written = collections.Counter()
+        self.ctx: dict = {}  # thread -> the consumer tile it runs: args, key blocks read
+        self.run_ = Interleaving(random.Random(seed), skew=SKEW)
+        self.hopper = Hopper(self.run_, GUARDS, self.on_read, self.on_store, shift)
 
-    # The tile maps: the kernel's scheduler, run on the host for CTA g0 of the persistent grid.
-    def _gl(self, g0=0):
-        return HostGl((self.ctas, 1, 1), (g0, 0, 0))
+    # What each consumer must read and write: its own tile's rows and key blocks.
+    def key_blocks(self, m0):
+        hi = min(self.skv, min(m0 + self.block_m, self.sq) - 1 + self.offset + 1) if self.causal else self.skv
+        return max(_cdiv(hi, self.block_n), 1)
 
-    def tile_of(self, tid):  # (batch x head, query tile); Hq 1: b is the pair's index
-        m, _, _, _, bh = host(scheduler._tile_of, self._gl())(tid, self.n_m, self.bh_all, self.grp, 1, 1)
-        return bh, m
+    def consumer_tile(self, real):
+        def tile(*args):
+            a = dict(zip(_TILE_ARGS, args))
+            me = self.run_.me()
+            self.ctx[me] = c = dict(b=int(a["b"]), h=int(a["h"]), r0=int(a["m0"]) + int(a["WG"]) * self.wg_m,
+                                   m0=int(a["m0"]), K=0, V=0, out=None)
+            real(*args)
+            want = self.key_blocks(c["m0"]) if c["out"] else 0
+            if (c["K"], c["V"]) != (want, want):
+                raise ProtocolError(f"{self.run_.name()} read {c['K']} K and {c['V']} V blocks of a tile with "
+                                    f"{want} to read (stored: {c['out']})")
+            del self.ctx[me]
+        return tile
 
-    def cta_tile(self, g0, t):
-        m, _, _, _, bh = host(scheduler._cta_tile, self._gl(g0))(
-            t, g0, self.n_valid(g0), self.sq, int(self.causal), self.bh_all, 1, 1, 0, 0, 0, 0, self.block_m, True)
-        return bh, m
-
-    def span(self, m):  # (first row, key blocks); offset 0, Skv == Sq
-        m0, _, n_blocks = host(scheduler._tile_span, self._gl())(m, self.sq, self.sq, 0, int(self.causal),
-                                                                 self.block_m, self.block_n)
-        return m0, n_blocks
-
-    def n_valid(self, g0):
-        return host(scheduler._cta_tiles, self._gl(g0))(0, self.sq, self.bh_all, self.block_m, 2, True)[1]
-
-    def check(self, slots, idx, want, what):
-        if slots[idx] != want:
-            self.errors.append(f"{what}: slot {idx} holds {slots[idx]}, expected {want}")
-
-    def wait(self, bar, k):
-        w = Wait(bar, k)
-        yield w
-        if bar.phase != k + 1:
-            self.errors.append(f"a wait for phase {k} passed at phase {bar.phase} (aliased)")
-
-    def load(self, slots, idx, content, bar):
-        bar.expect(1)
-        self.tma.append((slots, idx, content, bar))
-
-    # One CTA's shared state and partitions.
-    def cta(self, g0):
-        nc, st = self.nc, self.stages
-        s = dict(q=[None] * (2 * nc), k=[None] * st, v=[None] * st, ids=[None, None],
-                 q_ready=[Bar(1) for _ in range(2 * nc)], q_empty=[Bar(1) for _ in range(2 * nc)],
-                 k_ready=[Bar(1) for _ in range(st)], v_ready=[Bar(1) for _ in range(st)],
-                 k_empty=[Bar(nc) for _ in range(st)], v_empty=[Bar(nc) for _ in range(st)],
-                 turns=[Bar(1) for _ in range(nc)])
-        return [self.producer(s, g0)] + [self.consumer(s, g0, wg) for wg in range(nc)]
-
-    def claim(self, tid):  # _claim
-        if not self.dynamic:
-            return tid + self.ctas
-        self.counter[0] += 1
-        return self.ctas + self.counter[0] - 1
-
-    def producer_tile(self, s, tid, bh, m, t, c0):  # _producer_q + _producer_kv, QB 2
-        nc, qb = self.nc, t % 2
-        for w in range(nc):
-            yield from self.wait(s["q_empty"][qb * nc + w], t // 2 - 1)
-            self.load(s["q"], qb * nc + w, (tid, w), s["q_ready"][qb * nc + w])
-        _, nb = self.span(m)
-        for j in range(nb):
-            c = c0 + j
-            stg = c % self.stages
-            yield from self.wait(s["k_empty"][stg], c // self.stages - 1)
-            self.load(s["k"], stg, (tid, j), s["k_ready"][stg])
-            yield from self.wait(s["v_empty"][stg], c // self.stages - 1)
-            self.load(s["v"], stg, (tid, j), s["v_ready"][stg])
-        return nb
-
-    def publish(self, s, tid, tt, sentinel):  # _publish_tile
-        nc, qb = self.nc, tt % 2
-        for w in range(nc):
-            yield from self.wait(s["q_empty"][qb * nc + w], tt // 2 - 1)
-        s["ids"][qb] = tid
-        if sentinel:
-            for w in range(nc):
-                s["q_ready"][qb * nc + w].arrive()
-
-    def producer(self, s, g0):
-        c0 = 0
-        if self.dynamic:
-            tid, tt = g0, 0
-            nxt = self.claim(tid)
-            while tid < self.total:
-                bh, m = self.tile_of(tid)
-                yield from self.publish(s, tid, tt, False)
-                c0 += yield from self.producer_tile(s, tid, bh, m, tt, c0)
-                tt += 1
-                tid = nxt
-                if tid < self.total:
-                    nxt = self.claim(tid)
-            yield from self.publish(s, -1, tt, True)
-            self.counter[1] += 1
-            if self.counter[1] - 1 == self.ctas - 1:
-                self.counter[:] = [0, 0]
+    def on_read(self, me, slot, content):
+        c = self.ctx[me]
+        hk = c["h"] // self.group
+        if slot.smem.name == "q_smem":
+            want = ("Q", c["b"], c["h"], c["r0"])
+        elif slot.smem.name in ("k_ring", "v_ring"):
+            kind = slot.smem.name[0].upper()
+            want = (kind, c["b"], hk, c[kind] * self.block_n)
+            c[kind] += 1
         else:
-            for t in range(self.n_valid(g0)):
-                bh, m = self.cta_tile(g0, t)
-                c0 += yield from self.producer_tile(s, g0 + t * self.ctas, bh, m, t, c0)
+            raise ProtocolError(f"{self.run_.name()} reads {slot!r}")
+        if content != want:
+            raise ProtocolError(f"{self.run_.name()} reads {slot!r} holding {content}, expected {want}")
 
-    def consumer(self, s, g0, wg):
-        c0 = 0
-        if self.dynamic:
-            tt = 0
-            qb = 0
-            yield from self.wait(s["q_ready"][qb * self.nc + wg], 0)
-            tid = s["ids"][qb]
-            while tid >= 0:
-                bh, m = self.tile_of(tid)
-                c0 += yield from self.consumer_tile(s, tid, bh, m, wg, tt, c0, c0 - tt)
-                tt += 1
-                qb = tt % 2
-                yield from self.wait(s["q_ready"][qb * self.nc + wg], tt // 2)
-                tid = s["ids"][qb]
-        else:
-            for t in range(self.n_valid(g0)):
-                bh, m = self.cta_tile(g0, t)
-                c0 += yield from self.consumer_tile(s, g0 + t * self.ctas, bh, m, wg, t, c0, c0 - t)
+    def on_store(self, me, desc, coord, content):
+        c = self.ctx[me]
+        want = ("Y", (c["b"], c["h"], c["r0"]))
+        if (desc, coord) != want or content[:2] != ("regs", me) or c["out"]:
+            raise ProtocolError(f"{self.run_.name()} stores {content} to {desc}{coord}, expected its rows {want}")
+        c["out"] = coord
+        self.written[coord] += 1
 
-    def consumer_tile(self, s, tid, bh, m, wg, t, c0, i0):
-        nc, stages = self.nc, self.stages
-        m0, nb = self.span(m)
-        q_idx = (t % 2) * nc + wg
-        passing = self.skip and wg > 0 and m0 + wg * self.wg_m >= self.sq
-        yield from self.wait(s["q_ready"][q_idx], t // 2)
-        if not passing:
-            self.check(s["q"], q_idx, (tid, wg), "Q")
-        st0 = c0 % stages
-        yield from self.wait(s["k_ready"][st0], c0 // stages)
-        if not passing:
-            self.check(s["k"], st0, (tid, 0), "K")
-        s["k_empty"][st0].arrive()
-        for j in range(1, nb):
-            c = c0 + j
-            stg, prev = c % stages, (c - 1) % stages
-            yield from self.wait(s["k_ready"][stg], c // stages)
-            yield from self.wait(s["v_ready"][prev], (c - 1) // stages)
-            n = i0 + j - 1  # this consumer's turn
-            yield from self.wait(s["turns"][wg], n if wg else n - 1)
-            if not passing:
-                self.check(s["k"], stg, (tid, j), "K")
-                self.check(s["v"], prev, (tid, j - 1), "V")
-            s["turns"][(wg + 1) % nc].arrive()
-            if not passing:
-                self.check(s["k"], stg, (tid, j), "K at release")
-            s["k_empty"][stg].arrive()
-            if not passing:
-                self.check(s["v"], prev, (tid, j - 1), "V at release")
-            s["v_empty"][prev].arrive()
-        c_last = c0 + nb - 1
-        last = c_last % stages
-        yield from self.wait(s["v_ready"][last], c_last // stages)
-        if not passing:
-            self.check(s["v"], last, (tid, nb - 1), "V")
-        s["v_empty"][last].arrive()
-        if not passing:
-            self.check(s["q"], q_idx, (tid, wg), "Q at the output store")
-            self.written.append((bh, m, wg))
-        s["q_empty"][q_idx].arrive()
-        return nb
+    def cta(self, gx, gy):
+        gl = HostGl((*self.grid, 1), (gx, gy, 0), point=self.run_.point, threads=self.run_, hopper=self.hopper)
+        kernel = host(entry.flash_fwd_gluon_ws, gl, _consumer_tile=Around(self.consumer_tile), **self.hopper.stubs())
+        i = HInt
+        bh_all = self.b * self.hq
+        wg, bn = self.wg_m * D * 2, self.block_n * D * 2
+        kernel(Desc("Q", wg), Desc("K", bn), Desc("V", bn), Desc("Y", wg), Inert(), Inert(), Ptr(self.counter),
+               Inert(), Inert(), i(self.hq), i(self.group), i(self.sq), i(self.skv), i(D), i(D), i(self.offset),
+               i(int(self.causal)), i(-1), i(bh_all if self.persistent else -1), i(self.skv), i(int(self.use_ctr)),
+               i(1), *[i(0)] * 15,
+               BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=D, NUM_STAGES=self.stages, PINGPONG=self.pingpong,
+               NUM_CONSUMERS=self.nc, CONSUMER_REGS=240, TILES_PER_CTA=self.tiles, MASK_KIND=0, OVERLAP_PV=self.overlap,
+               MASK_PREFIX=False, PERSISTENT_GRID=self.persistent, DYNAMIC_TILES=self.dynamic,
+               SKIP_PAST_ROWS=self.skip)
 
-    def run(self):
+    def play(self):
+        ctas = [(gx, gy) for gx in range(self.grid[0]) for gy in range(self.grid[1])]
+        self.run_.run([lambda g=g: self.cta(*g) for g in ctas], [f"CTA {gx}.{gy}" for gx, gy in ctas])
+
+    def check(self):
+        want = {(bh // self.hq, bh % self.hq, m * self.block_m + w * self.wg_m)
+                for bh in range(self.b * self.hq) for m in range(self.n_m) for w in range(self.nc)
+                if not (self.skip and w > 0 and m * self.block_m + w * self.wg_m >= self.sq)}
+        assert set(self.written) == want, (sorted(set(self.written) ^ want))[:5]
+        assert max(self.written.values()) == 1, [k for k, n in self.written.items() if n > 1][:5]
+        assert self.counter == [0, 0]
+
+
+# (NC, NUM_STAGES, Sq, Skv, offset, B, Hq, group, causal, CTAs of a persistent grid, BLOCK_N); WG_M 64
+SHAPES = [
+    (2, 2, 300, 300, 0, 1, 5, 1, True, 3, 64),     # a last tile whose upper consumer has no rows
+    (2, 2, 129, 129, 0, 3, 1, 1, False, 4, 64),    # more CTAs than some need
+    (3, 3, 320, 320, 0, 2, 2, 2, True, 2, 64),     # one of three consumers without rows; two heads a KV head
+    (3, 3, 200, 200, 0, 1, 3, 1, False, 5, 64),    # two of three without rows in the last tile
+    (2, 2, 512, 512, 0, 2, 1, 1, True, 7, 64),
+    (2, 3, 300, 700, 400, 1, 2, 2, True, 3, 64),   # Skv > Sq, bottom-right causal
+    (3, 2, 400, 400, 0, 1, 2, 1, True, 3, 64),     # three consumers on two slots
+    (3, 4, 450, 450, 0, 1, 2, 1, False, 3, 64),    # four slots (d64's masked tile)
+    (2, 2, 300, 300, 0, 1, 3, 1, True, 3, 128),    # d128's tile: the first tile one key block
+    (2, 2, 200, 60, 0, 2, 2, 1, False, 3, 64),     # every tile one key block: the producer tiles ahead
+]
+SEEDS = 6
+
+
+def _play(shape, seeds=SEEDS, **kw):
+    nc, stages, sq, skv, offset, b, hq, group, causal, ctas, block_n = shape
+    for seed in range(seeds):
+        launch = Launch(nc=nc, stages=stages, sq=sq, skv=skv, offset=offset, b=b, hq=hq, group=group,
+                        causal=causal, ctas=ctas, wg_m=64, block_n=block_n, seed=seed, **kw)
         try:
-            self._run()
-        except ProtocolError as e:
-            self.errors.append(str(e))
-
-    def _run(self):
-        procs = [p for g in range(self.ctas) for p in self.cta(g)]
-        # Each partition starts when the schedule picks it: CTAs start (and make their first
-        # claims) in any order, some after others have run tiles.
-        waits = {p: _STARTING for p in procs}
-        while waits or self.tma:
-            runnable = [p for p, w in waits.items() if w.ready()]
-            choices = runnable + [None] * len(self.tma)
-            if not choices:
-                self.errors.append(f"deadlock: {len(waits)} partitions waiting, no load in flight")
-                return
-            pick = self.rng.choice(choices)
-            if pick is None:  # a load lands
-                slots, idx, content, bar = self.tma.pop(self.rng.randrange(len(self.tma)))
-                slots[idx] = content
-                bar.land(1)
-                continue
-            try:
-                waits[pick] = pick.send(None)
-            except StopIteration:
-                del waits[pick]
+            launch.play()
+            launch.check()
+        except (ProtocolError, AssertionError) as e:
+            raise AssertionError(f"seed {seed}: {e}") from e
 
 
-class _Starting:
-    """What a partition not yet started waits on: nothing."""
-
-    def ready(self):
-        return True
-
-
-_STARTING = _Starting()
-
-
-def test_mirror_matches_the_kernel_source():
-    for line in MIRRORED:
-        assert line in SRC, f"the kernel's barrier protocol changed ({line!r}): update this mirror"
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "nc{}-st{}-sq{}-skv{}-n{}".format(*s[:4], s[10]))
+@pytest.mark.parametrize("skip", [False, True], ids=["", "skip"])
+@pytest.mark.parametrize("mode", ["tile", "tile2", "static", "dynamic"])
+def test_protocol_under_random_schedules(mode, skip, shape):
+    """tile: a CTA per query tile (shipped); tile2: TILES_PER_CTA 2; static: PERSISTENT_GRID;
+    dynamic: with DYNAMIC_TILES, the CTAs claiming tiles through the counter pair."""
+    _play(shape, mode=mode, skip=skip)
 
 
-@pytest.mark.parametrize("dynamic,skip", [(True, False), (True, True), (False, True)], ids=["dynamic", "dynamic-skip", "skip"])
-@pytest.mark.parametrize("nc,stages,wg_m,sq,bh_all,causal,ctas", [
-    (2, 2, 64, 300, 5, True, 3),    # d128's tile: a last tile whose upper consumer has no rows
-    (2, 2, 64, 129, 3, False, 4),   # more CTAs than some need
-    (3, 3, 64, 320, 4, True, 2),    # d64's tile: one of three consumers without rows
-    (3, 3, 64, 200, 3, False, 5),   # two of three without rows in the last tile
-    (2, 2, 64, 512, 2, True, 7),
-])
-def test_protocol_under_random_schedules(dynamic, skip, nc, stages, wg_m, sq, bh_all, causal, ctas):
-    block_n = 64
-    for seed in range(12):
-        sim = Sim(ctas=ctas, bh_all=bh_all, sq=sq, causal=causal, nc=nc, stages=stages, wg_m=wg_m,
-                  block_n=block_n, dynamic=dynamic, skip=skip, seed=seed)
-        sim.run()
-        assert not sim.errors, sim.errors[:5]
-        want = [(bh, m, wg) for bh in range(bh_all) for m in range(sim.n_m) for wg in range(nc)
-                if not (skip and wg > 0 and m * sim.block_m + wg * wg_m >= sq)]
-        assert sorted(sim.written) == sorted(want), seed
-        assert sim.counter == [0, 0]
+@pytest.mark.parametrize("mode", ["tile", "tile2", "static", "dynamic"])
+@pytest.mark.parametrize("pingpong,overlap", [(False, False), (True, True)], ids=["no-pingpong", "overlap-pv"])
+def test_protocol_of_the_other_schedules(mode, pingpong, overlap):
+    """The constexprs no shipped cubin sets: PINGPONG off, OVERLAP_PV on."""
+    for shape in (SHAPES[0], SHAPES[3]):
+        _play(shape, seeds=3, mode=mode, skip=True, pingpong=pingpong, overlap=overlap)
 
 
-def test_the_simulator_catches_a_wrong_phase():
-    """The same checks fail on a protocol with one parity wrong (the producer not waiting for
-    the consumers to free a K slot), so the test above can fail."""
-    class Broken(Sim):
-        def wait(self, bar, k):
-            if bar.count == self.nc and k >= 0:  # an empty barrier: wait one phase early
-                k -= 1
-            yield from Sim.wait(self, bar, k)
+def test_dynamic_tiles_without_the_counter():
+    """DYNAMIC_TILES with has_seqlens 0: every CTAs-th tile, handed to the consumers as ids."""
+    for shape in SHAPES[:4]:
+        _play(shape, seeds=3, mode="dynamic", skip=True, counter=False)
 
-    bad = 0
-    for seed in range(12):
-        sim = Broken(ctas=2, bh_all=3, sq=300, causal=True, nc=2, stages=2, wg_m=64, block_n=64,
-                     dynamic=True, skip=False, seed=seed)
-        sim.run()
-        bad += bool(sim.errors)
-    assert bad > 0
+
+def _early(who, slot):
+    """The producer waiting one phase early on its ring's empty barriers."""
+    return 1 if "_producer" in who and slot.smem.name in ("k_empty", "v_empty") else 0
+
+
+@pytest.mark.parametrize("mode", ["tile", "tile2", "static", "dynamic"])
+def test_the_checks_catch_a_wrong_phase(mode):
+    """The same run fails on a protocol with one parity wrong (the producer not waiting for the
+    consumers to free a ring slot), in every schedule: a load over a slot in use, a read of a slot
+    whose load is in flight or that holds another block, or a deadlock (the early wait's parity
+    missing the phase it means); not only deadlocks."""
+    caught = []
+    for seed in range(6):
+        launch = Launch(mode=mode, b=1, hq=3, group=1, sq=300, skv=300, offset=0, causal=True, nc=2, stages=2,
+                        wg_m=64, block_n=64, skip=False, ctas=2, seed=seed, shift=_early)
+        with pytest.raises(ProtocolError) as e:
+            launch.play()
+        caught.append(e.value)
+    assert not all(isinstance(e, Deadlock) for e in caught), caught
