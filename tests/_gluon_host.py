@@ -14,7 +14,8 @@ make them wait for each other as the hardware would, checking every hazard on th
 (tests/test_ws_protocol.py).
 
 The host's model of the values: a kernel integer is an HInt; a uniform integer tensor
-(gl.full of an int, its reductions) is its one value as an HInt; an integer divided by zero is
+(gl.full of an int, its reductions) is its one value as an HInt; gl.arange gives an integer vector
+(numpy), which minimum, maximum, where and the reductions follow; an integer divided by zero is
 undefined (an Inert: the GPU gives some value, which the host run may carry but never branch on);
 a floating-point tensor, a layout or a descriptor is an Inert, and branching on an Inert raises,
 so a host run never silently follows a value it does not model."""
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import threading
 import types
+
+import numpy as np
 
 
 class HInt(int):
@@ -73,6 +76,7 @@ class Inert:
     __floordiv__ = __mod__ = __and__ = __rand__ = __or__ = __ror__ = __xor__ = __neg__ = __invert__ = _same
     __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _same
     __hash__ = object.__hash__
+    __array_ufunc__ = None  # with an integer vector: ours to answer
 
 
 class Ptr:
@@ -110,11 +114,21 @@ class Smem:
     the first partition parameter it is passed as (HostGl.warp_specialize)."""
 
     def __init__(self, n: int, gl: "HostGl"):
-        self.gl, self.name = gl, None
+        self.gl, self.name, self.content = gl, None, None
         self.slots = [Slot(self, i) for i in range(n)]
 
     def index(self, i):
         return self.slots[int(i)]
+
+    def store(self, value):  # the whole allocation (a small vector)
+        if self.gl.threads is not None:
+            self.gl.threads.point()
+        self.content = value
+
+    def load(self, *_a, **_kw):
+        if self.content is None:
+            raise ProtocolError(f"a read of {self}, which nothing has stored yet")
+        return self.content
 
     def __getattr__(self, _name):  # dtype, layout
         return Inert()
@@ -183,6 +197,20 @@ def _slot(x):
     return x.slot if isinstance(x, View) else (x if isinstance(x, Slot) else None)
 
 
+def _ints(op, *xs):
+    """op over integers and integer vectors; an Inert (a float tensor) anywhere gives an Inert."""
+    if not all(isinstance(x, (int, np.ndarray)) for x in xs):
+        return Inert()
+    r = op(*xs)
+    return HInt(r) if np.ndim(r) == 0 else r
+
+
+def _reduce(x, op):
+    if isinstance(x, np.ndarray):
+        return HInt(op(x))
+    return x if isinstance(x, int) else Inert()
+
+
 class HostGl:
     """gluon.language for CTA `pid` of `grid`, on the host. `point`, where given, runs before each
     atomic (Interleaving.point: another CTA may run there). warp_specialize runs the partitions
@@ -205,15 +233,23 @@ class HostGl:
 
     @staticmethod
     def minimum(a, b):
-        return HInt(min(a, b)) if isinstance(a, int) and isinstance(b, int) else Inert()
+        return _ints(np.minimum, a, b)
 
     @staticmethod
     def maximum(a, b):
-        return HInt(max(a, b)) if isinstance(a, int) and isinstance(b, int) else Inert()
+        return _ints(np.maximum, a, b)
+
+    @staticmethod
+    def where(c, a, b):
+        return _ints(np.where, c, a, b)
 
     @staticmethod
     def cdiv(a, b):
         return HInt(-(-a // b))
+
+    @staticmethod
+    def arange(start, end, **_kw):
+        return np.arange(int(start), int(end))
 
     @staticmethod
     def full(_shape, value, _dtype=None, _layout=None, **_kw):
@@ -221,9 +257,15 @@ class HostGl:
 
     @staticmethod
     def max(x, *_a, **_kw):  # a uniform integer tensor's reduction is its value
-        return x if isinstance(x, int) else Inert()
+        return _reduce(x, np.max)
 
-    min = max
+    @staticmethod
+    def min(x, *_a, **_kw):
+        return _reduce(x, np.min)
+
+    @staticmethod
+    def sum(x, *_a, **_kw):
+        return _reduce(x, np.sum) if isinstance(x, np.ndarray) else Inert()
 
     def num_programs(self, axis):
         return HInt(self.grid[axis])
@@ -277,6 +319,7 @@ class HostGl:
                    for fn, args in partitions[1:]]
         fn, args = partitions[0]
         run.rename(f"CTA {cta} {fn.__name__}")
+        run.point()  # the default partition has no head start on the others
         fn(*args)
         run.point(lambda: all(run.done(w) for w in workers), "the other partitions' end")
         run.rename(f"CTA {cta}")
@@ -322,6 +365,14 @@ class _Abort(BaseException):
     """Unwinds a thread the Interleaving stops (after another's error, or a deadlock)."""
 
 
+def _signal():
+    """A binary semaphore at 0 (a held lock: release() signals, acquire() waits): the hand-offs
+    between the schedule and its threads strictly alternate."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 class Interleaving:
     """Runs callables one at a time on threads of their own, switching at each `point()` (and at
     each one's start) to another chosen by `rng`: the CTAs of a launch (and their partitions),
@@ -334,7 +385,7 @@ class Interleaving:
 
     def __init__(self, rng, skew=0.0):
         self.rng, self.skew = rng, skew
-        self._main = threading.Semaphore(0)
+        self._main = _signal()
         self._go: list = []
         self._speed: list = []
         self._names: list = []
@@ -361,7 +412,7 @@ class Interleaving:
 
     def spawn(self, fn, name="") -> int:
         i = len(self._go)
-        self._go.append(threading.Semaphore(0))
+        self._go.append(_signal())
         self._speed.append(2.0 ** self.rng.uniform(-self.skew, self.skew) if self.skew else 1.0)
         self._names.append(name or f"thread {i}")
         self._until.append(None)
@@ -441,8 +492,8 @@ class Hopper:
     completes when its arrivals and its expected bytes are all in; wait by phase parity as
     try_wait.parity does: a wait on parity p passes while the number of completed phases has the
     other parity), TMA loads (each lands at a random later step, then counts its bytes on its
-    barrier) and stores, async wgmma and its waits. Every wait, arrive, expect, load, store and
-    wgmma wait is a switch point.
+    barrier) and stores, async wgmma and its waits. Every wait, arrive, expect, load, store (TMA
+    or registers into shared memory) and wgmma wait is a switch point.
 
     Checks, each a ProtocolError: a wait that passes on a phase other than the one it means (its
     intended phase: a thread's successive waits on one barrier mean the same phase or the next, by
@@ -625,6 +676,7 @@ class Hopper:
 
     # register stores into shared memory
     def write(self, slot, value):
+        self.run.point()
         me = self.run.me()
         others = [self.run.name(t) for t in slot.holders if t != me]
         if others or slot.loading is not None:

@@ -3,31 +3,30 @@
 overwrite).
 
 Every partition of every CTA of a launch (aot/flash_fwd_gluon_ws.py's entry and warp_specialize;
-aot/gluon_ws/'s producer, consumers, softmax and epilogue, the scheduler and the tile counter)
-runs on the host (tests/_gluon_host.py) on a thread of its own, one at a time in a random order,
-over host stand-ins for the hardware (`Hopper`): mbarriers waited on by phase parity as
-try_wait.parity does, TMA loads that land at random later steps and count their bytes on their
-barrier, shared-memory slots that remember which (tensor, batch, head, row) they hold, async wgmma
-reads and TMA stores. Nothing is stubbed but the hardware: the tensors' values (scores, softmax,
-accumulators) are not followed (an Inert), and branching on them would fail the run.
+aot/gluon_ws/'s producer, consumers, softmax and epilogue, the scheduler, the tile counter, the
+visible-range hand-off) runs on the host (tests/_gluon_host.py), each on a thread of its own, one at
+a time in a random order and at random relative speeds, over host stand-ins for the hardware
+(`Hopper`): mbarriers waited on by phase parity as try_wait.parity does, TMA loads that land at
+random later steps and count their bytes on their barrier, shared-memory slots that remember which
+(tensor, batch, head, row) they hold, async wgmma reads and TMA stores. The tensors' values
+(scores, softmax, accumulators, the mask) are not followed, and branching on one fails the run.
 
 Checked for every schedule: no deadlock (every thread waiting, nothing in flight); no wait passing
 on a phase other than the one its parity names (an aliased phase); no load over a slot a consumer
 has read and not freed, and no slot changing under an async read or freed before its reader's MMA
 or store has retired; every read of a slot holds the reading consumer's own tile's block (Q: its
-rows; K and V: the tile's key blocks 0, 1, ... in order, all of those the tile's rows see); every
-(batch x head, tile, consumer) row block written exactly once (with SKIP_PAST_ROWS none of a
-consumer whose rows all lie past Sq), from what that consumer stored; every barrier quiescent when
-the entry invalidates it; the dynamic tile counter back at [0, 0]. Over the per-tile grid (one and
-two tiles per CTA), the persistent grid with static and dynamic tiles, with and without
-SKIP_PAST_ROWS, two and three consumers, two and three ring slots. The grids are the scheduler's
-formulas (tests/test_ws_scheduler.py holds them to the launcher's). MASK_PREFIX's hand-off
-(mask_prefix.py) is not played here: its producer waits on what the first consumer reads of the
-mask, which this run does not model.
+rows; K and V: the tile's key blocks in order, all of those its rows see); every (batch x head,
+tile, consumer) row block written exactly once (with SKIP_PAST_ROWS none of a consumer whose rows
+all lie past Sq), from what that consumer stored; every barrier quiescent when the entry
+invalidates it; the dynamic tile counter back at [0, 0]. Over the per-tile grid (one and two tiles
+per CTA), the persistent grid with static and dynamic tiles, MASK_PREFIX, with and without
+SKIP_PAST_ROWS, two and three consumers, two to four ring slots. The grids are the scheduler's
+formulas (tests/test_ws_scheduler.py holds them to the launcher's).
 
-What the host run cannot execute as written: an integer divided by zero is undefined on the GPU
-and an Inert here (the consumers pass `group` 0 to the scheduler's _cta_tile, whose unused hk is
-then h // 0).
+Stubbed, because the host run cannot execute them as written: mask_prefix._visible_range (it
+reduces the mask's values; its stand-in picks a visible run at random: none, from key 0, or, without
+causal, from a later key); and an integer divided by zero, undefined on the GPU, is an Inert here
+(the consumers pass `group` 0 to the scheduler's _cta_tile, whose unused hk is then h // 0).
 """
 from __future__ import annotations
 
@@ -59,7 +58,7 @@ class Launch:
     """One launch of the kernel on the host: its grid's CTAs, their partitions on threads."""
 
     def __init__(self, *, mode, b, hq, group, sq, skv, offset, causal, nc, stages, wg_m, block_n, skip,
-                 ctas=0, seed=0, shift=None, counter=True, pingpong=True, overlap=False):
+                 ctas=0, seed=0, shift=None, counter=True, pingpong=True, overlap=False, mask_len=None):
         self.b, self.hq, self.group, self.sq, self.skv, self.offset, self.causal = b, hq, group, sq, skv, offset, causal
         self.nc, self.stages, self.wg_m, self.block_n, self.skip = nc, stages, wg_m, block_n, skip
         self.block_m = wg_m * nc
@@ -69,6 +68,11 @@ class Launch:
         self.dynamic = mode == "dynamic"
         self.use_ctr = self.dynamic and counter
         self.tiles = 2 if mode == "tile2" else 1
+        self.prefix = mode == "prefix"  # a key-vector mask: MASK_PREFIX's visible-range hand-off
+        self.kv = min(skv, skv if mask_len is None else mask_len) if self.prefix else skv
+        self.mask_len = skv if mask_len is None else mask_len
+        self.ranges: dict = {}  # CTA -> the visible run its mask shows, (lo, end) or (-1, -1)
+        self.rng = random.Random(seed)
         total = self.n_m * b * hq
         self.grid = (min(ctas, total), 1) if self.persistent else (_cdiv(sq, self.block_m * self.tiles), b * hq)
         self.counter = [0, 0]
@@ -79,17 +83,32 @@ class Launch:
 
     # What each consumer must read and write: its own tile's rows and key blocks.
     def key_blocks(self, m0):
-        hi = min(self.skv, min(m0 + self.block_m, self.sq) - 1 + self.offset + 1) if self.causal else self.skv
+        hi = min(self.kv, min(m0 + self.block_m, self.sq) - 1 + self.offset + 1) if self.causal else self.kv
         return max(_cdiv(hi, self.block_n), 1)
 
-    def consumer_tile(self, real):
+    def visible_range(self, cta):
+        """The stand-in for _visible_range (the mask's values are not modelled): for a CTA's keys
+        [0, n), at random no single visible run, a run from key 0 (right padding) or, without
+        causal, one from a later key (left padding); the same for every consumer of the CTA."""
+        def stub(_m_base, n, *_a):
+            if cta not in self.ranges:
+                n = int(n)
+                end = self.rng.randint(1, n)
+                lo = self.rng.randrange(end) if not self.causal and self.rng.random() < 0.5 else 0
+                self.ranges[cta] = (lo, end) if self.rng.random() < 0.7 else (-1, -1)
+            return tuple(HInt(x) for x in self.ranges[cta])
+        return stub
+
+    def consumer_tile(self, real, cta):
         def tile(*args):
             a = dict(zip(_TILE_ARGS, args))
             me = self.run_.me()
+            lo, end = self.ranges.get(cta, (-1, -1))
             self.ctx[me] = c = dict(b=int(a["b"]), h=int(a["h"]), r0=int(a["m0"]) + int(a["WG"]) * self.wg_m,
-                                   m0=int(a["m0"]), K=0, V=0, out=None)
+                                   m0=int(a["m0"]), row0=max(lo, 0), K=0, V=0, out=None)
             real(*args)
-            want = self.key_blocks(c["m0"]) if c["out"] else 0
+            blocks = max(_cdiv(end - lo, self.block_n), 1) if lo >= 0 else self.key_blocks(c["m0"])
+            want = blocks if c["out"] else 0
             if (c["K"], c["V"]) != (want, want):
                 raise ProtocolError(f"{self.run_.name()} read {c['K']} K and {c['V']} V blocks of a tile with "
                                     f"{want} to read (stored: {c['out']})")
@@ -103,7 +122,7 @@ class Launch:
             want = ("Q", c["b"], c["h"], c["r0"])
         elif slot.smem.name in ("k_ring", "v_ring"):
             kind = slot.smem.name[0].upper()
-            want = (kind, c["b"], hk, c[kind] * self.block_n)
+            want = (kind, c["b"], hk, c["row0"] + c[kind] * self.block_n)
             c[kind] += 1
         else:
             raise ProtocolError(f"{self.run_.name()} reads {slot!r}")
@@ -120,17 +139,18 @@ class Launch:
 
     def cta(self, gx, gy):
         gl = HostGl((*self.grid, 1), (gx, gy, 0), point=self.run_.point, threads=self.run_, hopper=self.hopper)
-        kernel = host(entry.flash_fwd_gluon_ws, gl, _consumer_tile=Around(self.consumer_tile), **self.hopper.stubs())
+        kernel = host(entry.flash_fwd_gluon_ws, gl, _consumer_tile=Around(lambda real: self.consumer_tile(real, (gx, gy))),
+                      _visible_range=self.visible_range((gx, gy)), **self.hopper.stubs())
         i = HInt
         bh_all = self.b * self.hq
         wg, bn = self.wg_m * D * 2, self.block_n * D * 2
         kernel(Desc("Q", wg), Desc("K", bn), Desc("V", bn), Desc("Y", wg), Inert(), Inert(), Ptr(self.counter),
                Inert(), Inert(), i(self.hq), i(self.group), i(self.sq), i(self.skv), i(D), i(D), i(self.offset),
-               i(int(self.causal)), i(-1), i(bh_all if self.persistent else -1), i(self.skv), i(int(self.use_ctr)),
+               i(int(self.causal)), i(-1), i(bh_all if self.persistent else -1), i(self.mask_len), i(int(self.use_ctr)),
                i(1), *[i(0)] * 15,
                BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=D, NUM_STAGES=self.stages, PINGPONG=self.pingpong,
-               NUM_CONSUMERS=self.nc, CONSUMER_REGS=240, TILES_PER_CTA=self.tiles, MASK_KIND=0, OVERLAP_PV=self.overlap,
-               MASK_PREFIX=False, PERSISTENT_GRID=self.persistent, DYNAMIC_TILES=self.dynamic,
+               NUM_CONSUMERS=self.nc, CONSUMER_REGS=240, TILES_PER_CTA=self.tiles, MASK_KIND=int(self.prefix),
+               OVERLAP_PV=self.overlap, MASK_PREFIX=self.prefix, PERSISTENT_GRID=self.persistent, DYNAMIC_TILES=self.dynamic,
                SKIP_PAST_ROWS=self.skip)
 
     def play(self):
@@ -159,7 +179,7 @@ SHAPES = [
     (2, 2, 300, 300, 0, 1, 3, 1, True, 3, 128),    # d128's tile: the first tile one key block
     (2, 2, 200, 60, 0, 2, 2, 1, False, 3, 64),     # every tile one key block: the producer tiles ahead
 ]
-SEEDS = 6
+SEEDS = 4
 
 
 def _play(shape, seeds=SEEDS, **kw):
@@ -176,10 +196,13 @@ def _play(shape, seeds=SEEDS, **kw):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "nc{}-st{}-sq{}-skv{}-n{}".format(*s[:4], s[10]))
 @pytest.mark.parametrize("skip", [False, True], ids=["", "skip"])
-@pytest.mark.parametrize("mode", ["tile", "tile2", "static", "dynamic"])
+@pytest.mark.parametrize("mode", ["tile", "tile2", "static", "dynamic", "prefix"])
 def test_protocol_under_random_schedules(mode, skip, shape):
     """tile: a CTA per query tile (shipped); tile2: TILES_PER_CTA 2; static: PERSISTENT_GRID;
-    dynamic: with DYNAMIC_TILES, the CTAs claiming tiles through the counter pair."""
+    dynamic: with DYNAMIC_TILES, the CTAs claiming tiles through the counter pair; prefix: a CTA
+    per tile under a key-vector mask, MASK_PREFIX (shipped for masks: the visible run the first
+    consumer finds handed to the producer, block 0 loaded before it and dropped where the run
+    starts later)."""
     _play(shape, mode=mode, skip=skip)
 
 
@@ -197,12 +220,19 @@ def test_dynamic_tiles_without_the_counter():
         _play(shape, seeds=3, mode="dynamic", skip=True, counter=False)
 
 
+def test_masked_keys_end_at_mask_len():
+    """Under a key-vector mask the keys from mask_len on are hidden: every partition sees
+    min(Skv, mask_len) keys, the range check too."""
+    for shape in (SHAPES[1], SHAPES[5], SHAPES[7]):
+        _play(shape, seeds=3, mode="prefix", skip=False, mask_len=shape[3] - 70)
+
+
 def _early(who, slot):
     """The producer waiting one phase early on its ring's empty barriers."""
     return 1 if "_producer" in who and slot.smem.name in ("k_empty", "v_empty") else 0
 
 
-@pytest.mark.parametrize("mode", ["tile", "tile2", "static", "dynamic"])
+@pytest.mark.parametrize("mode", ["tile", "tile2", "static", "dynamic", "prefix"])
 def test_the_checks_catch_a_wrong_phase(mode):
     """The same run fails on a protocol with one parity wrong (the producer not waiting for the
     consumers to free a ring slot), in every schedule: a load over a slot in use, a read of a slot
