@@ -166,6 +166,8 @@ class Slot:
             self.content = value
 
     def load(self, *_a, **_kw):
+        if self.content is None and self.smem.gl.threads is not None:
+            raise ProtocolError(f"a read of {self!r}, which nothing has stored yet")
         return HInt(self.content) if isinstance(self.content, int) else Inert()
 
     def __getattr__(self, _name):  # dtype, shape
