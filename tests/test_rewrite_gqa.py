@@ -9,6 +9,7 @@ shared KV buffer included.
 from __future__ import annotations
 
 import numpy as np
+from ml_dtypes import bfloat16
 import onnx
 import pytest
 from onnx import helper
@@ -54,7 +55,8 @@ CASES = {
     "separate_qkv": (dict(packed=False), {}, (), None),
     "no_past": (dict(past=False), {}, (), None),
     "no_rotary_window_softcap": (dict(rotary=False), dict(local_window_size=3, softcap=20.0), (), None),
-    "float16_runs_on_cuda": (dict(dtype=np.float16), {}, (), "slower than ONNX Runtime's own at prefill"),
+    "float16_head_size_64_on_cuda": (dict(dtype=np.float16, d=64), {}, (), None),
+    "float16_head_size_32_on_cuda": (dict(dtype=np.float16), {}, (), "only for float16 at head size 64"),
     "quantized_cache": ({}, dict(k_quant_type="PER_TENSOR"), (), "quantized KV cache"),
     "smooth_softmax": ({}, dict(smooth_softmax=1), (), "smooth_softmax"),
     "windowed_cache": ({}, dict(sliding_window_cache=1, local_window_size=4), (), None),
@@ -93,19 +95,33 @@ def test_gqa_rule(name):
         assert unfused.node == original.name and reason in unfused.reason, unfused
 
 
-@pytest.mark.parametrize("switch,mapped", [(None, False), ("0", False), ("1", True)])
-def test_gqa_cuda_switch(monkeypatch, switch, mapped):
-    """float16 nodes (CUDA models) are declined unless ORT_FLASH_GQA_CUDA=1: on CUDA ort_flash's
-    op computes the same outputs but is slower than ONNX Runtime's own at prefill."""
+@pytest.mark.parametrize("dtype,d,window,switch,mapped", [
+    (np.float16, 64, 0, None, True), (np.float16, 64, 0, "0", False), (np.float16, 64, 0, "1", True),
+    (np.float16, 128, 0, None, False), (np.float16, 128, 0, "0", False), (np.float16, 128, 0, "1", True),
+    (np.float16, 32, 0, None, False), (bfloat16, 64, 0, None, False), (bfloat16, 64, 0, "1", True),
+    (np.float16, 64, 1, None, False), (np.float16, 64, 1, "1", False)])
+def test_gqa_cuda_decision(monkeypatch, dtype, d, window, switch, mapped):
+    """float16/bfloat16 nodes run on CUDA: mapped where ort_flash's op was measured at least as fast
+    as ONNX Runtime's (float16, head size 64), elsewhere only with ORT_FLASH_GQA_CUDA=1, never with
+    =0 or a windowed cache (the CUDA op refuses one); each decline says why."""
     if switch is None:
         monkeypatch.delenv("ORT_FLASH_GQA_CUDA", raising=False)
     else:
         monkeypatch.setenv("ORT_FLASH_GQA_CUDA", switch)
-    feeds, attrs = _feeds(dtype=np.float16)
-    result = rewrite(_model(feeds, attrs))
+    feeds, attrs = _feeds(dtype=dtype, d=d)
+    model = _model(feeds, attrs)
+    if window:
+        model.graph.node[0].attribute.extend([helper.make_attribute("sliding_window_cache", 1),
+                                              helper.make_attribute("local_window_size", 16)])
+    result = rewrite(model)
     assert result.report.counts.get("group_query_attention", 0) == int(mapped), result.report.format_table()
     [node] = result.model.graph.node
     assert node.domain == ("ort_flash" if mapped else "com.microsoft")
+    if not mapped:
+        [unfused] = result.report.unfused
+        want = ("windowed KV cache" if window else "ORT_FLASH_GQA_CUDA=0" if switch == "0"
+                else "ORT_FLASH_GQA_CUDA=1 maps it")
+        assert f"head size {d}" in unfused.reason and want in unfused.reason, unfused.reason
 
 
 @pytest.mark.parametrize("shared", [True, False])

@@ -15,9 +15,9 @@
 # A windowed KV cache (sliding_window_cache=1, the builder's default for Mistral and Gemma 2) is
 # kept as ONNX Runtime's op keeps it. Declined with a reason: what ort_flash's op does not
 # compute (a quantized cache, attention sinks, an attention bias, fused Q/K norms, the QK
-# output, smooth softmax) and, unless ORT_FLASH_GQA_CUDA=1, float16 / bfloat16 nodes: they run
-# on CUDA, where ort_flash's GroupQueryAttention (cpp/gqa_launch.cc) computes the same outputs but
-# is slower than ONNX Runtime's own at prefill (perf-notes, "GroupQueryAttention on CUDA").
+# output, smooth softmax) and float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's
+# op is not measured faster than ONNX Runtime's own (_cuda_decision: mapped for float16 at head
+# size 64; ORT_FLASH_GQA_CUDA=1 maps the others, =0 none; a windowed cache never on CUDA).
 from __future__ import annotations
 
 import math
@@ -111,10 +111,6 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
     dtype = query.dtype
     if dtype not in _FLOATS:
         _fail(f"query of type {dtype} (expected float32, float16 or bfloat16)")
-    if dtype != ir.DataType.FLOAT and os.environ.get("ORT_FLASH_GQA_CUDA") != "1":
-        _fail(f"a {dtype.name.lower()} GroupQueryAttention runs on CUDA, where ort_flash's "
-              "GroupQueryAttention is slower than ONNX Runtime's own at prefill (docs/perf-notes.md, "
-              "GroupQueryAttention on CUDA): left to ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
     for name in ("past_key", "past_value"):
         value = inputs.get(name)
         if value is not None and value.dtype is not None and value.dtype != dtype:
@@ -127,6 +123,8 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
     hidden = qd[2] if qd and len(qd) == 3 and isinstance(qd[2], int) else None
     parts = hq + 2 * hkv if packed else hq
     head_dim: int | str = hidden // parts if hidden is not None and hidden % parts == 0 else "?"
+    if dtype != ir.DataType.FLOAT:
+        _cuda_decision(node, dtype, head_dim)
     scale_attr = node.attributes.get("scale")
     scale = scale_attr.as_float() if scale_attr is not None else 0.0
     if not scale and isinstance(head_dim, int):
@@ -144,3 +142,21 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
         notes.append("rotary" + (" interleaved" if _int(node, "rotary_interleaved", 0) else ""))
     return {"node": node, "heads": hq, "kv_heads": hkv, "head_dim": head_dim, "causal": causal,
             "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
+
+
+def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim) -> None:
+    """float16 / bfloat16 nodes run on CUDA. Mapped where ort_flash's op was measured at least as
+    fast as ONNX Runtime's (float16 at head size 64: prefill 1.00-1.07x, GenAI end to end
+    1.00-1.09x, perf-notes "GroupQueryAttention on CUDA"), or with ORT_FLASH_GQA_CUDA=1; never
+    with ORT_FLASH_GQA_CUDA=0, nor a windowed cache (the CUDA op refuses it at session creation)."""
+    what = f"a {dtype.name.lower()} GroupQueryAttention (CUDA) with head size {head_dim}"
+    if _int(node, "sliding_window_cache", 0):
+        _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes a "
+              "windowed cache on the CPU execution provider only")
+    switch = os.environ.get("ORT_FLASH_GQA_CUDA")
+    if switch == "0":
+        _fail(f"{what}: ORT_FLASH_GQA_CUDA=0 leaves it to ONNX Runtime's op")
+    if switch != "1" and not (dtype == ir.DataType.FLOAT16 and head_dim == 64):
+        _fail(f"{what}: ort_flash's op is faster than ONNX Runtime's on CUDA only for float16 at head "
+              "size 64 (at 128 it is slower below 8k prompt tokens; docs/perf-notes.md, GroupQueryAttention "
+              "on CUDA): left to ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
