@@ -13,9 +13,10 @@
 #   bash tools/gpu_release.sh extra   # compute-sanitizer side by side (tools/gpu_sanitize.sh,
 #                                     # 7 pytest workers each): memcheck on the GPU suite,
 #                                     # racecheck on the direct-kernel tests
-#   bash tools/gpu_release.sh gqa     # GroupQueryAttention on CUDA: its GPU tests (opted in with
-#                                     # ORT_FLASH_GQA_CUDA=1 while that switch exists), then
-#                                     # `bench --suite gqa` and `--suite genai` (carry .gpugenai)
+#   bash tools/gpu_release.sh gqa     # GroupQueryAttention on CUDA: its GPU tests, then
+#                                     # `bench --suite gqa` and `--suite genai` (carry .gpugenai;
+#                                     # ORT_FLASH_GQA_CUDA=1 so that GENAI_MODEL's heads of any size
+#                                     # are mapped), then experiments/gqa_profile.py
 #   bash tools/gpu_release.sh tune    # the tile sweeps: experiments/tune.py --tma, experiments/tune_decode.py
 #   bash tools/gpu_release.sh try     # built-but-off kernel switches: the sm_90 build with
 #                                     # ORT_FLASH_GLUON_WS_ON (e.g. persistent,dynamic,skip) in the
@@ -99,11 +100,13 @@ case "${1:-}" in
     ;;
   gqa)
     . tools/gpu_env.sh
-    export ORT_FLASH_GQA_CUDA=1
     timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 8 \
       tests/test_gqa_cuda.py 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -25
     bench --suite gqa --budget-s "${GQA_S:-200}" --out "$OUT/bench-gqa.json" | tail -40
-    bench --suite genai --budget-s "${GENAI_S:-150}" --out "$OUT/bench-genai.json" | tail -25
+    ORT_FLASH_GQA_CUDA=1 bench --suite genai --budget-s "${GENAI_S:-150}" ${GENAI_MODEL:+--genai-model $GENAI_MODEL} \
+      --out "$OUT/bench-genai.json" | tail -25
+    timeout "${PROFILE_S:-90}" python3 experiments/gqa_profile.py --runs 10 --out "$OUT/gqa-profile.json" 2>&1 \
+      | grep -E "^d|gqa_|flash|UnpackRoPE|cudnn" | cut -c1-100
     ;;
   *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa"; exit 2 ;;
 esac
