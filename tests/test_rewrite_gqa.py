@@ -124,20 +124,30 @@ def test_gqa_cuda_decision(monkeypatch, dtype, d, window, switch, mapped):
         assert f"head size {d}" in unfused.reason and want in unfused.reason, unfused.reason
 
 
+@pytest.mark.parametrize("dtype,d,tol", [(np.float32, 32, (1e-4, 1e-5, 1e-6)), (np.float16, 64, (2e-3, 2e-3, 2e-3))],
+                         ids=["float32", "float16-d64"])
 @pytest.mark.parametrize("shared", [True, False])
-def test_gqa_rewritten_model_computes_the_same(shared):
-    """The rewritten one-node model against the original in ONNX Runtime: a padded first prompt
-    into the shared (or a separate) buffer, then a decode step on the result."""
+def test_gqa_rewritten_model_computes_the_same(shared, dtype, d, tol):
+    """The rewritten one-node model against the original in ONNX Runtime (CPU EP): the written
+    model loads with the library, and the op computes a padded first prompt into the shared (or a
+    separate) buffer as ONNX Runtime's does; float32 and the float16 head-size-64 node the
+    rewriter maps by default."""
+    import onnxruntime as ort
+
     import ort_flash
 
-    feeds, attrs = _feeds()
+    feeds, attrs = _feeds(dtype=dtype, d=d)
     result = rewrite(_model(feeds, attrs))
     assert result.report.total_fused == 1
+    ort.InferenceSession(result.model.SerializeToString(), ort_flash.session_options(),
+                         providers=["CPUExecutionProvider"])
     library = ort_flash.library_path()
     ours = run_gqa(dict(feeds), shared=shared, library=library, **attrs)
     theirs = run_gqa(dict(feeds), shared=shared, **attrs)
     lengths = feeds["seqlens_k"] + 1
+    rtol, atol, kv_tol = tol
     for b, n in enumerate(lengths):  # the real tokens' rows (padding rows differ by design: see test_gqa_op)
-        np.testing.assert_allclose(ours[0][b, :n], theirs[0][b, :n], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(ours[0][b, :n].astype(np.float32), theirs[0][b, :n].astype(np.float32),
+                                   rtol=rtol, atol=atol)
     np.testing.assert_array_equal(ours[2], theirs[2])
-    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ours[1].astype(np.float32), theirs[1].astype(np.float32), rtol=kv_tol, atol=kv_tol)
