@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -22,23 +21,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ort_flash  # noqa: E402
 from ort_flash.bench.gqa_graphs import gqa_model  # noqa: E402
+from ort_flash.bench.gqa_peers import attrs, rotary_tables  # noqa: E402
 
 TOKENS, HQ, HKV, HEADROOM = 16384, 32, 8, 256
 
 
 def inputs(b: int, n: int, d: int) -> dict:
-    """Device tensors for a first prompt of n tokens at batch b (the gqa suite's shapes)."""
+    """Device tensors for a first prompt of n tokens at batch b (the gqa suite's shapes, its rotary
+    tables and node attributes: ort_flash/bench/gqa_peers.py)."""
     dev, f16 = "cuda", torch.float16
     m = n + HEADROOM
-    pos = torch.arange(m, device=dev, dtype=torch.float32)[:, None]
-    inv = 10000.0 ** (-torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d)
-    ang = pos * inv[None, :]
+    cos, sin = (torch.from_numpy(t).to(dev, f16) for t in rotary_tables(m, d))
     return {"query": torch.randn(b, n, (HQ + 2 * HKV) * d, device=dev, dtype=f16),
             "past_key": torch.zeros(b, HKV, m, d, device=dev, dtype=f16),
             "past_value": torch.zeros(b, HKV, m, d, device=dev, dtype=f16),
             "seqlens_k": torch.full((b,), n - 1, device=dev, dtype=torch.int32),
             "total_sequence_length": torch.tensor(n, dtype=torch.int32),
-            "cos_cache": torch.cos(ang).to(f16), "sin_cache": torch.sin(ang).to(f16)}
+            "cos_cache": cos, "sin_cache": sin}
 
 
 def bound(domain: str, feeds: dict, d: int, out: torch.Tensor):
@@ -46,8 +45,7 @@ def bound(domain: str, feeds: dict, d: int, out: torch.Tensor):
 
     shapes = {k: np.empty(tuple(v.shape), dtype=np.float16 if v.dtype == torch.float16 else np.int32)
               for k, v in feeds.items()}
-    model = gqa_model(shapes, domain, num_heads=HQ, kv_num_heads=HKV, scale=1.0 / math.sqrt(d), softcap=0.0,
-                      local_window_size=-1, do_rotary=1, rotary_interleaved=0)
+    model = gqa_model(shapes, domain, **attrs(dict(hq=HQ, hkv=HKV, d=d)))
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if domain == "ort_flash":
