@@ -127,7 +127,8 @@ def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
     elif v.kind == "combine":
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
     elif v.kind in GQA_KINDS:
-        constexprs = {"BLOCK_ROWS": cfg.block_m, "BLOCK_D": v.head_dim, "COPY_PAST": v.kind == "gqa_past"}
+        constexprs = {"BLOCK_ROWS": cfg.block_m, "BLOCK_D": v.head_dim, "GATHER_ROWS": cfg.block_n,
+                      "COPY_PAST": v.kind == "gqa_past"}
     else:
         constexprs = {
             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": v.head_dim,

@@ -4,22 +4,32 @@ semantics are ort_flash/reference_gqa.py's rules 5-9).
 
 One Triton function, two modes (constexpr COPY_PAST):
 
-- new tokens (COPY_PAST False), grid (B * cdiv(S, BLOCK_ROWS), q_heads + Hkv): BLOCK_ROWS tokens
-  (b, s) of one batch row and one head each. A Q head's program rotates it into QRot (B, S, Hq, D)
-  when `rotary` (q_heads = Hq then, else 0); a K/V head's rotates the K head and writes it and the
-  V head into the present buffers (B, Hkv, present_len, D) at rows past_b + s. The program of the
-  row's first tokens and head 0 also writes the row's total length T_b = seqlens_k[b] + 1 (int64,
-  the attention kernels' per-batch key lengths) and, when `write_mask`, the key mask row j < T_b
-  (bool, present_len entries) of a first prompt. A program moves a few KB, so that its loads are
-  many and independent (one token's few heads per program was latency-bound: 0.69 ms for 16k
-  tokens whatever the head dim, perf-notes "GroupQueryAttention on CUDA").
+- new tokens (COPY_PAST False), grid (B * cdiv(S * NH, BLOCK_ROWS),): a program takes BLOCK_ROWS
+  consecutive rows p = s * NH + h of one batch row b, a row being one head of one token, NH =
+  q_heads + 2 Hkv of them per token in packed QKV's order: the Q heads (q_heads = Hq when
+  `rotary`, else 0: Q is then read as it is), the K heads, the V heads. So a decode step (S = 1)
+  fills a program with its token's heads, and a prefill program reads consecutive heads of a token
+  (one contiguous span in packed QKV). A Q row is rotated into QRot (B, S, Hq, D); a K row rotated
+  and a V row copied into the present buffers (B, Hkv, present_len, D) at row past_b + s. The
+  program holding row 0 also writes the batch row's total length T_b = seqlens_k[b] + 1 (int64,
+  the attention kernels' per-batch key lengths) and, when `write_mask`, its key mask row j < T_b
+  (bool, present_len entries) of a first prompt.
 - past copy (COPY_PAST True), grid (cdiv(present_len, BLOCK_ROWS), B * Hkv): a present of its own
   (not the past's buffer): rows j < min(past_b, past_len) copied from the past, the other rows
   zeroed except the new tokens' [past_b, past_b + S), which the other mode writes.
 
 Rotary in fp32: `rotary` 1 rotates the halves (x[i], x[i + R/2]), 2 interleaved pairs (x[2i],
 x[2i + 1]); dims from R = 2 * rotary_half on pass through. A position outside cos_cache's rows
-leaves the token unrotated (the host cannot check device positions without a sync).
+leaves the token unrotated (the host cannot check device positions without a sync). Every path
+computes x * cos + (sign * partner) * sin in fp32 (sign -1 for the first of a pair), the same
+operations in the same order, so that they round alike.
+
+The new tokens take one of two paths, chosen per call in the kernel (_new_tokens):
+- fast: half-split rotary over the whole head (R = D: LLaMA, Mistral, Qwen) or no rotary (D
+  even), every row, half-row and cos/sin row 16-byte aligned: each row is two contiguous halves,
+  each loaded and stored as 16-byte vectors, cos and sin contiguous too; no gathers.
+- general: anything else (interleaved or partial rotary, unaligned rows): each element's partner
+  and cos/sin entry gathered, in chunks of GATHER_ROWS rows.
 
 seqlens_k is device data: a row whose length is impossible (T_b < 1 or > total_max, fewer keys
 than the new tokens, past the cache) writes no K/V row and gets T_b = 0 (its attention output is
@@ -42,81 +52,161 @@ def _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt):
 
 
 @triton.jit
-def gqa_prepare(
-    Q, K, V, PastK, PastV, PresentK, PresentV, QRot, Cos, Sin, PositionIds, Seqlens, Totals, KeyMask,
-    S, Hq, Hkv, D, q_heads, rotary, rotary_half, max_position, has_position_ids,
-    first_prompt, write_mask, total_max, present_len, past_len,
-    stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
-    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, COPY_PAST: tl.constexpr,
-):
-    dd = tl.arange(0, BLOCK_D)
-    d_ok = dd < D
-    if COPY_PAST:
-        bh = tl.program_id(1)
-        b = bh // Hkv
-        total, past, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt)
-        jj = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        new_end = tl.where(ok, past + S, 0)
-        copy = (jj < tl.minimum(past, past_len))[:, None] & d_ok[None, :]
-        write = ((jj < present_len) & ((jj < past) | (jj >= new_end)))[:, None] & d_ok[None, :]
-        src = (bh.to(tl.int64) * past_len + jj)[:, None] * D + dd[None, :]
-        dst = (bh.to(tl.int64) * present_len + jj)[:, None] * D + dd[None, :]
-        tl.store(PresentK + dst, tl.load(PastK + src, mask=copy, other=0.0), mask=write)
-        tl.store(PresentV + dst, tl.load(PastV + src, mask=copy, other=0.0), mask=write)
-        return
-
-    # This program: BLOCK_ROWS tokens of batch row b from s0, one head h (a Q head below
-    # q_heads, then the Hkv K/V heads).
-    tiles = tl.cdiv(S, BLOCK_ROWS)
-    b = tl.program_id(0) // tiles
-    s0 = (tl.program_id(0) % tiles) * BLOCK_ROWS
-    h = tl.program_id(1)
-    total, past, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt)
-    b64 = b.to(tl.int64)
-    if (s0 == 0) & (h == 0):
-        tl.store(Totals + b, total)
-        if write_mask != 0:
-            for j0 in range(0, present_len, MASK_STEP):
-                jm = j0 + tl.arange(0, MASK_STEP)
-                tl.store(KeyMask + b64 * present_len + jm, (jm < total).to(tl.int8), mask=jm < present_len)
-    ss = s0 + tl.arange(0, BLOCK_ROWS)
-    s_ok = ss < S
-    s64 = ss.to(tl.int64)
-    here = s_ok[:, None] & d_ok[None, :]
-
-    # Each token's rotary position (cpp/gqa_call.cc position_of).
+def _pair_rows(Q, K, V, PresentK, PresentV, QRot, PositionIds, pp, b64, S, Hq, Hkv, D, q_heads, rotary,
+               max_position, has_position_ids, first_prompt, present_len, past, ok,
+               stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, ALIGNED: tl.constexpr):
+    """Rows pp (p = s * NH + h) of batch row b: per row (source, destination, load: the row exists,
+    store: it is written, its rotary position, turn: it is rotated). ALIGNED: the caller checked
+    that every row starts 16-byte aligned and says so to the compiler (vector loads and stores)."""
+    NH = q_heads + 2 * Hkv
+    s = pp // NH
+    h = pp - s * NH
+    s64 = s.to(tl.int64)
+    hk = h - q_heads  # a K head below Hkv, else the V head hk - Hkv
+    is_q = h < q_heads
+    is_k = (hk >= 0) & (hk < Hkv)
+    hkv = tl.where(is_k, hk, hk - Hkv)
+    src = tl.where(is_q, Q + b64 * stride_qb + s64 * stride_qs + h * D,
+                   tl.where(is_k, K + b64 * stride_kb + s64 * stride_ks + hk * D,
+                            V + b64 * stride_vb + s64 * stride_vs + hkv * D))
+    kv_row = ((b64 * Hkv + hkv) * present_len + past + s64) * D
+    dst = tl.where(is_q, QRot + ((b64 * S + s64) * Hq + h) * D,
+                   tl.where(is_k, PresentK + kv_row, PresentV + kv_row))
+    if ALIGNED:
+        src = tl.multiple_of(src, [16])
+        dst = tl.multiple_of(dst, [16])
+    # Loads do not wait for seqlens_k (every new token's row exists); a K/V row is stored only
+    # where the batch row's length is valid, a Q row always.
+    load = pp < S * NH
+    store = load & (is_q | ok)
+    # The token's rotary position (cpp/gqa_call.cc position_of).
     if first_prompt != 0:
         pos = s64
         if has_position_ids != 0:
             pos += tl.load(PositionIds)
     elif has_position_ids != 0:
-        pos = tl.load(PositionIds + b64 * S + s64, mask=s_ok, other=0)
+        pos = tl.load(PositionIds + b64 * S + s64, mask=load, other=0)
     else:
         pos = past + s64
-    rot = (rotary != 0) & (pos >= 0) & (pos < max_position)
-    low = dd < rotary_half
-    inter = rotary == 2
-    i = tl.where(inter, dd // 2, tl.where(low, dd, dd - rotary_half))
-    partner = tl.where(inter, dd ^ 1, tl.where(low, dd + rotary_half, dd - rotary_half))
-    sign = tl.where(tl.where(inter, dd % 2 == 0, low), -1.0, 1.0)
-    turn = here & rot[:, None] & (dd < 2 * rotary_half)[None, :]
-    cos = tl.load(Cos + pos[:, None] * rotary_half + i[None, :], mask=turn, other=1.0).to(tl.float32)
-    sin = tl.load(Sin + pos[:, None] * rotary_half + i[None, :], mask=turn, other=0.0).to(tl.float32)
+    turn = load & (rotary != 0) & (hk < Hkv) & (pos >= 0) & (pos < max_position)  # a Q or K row
+    return src, dst, load, store, pos, turn
 
-    hk = h - q_heads
-    if h < q_heads:
-        rows = Q + b64 * stride_qb + s64[:, None] * stride_qs + h * D
+
+@triton.jit
+def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, b64, p0, S, Hq, Hkv, D, q_heads,
+                rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, ok,
+                stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
+                BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr):
+    """Rows p0 .. p0 + BLOCK_ROWS - 1 of batch row b64: the fast path where the call allows it,
+    else the general one (the module's docstring)."""
+    # The fast path's rows are two halves of `half` elements each, rotated as pairs (rotary 1, R
+    # = D) or copied (no rotary). The GQA pointers promise no alignment (K and V may point into
+    # packed QKV), so it is checked here: every pointer 16-byte aligned, every stride and `half`
+    # a multiple of VEC elements (16 bytes); then every row, half and cos/sin row starts aligned.
+    VEC: tl.constexpr = 128 // Q.dtype.element_ty.primitive_bitwidth
+    half = tl.where(rotary == 0, D // 2, rotary_half)
+    whole = ((rotary == 0) & (D % 2 == 0)) | ((rotary == 1) & (2 * rotary_half == D))
+    addresses = (Q.to(tl.int64) | K.to(tl.int64) | V.to(tl.int64) | PresentK.to(tl.int64)
+                 | PresentV.to(tl.int64) | QRot.to(tl.int64) | Cos.to(tl.int64) | Sin.to(tl.int64))
+    strides = stride_qb | stride_qs | stride_kb | stride_ks | stride_vb | stride_vs | half
+    if whole & (addresses % 16 == 0) & (strides % VEC == 0):
+        hv = (half // VEC) * VEC  # == half, in a form the compiler knows to be a multiple of VEC
+        cols = tl.arange(0, BLOCK_D // 2)
+        c_ok = (cols < hv)[None, :]
+        pp = p0 + tl.arange(0, BLOCK_ROWS)
+        src, dst, load, store, pos, turn = _pair_rows(
+            Q, K, V, PresentK, PresentV, QRot, PositionIds, pp, b64, S, Hq, Hkv, D, q_heads, rotary,
+            max_position, has_position_ids, first_prompt, present_len, past, ok,
+            stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, True)
+        cs = tl.where(turn, pos, 0) * hv
+        cos_row = tl.multiple_of(Cos + cs, [16])
+        sin_row = tl.multiple_of(Sin + cs, [16])
+        t = turn[:, None] & c_ok
+        lo = src[:, None] + cols[None, :]
+        x_lo = tl.load(lo, mask=load[:, None] & c_ok, other=0.0).to(tl.float32)
+        x_hi = tl.load(lo + hv, mask=load[:, None] & c_ok, other=0.0).to(tl.float32)
+        cos = tl.load(cos_row[:, None] + cols[None, :], mask=t, other=1.0).to(tl.float32)
+        sin = tl.load(sin_row[:, None] + cols[None, :], mask=t, other=0.0).to(tl.float32)
+        # The general path's x * cos + (sign * xp) * sin, sign -1 for the low half: -1.0 * x is
+        # x with its sign flipped (-x would be 0 - x, which turns -0 into +0).
+        y_lo = tl.where(t, x_lo * cos + (-1.0 * x_hi) * sin, x_lo).to(QRot.dtype.element_ty)
+        y_hi = tl.where(t, x_hi * cos + x_lo * sin, x_hi).to(QRot.dtype.element_ty)
+        out = dst[:, None] + cols[None, :]
+        tl.store(out, y_lo, mask=store[:, None] & c_ok)
+        tl.store(out + hv, y_hi, mask=store[:, None] & c_ok)
     else:
-        rows = K + b64 * stride_kb + s64[:, None] * stride_ks + hk * D
-    x = tl.load(rows + dd[None, :], mask=here, other=0.0).to(tl.float32)
-    xp = tl.load(rows + partner[None, :], mask=turn, other=0.0).to(tl.float32)
-    y = tl.where(turn, x * cos + (sign[None, :] * xp) * sin, x)
-    y = y.to(QRot.dtype.element_ty)
+        # Each element's partner (rotary 1: x[i +- R/2]; 2: x[i ^ 1]) and cos/sin entry gathered,
+        # dims from R on passed through; GATHER_ROWS rows at a time, since a gathered element
+        # costs a 64-bit address per load: the whole tile at once would take registers the fast
+        # path then lacks (one register count serves both).
+        dd = tl.arange(0, BLOCK_D)
+        low = dd < rotary_half
+        inter = rotary == 2
+        i = tl.where(inter, dd // 2, tl.where(low, dd, dd - rotary_half))
+        partner = tl.where(inter, dd ^ 1, tl.where(low, dd + rotary_half, dd - rotary_half))
+        sign = tl.where(tl.where(inter, dd % 2 == 0, low), -1.0, 1.0)
+        d_ok = (dd < D)[None, :]
+        r_ok = (dd < 2 * rotary_half)[None, :]
+        for r0 in range(0, BLOCK_ROWS, GATHER_ROWS):
+            pp = p0 + r0 + tl.arange(0, GATHER_ROWS)
+            src, dst, load, store, pos, turn = _pair_rows(
+                Q, K, V, PresentK, PresentV, QRot, PositionIds, pp, b64, S, Hq, Hkv, D, q_heads, rotary,
+                max_position, has_position_ids, first_prompt, present_len, past, ok,
+                stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, False)
+            t = turn[:, None] & d_ok & r_ok
+            cs = tl.where(turn, pos, 0)[:, None] * rotary_half + i[None, :]
+            cos = tl.load(Cos + cs, mask=t, other=1.0).to(tl.float32)
+            sin = tl.load(Sin + cs, mask=t, other=0.0).to(tl.float32)
+            x = tl.load(src[:, None] + dd[None, :], mask=load[:, None] & d_ok, other=0.0).to(tl.float32)
+            xp = tl.load(src[:, None] + partner[None, :], mask=t, other=0.0).to(tl.float32)
+            y = tl.where(t, x * cos + (sign[None, :] * xp) * sin, x)
+            tl.store(dst[:, None] + dd[None, :], y.to(QRot.dtype.element_ty), mask=store[:, None] & d_ok)
 
-    if h < q_heads:
-        tl.store(QRot + ((b64 * S + s64[:, None]) * Hq + h) * D + dd[None, :], y, mask=here)
-    elif ok:
-        row = ((b64 * Hkv + hk) * present_len + past + s64[:, None]) * D + dd[None, :]
-        tl.store(PresentK + row, y, mask=here)
-        v = tl.load(V + b64 * stride_vb + s64[:, None] * stride_vs + hk * D + dd[None, :], mask=here, other=0.0)
-        tl.store(PresentV + row, v, mask=here)
+
+@triton.jit
+def _copy_past(PastK, PastV, PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, present_len,
+               past_len, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """COPY_PAST: cache rows of one (batch row, KV head) of a present of its own."""
+    dd = tl.arange(0, BLOCK_D)
+    d_ok = dd < D
+    bh = tl.program_id(1)
+    b = bh // Hkv
+    total, past, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt)
+    jj = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    new_end = tl.where(ok, past + S, 0)
+    copy = (jj < tl.minimum(past, past_len))[:, None] & d_ok[None, :]
+    write = ((jj < present_len) & ((jj < past) | (jj >= new_end)))[:, None] & d_ok[None, :]
+    src = (bh.to(tl.int64) * past_len + jj)[:, None] * D + dd[None, :]
+    dst = (bh.to(tl.int64) * present_len + jj)[:, None] * D + dd[None, :]
+    tl.store(PresentK + dst, tl.load(PastK + src, mask=copy, other=0.0), mask=write)
+    tl.store(PresentV + dst, tl.load(PastV + src, mask=copy, other=0.0), mask=write)
+
+
+@triton.jit
+def gqa_prepare(
+    Q, K, V, PastK, PastV, PresentK, PresentV, QRot, Cos, Sin, PositionIds, Seqlens, Totals, KeyMask,
+    S, Hq, Hkv, D, q_heads, rotary, rotary_half, max_position, has_position_ids,
+    first_prompt, write_mask, total_max, present_len, past_len,
+    stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
+    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr, COPY_PAST: tl.constexpr,
+):
+    if COPY_PAST:
+        _copy_past(PastK, PastV, PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, present_len,
+                   past_len, BLOCK_ROWS, BLOCK_D)
+    else:
+        tiles = tl.cdiv(S * (q_heads + 2 * Hkv), BLOCK_ROWS)
+        b = tl.program_id(0) // tiles
+        p0 = (tl.program_id(0) % tiles) * BLOCK_ROWS
+        total, past, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt)
+        b64 = b.to(tl.int64)
+        _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, b64, p0, S, Hq, Hkv, D, q_heads,
+                    rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, ok,
+                    stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
+                    BLOCK_ROWS, BLOCK_D, GATHER_ROWS)
+        # The batch row's length and key mask, after its rows' loads are issued.
+        if p0 == 0:
+            tl.store(Totals + b, total)
+            if write_mask != 0:
+                for j0 in range(0, present_len, MASK_STEP):
+                    jm = j0 + tl.arange(0, MASK_STEP)
+                    tl.store(KeyMask + b64 * present_len + jm, (jm < total).to(tl.int8), mask=jm < present_len)

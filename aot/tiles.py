@@ -45,14 +45,27 @@ TMA_TILES = {
     128: ((-1, 0, (64, 64, 4, 3)), (0, 2048, (128, 128, 8, 3)), (1, 8192, (128, 128, 8, 3))),
 }
 
-# GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): about GQA_ELEMENTS elements of one
-# head per CTA, as rows (tokens: gqa_prepare; cache rows: gqa_past) of the head dim; memory-bound.
-GQA_ELEMENTS = 2048
+# GroupQueryAttention's prepare kernels (aot/gqa_prepare.py), memory-bound, 4 warps a CTA.
+# gqa_prepare: GQA_ELEMENTS elements a CTA, as rows ((token, head) pairs) of BLOCK_D; its general
+# path gathers GQA_GATHER_ELEMENTS at a time. Reasoned, not measured (perf-notes "Prepare v2"):
+# the fast path's CTA moves 4096 elements (8 KB in and 8 KB out at fp16; cos/sin mostly from
+# L1/L2), each thread with two 16-byte vectors of each half, of cos and of sin in flight. One
+# register count serves both paths, and the general path's gathers cost 12-25 registers per
+# element a thread (a 64-bit address per load): chunks of 512 elements (4 a thread) keep sm_90 at
+# 72-127 registers, 4-7 CTAs (16-28 warps) an SM, so 32-56 KB of reads in flight per SM at fp16,
+# where about 10-20 KB keep HBM at the copy rate (Little: ~1.5 TB/s of reads x ~1 us / 132 SMs);
+# the whole tile at once took 186-255 registers (2 CTAs an SM, or spills). gqa_past (unchanged):
+# 2048 elements a CTA (4096 took 232 registers).
+GQA_ELEMENTS = 4096
+GQA_GATHER_ELEMENTS = 512
+GQA_PAST_ELEMENTS = 2048
 
 
-def gqa_tile(head_dim: int) -> tuple[int, int, int, int]:
-    """(rows per CTA, -, num_warps, stages) of a prepare kernel compiled for `head_dim`."""
-    return (GQA_ELEMENTS // head_dim, 0, 4, 1)
+def gqa_tile(head_dim: int, kind: str = "gqa_prepare") -> tuple[int, int, int, int]:
+    """(rows per CTA, rows per chunk of gqa_prepare's general path, num_warps, stages) of a prepare
+    kernel of `kind` compiled for `head_dim`."""
+    rows = (GQA_PAST_ELEMENTS if kind == "gqa_past" else GQA_ELEMENTS) // head_dim
+    return (rows, min(rows, GQA_GATHER_ELEMENTS // head_dim), 4, 1)
 
 # The one-partition Gluon kernel (aot/flash_fwd_gluon.py) per head dim (perf-notes prefill v6):
 # d128 one warpgroup per CTA and two CTAs per SM (115 KB of shared memory each).

@@ -182,7 +182,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
     """Tile table per (arch, kind, dtype, head dim), and for the unmasked TMA kernels per causal
     flag and sequence length (TMA_TILES)."""
     if v.kind in GQA_KINDS:
-        return TileConfig(*gqa_tile(v.head_dim))
+        return TileConfig(*gqa_tile(v.head_dim, v.kind))
     if v.kind == "combine":
         return TileConfig(1, 16, 4 if v.head_dim >= 128 else 2, 1)  # block_n: splits per step
     if v.kind == "decode":

@@ -80,6 +80,12 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
 
   const int es = dtype_size(d.dtype);
   const bool rotary = c.attrs.do_rotary != 0;
+  // gqa_prepare's rows of a batch row: NH = (Q heads if rotated) + 2 Hkv per token.
+  const int64_t block_rows = prepare->entry->block_m;
+  const int64_t rows = d.sq * ((rotary ? d.hq : 0) + 2 * d.hkv);
+  if (rows + block_rows > std::numeric_limits<int32_t>::max()) {
+    return fail(std::to_string(rows) + " (token, head) rows of a batch row exceed int32");
+  }
   const bool mask = gqa_needs_key_mask(c, first);
   const size_t q_bytes = rotary ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
   const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
@@ -130,12 +136,13 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // A present of its own: zeros and each row's past (rows the new tokens take are left to them).
   const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
   if (!shared) {
-    const int64_t rows = past->entry->block_m;
-    ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + rows - 1) / rows, d.batch * d.hkv, a, stream));
+    const int64_t cache_rows = past->entry->block_m;
+    ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + cache_rows - 1) / cache_rows, d.batch * d.hkv, a, stream));
   }
-  // BLOCK_ROWS tokens of one batch row per program, one head per grid row.
-  const int64_t tokens = prepare->entry->block_m;
-  ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *prepare, d.batch * ((d.sq + tokens - 1) / tokens), a.q_heads + d.hkv, a, stream));
+  // BLOCK_ROWS rows of one batch row per program, a row being one head of one token: the rotated
+  // Q heads (none without rotary), then the K heads, then the V heads of each token. The kernel
+  // counts them in int32 (checked above).
+  ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *prepare, d.batch * ((rows + block_rows - 1) / block_rows), 1, a, stream));
 
   if (gqa_attends_nothing(c)) {
     return cuda_check(drv->cuMemsetD8Async(dev(c.output), 0, static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es,

@@ -482,8 +482,13 @@ def test_gqa_prepare_variants():
     assert build.KERNELS["gqa_prepare"] is build.KERNELS["gqa_past"]
     for x in g:
         src, _, _, sig, constexprs = build.triton_source(x, 90, v.get_fwd_config(90, x))
-        rows = v.get_fwd_config(90, x).block_m
-        assert rows * x.head_dim == 2048 and x.name == f"{x.kind}_{x.dtype}_d{x.head_dim}"
-        assert constexprs == {"BLOCK_ROWS": rows, "BLOCK_D": x.head_dim, "COPY_PAST": x.kind == "gqa_past"}
+        cfg = v.get_fwd_config(90, x)
+        rows, gather = cfg.block_m, cfg.block_n
+        # gqa_prepare: 4096 elements a CTA, its general path 512 at a time; gqa_past: 2048
+        assert rows * x.head_dim == (2048 if x.kind == "gqa_past" else 4096), x.name
+        assert gather == min(rows, 512 // x.head_dim) and rows % gather == 0 and cfg.num_warps == 4
+        assert x.name == f"{x.kind}_{x.dtype}_d{x.head_dim}" and cfg == v.get_fwd_config(80, x)
+        assert constexprs == {"BLOCK_ROWS": rows, "BLOCK_D": x.head_dim, "GATHER_ROWS": gather,
+                              "COPY_PAST": x.kind == "gqa_past"}
         assert sig["Seqlens"] == "*i32" and sig["Totals"] == sig["PositionIds"] == "*i64" and sig["KeyMask"] == "*i8"
         assert sig["Q"] == sig["PresentK"] == sig["Cos"] == {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}[x.dtype]

@@ -151,6 +151,8 @@ CALLS = {
 REFUSED = {
     "chunked prefill at batch 2": (gqa_call(b=2, s=4, total=20), "needs batch 1"),
     "total_sequence_length below S": (gqa_call(b=1, s=9, total=8, past_len=0, shared=False), "less than the 9 new tokens"),
+    "(token, head) rows past int32": (gqa_call(b=1, s=50_000_000, hq=32, hkv=8, total=50_000_000, past_len=0,
+                                               shared=False), "rows of a batch row exceed int32"),
 }
 
 
@@ -185,11 +187,13 @@ def test_gqa_launches(runs, what):
         ev, e, args = prepares[0]
         assert e["variant"] == f"gqa_past_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
         assert ev["grid"] == [math.ceil(c["present_len"] / e["block_m"]), b * hkv, 1]
+        assert e["block_m"] * block_d(c["d"]) == 2048
     ev, e, args = prepares[-1]
-    # the smallest BLOCK_D holding the head size; block_m tokens of one batch row per program,
-    # a head per grid row
+    # the smallest BLOCK_D holding the head size; block_m rows of one batch row per program, a
+    # row being a (token, head) pair: the rotated Q heads, the K heads and the V heads of a token
     assert e["variant"] == f"gqa_prepare_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
-    assert ev["grid"] == [b * math.ceil(s / e["block_m"]), want["q_heads"] + hkv, 1]
+    assert e["block_m"] * block_d(c["d"]) == 4096
+    assert ev["grid"] == [b * math.ceil(s * (want["q_heads"] + 2 * hkv) / e["block_m"]), 1, 1]
     for ev, e, _ in prepares:
         assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
     rest = got[len(prepares):]
