@@ -173,11 +173,9 @@ def _fwd_expected(p: dict, e: dict, counters: int) -> dict:
         for j, dim in enumerate(("b", "h", "m" if t in "qy" else "n")):
             x[f"stride_{t}{dim}"] = p[s][j]
     x.update(stride_mb=ms[0], stride_mh=ms[1], stride_mm=ms[2])
-    if e["persistent"]:
-        x["window_right"] = b * hq  # a persistent kernel reads B * Hq there (it takes no windows)
-    if e["dynamic"]:
-        x["SeqlensK"] = counters + TILE_COUNTERS if counters else 0
-        x["has_seqlens"] = int(bool(counters))
+    # The Gluon kernels' own argument (the FwdGluon ABI's): a dynamic-tile kernel's counter pair,
+    # its stream's (none on a stream without a set: it then takes its tiles round robin).
+    x["TileCounter"] = counters + TILE_COUNTERS if e["dynamic"] and counters else 0
     views = {"Q": (p["q"], hq, sq, p["d"], p["q_stride"]), "K": (p["k"], hkv, skv, p["d"], p["k_stride"]),
              "V": (p["v"], hkv, skv, p["dv"], p["v_stride"]), "Y": (p["y"], hq, sq, p["dv"], p["y_stride"])}
     for i, (t, (ptr, h, s, d, st)) in enumerate(views.items()):
