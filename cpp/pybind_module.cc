@@ -173,7 +173,7 @@ void run_on_stream(uintptr_t stream, const std::function<Status(CUstream, const 
 
 // run_cuda over a table of `rows` instead of the build's: each row as plan_with_table takes it,
 // plus "cubin_of", the variant of this build whose loaded cubin it launches (its function, block,
-// shared memory, TMA boxes). A table the build could make (aot/variants.py's kernel switches), launched
+// shared memory, TMA boxes). A table the build could make (aot/variants.py's candidate grids), launched
 // with cubins of the same launch ABI it has: the launcher's handling of entries the shipped table
 // lacks, checked over tests/fake_cuda's driver.
 void launch_with_table(const FlashParams& p, const std::vector<py::dict>& rows, uintptr_t stream) {
