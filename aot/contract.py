@@ -45,11 +45,17 @@ _TENSORS = (("Q", "ptr:dtype"), ("K", "ptr:dtype"), ("V", "ptr:dtype"), ("Y", "p
             ("Mask", "ptr:mask"), ("SeqlensK", "ptr:i64"))
 _SHAPE = tuple((n, "i32") for n in ("Hq", "group", "Sq", "Skv", "D", "Dv", "offset", "causal", "window_left",
                                     "window_right", "mask_len", "has_seqlens", "store_lse"))
+_FWD = _TENSORS + (("scale", "f32"), ("softcap", "f32")) + _SHAPE + _STRIDES
 # Each kernel ABI's runtime parameters in launch order (the non-constexpr parameters of its kernel
 # functions; the launch appends Triton's two scratch pointers, passed 0).
 ABIS = {
-    # flash_fwd, and flash_fwd_gluon / flash_fwd_gluon_ws with the same parameters
-    "Fwd": _TENSORS + (("scale", "f32"), ("softcap", "f32")) + _SHAPE + _STRIDES,
+    # flash_fwd (the pointer and the TMA kinds)
+    "Fwd": _FWD,
+    # flash_fwd_gluon and flash_fwd_gluon_ws: the forward's, then the dynamic tiles' counter pair
+    # (int64: tiles claimed, CTAs done; zero at launch, left zero), 0 where the launch has none (a
+    # kernel without DYNAMIC_TILES never reads it). Last, so that the forward's parameters keep their
+    # places in the parameter buffer.
+    "FwdGluon": _FWD + (("TileCounter", "ptr:i64"),),
     # flash_decode_split: the forward's, with its partials, counters, splits and merge mode
     "Decode": _TENSORS + (("OPart", "ptr:f32"), ("LsePart", "ptr:f32"), ("Counter", "ptr:i32"), ("scale", "f32"),
                           ("softcap", "f32")) + _SHAPE + (("num_splits", "i32"), ("fused", "i32")) + _STRIDES,
@@ -66,7 +72,7 @@ ABIS = {
                                  "past_len"))
     + tuple((f"stride_{t}{d}", "i64") for t in "qkv" for d in "bs"),
 }
-KIND_ABIS = {"fwd": "Fwd", "fwd_tma": "Fwd", "fwd_gluon": "Fwd", "decode": "Decode", "combine": "Combine",
+KIND_ABIS = {"fwd": "Fwd", "fwd_tma": "Fwd", "fwd_gluon": "FwdGluon", "decode": "Decode", "combine": "Combine",
              "gqa_prepare": "GqaPrepare", "gqa_past": "GqaPrepare"}
 # fwd_tma, fwd_gluon: these are (B, H, S, D) TMA descriptors. Each is, in the launch, the
 # CUtensorMap (128 bytes, by value), its TMA_RANK dims (i32), then its TMA_RANK strides (i64).

@@ -34,7 +34,7 @@ def _kernels(abi: str) -> str:
 
 def _struct(abi: str, params) -> list[str]:
     tma = [n for n, _ in params if n in contract.TMA_ARGS]
-    has_tma = abi == contract.KIND_ABIS[contract.TMA_KINDS[0]]
+    has_tma = abi in {contract.KIND_ABIS[k] for k in contract.TMA_KINDS}
     out = [f"// The runtime arguments of the {_kernels(abi)} kernels, in launch order ({len(params)}), then",
            "// Triton's two scratch pointers (0). pointers() is the launch's argument array: each field's",
            "// address in that order" + (", the descriptors of Q, K, V and Y in their place where `tma` is given" if has_tma

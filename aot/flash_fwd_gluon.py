@@ -1,7 +1,8 @@
 """The Hopper (sm_90) FlashAttention forward kernel in Gluon, for the calls where it measured faster
 than the triton.language family in aot/flash_fwd.py (perf-notes "prefill v6: Gluon").
 
-Same parameters as flash_fwd (the launcher passes one argument list to either), same op contract
+flash_fwd's parameters and TileCounter (aot/contract.py's FwdGluon ABI, the warp-specialized
+kernel's; this one ignores the counter), same op contract
 (cpp/flash_params.h): query row i sits at absolute position i + offset and, under causal, sees
 keys j <= i + offset (bottom-right); a row that sees no key gives 0 and lse -inf. It takes
 fp16/bf16, D == Dv in {64, 128}, no mask and no extras (softcap, windows, per-batch key lengths:
@@ -74,6 +75,7 @@ def flash_fwd_gluon(
     stride_vb, stride_vh, stride_vn,
     stride_yb, stride_yh, stride_ym,
     stride_mb, stride_mh, stride_mm,
+    TileCounter,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     OVERLAP_PV: gl.constexpr = False,
 ):

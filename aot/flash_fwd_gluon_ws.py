@@ -3,7 +3,8 @@ CTA layout (a TMA producer warp, two or three consumer warpgroups sharing one K/
 code. This is its entry point: the shared memory, the barriers and the partitions; the roles are
 the modules of aot/gluon_ws/ (its __init__ says which does what), the tiles aot/tiles.py's.
 
-Same parameters and op contract as flash_fwd and flash_fwd_gluon (cpp/flash_params.h): query row i
+Same parameters as flash_fwd_gluon (aot/contract.py's FwdGluon ABI: flash_fwd's, then TileCounter)
+and the same op contract as both (cpp/flash_params.h): query row i
 sits at absolute position i + offset and, under causal, sees keys j <= i + offset (bottom-right);
 a row that sees no key gives 0 and lse -inf. It takes fp16/bf16, D == Dv in {64, 128}, no extras
 (those arguments are ignored), and no mask or, with MASK_KIND 1 (bool) or 2 (additive), a key-vector
@@ -13,10 +14,11 @@ The mask enters as one log2-unit bias per key (softmax.py _softmax_bias), its va
 block ahead; with MASK_PREFIX a tile whose keys show one visible run runs unmasked over it
 (mask_prefix.py).
 
-Q and Y are TMA descriptors with a (1, 1, BLOCK_M / NUM_CONSUMERS, D) box, K and V (1, 1, BLOCK_N, D).
-The arguments some switches reuse (the kernel never takes their own input): a persistent grid
-reads B * Hq from window_right, dynamic tiles their counter pair from SeqlensK and has_seqlens.
-TILES_PER_CTA = 1 compiles to the same code as before the multi-tile path existed.
+Q and Y are TMA descriptors with a (1, 1, BLOCK_M / NUM_CONSUMERS, D) box, K and V (1, 1, BLOCK_N, D),
+over the (B, H, S, D) views: a persistent grid reads B * Hq from Q's shape (the dims the launch
+passes with its descriptor). Dynamic tiles claim them through the int64 pair at TileCounter (0: no
+counter). No argument carries anything but its own meaning. TILES_PER_CTA = 1 compiles to the same
+code as before the multi-tile path existed.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -40,6 +42,7 @@ def flash_fwd_gluon_ws(
     stride_vb, stride_vh, stride_vn,
     stride_yb, stride_yh, stride_ym,
     stride_mb, stride_mh, stride_mm,
+    TileCounter,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
     TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0, OVERLAP_PV: gl.constexpr = False,
@@ -51,14 +54,13 @@ def flash_fwd_gluon_ws(
     # (An unnamed constexpr after a named one arrives as a wrapped None, which `is None` misses.)
     MASKED: gl.constexpr = 1 if MASK_KIND == 1 else (2 if MASK_KIND == 2 else 0)
     # PERSISTENT_GRID (no mask): a grid of (CTAs, 1) takes all of the call's tiles in turn, each CTA
-    # with two Q buffers as TILES_PER_CTA 2 (_cta_tile); window_right carries B * Hq (this kernel
-    # takes no windows: the launcher passes it so for such a cubin).
+    # with two Q buffers as TILES_PER_CTA 2 (_cta_tile), over B * Hq (batch, head) pairs: Q's first
+    # two dims.
     PERSISTENT: gl.constexpr = True if (PERSISTENT_GRID == True) & (MASKED == 0) else False  # noqa: E712
     # DYNAMIC_TILES (with PERSISTENT_GRID): the producer hands out the tiles (_tile_of's order) as
-    # CTAs free up, through the int64 counter pair at SeqlensK where has_seqlens is 1 (zero at
-    # launch; the launch leaves it zero), else every CTAs-th tile; each tile's id reaches the
-    # consumers through shared memory with its Q (this kernel takes no key lengths, so those
-    # arguments are free).
+    # CTAs free up, through the int64 counter pair at TileCounter (zero at launch; the launch
+    # leaves it zero), or where that is 0 every CTAs-th tile; each tile's id reaches the consumers
+    # through shared memory with its Q.
     DYN: gl.constexpr = True if (DYNAMIC_TILES == True) & PERSISTENT else False  # noqa: E712
     # SKIP_PAST_ROWS: a consumer whose rows of a tile all lie past Sq takes no part in its GEMMs
     # (_consumer_pass): at d64 (192-row tiles) the last tile of N 512 or 1024 leaves one or two of
@@ -72,7 +74,7 @@ def flash_fwd_gluon_ws(
     QB: gl.constexpr = 1 if TILES == 1 else 2  # Q buffers: the next tile's loads run under this one
     OVERLAP: gl.constexpr = True if OVERLAP_PV == True else False  # noqa: E712 (a wrapped None is False)
     PREFIX: gl.constexpr = True if MASK_PREFIX == True else False  # noqa: E712
-    bh_all = window_right
+    bh_all = Q.shape[0] * Q.shape[1]  # B * Hq (a persistent grid's (batch, head) pairs)
     gl.static_assert((not PREFIX) | ((MASKED != 0) & (TILES == 1)),
                      "the visible-range check needs a key-vector mask and one tile per CTA")
     dtype: gl.constexpr = Q.dtype
@@ -132,9 +134,11 @@ def flash_fwd_gluon_ws(
     if DYN:  # a tile id per Q buffer; heads in groups whose K/V take about 16 MB of L2
         ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         grp = _head_group(Skv, BLOCK_D)
+        use_ctr = TileCounter.to(gl.int64) != 0  # else every CTAs-th tile (a stream without counters)
     else:
         ids = q_ready  # never used
         grp = 1
+        use_ctr = False
     fence_async_shared()
 
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
@@ -150,7 +154,7 @@ def flash_fwd_gluon_ws(
                           TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         ids, SeqlensK, has_seqlens, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
+                         ids, TileCounter, use_ctr, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
                          DYN)),
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -169,7 +173,7 @@ def flash_fwd_gluon_ws(
                           TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         ids, SeqlensK, has_seqlens, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
+                         ids, TileCounter, use_ctr, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
                          DYN)),
         ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 

@@ -35,6 +35,24 @@ class TileConfig:
         return self.block_m // self.tiles // max(self.consumers, 1), self.block_n
 
 
+@dataclass(frozen=True)
+class WsGrid:
+    """How the warp-specialized kernel walks a call's query tiles (aot/gluon_ws/scheduler.py; the
+    launcher's grid is cpp/launch_plan.cc fwd_grid's): a CTA per `tiles` consecutive query tiles of
+    one (batch, head), or a persistent grid (one CTA per SM over all of the call's tiles, with two Q
+    buffers), its CTAs claiming tiles through the stream's counter as they free up where `dynamic`.
+    `skip`: a consumer whose rows of a tile all lie past Sq passes the tile's barriers without its
+    GEMMs (aot/gluon_ws/mainloop.py _consumer_pass)."""
+    tiles: int = 1
+    persistent: bool = False
+    dynamic: bool = False
+    skip: bool = False
+
+    def __post_init__(self):
+        if (self.dynamic and not self.persistent) or (self.persistent and self.tiles != 1) or self.tiles < 1:
+            raise ValueError(f"{self}: dynamic tiles need the persistent grid, which runs one tile at a time")
+
+
 # The unmasked TMA kernels' tiles per head dim: (causal, min length, (BLOCK_M, BLOCK_N, warps,
 # stages)). An entry serves calls with that causal flag (-1: either) and min(Sq, Skv) from its min
 # length up to the next matching entry's (the shorter side, so a short chunk against a long cache
@@ -96,13 +114,11 @@ def gluon_config(dtype: str, head_dim: int, causal: bool) -> dict:
 
 
 def ws_config(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> dict:
-    """The warp-specialized kernel's tile for a call (its constexprs, num_warps and maxnreg), with
-    PERSISTENT: CTAs per SM of a persistent grid for the calls that may take one (non-causal,
-    unmasked; variants.GLUON_WS_PERSISTENT decides whether the build does), else 0."""
-    del dtype
-    persistent = 1 if (not causal and mask == "none") else 0
-    return dict(WS_TILES[(head_dim, mask != "none")], num_warps=WS_CONSUMER_WARPS, PINGPONG=True,
-                PERSISTENT=persistent)
+    """The warp-specialized kernel's tile for a call (its constexprs, num_warps and maxnreg); its grid
+    (tiles per CTA, persistent, dynamic, skipped rows) is the variant table's (aot/variants.py
+    GLUON_WS_GRIDS)."""
+    del dtype, causal
+    return dict(WS_TILES[(head_dim, mask != "none")], num_warps=WS_CONSUMER_WARPS, PINGPONG=True)
 
 
 def ws_desc_rows(cfg: dict) -> tuple:

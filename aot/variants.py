@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 
 from .contract import DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES  # noqa: F401 (the table's codes)
-from .tiles import TMA_TILES, TileConfig, gluon_config, gqa_tile, ws_config  # noqa: F401 (TileConfig: the table's type)
+from .tiles import TMA_TILES, TileConfig, WsGrid, gluon_config, gqa_tile, ws_config  # noqa: F401 (TileConfig: the table's type)
 
 TRITON_VERSION = "3.6.0"
 
@@ -50,50 +50,50 @@ GLUON_DTYPES = ("fp16", "bf16")
 GLUON_HEAD_DIMS = (64, 128)
 # Where the Gluon kernels take a call: min(Sq, Skv) in [lo, hi) (hi 0: unbounded), per (dtype,
 # head dim, causal). GLUON_WS_LENGTHS: the warp-specialized kernel (a TMA producer warp and two or
-# three consumer warpgroups), listed only where it takes calls; GLUON_LENGTHS: the one-partition
-# kernel, (0, 0) where not listed, cut below the warp-specialized kernel's lower bound (none where
-# that is 0); elsewhere the TMA_TILES kernels run. Each cubin carries its range as tile_min_len /
-# tile_max_len, which the C++ pick_tile reads from the generated table, so it is stated here only.
-# The warp-specialized kernel is the faster one from these lengths on, the one-partition kernel
-# below them (perf-notes prefill v7).
+# three consumer warpgroups), listed only where it takes calls (from GLUON_WS_GRIDS); GLUON_LENGTHS:
+# the one-partition kernel, (0, 0) where not listed, cut below the warp-specialized kernel's lower
+# bound (none where that is 0); elsewhere the TMA_TILES kernels run. Each cubin carries its range
+# as tile_min_len / tile_max_len, which the C++ pick_tile reads from the generated table, so it is
+# stated here only.
 #
-# Three switches of the warp-specialized kernel are built but off, until a GPU run of the library
-# measures them (perf-notes prefill v14, v15); each is a constexpr of the kernel's role module:
-# GLUON_WS_PERSISTENT: non-causal unmasked calls on the persistent grid (aot/gluon_ws/scheduler.py:
-# one CTA per SM over all tiles; the C++ fwd_grid launches it). On: d128 non-causal one cubin at
-# every length (no two-tile split), d64 non-causal from 512 keys (masked d64 still from 2048).
-GLUON_WS_PERSISTENT = False
-# GLUON_WS_DYNAMIC: causal unmasked calls on the persistent grid too, its CTAs claiming tiles
-# through a per-stream counter as they free up (DYNAMIC_TILES: heads in groups that share L2, each
-# group's longest tiles first), where a static order loses to a CTA per tile.
-GLUON_WS_DYNAMIC = False
-# GLUON_WS_SKIP: on the unmasked cubins, a consumer whose rows of a tile all lie past Sq passes the
-# tile's barriers without its GEMMs (SKIP_PAST_ROWS, aot/gluon_ws/mainloop.py; at d64 the last of
-# N 512's or 1024's 192-row tiles leaves consumers without rows). Masked cubins never: with it
-# their consumers spill.
-GLUON_WS_SKIP = False
-# A development build may turn these on without an edit: ORT_FLASH_GLUON_WS_ON="persistent,dynamic,skip"
-# (any of them), so that one build on the GPU machine measures what the switches would ship.
+# GLUON_WS_GRIDS: per (head dim, causal flag) of unmasked calls, the grid the warp-specialized
+# kernel runs (aot/tiles.py WsGrid) from which min(Sq, Skv) on; its first length is where the kernel
+# takes over from the one-partition kernel, each later one starts a cubin of its own.
+# - d128 non-causal: a CTA per two query tiles (the next tile's Q and K/V loads under the last one's
+#   epilogue) below 8192 keys, one from 8192 (perf-notes prefill v7). The persistent grid is the
+#   candidate below (not yet compared against these cubins from an AOT build).
+# - Causal, and d64 non-causal: the persistent grid, its CTAs claiming tiles through the stream's
+#   counter as they free up (DYNAMIC_TILES: heads in groups that share L2, each group's longest
+#   tiles first), where JIT on an H100 measured it the fastest kernel: causal from 1024 keys at
+#   d128 (+3-10 % over a CTA per tile), 2048 at d64, d64 non-causal from 1024 (+3-15 %). At d64
+#   (192-row tiles) consumers without rows in a tile skip its GEMMs (SKIP_PAST_ROWS), as measured;
+#   d128's dynamic cubins were measured without. perf-notes "Prefill v15 in JIT".
+_DYNAMIC = WsGrid(persistent=True, dynamic=True)
+GLUON_WS_GRIDS = {
+    (128, False): {0: WsGrid(tiles=2), 8192: WsGrid()},
+    (128, True): {1024: _DYNAMIC},
+    (64, False): {1024: WsGrid(persistent=True, dynamic=True, skip=True)},
+    (64, True): {2048: WsGrid(persistent=True, dynamic=True, skip=True)},
+}
+# Grids measured in JIT but not from an AOT build, which a development build may put in place of
+# GLUON_WS_GRIDS' entries by name: ORT_FLASH_GLUON_WS_ON="d128-persistent" (comma-separated), so
+# that one GPU build measures what they would ship. d128-persistent: d128 non-causal calls on the
+# dynamic persistent grid at every length (JIT: 0.98-1.19x a CTA per tile, perf-notes "Prefill v15
+# in JIT"), against the two-tile cubins it would replace below 8192 keys.
+GLUON_WS_CANDIDATES = {"d128-persistent": {(128, False): {0: _DYNAMIC}}}
 for _name in filter(None, os.environ.get("ORT_FLASH_GLUON_WS_ON", "").replace(" ", "").split(",")):
-    if _name not in ("persistent", "dynamic", "skip"):
-        raise ValueError(f"ORT_FLASH_GLUON_WS_ON: unknown switch {_name!r} (persistent, dynamic, skip)")
-    globals()["GLUON_WS_" + _name.upper()] = True
+    if _name not in GLUON_WS_CANDIDATES:
+        raise ValueError(f"ORT_FLASH_GLUON_WS_ON: unknown candidate {_name!r} ({', '.join(GLUON_WS_CANDIDATES)})")
+    GLUON_WS_GRIDS = {**GLUON_WS_GRIDS, **GLUON_WS_CANDIDATES[_name]}
 
 
-def ws_tables(persistent: bool, dynamic: bool = False) -> tuple[dict, dict]:
-    """GLUON_WS_LENGTHS and GLUON_WS_TILES with the persistent grid off or on (tests build both).
-    GLUON_WS_TILES: query tiles per CTA of the warp-specialized kernel, from a min(Sq, Skv) on (1
-    elsewhere): a CTA running two tiles in turn has the next tile's Q and K/V loads in flight under
-    the last one's epilogue (d128 non-causal, perf-notes prefill v7). The persistent grid needs
-    none: its CTAs run every tile that way. With dynamic tiles causal calls take the persistent
-    grid at every length too."""
-    ws_from = {(128, False): 0, (128, True): 0 if dynamic else 2048, (64, False): 512 if persistent else 2048,
-               (64, True): 512 if dynamic else 4096}
-    lengths = {(dt, hd, c): (lo, 0) for dt in ("fp16", "bf16") for (hd, c), lo in ws_from.items()}
-    return lengths, ({} if persistent else {(128, False): {0: 2, 8192: 1}})
+def ws_lengths(grids: dict) -> dict:
+    """GLUON_WS_LENGTHS for a GLUON_WS_GRIDS (tests build others): per (dtype, head dim, causal)
+    the warp-specialized kernel's range, from its grids' first length on."""
+    return {(dt, hd, c): (min(steps), 0) for dt in GLUON_DTYPES for (hd, c), steps in grids.items()}
 
 
-GLUON_WS_LENGTHS, GLUON_WS_TILES = ws_tables(GLUON_WS_PERSISTENT, GLUON_WS_DYNAMIC)
+GLUON_WS_LENGTHS = ws_lengths(GLUON_WS_GRIDS)
 # Key-vector masks (a (B, 1, 1, S) padding mask: padded batches) in the warp-specialized kernel,
 # per head dim, over the same length range as its unmasked cubins; below it, at other head dims
 # and for full masks, the TMA and pointer kernels as before. One query tile per CTA
@@ -196,9 +196,9 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(DECODE_BLOCK_M, 64, 4, 4 if arch >= 90 else 3)
     if v.kind == "fwd_gluon":
         if v.ws:
-            tiles = [t for lo, _, t in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1, v.mask)
+            grids = [g for lo, _, g in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1, v.mask)
                      if lo == v.tile_min_len]
-            return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, tiles[0] if tiles else 1, v.mask)
+            return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, grids[0] if grids else WsGrid(), v.mask)
         return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
     if v.dtype == "fp32":
         # IEEE dots run on the CUDA cores, each thread's share of the tile unrolled into FMAs: at 4
@@ -257,32 +257,30 @@ def gluon_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
     return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"])
 
 
-def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, tiles: int = 1, mask: str = "none") -> TileConfig:
-    """The warp-specialized kernel's tile for a call (aot/tiles.py ws_config) with the switches as
-    they stand; `tiles` query tiles per CTA (block_m counts all of them: the launcher's grid is
-    cdiv(Sq, block_m))."""
+def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, grid: WsGrid = WsGrid(), mask: str = "none") -> TileConfig:
+    """The warp-specialized kernel's tile for a call (aot/tiles.py ws_config) on `grid`: block_m
+    counts all of a CTA's query tiles (the launcher's per-tile grid is cdiv(Sq, block_m)), a
+    persistent grid one CTA per SM."""
     c = ws_config(dtype, head_dim, causal, mask)
-    persistent = c["PERSISTENT"] if GLUON_WS_PERSISTENT else 0
-    dynamic = bool(GLUON_WS_DYNAMIC and causal and mask == "none")
-    return TileConfig(c["BLOCK_M"] * tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
-                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], tiles, c.get("OVERLAP_PV", False),
-                      1 if dynamic else persistent, dynamic, GLUON_WS_SKIP and mask == "none")
+    return TileConfig(c["BLOCK_M"] * grid.tiles, c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"], c["NUM_CONSUMERS"],
+                      c["maxnreg"], c["CONSUMER_REGS"], c["PINGPONG"], grid.tiles, c.get("OVERLAP_PV", False),
+                      1 if grid.persistent else 0, grid.dynamic, grid.skip)
 
 
-def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, int]]:
-    """The warp-specialized kernel's cubins for a call class: (lo, hi, tiles per CTA), GLUON_WS_LENGTHS'
-    range split where GLUON_WS_TILES changes the tiles per CTA (unmasked calls: under a key-vector
-    mask one tile per CTA, perf-notes prefill v8)."""
+def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, WsGrid]]:
+    """The warp-specialized kernel's cubins for a call class: (lo, hi, grid), GLUON_WS_LENGTHS' range
+    split where GLUON_WS_GRIDS changes the grid (unmasked calls; under a key-vector mask a CTA per
+    query tile, perf-notes prefill v8: masked cubins never skip rows, their consumers spill with it)."""
     rng = GLUON_WS_LENGTHS.get((dtype, head_dim, bool(causal)))
     if rng is None or (mask != "none" and causal and head_dim not in GLUON_WS_MASKED_CAUSAL):
         return []
     lo, hi = rng
     if mask != "none":
         lo = GLUON_WS_MASKED_CAUSAL[head_dim] if causal else max(lo, GLUON_WS_MASKED_FROM.get(head_dim, 0))
-    steps = sorted((GLUON_WS_TILES.get((head_dim, bool(causal)), {0: 1}) if mask == "none" else {0: 1}).items())
+    steps = sorted(GLUON_WS_GRIDS[(head_dim, bool(causal))].items() if mask == "none" else [(0, WsGrid())])
     cuts = [lo] + [k for k, _ in steps if lo < k and (hi == 0 or k < hi)]
-    # Each cubin's tiles: those of the last step at or below its lower bound (1 before any step).
-    return [(a, b, max(((k, t) for k, t in steps if k <= a), default=(0, 1))[1])
+    # Each cubin's grid: that of the last step at or below its lower bound (the first step's below it).
+    return [(a, b, max(((k, g) for k, g in steps if k <= a), default=steps[0], key=lambda kg: kg[0])[1])
             for a, b in zip(cuts, cuts[1:] + [hi])]
 
 
@@ -310,8 +308,8 @@ def gluon_variants() -> list[Variant]:
             per = {}
             for c in (0, 1):
                 if ws:
-                    entries = [(lo, hi, gluon_ws_tile(dtype, hd, bool(c), t, mask))
-                               for lo, hi, t in gluon_ws_entries(dtype, hd, bool(c), mask)]
+                    entries = [(lo, hi, gluon_ws_tile(dtype, hd, bool(c), g, mask))
+                               for lo, hi, g in gluon_ws_entries(dtype, hd, bool(c), mask)]
                 else:
                     r = gluon_lengths(dtype, hd, bool(c))
                     entries = [] if r is None else [(r[0], r[1], gluon_tile(dtype, hd, bool(c)))]

@@ -16,8 +16,8 @@ namespace {
 
 uint64_t dev(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
 
-// The arguments the forward and the split-KV kernels share, by name (contract.gen.h's FwdArgs and
-// DecodeArgs: their fields are the kernels' parameters, their order the launch's).
+// The arguments the forward and the split-KV kernels share, by name (contract.gen.h's FwdArgs,
+// FwdGluonArgs and DecodeArgs: their fields are the kernels' parameters, their order the launch's).
 template <class Args>
 Args attention_args(const FlashParams& p) {
   Args a;
@@ -110,21 +110,20 @@ Status run_forward(const CudaDriver& d, const FlashParams& p, const DeviceKernel
   const bool encoded = plan.described() && encode_tma_args(d, p, *plan.main.kernel->entry, tma);
   const KernelLaunch& run = encoded ? plan.main : pointer;
   if (!run.error.empty()) return Status::Error(run.error);
-  FwdArgs a = attention_args<FwdArgs>(p);
-  // The two arguments some kernels read with another meaning (the ABI is fixed by the cubins, and
-  // these kernels never take the argument's own input): a persistent kernel (it takes no windows)
-  // reads B x Hq from window_right; a dynamic-tile one (it takes no key lengths) its tile counter
-  // pair from SeqlensK, has_seqlens saying whether there is one.
-  if (run.persistent_bh >= 0) a.window_right = static_cast<int32_t>(run.persistent_bh);
+  if (run.kernel->entry->key.kind != KernelKind::kFwdGluon) {
+    FwdArgs a = attention_args<FwdArgs>(p);
+    std::vector<void*> args = a.pointers(encoded ? tma : static_cast<TmaArg*>(nullptr));
+    return launch_kernel(d, run, stream, args.data());
+  }
+  // The Gluon kernels take the TMA kernel's arguments (the four descriptors in place of the
+  // pointers) and the tile counter pair, which a dynamic-tile kernel takes from its stream's set.
+  FwdGluonArgs a = attention_args<FwdGluonArgs>(p);
   if (run.tile_counters) {
     CUdeviceptr counters = 0;
     ORT_FLASH_RETURN_IF_ERROR(stream_counters(d, dk, stream, 0, &counters));
-    a.SeqlensK = counters ? counters + kTileCounterOffset : 0;
-    a.has_seqlens = counters ? 1 : 0;
+    a.TileCounter = counters ? counters + kTileCounterOffset : 0;
   }
-  // The Gluon kernels take exactly the TMA kernel's arguments: the four descriptors in place of
-  // the pointers.
-  std::vector<void*> args = a.pointers(encoded ? tma : static_cast<TmaArg*>(nullptr));
+  std::vector<void*> args = a.pointers(tma);
   return launch_kernel(d, run, stream, args.data());
 }
 

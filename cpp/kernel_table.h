@@ -12,10 +12,10 @@ namespace ort_flash {
 // the forward kernel (any shape), the split-KV decode kernel (aot/flash_decode.py), its combine
 // step, the forward kernel with Q/K/V/Y as TMA tensor descriptors (sm_90+; cpp/tma_desc.cc encodes
 // them), the Gluon Hopper forward kernels (aot/flash_fwd_gluon.py, aot/flash_fwd_gluon_ws.py,
-// sm_90), which take the same arguments; and GroupQueryAttention's prepare kernels
-// (aot/gqa_prepare.py, cpp/gqa_launch.cc): the new tokens (rotary, KV-cache rows, lengths) and the
-// past copy of a separate present, one per dtype. Their arguments: contract.gen.h's FwdArgs,
-// DecodeArgs, CombineArgs and GqaPrepareArgs.
+// sm_90), which take the same arguments and a tile counter; and GroupQueryAttention's prepare
+// kernels (aot/gqa_prepare.py, cpp/gqa_launch.cc): the new tokens (rotary, KV-cache rows, lengths)
+// and the past copy of a separate present, one per dtype. Their arguments: contract.gen.h's FwdArgs,
+// FwdGluonArgs, DecodeArgs, CombineArgs and GqaPrepareArgs.
 
 // How a kFwdTma or kFwdGluon cubin expects one descriptor (aot/build.py reads it from Triton's metadata):
 // CUtensorMapSwizzle and the box, `rows` sequence positions x `cols` head-dim elements.
@@ -66,12 +66,12 @@ struct KernelEntry {
   // kFwdGluon: the entry serves min(Sq, Skv) < tile_max_len only (0: no bound; GLUON_LENGTHS).
   int tile_max_len;
   // kFwdGluon: a persistent kernel (aot/flash_fwd_gluon_ws.py PERSISTENT_GRID): launched with
-  // min(persistent x SMs, its tiles) CTAs in one row, each taking the call's tiles in turn; it
-  // reads B * Hq from its window_right argument (it takes no windows). 0: a CTA per tile.
+  // min(persistent x SMs, its tiles) CTAs in one row, each taking the call's tiles in turn (B * Hq
+  // of them per query tile: its Q descriptor's first two dims). 0: a CTA per tile.
   int persistent;
   // A persistent kernel that hands out its tiles as CTAs free up (DYNAMIC_TILES): the launcher
-  // passes the stream's tile counter pair (cpp/cuda_launch.cc stream_counters) in its key-lengths
-  // pointer and has_seqlens 1 (it takes no key lengths), or 0 and round-robin tiles without one.
+  // passes the stream's tile counter pair (cpp/cuda_launch.cc stream_counters) as its TileCounter
+  // argument (the FwdGluon ABI's own), or 0 and round-robin tiles without one.
   bool dynamic;
 };
 

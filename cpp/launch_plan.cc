@@ -24,7 +24,6 @@ KernelLaunch fwd_launch(const LoadedKernel& k, const FlashParams& p, int sm_coun
   const KernelEntry& e = *k.entry;
   const FwdGrid g = fwd_grid(e, p, sm_count);
   KernelLaunch l = launch_of(k, g.x, g.y, 1);
-  l.persistent_bh = g.persistent_bh;
   l.tile_counters = e.dynamic;
   // A CTA per tile puts B x Hq on the grid's y; a persistent kernel numbers the call's tiles in
   // int32, up to one past the last for each CTA (its next tile: this one + the CTAs).
@@ -81,9 +80,9 @@ bool plan_decode(const FlashParams& p, const DeviceKernels& dk, const LaunchSwit
 FwdGrid fwd_grid(const KernelEntry& e, const FlashParams& p, int sm_count) {
   const int64_t tiles_m = ceil_div(p.sq, e.block_m);
   const int64_t bh = p.batch * p.hq;
-  if (e.persistent <= 0) return {tiles_m, bh, tiles_m * bh, -1};
+  if (e.persistent <= 0) return {tiles_m, bh, tiles_m * bh};
   return {std::min<int64_t>(tiles_m * bh, static_cast<int64_t>(e.persistent) * std::max(1, sm_count)), 1,
-          tiles_m * bh, bh};
+          tiles_m * bh};
 }
 
 LaunchPlan plan_launch(const FlashParams& p, const VariantKey& key, const DeviceKernels& dk,

@@ -24,11 +24,8 @@ struct KernelLaunch {
   // With programmatic stream serialization (KernelEntry::pdl, ORT_FLASH_PDL, a driver with
   // cuLaunchKernelEx): the kernel waits for the grid before it first thing.
   bool pdl = false;
-  // A persistent forward kernel (KernelEntry::persistent): B x Hq, which it needs to walk the
-  // call's tiles; -1 otherwise.
-  int64_t persistent_bh = -1;
   // A persistent kernel that hands out tiles as CTAs free up (KernelEntry::dynamic): it takes the
-  // stream's tile counter pair, or round-robin tiles without one.
+  // stream's tile counter pair in its TileCounter argument, or 0 (round-robin tiles) without one.
   bool tile_counters = false;
   // Why this launch cannot run (a grid past CUDA's or the kernel's limits); empty if it can.
   std::string error;
@@ -78,10 +75,10 @@ LaunchPlan plan_launch(const FlashParams& p, const VariantKey& key, const Device
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 
 // The grid of a forward launch of entry `e` for `p` on `sm_count` SMs: (ceil(Sq / block_m),
-// B x Hq), or for a persistent entry one row of min(persistent x SMs, its tiles) CTAs, which then
-// needs B x Hq (persistent_bh; -1 otherwise). `tiles`: ceil(Sq / block_m) x B x Hq.
+// B x Hq), or for a persistent entry one row of min(persistent x SMs, its tiles) CTAs (the kernel
+// reads B x Hq from its Q descriptor's dims). `tiles`: ceil(Sq / block_m) x B x Hq.
 struct FwdGrid {
-  int64_t x, y, tiles, persistent_bh;
+  int64_t x, y, tiles;
 };
 FwdGrid fwd_grid(const KernelEntry& e, const FlashParams& p, int sm_count);
 

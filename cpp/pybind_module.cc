@@ -173,7 +173,7 @@ void run_on_stream(uintptr_t stream, const std::function<Status(CUstream, const 
 
 // run_cuda over a table of `rows` instead of the build's: each row as plan_with_table takes it,
 // plus "cubin_of", the variant of this build whose loaded cubin it launches (its function, block,
-// shared memory, TMA boxes). A table the build could make (aot/variants.py's kernel switches), launched
+// shared memory, TMA boxes). A table the build could make (aot/variants.py's candidate grids), launched
 // with cubins of the same launch ABI it has: the launcher's handling of entries the shipped table
 // lacks, checked over tests/fake_cuda's driver.
 void launch_with_table(const FlashParams& p, const std::vector<py::dict>& rows, uintptr_t stream) {
@@ -353,13 +353,11 @@ PYBIND11_MODULE(_C, m) {
     e.block_m = block_m;
     e.persistent = persistent;
     const FwdGrid g = fwd_grid(e, p, sm_count);
-    // The ABI slot a persistent kernel reads B x Hq from (cuda_launch.cc KernelArgs::reuse_for).
-    const int32_t window_right = static_cast<int32_t>(g.persistent_bh >= 0 ? g.persistent_bh : p.window_right);
-    return py::make_tuple(g.x, g.y, window_right);
+    return py::make_tuple(g.x, g.y, g.tiles);
   }, py::arg("p"), py::arg("block_m"), py::arg("persistent") = 0, py::arg("sm_count") = 132,
      "The grid a forward kernel of tile block_m (persistent: CTAs per SM of a persistent kernel, "
-     "0 none) is launched with for `p` on `sm_count` SMs, and the window_right it is passed: "
-     "(grid x, grid y, window_right). Needs no GPU.");
+     "0 none) is launched with for `p` on `sm_count` SMs, and the query tiles of the call: "
+     "(grid x, grid y, tiles). Needs no GPU.");
   m.def("run_cuda", [](const FlashParams& p, uintptr_t stream) {
     run_on_stream(stream, [&](CUstream s, const WorkspaceFn& ws) { return launch_flash_cuda(p, s, ws); });
   }, "Launches the CUDA kernels on device pointers, on `stream` (a CUstream as int; 0 = legacy default).");

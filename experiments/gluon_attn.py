@@ -12,9 +12,10 @@ NUM_STAGES,num_warps[,OVERLAP_PV] besides the tile table's; --ws the warp-specia
 head_dim:BLOCK_M,BLOCK_N,NUM_STAGES,PINGPONG[,maxnreg[,consumers[,consumer regs[,TILES_PER_CTA[,OVERLAP_PV
 [,PERSISTENT_GRID[,DYNAMIC_TILES[,SKIP_PAST_ROWS]]]]]]]] (TILES_PER_CTA query tiles of BLOCK_M rows per CTA, grid cdiv(Sq, BLOCK_M * TILES_PER_CTA);
 OVERLAP_PV 1: a consumer's softmax also runs under its own P V, the wait in an opaque branch;
-PERSISTENT_GRID n: a persistent grid of n CTAs per SM over all tiles, B * Hq passed in window_right;
-DYNAMIC_TILES 1: with it, the CTAs claim tiles through a counter (an int64 pair passed as SeqlensK,
-which every check then finds back at zero), 2: the same tile order, claimed round robin without one;
+PERSISTENT_GRID n: a persistent grid of n CTAs per SM over all tiles (B * Hq from Q's descriptor);
+DYNAMIC_TILES 1: with it, the CTAs claim tiles through a counter (an int64 pair passed as TileCounter,
+which every check then finds back at zero), 2: the same tile order, claimed round robin without one
+(TileCounter null);
 SKIP_PAST_ROWS 1: a consumer whose rows of a tile all lie past Sq only passes the barriers).
 --runtime-ints compiles the Gluon kernels with their integer arguments unspecialized, as aot/build.py
 compiles them (JIT otherwise folds causal == 1 and compiles anew per Sq % 16, group == 1, ...): one
@@ -44,7 +45,7 @@ from aot import flash_fwd_gluon as fg  # noqa: E402
 from aot import flash_fwd_gluon_ws as fws  # noqa: E402
 from aot.contract import ordered_args  # noqa: E402
 from aot.tiles import gluon_config, ws_config, ws_desc_rows  # noqa: E402
-from tune import _shipped, bench, fwd_values, launch, save  # noqa: E402
+from tune import NULL, _shipped, bench, fwd_values, launch, save  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -60,8 +61,8 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
              for t, r in zip((q, k, v, y), rows)]
     dummy = lse  # Mask / SeqlensK: unused by this kernel
     grid = (triton.cdiv(sq, c["BLOCK_M"]), b * hq)
-    args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=dummy, SeqlensK=dummy, offset=offset,
-                      causal=int(causal), store_lse=int(store_lse))
+    args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=dummy, SeqlensK=dummy, TileCounter=NULL,
+                      offset=offset, causal=int(causal), store_lse=int(store_lse))
     fg.flash_fwd_gluon[grid](
         *ordered_args("fwd_gluon", args),
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
@@ -89,13 +90,12 @@ def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     tiles = c.get("TILES_PER_CTA", 1)
     grid = (triton.cdiv(sq, c["BLOCK_M"] * tiles), b * hq)
     persistent = c.get("PERSISTENT_GRID", 0)
-    if persistent:  # the experiment's grid: that many CTAs per SM over all tiles; window_right = B * Hq
+    if persistent:  # the experiment's grid: that many CTAs per SM over all tiles
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         grid = (min(sms * persistent, triton.cdiv(sq, c["BLOCK_M"]) * b * hq), 1)
     dynamic = c.get("DYNAMIC_TILES", 0) if persistent else 0
-    ctr = counter(q.device) if dynamic else lse
-    args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=lse, SeqlensK=ctr, offset=offset,
-                      causal=int(causal), window_right=b * hq if persistent else -1, has_seqlens=int(dynamic == 1),
+    args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=lse, SeqlensK=lse,
+                      TileCounter=counter(q.device) if dynamic == 1 else NULL, offset=offset, causal=int(causal),
                       store_lse=int(store_lse))
     fws.flash_fwd_gluon_ws[grid](
         *ordered_args("fwd_gluon", args),
@@ -122,7 +122,7 @@ def runtime_ints() -> None:
         assert not fn.device_caches, "set before the first launch"
         for p in fn.params:
             if not p.is_constexpr and p.name not in ("scale", "softcap") and not p.name.startswith("stride_") \
-                    and p.name not in ("Q", "K", "V", "Y", "Lse", "Mask", "SeqlensK"):
+                    and p.name not in ("Q", "K", "V", "Y", "Lse", "Mask", "SeqlensK", "TileCounter"):
                 p.do_not_specialize = True
 
 

@@ -48,12 +48,26 @@ TMA_CANDIDATES = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
                   if not (m == 64 and w == 8)]
 
 
+class NullPointer:
+    """A null device pointer for a JIT launch (Triton passes a data_ptr() of 0 as is): a pointer
+    argument that means "none", such as the Gluon kernels' TileCounter without a counter."""
+    dtype = torch.int64
+
+    @staticmethod
+    def data_ptr() -> int:
+        return 0
+
+
+NULL = NullPointer()
+
+
 def fwd_values(q, k, v, y, lse, **named) -> dict:
     """The forward kernels' runtime arguments by name (aot/contract.py's Fwd ABI; ordered_args puts
     them in launch order) for (B, H, S, D) views q, k, v, y (last stride 1) and lse: shapes and
     strides from the tensors, scale 1/sqrt(D), no softcap, offset, causality, window, key lengths
     or mask (its strides 0, mask_len Skv), Lse stored. `named` sets any argument by its name (Q, K,
-    V, Y: TMA descriptors in the tensors' place; Mask and SeqlensK have no default)."""
+    V, Y: TMA descriptors in the tensors' place; Mask and SeqlensK have no default; the Gluon
+    kinds' TileCounter (their FwdGluon ABI's) has none either)."""
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     values = dict(Q=q, K=k, V=v, Y=y, Lse=lse, scale=1.0 / math.sqrt(d), softcap=0.0, Hq=hq, group=hq // hkv,

@@ -57,14 +57,17 @@ def use_pair_softmax():
 
 
 def shipped_cfg(dtype: str, d: int, causal: bool, n: int) -> dict:
-    """The tile the AOT build ships for this call: aot/tiles.py's ws_config, with the tiles
-    per CTA of the cubin whose length range holds n (variants.gluon_ws_entries), and the persistent
-    grid (PERSISTENT_GRID, CTAs per SM) where variants.GLUON_WS_PERSISTENT turns it on."""
-    tiles = [tl for lo, hi, tl in variants.gluon_ws_entries(dtype, d, causal) if lo <= n and (hi == 0 or n < hi)]
-    cfg = ws_config(dtype, d, causal)
-    del cfg["PERSISTENT"]  # what the build makes of it is variants.gluon_ws_tile's
-    persistent = variants.gluon_ws_tile(dtype, d, causal).persistent
-    return dict(cfg, TILES_PER_CTA=tiles[0] if tiles else 1, **({"PERSISTENT_GRID": persistent} if persistent else {}))
+    """The tile the AOT build ships for this call: aot/tiles.py's ws_config on the grid of the cubin
+    whose length range holds n (variants.gluon_ws_entries: tiles per CTA, or the persistent grid
+    with its CTAs per SM, dynamic tiles (claimed through a counter) and skipped rows); a per-tile
+    grid below the warp-specialized kernel's range."""
+    grids = [g for lo, hi, g in variants.gluon_ws_entries(dtype, d, causal) if lo <= n and (hi == 0 or n < hi)]
+    grid = grids[0] if grids else variants.WsGrid()
+    cfg = dict(ws_config(dtype, d, causal), TILES_PER_CTA=grid.tiles, SKIP_PAST_ROWS=grid.skip)
+    if grid.persistent:
+        cfg.update(PERSISTENT_GRID=variants.gluon_ws_tile(dtype, d, causal, grid).persistent,
+                   DYNAMIC_TILES=int(grid.dynamic))
+    return cfg
 
 
 def main(argv=None) -> int:

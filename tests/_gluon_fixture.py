@@ -1,5 +1,5 @@
 """A stand-in for aot/flash_fwd_gluon.py in CPU tests, never shipped: a Gluon kernel with the real
-one's interface (flash_fwd's runtime parameters, Q/K/V/Y as 4-D TMA descriptors with (1, 1, rows,
+one's interface (the FwdGluon ABI's runtime parameters, Q/K/V/Y as 4-D TMA descriptors with (1, 1, rows,
 D) boxes, the BLOCK_M/BLOCK_N/BLOCK_D/NUM_STAGES constexprs, desc_signature; and get_gluon_config,
 the tiles a test puts in place of aot/tiles.py's gluon_config) that only moves tiles (Y = Q after touching K and V), so
 the AOT pipeline (signature strings, metadata, boxes, table rows) can be checked without the
@@ -50,6 +50,7 @@ def flash_fwd_gluon(
     stride_vb, stride_vh, stride_vn,
     stride_yb, stride_yh, stride_ym,
     stride_mb, stride_mh, stride_mm,
+    TileCounter,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):
     # Warp-specialized like the real kernel (a 1-warp TMA producer), so the metadata's num_warps

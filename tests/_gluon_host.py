@@ -80,13 +80,17 @@ class Inert:
 
 
 class Ptr:
-    """A device pointer into a list of ints (the tile counter pair): `ptr + i`; atomics through HostGl."""
+    """A device pointer into a list of ints (the tile counter pair): `ptr + i`; `.to(int64)` its
+    address, 0 for Ptr(None) (a null pointer: the launch passed none); atomics through HostGl."""
 
-    def __init__(self, cells: list, i: int = 0):
+    def __init__(self, cells: list | None, i: int = 0):
         self.cells, self.i = cells, i
 
     def __add__(self, k: int) -> "Ptr":
         return Ptr(self.cells, self.i + k)
+
+    def to(self, *_a, **_kw) -> HInt:
+        return HInt(0 if self.cells is None else 0x1000 + 8 * self.i)
 
 
 class ProtocolError(Exception):
@@ -98,12 +102,14 @@ class Deadlock(ProtocolError):
 
 
 class Desc:
-    """A TMA descriptor: its name (what a load puts into a slot is (name, *coordinates)) and its
-    box's bytes."""
+    """A TMA descriptor: its name (what a load puts into a slot is (name, *coordinates)), its box's
+    bytes and, where given, its tensor's shape (the dims the launch passes with it)."""
 
-    def __init__(self, name: str, nbytes: int):
+    def __init__(self, name: str, nbytes: int, shape=None):
         self.name = name
         self.block_type = types.SimpleNamespace(nbytes=nbytes)
+        if shape is not None:
+            self.shape = tuple(HInt(x) for x in shape)
 
     def __getattr__(self, _name):  # dtype, layout
         return Inert()

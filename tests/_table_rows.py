@@ -23,8 +23,8 @@ def row(x, arch: int) -> dict:
 
 def table_rows(arch: int, gluon: bool = True, combinations: bool = False) -> list[dict]:
     """One row per variant the build compiles for `arch` (without the Gluon ones: gluon False; every
-    combination, also those a superset variant serves: combinations True), from variants'
-    switches as they stand now."""
+    combination, also those a superset variant serves: combinations True), from variants' tables
+    as they stand now (ORT_FLASH_GLUON_WS_ON's candidates included)."""
     vs = variants.all_combinations() if combinations else variants.all_variants()
     return [row(x, arch) for x in vs if arch >= x.min_arch and (gluon or x.kind != "fwd_gluon")]
 

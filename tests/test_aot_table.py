@@ -61,7 +61,8 @@ def test_ordered_args_puts_named_arguments_in_launch_order():
 def test_contract_header_packs_each_abi(tmp_path):
     """contract.gen.h (aot/contract_header.py) compiles on its own, and each ABI struct's pointers()
     is the address of each field in the contract's order, then the two scratch pointers; with
-    descriptors the forward ABI has each one's map, dims and strides in its tensor's place."""
+    descriptors the forward ABIs (Fwd, FwdGluon) have each one's map, dims and strides in its
+    tensor's place."""
     import shutil
     import subprocess
 
@@ -79,12 +80,14 @@ def test_contract_header_packs_each_abi(tmp_path):
              '  std::printf("pack %s", abi);',
              "  for (void* x : p) std::printf(\" %ld\", static_cast<long>(static_cast<char*>(x) - reinterpret_cast<char*>(&a)));",
              '  std::printf("\\n"); }', "int main() {"]
+    described = {contract.KIND_ABIS[k] for k in contract.TMA_KINDS}
+    assert described == {"Fwd", "FwdGluon"}
     for abi, params in contract.ABIS.items():
-        lines += [f"  {{ {abi}Args a; show(\"{abi}\", a, a.pointers({'static_cast<Tma*>(nullptr)' if abi == 'Fwd' else ''}));"]
+        lines += [f"  {{ {abi}Args a; show(\"{abi}\", a, a.pointers({'static_cast<Tma*>(nullptr)' if abi in described else ''}));"]
         lines += [f'    std::printf("field {abi} {n} %ld\\n", static_cast<long>(offsetof({abi}Args, {n})));'
                   for n in [n for n, _ in params] + ["global_scratch", "profile_scratch"]]
-        if abi == "Fwd":
-            lines += ["    Tma t[kTmaDescriptors]; show(\"FwdTma\", a, a.pointers(t));"]
+        if abi in described:
+            lines += [f"    Tma t[kTmaDescriptors]; show(\"{abi}Tma\", a, a.pointers(t));"]
         lines += ["  }"]
     (tmp_path / "t.cc").write_text("\n".join(lines + ["  return 0;", "}"]) + "\n")
     r = subprocess.run([cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-Wno-invalid-offsetof", "-I", str(tmp_path),
@@ -98,8 +101,9 @@ def test_contract_header_packs_each_abi(tmp_path):
         names = [n for n, _ in params] + ["global_scratch", "profile_scratch"]
         assert packs[abi] == [fields[(abi, n)] for n in names], abi  # the fields in order, then the scratch
     per_map = 1 + 2 * contract.TMA_RANK
-    assert len(packs["FwdTma"]) == contract.launch_arg_count("fwd_tma") + 2
-    assert packs["FwdTma"][len(contract.TMA_ARGS) * per_map:] == packs["Fwd"][len(contract.TMA_ARGS):]
+    for abi, kind in (("Fwd", "fwd_tma"), ("FwdGluon", "fwd_gluon")):
+        assert len(packs[abi + "Tma"]) == contract.launch_arg_count(kind) + 2
+        assert packs[abi + "Tma"][len(contract.TMA_ARGS) * per_map:] == packs[abi][len(contract.TMA_ARGS):]
 
 
 def test_tma_variants_and_signatures(build):

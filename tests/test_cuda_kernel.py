@@ -57,11 +57,14 @@ CASES = [
     dict(b=1, hq=1, hkv=1, sq=8211, skv=8250, d=64),
     dict(b=2, hq=4, hkv=2, sq=2100, skv=2101, d=128, layout="bshd"),
     dict(b=1, hq=1, hkv=1, sq=8193, skv=8193, d=128, causal=True),
-    # More query tiles than SMs, non-causal, GQA, lengths off the tile: on sm_90 the warp-specialized
-    # kernel (d128) and the one-partition one (d64 below 2048); with variants.GLUON_WS_PERSISTENT on,
-    # both the persistent grid (200 and 192 tiles over 132 CTAs: tiles of several heads per CTA).
+    # More query tiles than SMs, GQA, lengths off the tile: on sm_90 the warp-specialized kernel
+    # (d128 non-causal: two tiles per CTA), the one-partition one (d64 below 1024), and the dynamic
+    # persistent grid (aot/variants.py GLUON_WS_GRIDS: d64 non-causal from 1024, 288 tiles; d128
+    # causal from 1024 at a key offset, 360 tiles; over 132 CTAs, tiles of several heads per CTA).
     dict(b=5, hq=8, hkv=2, sq=600, skv=650, d=128),
     dict(b=3, hq=16, hkv=4, sq=700, skv=700, d=64),
+    dict(b=3, hq=16, hkv=4, sq=1100, skv=1100, d=64),
+    dict(b=5, hq=8, hkv=2, sq=1100, skv=1150, d=128, causal=True, offset=50),
     # Decode shapes (split-KV kernel + combine; launch_plan below checks the dispatch).
     dict(b=1, hq=32, hkv=8, sq=1, skv=8191, d=128, causal=True),
     dict(b=2, hq=8, hkv=1, sq=4, skv=3000, d=64, causal=True, mask="add"),

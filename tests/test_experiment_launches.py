@@ -3,8 +3,9 @@ gluon_mask.py run_ws_masked, tune.py launch), recorded on CPU tensors instead of
 one argument per runtime parameter of the kernel it launches, and read by the kernel's own
 parameter names (its `params`, not aot/contract.py, which builds the lists) each argument is what
 the call means: the tensors, shapes, strides, mask and the experiment's own switches
-(PERSISTENT_GRID's B * Hq in window_right, DYNAMIC_TILES' counter in SeqlensK). They need a GPU to
-run (tests/test_experiments.py checks that they start)."""
+(DYNAMIC_TILES' counter in TileCounter, a null pointer where there is none; PERSISTENT_GRID's B * Hq
+read from Q's descriptor, no window). They need a GPU to run (tests/test_experiments.py checks that
+they start)."""
 from __future__ import annotations
 
 import math
@@ -83,26 +84,28 @@ def test_run_gluon(exp, monkeypatch):
     q, k, v, y, lse = _tensors()
     a = _record(monkeypatch, exp.fg, "flash_fwd_gluon",
                 lambda: exp.attn.run_gluon(q, k, v, y, lse, True, offset=3, store_lse=False))
-    _check(a, q, k, v, y, lse, Mask=lse, SeqlensK=lse, offset=3, causal=1, store_lse=0)
+    _check(a, q, k, v, y, lse, Mask=lse, SeqlensK=lse, TileCounter=exp.tune.NULL, offset=3, causal=1, store_lse=0)
+    assert exp.tune.NULL.data_ptr() == 0
 
 
 @pytest.mark.parametrize("cfg, want", [
     (None, {}),
-    # A persistent grid: B * Hq in window_right; with DYNAMIC_TILES the counter pair in SeqlensK,
-    # has_seqlens 1 where the CTAs claim tiles through it (1; 2 claims them round robin).
-    ({"PERSISTENT_GRID": 2, "DYNAMIC_TILES": 1}, {"window_right": 8, "has_seqlens": 1, "SeqlensK": "counter"}),
-    ({"PERSISTENT_GRID": 1, "DYNAMIC_TILES": 2}, {"window_right": 8, "SeqlensK": "counter"}),
-    ({"PERSISTENT_GRID": 1}, {"window_right": 8}),
+    # A persistent grid with DYNAMIC_TILES: the counter pair in TileCounter where the CTAs claim
+    # tiles through it (1), a null pointer where they take them round robin (2) or none is used.
+    ({"PERSISTENT_GRID": 2, "DYNAMIC_TILES": 1}, {"TileCounter": "counter"}),
+    ({"PERSISTENT_GRID": 1, "DYNAMIC_TILES": 2}, {}),
+    ({"PERSISTENT_GRID": 1}, {}),
 ])
 def test_run_ws(exp, monkeypatch, cfg, want):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(multi_processor_count=132))
     q, k, v, y, lse = _tensors()
     a = _record(monkeypatch, exp.fws, "flash_fwd_gluon_ws",
                 lambda: exp.attn.run_ws(q, k, v, y, lse, True, offset=5, cfg=cfg))
-    want = dict({"Mask": lse, "SeqlensK": lse}, **want)
-    if want["SeqlensK"] == "counter":
-        want["SeqlensK"] = exp.attn.counter(q.device)
+    want = dict({"Mask": lse, "SeqlensK": lse, "TileCounter": exp.tune.NULL}, **want)
+    if want["TileCounter"] == "counter":
+        want["TileCounter"] = exp.attn.counter(q.device)
     _check(a, q, k, v, y, lse, offset=5, causal=1, **want)
+    assert list(a["Q"].shape) == list(q.shape)  # (B, Hq, Sq, D): a persistent grid's B * Hq
 
 
 @pytest.mark.parametrize("kind, heads, mask_len", [("bool", 1, None), ("add", 4, 90)])
@@ -112,7 +115,8 @@ def test_run_ws_masked(exp, monkeypatch, kind, heads, mask_len):
             else torch.zeros(2, heads, 1, 103, dtype=torch.float16))
     a = _record(monkeypatch, exp.fws, "flash_fwd_gluon_ws",
                 lambda: exp.mask.run_ws_masked(q, k, v, y, lse, mask, kind, causal=True, offset=3, mask_len=mask_len))
-    _check(a, q, k, v, y, lse, Mask=mask, SeqlensK=lse, offset=3, causal=1, mask_len=mask_len or 103,
+    _check(a, q, k, v, y, lse, Mask=mask, SeqlensK=lse, TileCounter=exp.tune.NULL, offset=3, causal=1,
+           mask_len=mask_len or 103,
            stride_mb=mask.stride(0), stride_mh=mask.stride(1) if heads > 1 else 0)
 
 

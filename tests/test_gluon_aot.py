@@ -101,17 +101,19 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
 
 
 def test_gluon_runtime_parameters_are_flash_fwds(fixture_gluon):
-    """The launcher passes one argument list to either kernel (aot/contract.py's forward ABI, the
-    descriptors as fwd_tma's): the stand-in takes it too, so the pipeline tests below are the real
-    kernels'."""
+    """The launcher passes either Gluon kernel one argument list (aot/contract.py's FwdGluon ABI:
+    the forward kernel's, the descriptors as fwd_tma's, then the tile counter): the stand-in takes
+    it too, so the pipeline tests below are the real kernels'. The Triton kinds keep the forward
+    ABI."""
     import inspect
 
     from aot import contract
 
     fn = build.kernel_fn("fwd_gluon")
     runtime = [n for n, p in inspect.signature(fn.fn).parameters.items() if "constexpr" not in str(p.annotation)]
-    assert tuple(runtime) == contract.runtime_args("fwd_gluon") == contract.runtime_args("fwd")
-    assert contract.launch_arg_count("fwd_gluon") == contract.launch_arg_count("fwd_tma")
+    assert tuple(runtime) == contract.runtime_args("fwd_gluon") == contract.runtime_args("fwd") + ("TileCounter",)
+    assert contract.runtime_args("fwd_tma") == contract.runtime_args("fwd")
+    assert contract.launch_arg_count("fwd_gluon") == contract.launch_arg_count("fwd_tma") + 1
 
 
 @pytest.mark.parametrize("module", ["_gluon_fixture"] + (["aot.flash_fwd_gluon"] if SHIPPED else []))
@@ -278,36 +280,46 @@ def _ws_sass(v, cfg, tiles=None, unnamed=()) -> tuple:
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
 @pytest.mark.parametrize("hd", [128, 64])
 def test_ws_tiles_per_cta_compiles_for_sm90(monkeypatch, hd):
-    """TILES_PER_CTA = 2 (two query tiles per CTA, the second's loads under the first's epilogue;
-    what the persistent grid's CTAs run too) compiles for sm_90 at the shipped tile with no spills (cuobjdump
-    -res-usage: no local memory, no stack) and within the shared-memory limit; naming
-    TILES_PER_CTA and MASK_KIND unnamed (the kernel's defaults, 1 and 0) gives the same SASS as
-    the shipped variant, which names them (d128)."""
+    """TILES_PER_CTA = 2 (two query tiles per CTA of a per-tile grid, the second's loads under the
+    first's epilogue; what the persistent grid's CTAs run too) compiles for sm_90 at the shipped
+    tile with no spills (cuobjdump -res-usage: no local memory, no stack) and within the
+    shared-memory limit; naming TILES_PER_CTA and MASK_KIND unnamed (the kernel's defaults, 1 and
+    0) gives the same SASS as the shipped variant, which names them (d128)."""
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
     v = next(x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws, x.mask) == ("fp16", hd, True, "none")
              and variants.get_fwd_config(90, x).tiles == 1)
-    cfg = variants.get_fwd_config(90, v)
+    shipped = variants.get_fwd_config(90, v)
+    # d64's unmasked cubins all run the persistent grid: the same tile on a per-tile grid
+    cfg = dataclasses.replace(shipped, persistent=0, dynamic=False, skip=False)
     shared, res, sass = _ws_sass(v, cfg, 2)
     assert re.search(r"STACK:0 ", res) and re.search(r"LOCAL:0 ", res), res
     assert 0 < shared <= build.SMEM_LIMIT[90]
     assert sass.count("HGMMA") > 0 and "STL" not in sass
     if hd == 128:
+        assert cfg == shipped
         assert _ws_sass(v, cfg, unnamed=("TILES_PER_CTA", "MASK_KIND"))[2] == _ws_sass(v, cfg)[2]
 
 
-def _persistent_on(monkeypatch):
-    """The tables as the build makes them with variants.GLUON_WS_PERSISTENT on."""
+def _grids(monkeypatch, grids: dict):
+    """The tables as the build makes them from `grids` in place of variants.GLUON_WS_GRIDS."""
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
-    monkeypatch.setattr(variants, "GLUON_WS_PERSISTENT", True)
-    lengths, tiles = variants.ws_tables(True)
-    monkeypatch.setattr(variants, "GLUON_WS_LENGTHS", lengths)
-    monkeypatch.setattr(variants, "GLUON_WS_TILES", tiles)
+    monkeypatch.setattr(variants, "GLUON_WS_GRIDS", grids)
+    monkeypatch.setattr(variants, "GLUON_WS_LENGTHS", variants.ws_lengths(grids))
+
+
+def _candidates(monkeypatch, *names):
+    """The tables of a development build with ORT_FLASH_GLUON_WS_ON naming `names`."""
+    grids = dict(variants.GLUON_WS_GRIDS)
+    for name in names:
+        grids.update(variants.GLUON_WS_CANDIDATES[name])
+    _grids(monkeypatch, grids)
 
 
 def _table_entry(tmp_path, x) -> dict:
     """The generated kernel table's entry of warp-specialized variant x, compiled (a stand-in
     cubin, the metadata aot/build.py records for its tile)."""
     cfg = variants.get_fwd_config(90, x)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(b"\0")
     meta = dict(variant=x.name, arch=90, kernel_name="flash_fwd_gluon_ws", num_warps=12, shared=0,
@@ -319,152 +331,113 @@ def _table_entry(tmp_path, x) -> dict:
     return e
 
 
+def _want_grid(x, grids: dict):
+    """The grid GLUON_WS_GRIDS gives warp-specialized variant x (a CTA per tile under a mask)."""
+    if x.mask != "none":
+        return variants.WsGrid()
+    steps = grids[(x.head_dim, x.tile_causal == 1)]
+    return steps[max(k for k in steps if k <= x.tile_min_len)]
+
+
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("on", [False, True], ids=["shipped", "persistent-on"])
-def test_persistent_grid_for_non_causal_unmasked_calls(monkeypatch, tmp_path, on):
-    """With variants.GLUON_WS_PERSISTENT on, the non-causal unmasked warp-specialized cubins are
-    persistent (one CTA per SM takes the call's tiles in turn: perf-notes prefill v14), one per
-    (dtype, head dim) over the whole range, and causal and key-vector-masked ones keep a CTA per
-    tile; as shipped (off) none is. The build names PERSISTENT_GRID for every one of them (the
-    compile cache keys constexprs by value and position), their cache keys differ by it, and the
-    generated table's entry, compiled, carries it (KernelEntry::persistent: the launcher's grid)."""
-    if on:
-        _persistent_on(monkeypatch)
-    else:
-        monkeypatch.setattr(variants, "GLUON_ENABLED", True)
+@pytest.mark.parametrize("candidates", [(), ("d128-persistent",)], ids=["shipped", "d128-persistent"])
+def test_ws_grids_of_the_table(monkeypatch, tmp_path, candidates):
+    """Each warp-specialized cubin runs the grid GLUON_WS_GRIDS states for its range: the persistent
+    grid with dynamic tiles for causal calls from 1024 keys at d128 (no skipped rows) and 2048 at d64,
+    and for d64 non-causal ones from 1024 (both with skipped rows); d128 non-causal two tiles per CTA
+    below 8192 keys and one from there, or with the d128-persistent candidate the dynamic persistent
+    grid at every length; key-vector-masked cubins a CTA per tile, no skipped rows. The build names
+    PERSISTENT_GRID, DYNAMIC_TILES and SKIP_PAST_ROWS for every one of them (the compile cache keys
+    constexprs by value and position), their cache keys differ by each, and the generated table's
+    entry, compiled, carries the grid (KernelEntry::persistent and ::dynamic: the launcher's grid
+    and tile counters)."""
+    _candidates(monkeypatch, *candidates)
     ws = [x for x in variants.gluon_variants() if x.ws]
-    assert ws
-    seen = set()
+    dynamic = {(x.head_dim, x.tile_causal, x.tile_min_len) for x in ws if x.mask == "none" and x.dtype == "fp16"
+               and variants.get_fwd_config(90, x).dynamic}
+    assert dynamic == {(128, 1, 1024), (64, 1, 2048), (64, 0, 1024)} | ({(128, 0, 0)} if candidates else set())
     for x in ws:
-        cfg = variants.get_fwd_config(90, x)
-        want = 1 if (on and x.mask == "none" and x.tile_causal == 0) else 0
-        assert cfg.persistent == want, (x, cfg)
+        cfg, want = variants.get_fwd_config(90, x), _want_grid(x, variants.GLUON_WS_GRIDS)
+        assert (cfg.tiles, cfg.persistent, cfg.dynamic, cfg.skip) == (want.tiles, int(want.persistent), want.dynamic,
+                                                                     want.skip), (x, cfg)
+        assert cfg.block_m == variants.ws_config(x.dtype, x.head_dim, x.tile_causal == 1, x.mask)["BLOCK_M"] * cfg.tiles
+        assert not (x.mask != "none" and (cfg.persistent or cfg.skip)), x
         constexprs = build.triton_source(x, 90, cfg)[4]
-        assert constexprs["PERSISTENT_GRID"] is bool(want), x
-        seen.add(want)
-        if want:
-            assert cfg.tiles == 1 and x.tile_max_len == 0, (x, cfg)
-            off = dataclasses.replace(cfg, persistent=0)
-            assert build.cache_key(x, 90, off) != build.cache_key(x, 90, cfg)
-    assert seen == ({0, 1} if on else {0})
-    if not on:
-        return
-    x = next(y for y in ws if variants.get_fwd_config(90, y).persistent)
-    e = _table_entry(tmp_path, x)
-    assert (e["tile_max_len"], e["persistent"], e["dynamic"]) == (x.tile_max_len, 1, 0), e
-
-
-@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("hd", [128, 64])
-def test_persistent_ws_kernel_compiles_for_sm90(monkeypatch, hd):
-    """The persistent cubins (GLUON_WS_PERSISTENT on) compile for sm_90 at their tile with no
-    spills, within the shared-memory limit (two Q buffers, as two tiles per CTA)."""
-    _persistent_on(monkeypatch)
-    v = next(x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws, x.mask, x.tile_causal)
-             == ("bf16", hd, True, "none", 0))
-    cfg = variants.get_fwd_config(90, v)
-    assert cfg.persistent == 1
-    shared, res, sass = _ws_sass(v, cfg)
-    assert re.search(r"STACK:0 ", res) and re.search(r"LOCAL:0 ", res), res
-    assert 0 < shared <= build.SMEM_LIMIT[90]
-    assert sass.count("HGMMA") > 0 and "STL" not in sass
-
-
-def _dynamic_on(monkeypatch):
-    """The tables as the build makes them with variants.GLUON_WS_DYNAMIC and GLUON_WS_SKIP on."""
-    monkeypatch.setattr(variants, "GLUON_ENABLED", True)
-    monkeypatch.setattr(variants, "GLUON_WS_DYNAMIC", True)
-    monkeypatch.setattr(variants, "GLUON_WS_SKIP", True)
-    lengths, tiles = variants.ws_tables(variants.GLUON_WS_PERSISTENT, True)
-    monkeypatch.setattr(variants, "GLUON_WS_LENGTHS", lengths)
-    monkeypatch.setattr(variants, "GLUON_WS_TILES", tiles)
-
-
-@pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("on", [False, True], ids=["shipped", "dynamic-on"])
-def test_dynamic_tiles_for_causal_unmasked_calls(monkeypatch, tmp_path, on):
-    """With variants.GLUON_WS_DYNAMIC on, the causal unmasked warp-specialized cubins run on the
-    persistent grid with dynamic tiles, over every length, and with GLUON_WS_SKIP every unmasked
-    one skips the consumers without rows; masked cubins neither. As shipped (off) none does. The
-    build names DYNAMIC_TILES and SKIP_PAST_ROWS for every one of them, the cache keys differ by
-    them, and the generated table's entry, compiled, has KernelEntry::dynamic."""
-    if on:
-        _dynamic_on(monkeypatch)
-    else:
-        monkeypatch.setattr(variants, "GLUON_ENABLED", True)
-    ws = [x for x in variants.gluon_variants() if x.ws]
-    seen = set()
-    for x in ws:
-        cfg = variants.get_fwd_config(90, x)
-        want = on and x.mask == "none" and x.tile_causal == 1
-        assert cfg.dynamic is want and cfg.skip is (on and x.mask == "none"), (x, cfg)
-        constexprs = build.triton_source(x, 90, cfg)[4]
-        assert (constexprs["DYNAMIC_TILES"], constexprs["SKIP_PAST_ROWS"]) == (cfg.dynamic, cfg.skip), x
-        seen.add(want)
-        if want:
-            assert cfg.persistent == 1 and cfg.tiles == 1 and x.tile_max_len == 0, (x, cfg)
-            assert x.tile_min_len <= 512, x  # every length the warp-specialized kernel takes
-            for off in (dataclasses.replace(cfg, dynamic=False), dataclasses.replace(cfg, skip=False)):
+        assert (constexprs["PERSISTENT_GRID"], constexprs["DYNAMIC_TILES"], constexprs["SKIP_PAST_ROWS"]) == (
+            want.persistent, want.dynamic, want.skip), x
+        if cfg.dynamic:
+            assert x.tile_max_len == 0 and cfg.skip is (x.head_dim == 64), (x, cfg)
+            for off in (dataclasses.replace(cfg, persistent=0), dataclasses.replace(cfg, dynamic=False),
+                        dataclasses.replace(cfg, skip=not cfg.skip)):
                 assert build.cache_key(x, 90, off) != build.cache_key(x, 90, cfg)
-    assert seen == ({False, True} if on else {False})
-    if not on:
-        return
-    x = next(y for y in ws if variants.get_fwd_config(90, y).dynamic)
-    e = _table_entry(tmp_path, x)
-    assert (e["tile_max_len"], e["persistent"], e["dynamic"]) == (x.tile_max_len, 1, 1), e
+    for x in (y for y in ws if y.dtype == "bf16" and y.mask == "none"):
+        cfg = variants.get_fwd_config(90, x)
+        e = _table_entry(tmp_path / x.name, x)
+        assert (e["tile_min_len"], e["tile_max_len"], e["persistent"], e["dynamic"]) == (
+            x.tile_min_len, x.tile_max_len, cfg.persistent, int(cfg.dynamic)), e
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("hd,causal", [(128, 1), (64, 1), (64, 0)])
-def test_dynamic_and_skip_ws_kernels_compile_for_sm90(monkeypatch, hd, causal):
-    """With GLUON_WS_DYNAMIC and GLUON_WS_SKIP on, the unmasked cubins compile for sm_90 at their
-    tile with no spills, within the shared-memory limit; the dynamic ones claim tiles with 64-bit
-    atomics (the claims, the count of CTAs done, the two resets) and the others have none."""
-    _dynamic_on(monkeypatch)
+@pytest.mark.parametrize("hd,causal,candidate", [(128, 1, ()), (64, 1, ()), (64, 0, ()), (128, 0, ("d128-persistent",))])
+def test_dynamic_ws_kernels_compile_for_sm90(monkeypatch, hd, causal, candidate):
+    """The dynamic persistent cubins (the shipped ones and the d128 candidate) compile for sm_90 at
+    their tile with no spills (the registers each partition is given: maxnreg 168 at d128, 128 at
+    d64), within the shared-memory limit (two Q buffers and the tile ids); they claim tiles with
+    64-bit atomics, each issued by one thread: the two claims, the count of CTAs done, and the
+    two resets."""
+    _candidates(monkeypatch, *candidate)
     v = next(x for x in variants.gluon_variants() if (x.dtype, x.head_dim, x.ws, x.mask, x.tile_causal)
              == ("fp16", hd, True, "none", causal))
     cfg = variants.get_fwd_config(90, v)
-    assert cfg.skip and cfg.dynamic is bool(causal)
+    assert cfg.persistent == 1 and cfg.dynamic and cfg.skip is (hd == 64)
     shared, res, sass = _ws_sass(v, cfg)
     assert re.search(r"STACK:0 ", res) and re.search(r"LOCAL:0 ", res), res
+    assert re.search(rf"REG:{cfg.maxnreg} ", res), res
     assert 0 < shared <= build.SMEM_LIMIT[90]
     assert sass.count("HGMMA") > 0 and "STL" not in sass
-    assert sass.count("ATOMG.E.ADD.64") == (3 if causal else 0), sass.count("ATOMG.E.ADD.64")
-    assert sass.count("ATOMG.E.EXCH.64") == (2 if causal else 0)
+    assert sass.count("ATOMG.E.ADD.64") == 3 and sass.count("ATOMG.E.EXCH.64") == 2
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("d,sq", [(128, 512), (128, 1000), (64, 512), (64, 4096)])
-def test_dynamic_dispatch_takes_the_warp_specialized_kernel_for_causal_calls(monkeypatch, d, sq):
-    """With GLUON_WS_DYNAMIC on, causal unmasked calls take the warp-specialized cubin (its dynamic
-    persistent grid) from 512 keys; as shipped, below 2048 (d128) / 4096 (d64) keys they keep the
-    one-partition Gluon kernel."""
+@pytest.mark.parametrize("d,causal,sq", [(128, True, 512), (128, True, 1000), (128, True, 1024), (64, True, 2000),
+                                         (64, True, 4096), (64, False, 1000), (64, False, 1024), (128, False, 4096)])
+def test_dispatch_over_the_shipped_grids(monkeypatch, d, causal, sq):
+    """The shipped table: unmasked causal calls take the warp-specialized cubin (its dynamic
+    persistent grid) from 1024 keys at d128 and 2048 at d64, d64 non-causal ones from 1024, and
+    below that the one-partition Gluon kernel; d128 non-causal calls the two-tile cubin below 8192
+    keys. The table's row says how the launcher runs it (persistent, dynamic)."""
     from ort_flash import _C
-    p = _params(b=2, hq=8, hkv=2, sq=sq, skv=sq, d=d, causal=True)
     monkeypatch.setattr(variants, "GLUON_ENABLED", True)
-    shipped = _C.plan_with_table(p, _rows(90))
-    assert shipped[0] == "fwd_gluon" and ("_ws_" in shipped[1]) is (sq >= (2048 if d == 128 else 4096)), shipped
-    _dynamic_on(monkeypatch)
+    p = _params(b=2, hq=8, hkv=2, sq=sq, skv=sq, d=d, causal=causal)
     rows = _rows(90)
     kind, name, _, _ = _C.plan_with_table(p, rows)
-    assert kind == "fwd_gluon" and "_ws_" in name, name
+    lo = variants.GLUON_WS_LENGTHS[("fp16", d, causal)][0]
+    assert kind == "fwd_gluon" and ("_ws_" in name) is (sq >= lo), (kind, name)
     row = next(r for r in rows if r["variant"] == name)
-    assert row["dynamic"] and row["persistent"] == 1, row
+    grid = (row["persistent"], row["dynamic"], row["block_m"])
+    if "_ws_" not in name:
+        assert grid == (0, False, variants.gluon_tile("fp16", d, causal).block_m), row
+    elif d == 128 and not causal:
+        assert grid == (0, False, 256), row
+    else:
+        assert grid == (1, True, 128 if d == 128 else 192), row
 
 
-def test_gluon_ws_switches_from_the_environment():
-    """ORT_FLASH_GLUON_WS_ON turns the named switches on for a development build (the GPU machine
-    measures them without an edit); an unknown name is an error that names the valid ones."""
-    code = "from aot import variants as v; print(v.GLUON_WS_PERSISTENT, v.GLUON_WS_DYNAMIC, v.GLUON_WS_SKIP)"
+def test_gluon_ws_candidates_from_the_environment():
+    """ORT_FLASH_GLUON_WS_ON puts the named candidate grids in place of the shipped ones for a
+    development build (the GPU machine measures them without an edit); an unknown name is an error
+    that names the valid ones."""
+    code = ("from aot import variants as v; x = v.GLUON_WS_GRIDS[(128, False)][0]; "
+            "print(x.persistent, x.dynamic, x.tiles, v.GLUON_WS_LENGTHS[('fp16', 128, False)])")
     run = dict(capture_output=True, text=True, cwd=ROOT)
-    for value, want in (("", "False False False"), ("dynamic, skip", "False True True"),
-                        ("persistent,dynamic,skip", "True True True")):
+    for value, want in (("", "False False 2 (0, 0)"), ("d128-persistent", "True True 1 (0, 0)"),
+                        (" d128-persistent, ", "True True 1 (0, 0)")):
         env = dict(os.environ, ORT_FLASH_GLUON_WS_ON=value)
         out = subprocess.run([sys.executable, "-c", code], env=env, **run)
         assert out.returncode == 0 and out.stdout.split("\n")[0] == want, (value, out.stdout, out.stderr)
-    env = dict(os.environ, ORT_FLASH_GLUON_WS_ON="persistant")
+    env = dict(os.environ, ORT_FLASH_GLUON_WS_ON="persistent,dynamic,skip")
     out = subprocess.run([sys.executable, "-c", code], env=env, **run)
-    assert out.returncode != 0 and "unknown switch 'persistant' (persistent, dynamic, skip)" in out.stderr
+    assert out.returncode != 0 and "unknown candidate 'persistent' (d128-persistent)" in out.stderr
 
 
 def test_shipped_gluon_ranges_split_the_lengths():

@@ -8,7 +8,7 @@ driver does) and refuses what the driver would refuse (a cubin for another SM, a
 than the kernel's required one, a grid or shared memory over the limits). The tests decode
 that buffer by the kernels' signatures (aot/build.py's launch ABI) and compare each value with
 what the call asks for, for every kind of forward kernel this build has (the Gluon ones, TMA,
-pointer, split-KV decode and its merge; the entries aot/variants.py's kernel switches would add,
+pointer, split-KV decode and its merge; the entries aot/variants.py's candidate grids would add,
 launched with this build's cubins), the per-stream counters, the errors the launcher
 gives instead of launching, and which compiled arch serves which device (the loader and
 `ort-flash info` alike). The GPU suite checks that the kernels compute the right thing
@@ -173,11 +173,9 @@ def _fwd_expected(p: dict, e: dict, counters: int) -> dict:
         for j, dim in enumerate(("b", "h", "m" if t in "qy" else "n")):
             x[f"stride_{t}{dim}"] = p[s][j]
     x.update(stride_mb=ms[0], stride_mh=ms[1], stride_mm=ms[2])
-    if e["persistent"]:
-        x["window_right"] = b * hq  # a persistent kernel reads B * Hq there (it takes no windows)
-    if e["dynamic"]:
-        x["SeqlensK"] = counters + TILE_COUNTERS if counters else 0
-        x["has_seqlens"] = int(bool(counters))
+    # The Gluon kernels' own argument (the FwdGluon ABI's): a dynamic-tile kernel's counter pair,
+    # its stream's (none on a stream without a set: it then takes its tiles round robin).
+    x["TileCounter"] = counters + TILE_COUNTERS if e["dynamic"] and counters else 0
     views = {"Q": (p["q"], hq, sq, p["d"], p["q_stride"]), "K": (p["k"], hkv, skv, p["d"], p["k_stride"]),
              "V": (p["v"], hkv, skv, p["dv"], p["v_stride"]), "Y": (p["y"], hq, sq, p["dv"], p["y_stride"])}
     for i, (t, (ptr, h, s, d, st)) in enumerate(views.items()):
@@ -440,10 +438,10 @@ def test_info_verdict_matches_loader(driver, tmp_path, arch):
         assert loaded == str((arch, served, SMS, len(table_entries(served))))
 
 
-# The table a build with every kernel switch of aot/variants.py on makes, launched with this
-# build's cubins (_C.launch_with_table): the persistent grid and dynamic tiles reach the launcher
-# on every CI run, while the shipped table has them off.
-SWITCHES = "persistent,dynamic,skip"
+# The table a build with every candidate grid of aot/variants.py makes (ORT_FLASH_GLUON_WS_ON),
+# launched with this build's cubins (_C.launch_with_table): the candidates' entries reach the
+# launcher on every CI run, while the shipped table lacks them.
+CANDIDATES = "d128-persistent"
 DTYPES = {0: "float32", 1: "float16", 2: "bfloat16"}
 MASKS = {0: "none", 1: "bool", 2: "add"}
 
@@ -456,7 +454,7 @@ def switched_table():
     if ARCH != 90:
         pytest.skip("no sm_90 kernels in this build")
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "_table_rows.py"), "90"], check=True,
-                         env=child_env(ORT_FLASH_GLUON_WS_ON=SWITCHES), capture_output=True, text=True)
+                         env=child_env(ORT_FLASH_GLUON_WS_ON=CANDIDATES), capture_output=True, text=True)
     rows = json.loads(out.stdout)
     shipped = {e["variant"]: e for e in table_entries(90)}
     entries = []
@@ -474,14 +472,14 @@ def switched_table():
             entries.append(dict(src, variant=r["variant"], cubin_of=r["cubin_of"], block_m=r["block_m"],
                                 tile_causal=r["tile_causal"], tile_min_len=r["tile_min_len"],
                                 tile_max_len=r["tile_max_len"], persistent=r["persistent"], dynamic=r["dynamic"]))
-    assert any(e["dynamic"] for e in entries) and any(e["persistent"] and not e["dynamic"] for e in entries)
+    assert any(e["variant"] != e["cubin_of"] and e["persistent"] for e in entries)
     return rows, entries
 
 
 def test_switched_table(driver, tmp_path, switched_table):
     """Every Gluon entry of the switched table runs a call of its range with its arguments: the
-    persistent ones on min(SMs, tiles) CTAs with B * Hq in window_right, the dynamic ones with
-    their stream's tile counter pair (zeroed on the stream once, before its first launch)."""
+    persistent ones on min(SMs, tiles) CTAs, the dynamic ones with their stream's tile counter pair
+    (zeroed on the stream once, before its first launch)."""
     rows, entries = switched_table
     calls = [{"params": _entry_call(e), "stream": CALLS_STREAM} for e in entries]
     results, events = _run(driver, tmp_path, calls, rows=rows)
@@ -493,38 +491,40 @@ def test_switched_table(driver, tmp_path, switched_table):
     assert list(log.slots) == [CALLS_STREAM]
 
 
-def test_switched_dynamic_streams(driver, tmp_path, switched_table):
+def test_dynamic_streams(driver, tmp_path):
     """Dynamic tiles on several streams: each its own counter set, zeroed once before its first
-    launch; a stream first seen capturing a graph gets none (the kernel's round-robin order)."""
-    rows, entries = switched_table
-    e = next(x for x in entries if x["dynamic"] and x["head_dim"] == 128)
+    launch; a stream first seen capturing a graph gets none (TileCounter 0: the kernel's
+    round-robin order)."""
+    e = next((x for x in GLUON_ENTRIES if x["dynamic"] and x["head_dim"] == 128), None)
+    if e is None:
+        pytest.skip("no dynamic-tile cubin in this build")
     p = _entry_call(e)
     streams = (41, 41, 42, 43)
-    results, events = _run(driver, tmp_path, [{"params": p, "stream": s} for s in streams], rows=rows,
+    results, events = _run(driver, tmp_path, [{"params": p, "stream": s} for s in streams],
                            FAKE_CUDA_CAPTURING="43")
     log = Log(events)
     for i, s in enumerate(streams):
         assert results[i]["error"] is None and results[i]["variant"] == e["variant"]
         memsets = [x["stream"] for x in log.calls[i] if x["ev"] == "memset"]
         assert memsets == ([s] if s not in streams[:i] and s != 43 else [])
-        check_fwd_launch(p, log, i, stream=s, entry=e)
+        check_fwd_launch(p, log, i, stream=s)
     assert 43 not in log.slots and log.slots[41] != log.slots[42]
 
 
-def test_persistent_tile_numbers_fit_int32(driver, tmp_path, switched_table):
+def test_persistent_tile_numbers_fit_int32(driver, tmp_path):
     """A persistent kernel numbers the call's tiles in int32, and each CTA's next one past the
     last: the launcher refuses a call whose tiles plus CTAs would not fit, and launches one below."""
-    rows, entries = switched_table
-    e = next(x for x in entries if x["persistent"] and not x["dynamic"] and x["head_dim"] == 128
-             and x["dtype"] == "float16" and x["mask"] == "none")
+    e = next((x for x in GLUON_ENTRIES if x["persistent"] and x["head_dim"] == 128 and x["dtype"] == "float16"
+              and x["mask"] == "none" and x["tile_causal"] == 1), None)
+    if e is None:
+        pytest.skip("no persistent d128 causal cubin in this build")
     bm = e["block_m"]
     # B 128 x Hq 1 (every TMA stride below 2^40 bytes) x 2^31 / block_m tiles: 128 tiles under 2^31.
-    over = params(b=128, hq=1, hkv=1, sq=(2**31 // bm - 1) * bm, skv=(2**31 // bm - 1) * bm)
-    under = params(b=128, hq=1, hkv=1, sq=(2**31 // bm - 2) * bm, skv=(2**31 // bm - 2) * bm)
-    results, events = _run(driver, tmp_path, [{"params": over, "stream": 51}, {"params": under, "stream": 51}],
-                           rows=rows)
+    over = params(b=128, hq=1, hkv=1, sq=(2**31 // bm - 1) * bm, skv=(2**31 // bm - 1) * bm, causal=True)
+    under = params(b=128, hq=1, hkv=1, sq=(2**31 // bm - 2) * bm, skv=(2**31 // bm - 2) * bm, causal=True)
+    results, events = _run(driver, tmp_path, [{"params": over, "stream": 51}, {"params": under, "stream": 51}])
     assert results[0]["variant"] == results[1]["variant"] == e["variant"]
     assert "is too many for " + e["variant"] in (results[0]["error"] or ""), results[0]
     log = Log(events)
     assert not log.launches(0) and results[1]["error"] is None
-    check_fwd_launch(under, log, 1, stream=51, entry=e)
+    check_fwd_launch(under, log, 1, stream=51)

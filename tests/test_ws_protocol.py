@@ -41,6 +41,7 @@ pytest.importorskip("triton.experimental.gluon", reason="the kernel's source is 
 from _gluon_host import (Around, Deadlock, Desc, HInt, Hopper, HostGl, Inert, Interleaving,  # noqa: E402
                          ProtocolError, Ptr, host)
 
+from aot import contract  # noqa: E402
 from aot import flash_fwd_gluon_ws as entry  # noqa: E402
 from aot.gluon_ws import mainloop  # noqa: E402
 
@@ -142,12 +143,14 @@ class Launch:
         kernel = host(entry.flash_fwd_gluon_ws, gl, _consumer_tile=Around(lambda real: self.consumer_tile(real, (gx, gy))),
                       _visible_range=self.visible_range((gx, gy)), **self.hopper.stubs())
         i = HInt
-        bh_all = self.b * self.hq
         wg, bn = self.wg_m * D * 2, self.block_n * D * 2
-        kernel(Desc("Q", wg), Desc("K", bn), Desc("V", bn), Desc("Y", wg), Inert(), Inert(), Ptr(self.counter),
-               Inert(), Inert(), i(self.hq), i(self.group), i(self.sq), i(self.skv), i(D), i(D), i(self.offset),
-               i(int(self.causal)), i(-1), i(bh_all if self.persistent else -1), i(self.mask_len), i(int(self.use_ctr)),
-               i(1), *[i(0)] * 15,
+        args = dict(Q=Desc("Q", wg, (self.b, self.hq, self.sq, D)), K=Desc("K", bn), V=Desc("V", bn), Y=Desc("Y", wg),
+                    Lse=Inert(), Mask=Inert(), SeqlensK=Inert(), scale=Inert(), softcap=Inert(), Hq=i(self.hq),
+                    group=i(self.group), Sq=i(self.sq), Skv=i(self.skv), D=i(D), Dv=i(D), offset=i(self.offset),
+                    causal=i(int(self.causal)), window_left=i(-1), window_right=i(-1), mask_len=i(self.mask_len),
+                    has_seqlens=i(0), store_lse=i(1), TileCounter=Ptr(self.counter if self.use_ctr else None),
+                    **{n: i(0) for n in contract.runtime_args("fwd_gluon") if n.startswith("stride_")})
+        kernel(*contract.ordered_args("fwd_gluon", args),
                BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=D, NUM_STAGES=self.stages, PINGPONG=self.pingpong,
                NUM_CONSUMERS=self.nc, CONSUMER_REGS=240, TILES_PER_CTA=self.tiles, MASK_KIND=int(self.prefix),
                OVERLAP_PV=self.overlap, MASK_PREFIX=self.prefix, PERSISTENT_GRID=self.persistent, DYNAMIC_TILES=self.dynamic,
@@ -215,7 +218,8 @@ def test_protocol_of_the_other_schedules(mode, pingpong, overlap):
 
 
 def test_dynamic_tiles_without_the_counter():
-    """DYNAMIC_TILES with has_seqlens 0: every CTAs-th tile, handed to the consumers as ids."""
+    """DYNAMIC_TILES with TileCounter 0 (a stream without counters): every CTAs-th tile, handed to
+    the consumers as ids."""
     for shape in SHAPES[:4]:
         _play(shape, seeds=3, mode="dynamic", skip=True, counter=False)
 

@@ -18,8 +18,8 @@
 #                                     # ORT_FLASH_GQA_CUDA=1 so that GENAI_MODEL's heads of any size
 #                                     # are mapped), then experiments/gqa_profile.py
 #   bash tools/gpu_release.sh tune    # the tile sweeps: experiments/tune.py --tma, experiments/tune_decode.py
-#   bash tools/gpu_release.sh try     # built-but-off kernel switches: the sm_90 build with
-#                                     # ORT_FLASH_GLUON_WS_ON (e.g. persistent,dynamic,skip) in the
+#   bash tools/gpu_release.sh try     # candidate kernel grids: the sm_90 build with
+#                                     # ORT_FLASH_GLUON_WS_ON (e.g. d128-persistent) in the
 #                                     # background while experiments/gluon_attn.py checks and times
 #                                     # the JIT specs in WS_SPECS (JIT_ARGS: more of its flags), then
 #                                     # the launch-argument and direct-kernel tests on that build

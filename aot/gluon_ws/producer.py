@@ -105,7 +105,7 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
             if tid < total:
                 nxt = _claim(ctr, use_ctr, tid)
         _publish_tile(ids, q_ready, q_empty, -1, tt, NC, True)
-        if use_ctr != 0:
+        if use_ctr:
             done = gl.atomic_add(ctr + 1, 1, sem="acq_rel")
             if done == gl.num_programs(0) - 1:
                 gl.atomic_xchg(ctr, 0, sem="relaxed")

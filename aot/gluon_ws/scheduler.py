@@ -7,9 +7,9 @@ B * Hq), query tiles in reverse so that the longest causal ones start first, a C
 TILES_PER_CTA consecutive tiles of one (batch, head), the last first. With PERSISTENT_GRID one row
 of at most a CTA per SM, each CTA taking the call's tiles g, g + CTAs, ... of all (batch, head)
 pairs in turn: without causal a head's tiles together (their K/V shared in L2), under causal every
-head's longest tile first; B * Hq arrives in window_right. With DYNAMIC_TILES as well the CTAs
-claim tiles through an int64 counter pair as they free up (_claim; the launcher passes the
-stream's pair in SeqlensK and has_seqlens 1, else every CTAs-th tile), in _tile_of's order (heads
+head's longest tile first; B * Hq is Q's first two dims (its descriptor's shape). With DYNAMIC_TILES
+as well the CTAs claim tiles through an int64 counter pair as they free up (_claim; the launcher
+passes the stream's pair in TileCounter, else 0: every CTAs-th tile), in _tile_of's order (heads
 in groups whose K/V share L2, each group's longest tiles first); each tile's id reaches the
 consumers through shared memory with its Q (_publish_tile, _read_tile; -1 ends), and the last CTA
 to make its one claim past the end zeroes the pair for the next launch on the stream.
@@ -35,8 +35,8 @@ def _tile_span(tile, Sq, Skv, offset, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl
 @gluon.jit
 def _cta_coords(Hq, group):
     """(pid_m, pid_bh, b, h, hk): the CTA's query tile, counted from the grid's end so that the
-    longest causal tiles start first, and its (batch x head) row of a per-tile grid; B * Hq
-    arrives in window_right where the grid is persistent (its one row: _cta_tiles)."""
+    longest causal tiles start first, and its (batch x head) row of a per-tile grid (a persistent
+    grid's one row walks B * Hq pairs instead: _cta_tiles)."""
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     pid_bh = gl.program_id(1)
     b = pid_bh // Hq
@@ -114,9 +114,9 @@ def _head_group(Skv, BLOCK_D: gl.constexpr):
 def _claim(ctr, use_ctr, tid):
     """The producer's next tile after `tid`: the grid's CTAs claim tiles num_programs(0),
     num_programs(0) + 1, ... through the counter at ctr[0] (so that a CTA whose tiles were short
-    takes more), or without a counter (use_ctr 0) take every num_programs(0)-th tile."""
+    takes more), or without a counter (use_ctr false) take every num_programs(0)-th tile."""
     nxt = tid + gl.num_programs(0)
-    if use_ctr != 0:
+    if use_ctr:
         nxt = gl.num_programs(0) + gl.atomic_add(ctr, 1, sem="relaxed").to(gl.int32)
     return nxt
 
