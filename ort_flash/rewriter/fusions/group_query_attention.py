@@ -17,7 +17,7 @@
 # compute (a quantized cache, attention sinks, an attention bias, fused Q/K norms, the QK
 # output, smooth softmax) and float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's
 # op is not measured faster than ONNX Runtime's own (_cuda_decision: mapped for float16 at head
-# size 64; ORT_FLASH_GQA_CUDA=1 maps the others, =0 none; a windowed cache never on CUDA).
+# sizes 64 and 128; ORT_FLASH_GQA_CUDA=1 maps the others, =0 none; a windowed cache never on CUDA).
 from __future__ import annotations
 
 import math
@@ -46,6 +46,10 @@ _UNSUPPORTED_INPUTS = {
     "q_norm_weight": "a fused Q norm", "k_norm_weight": "a fused K norm",
 }
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+# (dtype, head size) of the CUDA nodes mapped by default: measured at least as fast as ONNX
+# Runtime's op at every prefill length and decode shape but two (perf-notes "GroupQueryAttention
+# on CUDA, prepare v2").
+_CUDA_MEASURED = {(ir.DataType.FLOAT16, 64), (ir.DataType.FLOAT16, 128)}
 
 
 class GroupQueryAttentionRule(NodeRule):
@@ -145,10 +149,9 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
 
 
 def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim) -> None:
-    """float16 / bfloat16 nodes run on CUDA. Mapped where ort_flash's op was measured at least as
-    fast as ONNX Runtime's (float16 at head size 64: prefill 1.00-1.07x, GenAI end to end
-    1.00-1.09x, perf-notes "GroupQueryAttention on CUDA"), or with ORT_FLASH_GQA_CUDA=1; never
-    with ORT_FLASH_GQA_CUDA=0, nor a windowed cache (the CUDA op refuses it at session creation)."""
+    """float16 / bfloat16 nodes run on CUDA. Mapped where ort_flash's op was measured faster than
+    ONNX Runtime's (_CUDA_MEASURED), or with ORT_FLASH_GQA_CUDA=1; never with
+    ORT_FLASH_GQA_CUDA=0, nor a windowed cache (the CUDA op refuses it at session creation)."""
     what = f"a {dtype.name.lower()} GroupQueryAttention (CUDA) with head size {head_dim}"
     if _int(node, "sliding_window_cache", 0):
         _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes a "
@@ -156,7 +159,7 @@ def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim) -> None:
     switch = os.environ.get("ORT_FLASH_GQA_CUDA")
     if switch == "0":
         _fail(f"{what}: ORT_FLASH_GQA_CUDA=0 leaves it to ONNX Runtime's op")
-    if switch != "1" and not (dtype == ir.DataType.FLOAT16 and head_dim == 64):
-        _fail(f"{what}: ort_flash's op is faster than ONNX Runtime's on CUDA only for float16 at head "
-              "size 64 (at 128 it is slower below 8k prompt tokens; docs/perf-notes.md, GroupQueryAttention "
-              "on CUDA): left to ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
+    if switch != "1" and (dtype, head_dim) not in _CUDA_MEASURED:
+        _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only for float16 "
+              "at head sizes 64 and 128 (docs/perf-notes.md, GroupQueryAttention on CUDA): left to "
+              "ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
