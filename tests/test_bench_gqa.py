@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from ort_flash.bench import gqa_graphs, gqa_peers, gqa_probe, gqa_suite, results
@@ -120,3 +121,30 @@ def test_genai_e2e_on_cpu(tmp_path):
         assert ours["status"] == "ok" and ours["identical"], ours
         assert ours["tokens"] == by[(kind, "original")]["tokens"] and ours["vs_original"] > 0
     assert by[("decode", "ort_flash")]["tok_s"] > 0
+
+
+def test_genai_divergence_says_how_close_the_choice_was():
+    """genai_e2e.divergence: the first step where greedy tokens differ, each run's margin there
+    and how far the logits are apart (there and before); None where the tokens agree."""
+    from ort_flash.bench import genai_e2e
+
+    rng = np.random.default_rng(3)
+    lo = rng.standard_normal((5, 11)).astype(np.float32)
+    lf = lo + np.float32(1e-3) * rng.standard_normal((5, 11)).astype(np.float32)
+    orig = [int(t) for t in lo.argmax(1)]
+    assert genai_e2e.divergence(orig, lo, orig, lf) is None
+    k, a, b = 3, orig[3], (orig[3] + 1) % 11
+    lf[k, b] = lf[k, a] + np.float32(0.25)
+    ours = orig[:k] + [b] + [0] * (5 - k - 1)
+    d = genai_e2e.divergence(orig, lo, ours, lf)
+    assert (d["step"], d["original_token"], d["ours_token"]) == (k, a, b)
+    assert d["original_margin"] == pytest.approx(float(lo[k, a] - lo[k, b]))
+    assert d["ours_margin"] == pytest.approx(float(lf[k, b] - lf[k, a]))
+    assert d["max_logit_diff"] == pytest.approx(float(np.abs(lo[k] - lf[k]).max()))
+    assert d["max_logit_diff_before"] == pytest.approx(float(np.abs(lo[:k] - lf[:k]).max()))
+    assert d["logit_scale"] == pytest.approx(float(np.abs(lo[k]).max()))
+    note = genai_e2e.divergence_note(d)
+    assert f"{d['original_margin']:.3g} above ours" in note and f"{d['max_logit_diff']:.3g} there" in note
+    first = genai_e2e.divergence([b] + orig[1:], lf, orig, lo)
+    assert first["step"] == 0 and first["max_logit_diff_before"] is None
+    assert "no step" in genai_e2e.divergence_note(first)

@@ -187,6 +187,46 @@ class Runner:
         step_s = (time.perf_counter() - t0) / steps
         return step_s, [int(t) for t in gen.get_sequence(0)[-steps:]]
 
+    def decode_logits(self, gen, context: int, steps: int) -> tuple[list[int], np.ndarray]:
+        """decode()'s steps again, untimed, with the logits each step chose its token from
+        (float32, steps x vocabulary)."""
+        gen.rewind_to(context)
+        gen.generate_next_token()
+        gen.get_next_tokens()
+        rows = []
+        for _ in range(steps):
+            gen.generate_next_token()
+            rows.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1))
+        return [int(t) for t in gen.get_sequence(0)[-steps:]], np.stack(rows)
+
+
+def divergence(orig_tokens: list[int], orig_logits: np.ndarray, ours_tokens: list[int],
+               ours_logits: np.ndarray) -> dict | None:
+    """Where two greedy runs first choose different tokens, how close the choice was: the
+    original's margin between its token and ours (its logits), ours the other way, and how far the
+    two runs' logits are apart there and at every step before it (max |difference| over the
+    vocabulary) against the largest logit. None where the tokens agree."""
+    k = next((i for i, (a, b) in enumerate(zip(orig_tokens, ours_tokens)) if a != b), None)
+    if k is None:
+        return None
+    lo, lf = orig_logits[k], ours_logits[k]
+    a, b = orig_tokens[k], ours_tokens[k]
+    before = np.abs(orig_logits[:k] - ours_logits[:k]).max() if k else None
+    return {"step": k, "original_token": a, "ours_token": b,
+            "original_margin": float(lo[a] - lo[b]), "ours_margin": float(lf[b] - lf[a]),
+            "max_logit_diff": float(np.abs(lo - lf).max()),
+            "max_logit_diff_before": None if before is None else float(before),
+            "logit_scale": float(np.abs(lo).max())}
+
+
+def divergence_note(d: dict) -> str:
+    before = d["max_logit_diff_before"]
+    before = "no step" if before is None else f"{before:.3g}"
+    return (f"the original's logits put its token {d['original_margin']:.3g} above ours, ours "
+            f"{d['ours_margin']:.3g} the other way; the two runs' logits differ by at most "
+            f"{d['max_logit_diff']:.3g} there ({before} at the steps before), the largest logit "
+            f"{d['logit_scale']:.3g}")
+
 
 def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, progress) -> None:
     g = suite["grid"]
@@ -285,8 +325,22 @@ def time_decode(runners: dict, ids: np.ndarray, g: dict, cfg: dict) -> list[dict
             tokens[v] = toks
             if r:
                 per[v].append(step_s)
+    rows = _rows(cfg, per, tokens, "tok_s")
+    ours = rows[-1]
+    if ours["status"] == "mismatch":
+        # Untimed: both runs again with their logits, to say how close the first different choice was.
+        try:
+            (to, lo), (tf, lf) = (runners[v].decode_logits(gens[v], len(ids), g["steps"]) for v in VARIANTS)
+        except Exception as e:  # noqa: BLE001 - the diagnosis is optional
+            ours["divergence_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        else:
+            d = divergence(to, lo, tf, lf)
+            if d is not None:
+                d["replayed_as_timed"] = (to, tf) == (tokens["original"], tokens["ort_flash"])
+                ours["divergence"] = d
+                ours["reason"] += ": " + divergence_note(d)
     gens.clear()
-    return _rows(cfg, per, tokens, "tok_s")
+    return rows
 
 
 def goal(cfg: dict) -> str | None:
