@@ -79,8 +79,13 @@ GLUON_WS_GRIDS = {
 # GLUON_WS_GRIDS' entries by name: ORT_FLASH_GLUON_WS_ON="d128-persistent" (comma-separated), so
 # that one GPU build measures what they would ship. d128-persistent: d128 non-causal calls on the
 # dynamic persistent grid at every length (JIT: 0.98-1.19x a CTA per tile, perf-notes "Prefill v15
-# in JIT"), against the two-tile cubins it would replace below 8192 keys.
-GLUON_WS_CANDIDATES = {"d128-persistent": {(128, False): {0: _DYNAMIC}}}
+# in JIT"), against the two-tile cubins it would replace below 8192 keys. d128-causal-tile-8192:
+# d128 causal calls back on a CTA per tile from 8192 keys (dynamic tiles below): the AOT build of
+# e569d7c on an H100 measured the dynamic cubins 0.94-0.98x the per-tile ones there through ONNX
+# Runtime in one run (0.97-1.03x timing the kernel alone), against JIT's +3-9 % (perf-notes
+# "Prefill v15 and prepare v2 from the AOT build").
+GLUON_WS_CANDIDATES = {"d128-persistent": {(128, False): {0: _DYNAMIC}},
+                       "d128-causal-tile-8192": {(128, True): {1024: _DYNAMIC, 8192: WsGrid()}}}
 for _name in filter(None, os.environ.get("ORT_FLASH_GLUON_WS_ON", "").replace(" ", "").split(",")):
     if _name not in GLUON_WS_CANDIDATES:
         raise ValueError(f"ORT_FLASH_GLUON_WS_ON: unknown candidate {_name!r} ({', '.join(GLUON_WS_CANDIDATES)})")

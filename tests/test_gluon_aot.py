@@ -340,13 +340,15 @@ def _want_grid(x, grids: dict):
 
 
 @pytest.mark.skipif(not SHIPPED, reason="aot/flash_fwd_gluon.py is not in this tree")
-@pytest.mark.parametrize("candidates", [(), ("d128-persistent",)], ids=["shipped", "d128-persistent"])
+@pytest.mark.parametrize("candidates", [(), ("d128-persistent",), ("d128-causal-tile-8192",)],
+                         ids=["shipped", "d128-persistent", "d128-causal-tile-8192"])
 def test_ws_grids_of_the_table(monkeypatch, tmp_path, candidates):
     """Each warp-specialized cubin runs the grid GLUON_WS_GRIDS states for its range: the persistent
     grid with dynamic tiles for causal calls from 1024 keys at d128 (no skipped rows) and 2048 at d64,
     and for d64 non-causal ones from 1024 (both with skipped rows); d128 non-causal two tiles per CTA
     below 8192 keys and one from there, or with the d128-persistent candidate the dynamic persistent
-    grid at every length; key-vector-masked cubins a CTA per tile, no skipped rows. The build names
+    grid at every length; with the d128-causal-tile-8192 candidate d128 causal calls dynamic below 8192
+    keys and a CTA per tile from there; key-vector-masked cubins a CTA per tile, no skipped rows. The build names
     PERSISTENT_GRID, DYNAMIC_TILES and SKIP_PAST_ROWS for every one of them (the compile cache keys
     constexprs by value and position), their cache keys differ by each, and the generated table's
     entry, compiled, carries the grid (KernelEntry::persistent and ::dynamic: the launcher's grid
@@ -355,7 +357,9 @@ def test_ws_grids_of_the_table(monkeypatch, tmp_path, candidates):
     ws = [x for x in variants.gluon_variants() if x.ws]
     dynamic = {(x.head_dim, x.tile_causal, x.tile_min_len) for x in ws if x.mask == "none" and x.dtype == "fp16"
                and variants.get_fwd_config(90, x).dynamic}
-    assert dynamic == {(128, 1, 1024), (64, 1, 2048), (64, 0, 1024)} | ({(128, 0, 0)} if candidates else set())
+    assert dynamic == {(128, 1, 1024), (64, 1, 2048), (64, 0, 1024)} | (
+        {(128, 0, 0)} if "d128-persistent" in candidates else set())
+    tile_8192 = "d128-causal-tile-8192" in candidates
     for x in ws:
         cfg, want = variants.get_fwd_config(90, x), _want_grid(x, variants.GLUON_WS_GRIDS)
         assert (cfg.tiles, cfg.persistent, cfg.dynamic, cfg.skip) == (want.tiles, int(want.persistent), want.dynamic,
@@ -366,7 +370,8 @@ def test_ws_grids_of_the_table(monkeypatch, tmp_path, candidates):
         assert (constexprs["PERSISTENT_GRID"], constexprs["DYNAMIC_TILES"], constexprs["SKIP_PAST_ROWS"]) == (
             want.persistent, want.dynamic, want.skip), x
         if cfg.dynamic:
-            assert x.tile_max_len == 0 and cfg.skip is (x.head_dim == 64), (x, cfg)
+            capped = tile_8192 and (x.head_dim, x.tile_causal) == (128, 1)
+            assert x.tile_max_len == (8192 if capped else 0) and cfg.skip is (x.head_dim == 64), (x, cfg)
             for off in (dataclasses.replace(cfg, persistent=0), dataclasses.replace(cfg, dynamic=False),
                         dataclasses.replace(cfg, skip=not cfg.skip)):
                 assert build.cache_key(x, 90, off) != build.cache_key(x, 90, cfg)
