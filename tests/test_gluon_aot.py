@@ -433,16 +433,19 @@ def test_gluon_ws_candidates_from_the_environment():
     development build (the GPU machine measures them without an edit); an unknown name is an error
     that names the valid ones."""
     code = ("from aot import variants as v; x = v.GLUON_WS_GRIDS[(128, False)][0]; "
-            "print(x.persistent, x.dynamic, x.tiles, v.GLUON_WS_LENGTHS[('fp16', 128, False)])")
+            "print(x.persistent, x.dynamic, x.tiles, v.GLUON_WS_LENGTHS[('fp16', 128, False)], "
+            "sorted(v.GLUON_WS_GRIDS[(128, True)]))")
     run = dict(capture_output=True, text=True, cwd=ROOT)
-    for value, want in (("", "False False 2 (0, 0)"), ("d128-persistent", "True True 1 (0, 0)"),
-                        (" d128-persistent, ", "True True 1 (0, 0)")):
+    for value, want in (("", "False False 2 (0, 0) [1024]"), ("d128-persistent", "True True 1 (0, 0) [1024]"),
+                        (" d128-persistent, ", "True True 1 (0, 0) [1024]"),
+                        ("d128-causal-tile-8192", "False False 2 (0, 0) [1024, 8192]"),
+                        ("d128-persistent,d128-causal-tile-8192", "True True 1 (0, 0) [1024, 8192]")):
         env = dict(os.environ, ORT_FLASH_GLUON_WS_ON=value)
         out = subprocess.run([sys.executable, "-c", code], env=env, **run)
         assert out.returncode == 0 and out.stdout.split("\n")[0] == want, (value, out.stdout, out.stderr)
     env = dict(os.environ, ORT_FLASH_GLUON_WS_ON="persistent,dynamic,skip")
     out = subprocess.run([sys.executable, "-c", code], env=env, **run)
-    assert out.returncode != 0 and "unknown candidate 'persistent' (d128-persistent)" in out.stderr
+    assert out.returncode != 0 and "unknown candidate 'persistent' (d128-persistent, d128-causal-tile-8192)" in out.stderr
 
 
 def test_shipped_gluon_ranges_split_the_lengths():
