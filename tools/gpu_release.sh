@@ -18,6 +18,10 @@
 #                                     # ORT_FLASH_GQA_CUDA=1 so that GENAI_MODEL's heads of any size
 #                                     # are mapped), then experiments/gqa_profile.py
 #   bash tools/gpu_release.sh tune    # the tile sweeps: experiments/tune.py --tma, experiments/tune_decode.py
+#   bash tools/gpu_release.sh ab      # a candidate grid against the shipped table through ONNX
+#                                     # Runtime: tools/ab_grids.py (two non-editable builds, the op
+#                                     # suite's AB_ARGS rows ROUNDS times each, alternating; the
+#                                     # editable install is removed first, `tests` etc. rebuild it)
 #   bash tools/gpu_release.sh try     # candidate kernel grids: the sm_90 build with
 #                                     # ORT_FLASH_GLUON_WS_ON (e.g. d128-persistent) in the
 #                                     # background while experiments/gluon_attn.py checks and times
@@ -108,5 +112,13 @@ case "${1:-}" in
     timeout "${PROFILE_S:-90}" python3 experiments/gqa_profile.py --runs 10 --out "$OUT/gqa-profile.json" 2>&1 \
       | grep -E "^d|gqa_|flash|UnpackRoPE|cudnn" | cut -c1-100
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa"; exit 2 ;;
+  ab)
+    . tools/gpu_env.sh
+    python3 -m pip uninstall -q -y ort-flash 2>/dev/null
+    # shellcheck disable=SC2086 # AB_ARGS is a list of bench arguments
+    timeout "${AB_S:-540}" python3 tools/ab_grids.py --candidate "${AB_CANDIDATE:-d128-causal-tile-8192}" \
+      --rounds "${ROUNDS:-2}" --out "$OUT/ab-grids.json" -- \
+      ${AB_ARGS:---head-dims 128 --seqlens 2048 4096 8192 16384 --dtypes float16 bfloat16} 2>&1 | tail -40
+    ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|ab"; exit 2 ;;
 esac

@@ -11,15 +11,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cache=${ORT_FLASH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ort_flash}/aot
-keys=$(python3 - <<'PY'
+sm90_keys() {  # the sm_90 cache keys of the table that ORT_FLASH_GLUON_WS_ON=$1 builds
+  ORT_FLASH_GLUON_WS_ON=$1 python3 - <<'PY'
 from aot import build, variants
 for v in variants.all_variants():
     print(build.cache_key(v, 90, variants.get_fwd_config(90, v)))
 PY
-)
+}
+keys=$(sm90_keys "")
 missing=0
 for k in $keys; do [ -f "$cache/$k/kernel.cubin" ] || missing=$((missing + 1)); done
 [ "$missing" -eq 0 ] || { echo "$missing sm_90 kernels are not in $cache: build with ORT_FLASH_CUDA_ARCHS=90 first"; exit 1; }
+# The candidate grids' own cubins (aot/variants.py GLUON_WS_CANDIDATES), where a local build with
+# ORT_FLASH_GLUON_WS_ON=<name> ORT_FLASH_CUDA_ARCHS=90 compiled them, so that the GPU machine's
+# candidate builds (tools/gpu_release.sh try, ab) skip the compile too.
+for name in $(python3 -c "from aot import variants; print(' '.join(variants.GLUON_WS_CANDIDATES))"); do
+  extra=0 absent=0
+  for k in $(sm90_keys "$name"); do
+    case " $keys " in *" $k "*) continue ;; esac
+    if [ -f "$cache/$k/kernel.cubin" ]; then keys="$keys $k"; extra=$((extra + 1)); else absent=$((absent + 1)); fi
+  done
+  echo "candidate $name: $extra cubins of its own packed, $absent not built here"
+done
 exclude=$(git rev-parse --git-path info/exclude)
 for d in /.gpucache/ /.gpumodels/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"; done
 mkdir -p .gpucache .gpumodels
