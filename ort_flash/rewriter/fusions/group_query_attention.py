@@ -46,9 +46,9 @@ _UNSUPPORTED_INPUTS = {
     "q_norm_weight": "a fused Q norm", "k_norm_weight": "a fused K norm",
 }
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-# (dtype, head size) of the CUDA nodes mapped by default: measured at least as fast as ONNX
-# Runtime's op at every prefill length and decode shape but two (perf-notes "GroupQueryAttention
-# on CUDA, prepare v2").
+# (dtype, head size) of the CUDA nodes mapped by default: measured faster than ONNX Runtime's op at
+# every prefill length (1.13-2.13x) and at decode but d64 with long caches at batch 8 (0.94-0.99x)
+# (perf-notes "Prefill v15 and prepare v2 from the AOT build").
 _CUDA_MEASURED = {(ir.DataType.FLOAT16, 64), (ir.DataType.FLOAT16, 128)}
 
 
@@ -161,5 +161,5 @@ def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim) -> None:
         _fail(f"{what}: ORT_FLASH_GQA_CUDA=0 leaves it to ONNX Runtime's op")
     if switch != "1" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only for float16 "
-              "at head sizes 64 and 128 (docs/perf-notes.md, GroupQueryAttention on CUDA): left to "
+              "at head sizes 64 and 128 (docs/perf-notes.md, Prefill v15 and prepare v2): left to "
               "ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
