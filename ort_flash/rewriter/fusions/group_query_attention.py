@@ -47,7 +47,7 @@ _UNSUPPORTED_INPUTS = {
 }
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # (dtype, head size) of the CUDA nodes mapped by default: measured faster than ONNX Runtime's op at
-# every prefill length (1.13-2.13x) and at decode but d64 with long caches at batch 8 (0.94-0.99x)
+# every prefill length (1.13-2.13x) and at decode but d64 with 16k-128k caches (0.94-0.99x)
 # (perf-notes "Prefill v15 and prepare v2 from the AOT build").
 _CUDA_MEASURED = {(ir.DataType.FLOAT16, 64), (ir.DataType.FLOAT16, 128)}
 
