@@ -3,7 +3,7 @@
 Each candidate (BLOCK_N, num_warps, num_stages) of `flash_decode_split` (BLOCK_M is the packed
 row tile, 16) is JIT-compiled and timed, split + combine, at the number of KV splits
 cpp/decode_heuristics.cc would choose for it (`choose_splits`) and at one and two CTAs per SM, on decode
-shapes (fp16, Hq 32, Hkv 8, d 128, Sq 1). Every point is timed from CUDA-graph replays over
+shapes (fp16, Hq 32, Hkv 8, d 128 or --head-dim, Sq 1). Every point is timed from CUDA-graph replays over
 rotating input sets (as the decode benchmark times them), its output checked against torch SDPA,
 beside torch SDPA (cuDNN) in the same process; the best point's split kernel is timed alone too
 (what the combine step costs). --sweep keeps the shipped tile and sweeps the number of splits
@@ -15,7 +15,10 @@ splits; --sq sets the query rows (default 1), --fused makes the tile and split s
 the split kernel, --nonpad makes them pass nonpad_kv_seqlen (the variant a static cache runs).
 
     python experiments/tune_decode.py [--shapes 1x4096,1x32768,1x131072,4x32768,8x32768] [--sq N]
-        [--sweep | --merge | --compare] [--fused] [--nonpad] [--out F]
+        [--head-dim 64|128] [--sweep | --merge | --compare] [--fused] [--nonpad] [--out F]
+
+GroupQueryAttention's decode (GenAI: seqlens_k, so the EXTRAS variant) at d64, where it trails
+ONNX Runtime's XQA at B8 from 16k keys: --head-dim 64 --nonpad --sweep --shapes 8x16384,8x32768,8x131072.
 """
 from __future__ import annotations
 
@@ -105,9 +108,9 @@ def sweep(args) -> int:
 
     from ort_flash.bench.tensors import rotation_sets
     from ort_flash.bench.timers import cuda_graph_calls, time_calls
-    t = get_fwd_config(90, Variant("fp16", 128, True, "none", False, "tf32", "decode"))
+    t = get_fwd_config(90, Variant("fp16", args.head_dim, True, "none", False, "tf32", "decode"))
     shipped = dict(BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-    hq, hkv, d, sq = 32, 8, 128, args.sq
+    hq, hkv, d, sq = 32, 8, args.head_dim, args.sq
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     stream = torch.cuda.Stream()
     results = []
@@ -259,6 +262,8 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", action="store_true",
                     help="the fused merge against the combine kernel at the shipped tile and splits")
     ap.add_argument("--sq", type=int, default=1, help="query rows per call (default 1)")
+    ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128),
+                    help="head dim of the shapes and the shipped decode tile (default 128)")
     ap.add_argument("--fused", action="store_true", help="tile and split sweeps merge in the split kernel")
     ap.add_argument("--nonpad", action="store_true",
                     help="tile, split and merge points pass nonpad_kv_seqlen (the EXTRAS variant, as a static cache runs)")
