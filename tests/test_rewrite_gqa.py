@@ -125,14 +125,15 @@ def test_gqa_cuda_decision(monkeypatch, dtype, d, window, switch, mapped):
         assert f"head size {d}" in unfused.reason and want in unfused.reason, unfused.reason
 
 
-@pytest.mark.parametrize("dtype,d,tol", [(np.float32, 32, (1e-4, 1e-5, 1e-6)), (np.float16, 64, (2e-3, 2e-3, 2e-3))],
-                         ids=["float32", "float16-d64"])
+@pytest.mark.parametrize("dtype,d,tol", [(np.float32, 32, (1e-4, 1e-5, 1e-6)), (np.float16, 64, (2e-3, 2e-3, 2e-3)),
+                                         (np.float16, 128, (2e-3, 2e-3, 2e-3))],
+                         ids=["float32", "float16-d64", "float16-d128"])
 @pytest.mark.parametrize("shared", [True, False])
 def test_gqa_rewritten_model_computes_the_same(shared, dtype, d, tol):
     """The rewritten one-node model against the original in ONNX Runtime (CPU EP): the written
     model loads with the library, and the op computes a padded first prompt into the shared (or a
-    separate) buffer as ONNX Runtime's does; float32 and the float16 head-size-64 node the
-    rewriter maps by default."""
+    separate) buffer as ONNX Runtime's does; float32 and the float16 head-size-64 and -128 nodes
+    the rewriter maps by default."""
     import onnxruntime as ort
 
     import ort_flash
