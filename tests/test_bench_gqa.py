@@ -42,6 +42,24 @@ def test_gqa_suite_end_to_end_on_cpu(tmp_path, capsys):
     assert "GroupQueryAttention prefill on cpu" in printed and "GroupQueryAttention decode on cpu" in printed
 
 
+def test_gqa_suite_in_bfloat16_on_cpu(tmp_path):
+    """--dtypes bfloat16 (the dtype the next GPU run times against ONNX Runtime's op): the suite's
+    inputs, rotary tables and reference in bfloat16 (the tables numpy's ml_dtypes on the CPU);
+    ort_flash's rows checked against the float64 reference, ONNX Runtime's CPU op, which has no
+    bfloat16 kernel, a row that says so."""
+    from ort_flash.cli import main
+
+    out = tmp_path / "gqa-bf16.json"
+    assert main(["bench", "--suite", "gqa", "--device", "cpu", *TINY, "--dtypes", "bfloat16", "--out", str(out)]) == 0
+    suite = json.loads(out.read_text())["suites"]["gqa"]
+    assert suite["status"] == "complete" and suite["grid"]["dtype"] == "bfloat16"
+    for cfg, group in results.group_by_config(suite["rows"]):
+        by = {r["peer"]: r for r in group}
+        assert cfg["dtype"] == "bfloat16"
+        assert by["ort_flash"]["status"] == "ok" and by["ort_flash"]["ref_err"] < 3e-2, by["ort_flash"]
+        assert by["ort_gqa"]["status"] == "unsupported" and "GroupQueryAttention" in by["ort_gqa"]["reason"]
+
+
 def test_gqa_guard_catches_another_function(monkeypatch):
     """ort_flash's node given twice the scale: the guard fails on the output and the row is a
     mismatch without a ratio."""

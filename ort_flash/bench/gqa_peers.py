@@ -107,9 +107,9 @@ def _contiguous(x):
 def _rotate(x, cos, sin):
     """Half-split rotary of x (B, S, H, D) by cos/sin (S, D/2), in float32."""
     half = cos.shape[-1]
-    if _is_torch(x) and not _is_torch(cos):  # CPU tables are numpy (Tensors.values)
+    if _is_torch(x) and not _is_torch(cos):  # CPU tables are numpy (Tensors.values), bfloat16 ml_dtypes too
         import torch
-        cos, sin = torch.as_tensor(cos, device=x.device), torch.as_tensor(sin, device=x.device)
+        cos, sin = (torch.as_tensor(np.asarray(t, np.float32), device=x.device) for t in (cos, sin))
     c, s = _f32(cos)[None, :, None, :], _f32(sin)[None, :, None, :]
     x = _f32(x)
     a, b = x[..., :half], x[..., half:2 * half]
