@@ -18,6 +18,7 @@
 #                                     # ORT_FLASH_GQA_CUDA=1 so that GENAI_MODEL's heads of any size
 #                                     # are mapped), then experiments/gqa_profile.py
 #   bash tools/gpu_release.sh tune    # the tile sweeps: experiments/tune.py --tma, experiments/tune_decode.py
+#   bash tools/gpu_release.sh gqa-bf16 # `bench --suite gqa --dtypes bfloat16` (after `gqa`: its build)
 #   bash tools/gpu_release.sh ab      # a candidate grid against the shipped table through ONNX
 #                                     # Runtime: tools/ab_grids.py (two non-editable builds, the op
 #                                     # suite's AB_ARGS rows ROUNDS times each, alternating; the
@@ -120,5 +121,10 @@ case "${1:-}" in
       --rounds "${ROUNDS:-2}" --out "$OUT/ab-grids.json" -- \
       ${AB_ARGS:---head-dims 128 --seqlens 2048 4096 8192 16384 --dtypes float16 bfloat16} 2>&1 | tail -40
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|ab"; exit 2 ;;
+  gqa-bf16)
+    # bfloat16 GroupQueryAttention against ONNX Runtime's (the rewriter maps bfloat16 nodes only
+    # with ORT_FLASH_GQA_CUDA=1 until this is measured ahead).
+    bench --suite gqa --dtypes bfloat16 --budget-s "${GQA_S:-200}" --out "$OUT/bench-gqa-bf16.json" | tail -40
+    ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|ab"; exit 2 ;;
 esac
