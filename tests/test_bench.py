@@ -67,6 +67,28 @@ def test_op_peers_compute_attention_on_cpu():
     assert "vs_best_peer" in by["ort_flash"]
 
 
+def test_op_layered_peers_time_one_node_of_a_multi_node_run(monkeypatch):
+    """With CUDA graphs (the op suite's default on CUDA) the four ONNX Runtime peers run a model of
+    several copies of their node, as a model's layers, and report a node's share: forced here on
+    the CPU at 3 copies, every peer still computes the function and the calls count nodes. On
+    CUDA, copies fill about a millisecond a run: many at BERT's shapes, one at long ones."""
+    monkeypatch.setattr(op_peers, "copies", lambda ctx, cfg: 3)
+    cfg = dict(dtype="float32", d=32, heads=2, batch=2, seqlen=40, causal=False)
+    peers = {k: v for k, v in op_peers.peers_for("cpu").items() if k in ("ort_flash", "ort_mha", "onnx_attention",
+                                                                           "unfused")}
+    by = {r["peer"]: r for r in op_suite.run_config(_ctx(), cfg, peers, CEILINGS)}
+    for name in ("ort_flash", "ort_mha", "unfused"):
+        assert by[name]["status"] == "ok" and by[name]["ref_err"] < 1e-4, by[name]
+        assert by[name]["layers"] == 3 and by[name]["calls"] % 3 == 0, by[name]
+    assert by["onnx_attention"]["status"] in ("ok", "unsupported"), by["onnx_attention"]
+    monkeypatch.undo()
+    gpu = Context("cuda", None, None, 0.1, cuda_graph=True)  # copies reads only these fields
+    bert = dict(dtype="float16", d=64, heads=12, batch=32, seqlen=128, causal=False)
+    assert op_peers.copies(gpu, bert) == 32
+    assert op_peers.copies(gpu, dict(bert, heads=16, d=128, batch=2, seqlen=8192)) == 1
+    assert op_peers.copies(Context("cuda", None, None, 0.1, cuda_graph=False), bert) == 1
+
+
 def test_decode_peers_compute_attention_on_cpu():
     cfg = dict(dtype="float32", hq=4, hkv=2, d=32, batch=1, sq=4, cache=96)
     rows = decode_suite.run_config(_ctx(), cfg, decode_peers.peers_for("cpu"), CEILINGS)

@@ -29,15 +29,15 @@ import math
 import numpy as np
 
 from ort_flash.bench import gqa_graphs, onnx_graphs, op_peers
+from ort_flash.bench.layered import LAYERS, layered_session, session
 from ort_flash.bench.measure import Context
 from ort_flash.bench.op_peers import _bnsh_from_bsh, _bsh_from_bnsh
-from ort_flash.bench.ort_session import BoundSession, Unsupported
+from ort_flash.bench.ort_session import Unsupported
 from ort_flash.bench.tensors import Buffer
 from ort_flash.bench.torch_calls import SdpaCalls
 from ort_flash.bench.workload import kv_read_bytes
 
 
-LAYERS = 32  # nodes per session run for the layered peers (the torch graphs' >= 32 calls)
 RUN_S = 1e-3  # fewer copies where a run of LAYERS would last longer than this at 4 TB/s
 
 
@@ -51,46 +51,6 @@ def _layers(ctx: Context, cfg: dict) -> int:
     return max(1, min(LAYERS, math.ceil(RUN_S / call_s)))
 
 
-def _layered(n: int, model: bytes, feeds: list[dict], outs: list[dict]):
-    """(model, per-run feeds, per-run outputs) with ``n`` copies of the node: run i's copy j
-    binds set (i + j) mod len(feeds); a set's outputs are shared by the copies reading it (they
-    write the same values, one after another)."""
-    if n == 1:
-        return model, feeds, outs
-    sets = len(feeds)
-    def bind(per_set: list[dict], i: int) -> dict:
-        return {f"{k}__{j}": v for j in range(n) for k, v in per_set[(i + j) % sets].items()}
-    return (onnx_graphs.replicate(model, n), [bind(feeds, i) for i in range(sets)],
-            [bind(outs, i) for i in range(sets)])
-
-
-def _layered_session(ctx: Context, n: int, model: bytes, feeds: list[dict], outs: list[dict], **kw):
-    """``_session`` over ``n`` copies of the model's node (``_layered``), timed per node:
-    ``measure`` divides a run's time by the runner's ``per_run``."""
-    run = _session(ctx, *_layered(n, model, feeds, outs), **kw)
-    run.per_run = n
-    if n > 1:
-        run.info = dict(getattr(run, "info", None) or {}, layers=n)
-    return run
-
-
-def _session(ctx: Context, model, inputs, outputs, **kw):
-    """A bound session with CUDA graphs when the context asks for them; without, if capture fails."""
-    if ctx.cuda_graph:
-        ctx.synchronize()  # the inputs were filled on torch's default stream
-        try:
-            run = BoundSession(model, ctx.device, inputs, outputs, stream=ctx.stream, cuda_graph=True, **kw)
-            run.check_runs(ctx.synchronize)
-            return run
-        except Unsupported as e:
-            note = f"ORT CUDA graph failed ({e}); timed without"
-            ctx.synchronize()
-        run = BoundSession(model, ctx.device, inputs, outputs, stream=ctx.stream, **kw)
-        run.info = {"note": note}
-        return run
-    return BoundSession(model, ctx.device, inputs, outputs, stream=ctx.stream, **kw)
-
-
 def _slice_seq(t, buf: Buffer, start: int, stop: int) -> Buffer:
     return t.like(buf, lambda x: x[:, :, start:stop])
 
@@ -102,7 +62,7 @@ def _ort_flash(ctx: Context, cfg: dict, sets: list[dict], layers: int):
                                         {"Y": 4}, is_causal=1)
     feeds = [{"Q": s["q"], "K": s["k"], "V": s["v"], "nonpad_kv_seqlen": s["lens"]} for s in sets]
     outs = [{"Y": y} for y in ys]
-    run = _layered_session(ctx, layers, model, feeds, outs, custom_ops=True)
+    run = layered_session(ctx, layers, model, feeds, outs, custom_ops=True)
     run.output = lambda: ys[0].data
     return run
 
@@ -133,7 +93,7 @@ def ort_flash_past(ctx: Context, cfg: dict, sets: list[dict]):
                      "present_value": t.empty(s["v"].shape, cfg["dtype"])})
     model = onnx_graphs.flash_attention(cfg["dtype"], {n: 4 for n in ("Q", "K", "V", "past_key", "past_value")},
                                         {"Y": 4, "present_key": 4, "present_value": 4}, is_causal=1)
-    run = _session(ctx, model, feeds, outs, custom_ops=True)
+    run = session(ctx, model, feeds, outs, custom_ops=True)
     run.output = lambda: ys[0].data
     return run
 
@@ -162,7 +122,7 @@ def ort_gqa(ctx: Context, cfg: dict, sets: list[dict]):
         outs.append({"output": y, "present_key": s["k"], "present_value": s["v"]})  # shared buffer
         ys.append(y)
     model = gqa_graphs.gqa_model(feeds[0], num_heads=cfg["hq"], kv_num_heads=cfg["hkv"], causal=1)
-    run = _layered_session(ctx, _layers(ctx, cfg), model, feeds, outs)
+    run = layered_session(ctx, _layers(ctx, cfg), model, feeds, outs)
     run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run
 
@@ -181,7 +141,7 @@ def ort_mha(ctx: Context, cfg: dict, sets: list[dict]):
         outs.append({"output": y})
         ys.append(y)
     model = onnx_graphs.multi_head_attention(cfg["dtype"], cfg["hq"], causal=False, kv_rank=4)
-    run = _layered_session(ctx, _layers(ctx, cfg), model, feeds, outs)
+    run = layered_session(ctx, _layers(ctx, cfg), model, feeds, outs)
     if cfg["sq"] == 1:  # with more query rows it is not causal, so it computes another function
         run.output = lambda: _bnsh_from_bsh(ys[0], cfg["hq"])
     return run

@@ -17,7 +17,7 @@ Every timed call writes the same rows with the same values, so no reset between 
 | sdpa      | CUDA: torch SDPA (cuDNN backend) on the rotated Q, K, V (``attention_inputs``), the KV heads repeated to Hq; the rotary and the cache write are not in its time |
 
 With CUDA graphs (the suite's default on CUDA) the two ONNX Runtime peers run a model of
-``copies`` nodes per session run (``decode_peers._layered_session``: a model's layers in one
+``copies`` nodes per session run (``layered.layered_session``: a model's layers in one
 step), so a short call is timed as device time in both, as torch's graphs time sdpa.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from ort_flash.bench import decode_peers, gqa_graphs
+from ort_flash.bench import gqa_graphs, layered
 from ort_flash.bench.measure import Context
 from ort_flash.bench.op_peers import _bnsh_from_bsh
 from ort_flash.bench.ort_session import BoundSession, Unsupported
@@ -148,7 +148,7 @@ def copies(ctx: Context, cfg: dict) -> int:
     start, total = positions(cfg)
     flops = attention_flops(cfg["batch"], cfg["hq"], cfg["seqlen"], total, cfg["d"], causal=cfg["phase"] == "prefill")
     call_s = max(flops / RATE_FLOPS, kv_read_bytes(cfg["batch"], cfg["hkv"], total, cfg["d"], cfg["dtype"]) / RATE_BYTES)
-    return max(1, min(decode_peers.LAYERS, math.ceil(RUN_S / call_s)))
+    return max(1, min(layered.LAYERS, math.ceil(RUN_S / call_s)))
 
 
 def _io(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
@@ -168,7 +168,7 @@ def session(ctx: Context, cfg: dict, sets: list[dict], shared: dict, domain: str
     model = gqa_graphs.gqa_model(feeds[0], domain, **attrs(cfg))
     kw = dict(custom_ops=domain == "ort_flash", optimize=False)
     if n is None:
-        run = decode_peers._layered_session(ctx, copies(ctx, cfg), model, feeds, outs, **kw)
+        run = layered.layered_session(ctx, copies(ctx, cfg), model, feeds, outs, **kw)
     else:
         run = BoundSession(model, ctx.device, feeds, outs, stream=ctx.stream, **kw)
     run.ys = ys

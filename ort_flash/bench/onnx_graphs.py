@@ -96,10 +96,10 @@ def replicate(model: bytes, copies: int) -> bytes:
     for j in range(copies):
         def rn(name: str, j=j) -> str:
             return f"{name}__{j}" if name else name
-        for n in g.node:
+        for i, n in enumerate(g.node):
             c = onnx.NodeProto()
             c.CopyFrom(n)
-            c.name = rn(n.name or f"{n.op_type}")
+            c.name = rn(n.name or f"{n.op_type}_{i}")  # unnamed nodes of one op type stay apart
             c.input[:] = [rn(x) for x in n.input]
             c.output[:] = [rn(x) for x in n.output]
             nodes.append(c)

@@ -10,16 +10,41 @@
 | onnx_attention   | ONNX Attention-23 (4-D BNSH, is_causal) run by ORT                         |
 | unfused          | MatMul-Softmax-MatMul (+ additive causal mask input) with ORT graph optimizations off |
 | sdpa_cudnn/flash | torch SDPA forced onto one backend (CUDA); sdpa on CPU                     |
+
+With CUDA graphs (the suite's default on CUDA) the four ONNX Runtime peers run a model of
+``copies`` nodes per session run (``layered.layered_session``: as a model's layers run),
+so a short call is timed as device time, as torch's graphs time the torch peers; without
+(``--cuda-graph off``) one node per run, its launch cost included.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ort_flash.bench import onnx_graphs
+from ort_flash.bench import layered, onnx_graphs
 from ort_flash.bench.measure import Context
-from ort_flash.bench.ort_session import BoundSession, Unsupported
+from ort_flash.bench.ort_session import Unsupported
 from ort_flash.bench.tensors import Buffer
 from ort_flash.bench.torch_calls import KernelCalls, SdpaCalls
+from ort_flash.bench.workload import attention_flops
+
+RUN_S = 1e-3  # copies per run: about this long a run at the rate below
+RATE_FLOPS = 4e14  # a rough H200 rate, only to choose the copies
+
+
+def copies(ctx: Context, cfg: dict) -> int:
+    """Nodes per session run under CUDA graphs: enough for about RUN_S of work, at most
+    layered.LAYERS; one without graphs."""
+    if not (ctx.cuda_graph and ctx.device == "cuda"):
+        return 1
+    n = cfg["seqlen"]
+    call_s = attention_flops(cfg["batch"], cfg["heads"], n, n, cfg["d"], cfg["causal"]) / RATE_FLOPS
+    return max(1, min(layered.LAYERS, math.ceil(RUN_S / call_s)))
+
+
+def _session(ctx: Context, cfg: dict, model: bytes, feeds: list[dict], outs: list[dict], **kw):
+    return layered.layered_session(ctx, copies(ctx, cfg), model, feeds, outs, **kw)
 
 
 def _bnsh_from_bsh(buf, heads):
@@ -41,8 +66,8 @@ def ort_flash(ctx: Context, cfg: dict, sets: list[dict]):
     ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
     model = onnx_graphs.flash_attention(cfg["dtype"], {"Q": 4, "K": 4, "V": 4}, {"Y": 4},
                                         is_causal=int(cfg["causal"]))
-    run = BoundSession(model, ctx.device, [{"Q": s["q"], "K": s["k"], "V": s["v"]} for s in sets],
-                       [{"Y": y} for y in ys], stream=ctx.stream, custom_ops=True)
+    run = _session(ctx, cfg, model, [{"Q": s["q"], "K": s["k"], "V": s["v"]} for s in sets],
+                   [{"Y": y} for y in ys], custom_ops=True)
     run.output = lambda: ys[0].data
     return run
 
@@ -69,9 +94,8 @@ def ort_mha(ctx: Context, cfg: dict, sets: list[dict]):
     bsh = [{n: t.like(s[n], _bsh_from_bnsh) for n in ("q", "k", "v")} for s in sets]
     ys = [t.empty(x["q"].shape, cfg["dtype"]) for x in bsh]
     model = onnx_graphs.multi_head_attention(cfg["dtype"], heads, cfg["causal"])
-    run = BoundSession(model, ctx.device,
-                       [{"query": x["q"], "key": x["k"], "value": x["v"]} for x in bsh],
-                       [{"output": y} for y in ys], stream=ctx.stream)
+    run = _session(ctx, cfg, model, [{"query": x["q"], "key": x["k"], "value": x["v"]} for x in bsh],
+                   [{"output": y} for y in ys])
     run.output = lambda: _bnsh_from_bsh(ys[0], heads)
     run.keep = bsh
     return run
@@ -81,8 +105,8 @@ def onnx_attention(ctx: Context, cfg: dict, sets: list[dict]):
     t = ctx.tensors
     ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
     model = onnx_graphs.onnx_attention(cfg["dtype"], cfg["causal"])
-    run = BoundSession(model, ctx.device, [{"Q": s["q"], "K": s["k"], "V": s["v"]} for s in sets],
-                       [{"Y": y} for y in ys], stream=ctx.stream)
+    run = _session(ctx, cfg, model, [{"Q": s["q"], "K": s["k"], "V": s["v"]} for s in sets],
+                   [{"Y": y} for y in ys])
     run.output = lambda: ys[0].data
     return run
 
@@ -98,8 +122,7 @@ def unfused(ctx: Context, cfg: dict, sets: list[dict]):
         mask = causal_additive_mask(t, n, cfg["dtype"])
         for f in feeds:
             f["attn_mask"] = mask
-    run = BoundSession(model, ctx.device, feeds, [{"Y": y} for y in ys], stream=ctx.stream,
-                       optimize=False)
+    run = _session(ctx, cfg, model, feeds, [{"Y": y} for y in ys], optimize=False)
     run.output = lambda: ys[0].data
     run.keep = mask
     return run

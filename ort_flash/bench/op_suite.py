@@ -76,7 +76,8 @@ def run_config(ctx: Context, cfg: dict, builders: dict, ceilings: dict, bar=None
     for name, build in builders.items():
         if bar is not None and hasattr(bar, "set_postfix_str"):
             bar.set_postfix_str(f"{cfg['dtype']} d{d} N{n}{' causal' if cfg['causal'] else ''}: {name}")
-        row = measure(ctx, name, lambda build=build, sets=sets: build(ctx, cfg, sets), check=check)
+        row = measure(ctx, name, lambda build=build, sets=sets: build(ctx, cfg, sets), check=check,
+                      graph_torch=ctx.cuda_graph)
         row["config"] = cfg
         if row["status"] in ("ok", "mismatch"):
             row["tflops"] = tflops(flops, row["ms"])

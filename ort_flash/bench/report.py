@@ -39,7 +39,11 @@ METHOD = """\
   CPU. The unfused graph runs with ORT graph optimizations off (so ORT does not fuse it).
 - **Timing**: CUDA events around chunks of back-to-back calls (≥ 1 ms each), median over
   chunks; decode shapes replay CUDA graphs (ORT `enable_cuda_graph`, `torch.cuda.graph`) so launch
-  overhead does not hide the kernels. CPU: host clock, median.
+  overhead does not hide the kernels, and so does the op suite from 2026-12-05 on (its ONNX
+  Runtime peers as a model of up to 32 copies of their node, about 1 ms a run, as below; each
+  row's `timing` in the JSON says which). Earlier op runs timed one node per session run, ONNX
+  Runtime's launch cost included: at BERT-sized shapes (15-50 µs kernels) that cost is most of
+  every ORT peer's time. CPU: host clock, median.
 - **Correctness**: each peer's output is compared with the float64 reference
   (`ort_flash.reference`) on sampled rows; a peer over the limit is marked WRONG.
 - **Rates**: TFLOP/s = 4·B·H·Sq·Skv·D / t, halved when causal; KV bandwidth = bytes of K and V /

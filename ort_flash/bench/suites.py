@@ -63,7 +63,7 @@ def run_suite(args, name: str, device: str, budget_s: float | None) -> int:
     results.save(doc, args.out)
     print(f"== {name} suite on {device}: {_where(env)}; ceilings: matmul {ceil['matmul_tflops']:.3g} "
           f"TFLOP/s, copy {ceil['copy_tbps']:.3g} TB/s ({ceil['source']})", flush=True)
-    graphs = {"on": True, "off": False}.get(args.cuda_graph, name in ("decode", "gqa"))
+    graphs = {"on": True, "off": False}.get(args.cuda_graph, name in ("decode", "gqa", "op"))
     target = getattr(module, "TARGET_S", TARGET_S)[bool(args.quick)]
     ctx = Context.create(device, args.seed, target, cuda_graph=graphs and device == "cuda")
     status = 0

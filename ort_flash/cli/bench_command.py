@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                         os.path.join(tempfile.gettempdir(), "ort_flash_bench")),
                    help="where e2e / decode_e2e exports and genai models are cached")
     p.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
-                   help="capture CUDA graphs (auto: decode and gqa suites, where launch cost matters)")
+                   help="capture CUDA graphs (auto: the op, decode and gqa suites, where launch cost matters)")
     p.add_argument("--report", default=None, metavar="MD",
                    help="also write this Markdown report (PNG plots beside it) from --out and --merge")
     p.add_argument("--merge", nargs="*", default=[], help="earlier result JSON files for --report")
