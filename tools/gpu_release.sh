@@ -22,7 +22,7 @@
 #   bash tools/gpu_release.sh ab      # a candidate grid against the shipped table through ONNX
 #                                     # Runtime: tools/ab_grids.py (two non-editable builds, the op
 #                                     # suite's AB_ARGS rows ROUNDS times each, alternating; the
-#                                     # editable install is removed first, `tests` etc. rebuild it)
+#                                     # editable install is removed first and rebuilt after)
 #   bash tools/gpu_release.sh try     # candidate kernel grids: the sm_90 build with
 #                                     # ORT_FLASH_GLUON_WS_ON (e.g. d128-persistent) in the
 #                                     # background while experiments/gluon_attn.py checks and times
@@ -120,6 +120,7 @@ case "${1:-}" in
     timeout "${AB_S:-540}" python3 tools/ab_grids.py --candidate "${AB_CANDIDATE:-d128-causal-tile-8192}" \
       --rounds "${ROUNDS:-2}" --out "$OUT/ab-grids.json" -- \
       ${AB_ARGS:---head-dims 128 --seqlens 2048 4096 8192 16384 --dtypes float16 bfloat16} 2>&1 | tail -40
+    build_ort_flash  # the editable install back, for the steps after (op, gqa, ... run from the tree)
     ;;
   gqa-bf16)
     # bfloat16 GroupQueryAttention against ONNX Runtime's (the rewriter maps bfloat16 nodes only
