@@ -14,22 +14,20 @@ function (bottom-right causal, so for Sq = 1 every key is seen), except MHA wher
 | ort_mha          | com.microsoft.MultiHeadAttention with the cache as 4-D BNSH key/value, heads repeated to Hq (MHA has no GQA); not causal |
 | sdpa*            | torch SDPA, enable_gqa, causal_lower_right for Sq > 1                        |
 
-**Layers.** With CUDA graphs, ort_flash, ort_gqa and ort_mha run a model of up to ``LAYERS``
+**Layers.** With CUDA graphs, ort_flash, ort_gqa and ort_mha run a model of up to ``layered.LAYERS``
 copies of their node (``onnx_graphs.replicate``; fewer at the largest caches, see ``_layers``),
 node j of graph i reading input set (i + j) mod sets, as a model's layers run in one decode
 step; a row's time is a run's over the copies. That is the
 timing class of the torch peers and of ort_flash_kernel (a torch CUDA graph of >= 32 calls):
 device time, no per-run cost spread over one call. ort_flash_run and ort_flash_past keep one node
-per run (ort_flash_past's present copies would not fit ``LAYERS`` times at the large caches).
+per run (ort_flash_past's present copies would not fit ``layered.LAYERS`` times at the large caches).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ort_flash.bench import gqa_graphs, onnx_graphs, op_peers
-from ort_flash.bench.layered import LAYERS, layered_session, session
+from ort_flash.bench import gqa_graphs, layered, onnx_graphs, op_peers
+from ort_flash.bench.layered import layered_session, session
 from ort_flash.bench.measure import Context
 from ort_flash.bench.op_peers import _bnsh_from_bsh, _bsh_from_bnsh
 from ort_flash.bench.ort_session import Unsupported
@@ -38,17 +36,12 @@ from ort_flash.bench.torch_calls import SdpaCalls
 from ort_flash.bench.workload import kv_read_bytes
 
 
-RUN_S = 1e-3  # fewer copies where a run of LAYERS would last longer than this at 4 TB/s
-
 
 def _layers(ctx: Context, cfg: dict) -> int:
-    """Copies of the node per run: LAYERS, fewer where the calls are long enough that a run of
-    about RUN_S spreads ONNX Runtime's per-run cost (~2 us) as thin (down to 1 from a few GB of
-    cache: 32-copy runs of 60 ms there measured a 21 % spread, ort_flash_run 1 %)."""
-    if not (ctx.cuda_graph and ctx.device == "cuda"):
-        return 1
-    call_s = kv_read_bytes(cfg["batch"], cfg["hkv"], cfg["cache"], cfg["d"], cfg["dtype"]) / 4e12
-    return max(1, min(LAYERS, math.ceil(RUN_S / call_s)))
+    """Copies of the node per run (layered.copies: down to 1 from a few GB of cache, where 32-copy
+    runs of 60 ms measured a 21 % spread, ort_flash_run 1 %), the call timed as its cache read."""
+    call_s = kv_read_bytes(cfg["batch"], cfg["hkv"], cfg["cache"], cfg["d"], cfg["dtype"]) / layered.RATE_BYTES
+    return layered.copies(ctx, call_s)
 
 
 def _slice_seq(t, buf: Buffer, start: int, stop: int) -> Buffer:

@@ -22,8 +22,6 @@ step), so a short call is timed as device time in both, as torch's graphs time s
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ort_flash.bench import gqa_graphs, layered
@@ -35,8 +33,6 @@ from ort_flash.bench.torch_calls import SdpaCalls
 from ort_flash.bench.workload import attention_flops, kv_read_bytes
 
 ROPE_THETA = 10000.0
-RUN_S = 1e-3  # copies per run: about this long a run at the rates below
-RATE_FLOPS, RATE_BYTES = 4e14, 4e12  # rough H200 rates, only to choose the copies
 
 
 def attrs(cfg: dict) -> dict:
@@ -142,13 +138,12 @@ def attention_inputs(cfg: dict, s: dict, shared: dict) -> tuple[Buffer, Buffer, 
 # -- peers ---------------------------------------------------------------------------------------------
 
 def copies(ctx: Context, cfg: dict) -> int:
-    """Nodes per session run under CUDA graphs: enough for about RUN_S of work, at most LAYERS."""
-    if not (ctx.cuda_graph and ctx.device == "cuda"):
-        return 1
+    """Nodes per session run under CUDA graphs (layered.copies), the call timed as the larger of
+    its FLOPs and its K/V read."""
     start, total = positions(cfg)
     flops = attention_flops(cfg["batch"], cfg["hq"], cfg["seqlen"], total, cfg["d"], causal=cfg["phase"] == "prefill")
-    call_s = max(flops / RATE_FLOPS, kv_read_bytes(cfg["batch"], cfg["hkv"], total, cfg["d"], cfg["dtype"]) / RATE_BYTES)
-    return max(1, min(layered.LAYERS, math.ceil(RUN_S / call_s)))
+    kv = kv_read_bytes(cfg["batch"], cfg["hkv"], total, cfg["d"], cfg["dtype"])
+    return layered.copies(ctx, max(flops / layered.RATE_FLOPS, kv / layered.RATE_BYTES))
 
 
 def _io(ctx: Context, cfg: dict, sets: list[dict], shared: dict):

@@ -5,11 +5,23 @@ ONNX Runtime's CUDA graph when the context asks for one, and runs without, sayin
 capture fails."""
 from __future__ import annotations
 
+import math
+
 from ort_flash.bench import onnx_graphs
 from ort_flash.bench.measure import Context
 from ort_flash.bench.ort_session import BoundSession, Unsupported
 
 LAYERS = 32  # nodes per session run for the layered peers (the torch graphs' >= 32 calls)
+RUN_S = 1e-3  # fewer copies where a run of LAYERS would last longer than this
+RATE_FLOPS, RATE_BYTES = 4e14, 4e12  # rough H200 rates, only to estimate a call's time
+
+
+def copies(ctx: Context, call_s: float) -> int:
+    """Copies of the node per run for calls of about ``call_s`` seconds: LAYERS, fewer where a run
+    of about RUN_S already spreads ONNX Runtime's per-run cost (~2 us) thin; one without CUDA graphs."""
+    if not (ctx.cuda_graph and ctx.device == "cuda"):
+        return 1
+    return max(1, min(LAYERS, math.ceil(RUN_S / call_s)))
 
 
 def layered(n: int, model: bytes, feeds: list[dict], outs: list[dict]):

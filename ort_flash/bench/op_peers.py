@@ -18,8 +18,6 @@ so a short call is timed as device time, as torch's graphs time the torch peers;
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ort_flash.bench import layered, onnx_graphs
@@ -29,18 +27,12 @@ from ort_flash.bench.tensors import Buffer
 from ort_flash.bench.torch_calls import KernelCalls, SdpaCalls
 from ort_flash.bench.workload import attention_flops
 
-RUN_S = 1e-3  # copies per run: about this long a run at the rate below
-RATE_FLOPS = 4e14  # a rough H200 rate, only to choose the copies
-
 
 def copies(ctx: Context, cfg: dict) -> int:
-    """Nodes per session run under CUDA graphs: enough for about RUN_S of work, at most
-    layered.LAYERS; one without graphs."""
-    if not (ctx.cuda_graph and ctx.device == "cuda"):
-        return 1
+    """Nodes per session run under CUDA graphs (layered.copies), the call timed as its FLOPs."""
     n = cfg["seqlen"]
-    call_s = attention_flops(cfg["batch"], cfg["heads"], n, n, cfg["d"], cfg["causal"]) / RATE_FLOPS
-    return max(1, min(layered.LAYERS, math.ceil(RUN_S / call_s)))
+    return layered.copies(ctx, attention_flops(cfg["batch"], cfg["heads"], n, n, cfg["d"], cfg["causal"])
+                          / layered.RATE_FLOPS)
 
 
 def _session(ctx: Context, cfg: dict, model: bytes, feeds: list[dict], outs: list[dict], **kw):
