@@ -166,3 +166,39 @@ def test_genai_divergence_says_how_close_the_choice_was():
     first = genai_e2e.divergence([b] + orig[1:], lf, orig, lo)
     assert first["step"] == 0 and first["max_logit_diff_before"] is None
     assert "no step" in genai_e2e.divergence_note(first)
+
+
+def test_genai_decode_mismatch_row_carries_the_divergence():
+    """time_decode: where the greedy tokens differ, the untimed replay's logits give the row its
+    divergence (step, margins) and extend its reason; the timed tokens are the replay's here."""
+    from ort_flash.bench import genai_e2e
+
+    rng = np.random.default_rng(5)
+    logits = {v: rng.standard_normal((6, 9)).astype(np.float32) for v in genai_e2e.VARIANTS}
+    logits["ort_flash"][:2] = logits["original"][:2]
+    tokens = {v: [int(t) for t in l.argmax(1)] for v, l in logits.items()}
+    if tokens["ort_flash"][2] == tokens["original"][2]:
+        logits["ort_flash"][2, (tokens["original"][2] + 1) % 9] += 10
+        tokens["ort_flash"] = [int(t) for t in logits["ort_flash"].argmax(1)]
+
+    class Fake:
+        def __init__(self, v):
+            self.v = v
+
+        def start_decode(self, ids, steps):
+            return object()
+
+        def decode(self, gen, context, steps):
+            return 1e-3, tokens[self.v]
+
+        def decode_logits(self, gen, context, steps):
+            return tokens[self.v], logits[self.v]
+
+    g = dict(rounds=2, steps=6)
+    cfg = {"kind": "decode", "tokens": 4}
+    rows = genai_e2e.time_decode({v: Fake(v) for v in genai_e2e.VARIANTS}, np.zeros(4, np.int32), g, cfg)
+    ours = rows[-1]
+    assert ours["status"] == "mismatch" and ours["divergence"]["step"] == 2, ours
+    assert ours["divergence"]["replayed_as_timed"] is True
+    assert "(first at step 2): the original's logits put its token" in ours["reason"]
+    assert "vs_original" not in ours

@@ -177,9 +177,7 @@ class Runner:
     def decode(self, gen, context: int, steps: int) -> tuple[float, list[int]]:
         """Seconds per decode step over ``steps`` steps from ``context`` tokens, and the tokens.
         The span ends when the last token is on the host (GenAI's steps may run ahead on CUDA)."""
-        gen.rewind_to(context)
-        gen.generate_next_token()  # the token after the prompt (a model run only after a rewind)
-        gen.get_next_tokens()
+        _rewind(gen, context)
         t0 = time.perf_counter()
         for _ in range(steps):
             gen.generate_next_token()
@@ -190,14 +188,24 @@ class Runner:
     def decode_logits(self, gen, context: int, steps: int) -> tuple[list[int], np.ndarray]:
         """decode()'s steps again, untimed, with the logits each step chose its token from
         (float32, steps x vocabulary)."""
-        gen.rewind_to(context)
-        gen.generate_next_token()
-        gen.get_next_tokens()
+        _rewind(gen, context)
         rows = []
         for _ in range(steps):
             gen.generate_next_token()
             rows.append(np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1))
         return [int(t) for t in gen.get_sequence(0)[-steps:]], np.stack(rows)
+
+
+def _rewind(gen, context: int) -> None:
+    """Back to ``context`` tokens, and the token after them (a model run only after a rewind)."""
+    gen.rewind_to(context)
+    gen.generate_next_token()
+    gen.get_next_tokens()
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first step where two token lists differ (None where they agree)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def divergence(orig_tokens: list[int], orig_logits: np.ndarray, ours_tokens: list[int],
@@ -206,7 +214,7 @@ def divergence(orig_tokens: list[int], orig_logits: np.ndarray, ours_tokens: lis
     original's margin between its token and ours (its logits), ours the other way, and how far the
     two runs' logits are apart there and at every step before it (max |difference| over the
     vocabulary) against the largest logit. None where the tokens agree."""
-    k = next((i for i, (a, b) in enumerate(zip(orig_tokens, ours_tokens)) if a != b), None)
+    k = first_difference(orig_tokens, ours_tokens)
     if k is None:
         return None
     lo, lf = orig_logits[k], ours_logits[k]
@@ -281,7 +289,7 @@ def _rows(cfg: dict, per: dict, tokens: dict, value_key: str) -> list[dict]:
     if ours["status"] == "ok" and orig["status"] == "ok":
         ours["identical"] = ours["tokens"] == orig["tokens"]
         if not ours["identical"]:
-            first = next((i for i, (a, b) in enumerate(zip(ours["tokens"], orig["tokens"])) if a != b), None)
+            first = first_difference(ours["tokens"], orig["tokens"])
             ours.update(status="mismatch", reason=f"tokens differ from the original's (first at step {first})")
         else:
             ours["vs_original"] = orig["ms"] / ours["ms"]
