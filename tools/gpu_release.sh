@@ -127,5 +127,44 @@ case "${1:-}" in
     # with ORT_FLASH_GQA_CUDA=1 until this is measured ahead).
     bench --suite gqa --dtypes bfloat16 --budget-s "${GQA_S:-200}" --out "$OUT/bench-gqa-bf16.json" | tail -40
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|ab"; exit 2 ;;
+  start)
+    # The first call of a session (carrying .orth and .gpucache): the sm_90 build in the background,
+    # started with setsid so that it outlives this call while the next calls carry the
+    # onnxruntime-gpu parts and the GenAI wheel (`part`). Log and exit status in /tmp/bg/.
+    mkdir -p /tmp/bg
+    setsid bash -c '. tools/gpu_env.sh; OUT=/tmp/bg build_ort_flash; echo $? > /tmp/bg/build.rc' \
+      > /tmp/bg/build.out 2>&1 < /dev/null &
+    echo "build started in the background (/tmp/bg)"
+    ;;
+  part)
+    # One carried part (an .ortgpux part or .gpugenai): gpu_env.sh keeps it and unpacks a full set.
+    . tools/gpu_env.sh
+    ls /tmp/ortgpux 2>/dev/null | tr '\n' ' '; [ -d /tmp/genaisite ] && echo "genai installed"
+    [ -f /tmp/bg/build.rc ] && echo "build exit $(cat /tmp/bg/build.rc)" || echo "build running"
+    ;;
+  genai-models)
+    # GenAI's builder for the fidelity grid's models (genai_fidelity.grid), one background process
+    # per model (fp16 then bf16), while the next call runs tests. Logs in /tmp/bg/.
+    . tools/gpu_env.sh
+    for i in 0 1; do
+      setsid python3 -c "import pathlib, sys; from ort_flash.bench import genai_fidelity as f
+g = f.grid('cuda', False)
+f.prepare(g, 'cuda', pathlib.Path('/tmp/ort_flash_bench/genai'), [g['models'][$i]])" \
+        > /tmp/bg/models$i.out 2>&1 < /dev/null &
+    done
+    echo "GenAI builder started for the fidelity models"
+    ;;
+  fidelity)
+    # Teacher-forced logits of the original and the rewritten GenAI folders, step by step
+    # (bench --suite genai_fidelity: both head sizes, fp16 and bf16, batch 1 and 2; models from
+    # genai-models, waited for here).
+    . tools/gpu_env.sh
+    for i in 0 1; do
+      while pgrep -f "f.prepare" > /dev/null; do sleep 2; done
+      tail -2 /tmp/bg/models$i.out 2>/dev/null
+    done
+    bench --suite genai_fidelity --budget-s "${FIDELITY_S:-500}" ${FIDELITY_ARGS:-} \
+      --out "$OUT/bench-genai-fidelity.json" | tail -50
+    ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|ab|start|part|genai-models|fidelity"; exit 2 ;;
 esac

@@ -40,6 +40,8 @@ from ort_flash.bench.tables import text_table
 VARIANTS = ("original", "ort_flash")
 LIBRARY = "libort_flash.so"
 GOALS = {"ttft_2k": 1.3, "ttft_16k": 1.1, "decode": 1.0}  # issue #39, H200
+# The builder's precision and execution provider for each dtype (float32 builds run on the CPU EP).
+PRECISIONS = {"float16": ("fp16", "cuda"), "bfloat16": ("bf16", "cuda"), "float32": ("fp32", "cpu")}
 
 
 def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
@@ -103,7 +105,7 @@ def hf_folder(g: dict, cache: pathlib.Path) -> pathlib.Path:
 
 def genai_folder(g: dict, device: str, cache: pathlib.Path) -> pathlib.Path:
     """GenAI's builder output for the HF folder (cached)."""
-    precision, ep = ("fp16", "cuda") if g["dtype"] == "float16" else ("fp32", "cpu")
+    precision, ep = PRECISIONS[g["dtype"]]
     out = cache / f"genai-{_name(g, device)}-{precision}-{ep}"
     if (out / "genai_config.json").is_file():
         return out

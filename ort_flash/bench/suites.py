@@ -12,7 +12,7 @@ from ort_flash.bench.measure import Budget, Context
 MODULES = {"op": "ort_flash.bench.op_suite", "decode": "ort_flash.bench.decode_suite",
            "e2e": "ort_flash.bench.e2e_suite", "decode_e2e": "ort_flash.bench.decode_e2e_suite",
            "cpu": "ort_flash.bench.cpu_suite", "gqa": "ort_flash.bench.gqa_suite",
-           "genai": "ort_flash.bench.genai_e2e"}
+           "genai": "ort_flash.bench.genai_e2e", "genai_fidelity": "ort_flash.bench.genai_fidelity"}
 TARGET_S = {False: 0.2, True: 0.1}  # timed seconds per measurement (full, quick)
 
 
@@ -43,7 +43,8 @@ def progress(iterable, **kwargs):
 def overrides(args) -> dict:
     return {"seqlens": args.seqlens, "dtypes": args.dtypes, "head_dims": args.head_dims,
             "batches": args.batches, "caches": args.caches, "models": args.models,
-            "layers": args.e2e_layers, "genai_model": getattr(args, "genai_model", None)}
+            "layers": args.e2e_layers, "genai_model": getattr(args, "genai_model", None),
+            "steps": getattr(args, "steps", None)}
 
 
 def run_suite(args, name: str, device: str, budget_s: float | None) -> int:

@@ -26,14 +26,15 @@ SUITES_BY_DEVICE = {"cuda": ("op", "decode", "e2e", "decode_e2e"), "cpu": ("cpu"
 # Seconds per suite (full, quick); None = unlimited. The op suite's 300 s is the issue's budget.
 BUDGETS = {"op": (300, 60), "decode": (120, 40), "e2e": (300, 150), "decode_e2e": (480, 170),
            "cpu": (None, None), "gqa": (420, 180),
-           "genai": (None, None)}
+           "genai": (None, None), "genai_fidelity": (None, None)}
 GRACE_S = 45  # a child past its budget gets this long to finish its current step
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", choices=("op", "decode", "e2e", "decode_e2e", "cpu", "gqa", "genai", "all"),
-                   default="all", help="all = the device's published suites (gqa and genai, issue #39's "
-                   "GroupQueryAttention op level and end to end through ONNX Runtime GenAI, run when named)")
+    p.add_argument("--suite", choices=("op", "decode", "e2e", "decode_e2e", "cpu", "gqa", "genai", "genai_fidelity", "all"),
+                   default="all", help="all = the device's published suites (gqa, genai and genai_fidelity: "
+                   "GroupQueryAttention op level, end to end through ONNX Runtime GenAI, and its teacher-forced "
+                   "logits step by step, run when named)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--quick", action="store_true", help="a smaller grid (op suite ~1 minute on the H200)")
     p.add_argument("--out", default="bench-results.json", help="result JSON (written as it goes)")
@@ -51,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="e2e models (bert-base gpt2-medium llama-1b); decode_e2e: llama-1b")
     p.add_argument("--genai-model", type=int, nargs=4, default=None, metavar=("LAYERS", "HIDDEN", "HEADS", "KV_HEADS"),
                    help="genai: the LLaMA-shaped model (default 16 2048 32 8 on CUDA, 2 256 8 2 on the CPU)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="genai_fidelity: decode steps fed after the prompt (default 128 on CUDA)")
     p.add_argument("--e2e-layers", type=int, default=None,
                    help="cut every e2e / decode_e2e model to this many layers")
     p.add_argument("--cache-dir", default=os.environ.get("ORT_FLASH_BENCH_CACHE",
@@ -155,7 +158,7 @@ def _passthrough(args) -> list[str]:
         v = getattr(args, flag)
         if v:
             out += ["--" + flag.replace("_", "-"), *map(str, v)]
-    for flag in ("e2e_layers", "cache_dir", "cuda_graph", "seed"):
+    for flag in ("e2e_layers", "steps", "cache_dir", "cuda_graph", "seed"):
         v = getattr(args, flag)
         if v is not None:
             out += ["--" + flag.replace("_", "-"), str(v)]

@@ -1,0 +1,165 @@
+"""The teacher-forced fidelity check (ort_flash.bench.genai_fidelity): the original's greedy tokens
+fed to the original and the rewritten GenAI folder, logits compared at every step against a
+rounding bound measured from the models' own prefill.
+
+On the CPU EP with GenAI builder families; the check must pass on the rewritten folders, batch 1
+and a padded batch of two, and must fail on a rewritten folder whose new tokens get the wrong
+rotary position (a decode-path error that leaves the prompt's logits alone). On CUDA (marked gpu):
+a float16 and a bfloat16 LLaMA-shaped model at head sizes 64 and 128, built by GenAI's builder.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime_genai", reason="onnxruntime_genai (onnxruntime-genai) is not installed")
+
+from models.genai_family import build  # noqa: E402
+from ort_flash import genai  # noqa: E402
+from ort_flash.bench import genai_e2e, genai_fidelity as fid  # noqa: E402
+
+pytestmark = pytest.mark.slow  # GenAI builder runs on a cold cache
+
+STEPS = 24
+
+
+def _rewritten(folder, tmp_path_factory, name):
+    out = tmp_path_factory.mktemp(name) / "model"
+    info = genai_e2e.rewrite_folder(folder, out)
+    layers = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["num_hidden_layers"]
+    assert info["fused"] == layers, info
+    return out
+
+
+@pytest.fixture(scope="module", params=["llama", "phi3", "gemma2-fullkv"])
+def pair(request, tmp_path_factory):
+    folder = build(request.param)
+    return request.param, folder, _rewritten(folder, tmp_path_factory, request.param)
+
+
+def _drivers(kind, original, rewritten):
+    return {v: fid.DRIVERS[kind](f, "cpu") for v, f in (("original", original), ("ort_flash", rewritten))}
+
+
+@pytest.mark.parametrize("batch,driver", [(1, "genai"), (1, "session"), (2, "session")])
+def test_rewritten_folder_within_rounding_every_step(pair, batch, driver):
+    _, original, rewritten = pair
+    rows = fid.prompt_rows(np.random.default_rng(7), 37, batch, vocab=60)
+    s = fid.check(_drivers(driver, original, rewritten), fid.SessionDriver(original, "cpu"), rows, STEPS, "float32")
+    assert s["steps"] == STEPS and len(s["per_step"]) == STEPS + 1
+    assert s["prompt_lengths"] == ([37] if batch == 1 else [37, 27])
+    assert s["passed"], {k: s[k] for k in ("steps_over_bound", "unexplained", "worst_diff_over_bound")}
+    assert s["max_diff"] > 0  # two implementations: not the same bits
+    assert s["min_bound"] > 0
+
+
+def test_session_driver_feeds_as_genai_does(pair):
+    """The session driver is GenAI's feeding: batch 1 through it gives GenAI's own logits at every
+    step, and row b of a padded batch gives what its prompt alone gives."""
+    _, original, _ = pair
+    rows = fid.prompt_rows(np.random.default_rng(3), 29, 2, vocab=60)
+    genai, fed = fid.teacher_forced({"original": fid.GenAIDriver(original, "cpu")}, rows[1:], 8)
+    alone, fed_alone = fid.teacher_forced({"original": fid.SessionDriver(original, "cpu")}, rows[1:], 8)
+    np.testing.assert_array_equal(fed, fed_alone)
+    np.testing.assert_allclose(alone["original"], genai["original"], rtol=0, atol=1e-5)
+    both, fed_both = fid.teacher_forced({"original": fid.SessionDriver(original, "cpu")}, rows, 8)
+    np.testing.assert_array_equal(fed_both[:, 1], fed_alone[:, 0])
+    np.testing.assert_allclose(both["original"][:, 1], alone["original"][:, 0], rtol=0, atol=1e-5)
+
+
+def test_check_fails_on_a_wrong_rotary_position_of_new_tokens(tmp_path_factory):
+    """A decode-path error the prompt never sees: in the rewritten folder, the rotary tables' rows
+    from the prompt's length on are the row before them, so every fed token is rotated as if it
+    sat at the prompt's last position. The prompt step passes, later steps leave the bound."""
+    original = build("llama")
+    rewritten = _rewritten(original, tmp_path_factory, "llama-bad-rotary")
+    prompt = 31
+    _corrupt_rotary_from(rewritten, prompt)
+    rows = fid.prompt_rows(np.random.default_rng(5), prompt, 1, vocab=60)
+    s = fid.check(_drivers("session", original, rewritten), fid.SessionDriver(original, "cpu"), rows, 12, "float32")
+    assert not s["passed"]
+    assert s["per_step"][0]["within"], s["per_step"][0]
+    assert s["steps_over_bound"] and s["steps_over_bound"][0] >= 1
+    assert s["worst_diff_over_bound"] > 10
+
+
+def test_compare_defines_ties_and_unexplained_flips():
+    """Pure arithmetic of compare(): the bound is twice the larger of the original's decode-prefill
+    difference and the prompt step's difference; a flip where the original's margin is below the
+    bound is a tie, above it unexplained."""
+    base = np.zeros((2, 1, 5), np.float32)
+    base[:, 0, 0], base[:, 0, 1] = 1.0, 0.999      # margin 0.001 at both steps
+    prefill = base + 0.001                          # ORT's own decode/prefill difference 0.001
+    ours = base.copy()
+    ours[1, 0, 1] = 1.0005                          # step 1: ours flips, 0.0015 away
+    steps = fid.compare({"original": base, "ort_flash": ours}, prefill, "float16")
+    assert steps[1]["bound"][0] == pytest.approx(0.002 + 2.0 ** -10, rel=1e-4)
+    assert steps[1]["argmax_equal"] == [False] and steps[1]["ties"] == [True] and steps[1]["within"]
+    ours[1, 0, 1] = 1.5                             # far past the bound: a tie still, but out
+    steps = fid.compare({"original": base, "ort_flash": ours}, prefill, "float16")
+    assert steps[1]["ties"] == [True] and not steps[1]["within"]
+    base[1, 0, 1] = 0.5                             # a wide margin the flip cannot hide in
+    ours[1, 0, 1] = 1.2
+    steps = fid.compare({"original": base, "ort_flash": ours}, base, "float16")
+    assert steps[1]["unexplained"] == [True]
+    s = fid.summarize(steps)
+    assert s["unexplained"] == [1] and s["steps_over_bound"] == [1]
+    ours[0, 0, 2] = 0.01                            # the prompt step's difference widens every bound
+    steps = fid.compare({"original": base, "ort_flash": ours}, base, "float16")
+    assert steps[1]["noise"] == [pytest.approx(0.01)]
+
+
+def _corrupt_rotary_from(folder, position: int) -> None:
+    """cos_cache / sin_cache rows >= position replaced by row position - 1, in the rewritten decoder."""
+    import onnx
+    from onnx import numpy_helper
+
+    path = folder / genai.open_folder(folder).decoder.name
+    model = onnx.load(str(path))
+    names = {n.input[7] for n in model.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > 8}
+    names |= {n.input[8] for n in model.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > 8}
+    assert names, "no rotary tables on the GroupQueryAttention nodes"
+    done = 0
+    for init in model.graph.initializer:
+        if init.name in names:
+            table = numpy_helper.to_array(init).copy()
+            table[position:] = table[position - 1]
+            init.CopyFrom(numpy_helper.from_array(table, init.name))
+            done += 1
+    assert done == len(names), (names, done)
+    data = [p for p in folder.iterdir() if p.name.startswith(path.name) and p.name != path.name]
+    for p in data:
+        p.unlink()
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=path.name + ".data", size_threshold=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("model", [[2, 1024, 16, 4], [2, 2048, 16, 4]], ids=["d64", "d128"])
+def test_cuda_rewritten_folder_within_rounding(model, dtype, tmp_path_factory):
+    """CUDA: GenAI's builder output for a 2-layer LLaMA-shaped model, rewritten with every
+    GroupQueryAttention mapped, follows the original within rounding over 64 fed tokens after a
+    600-token prompt, batch 1 and a padded batch of two (the suite runs the published grid)."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime has no CUDA execution provider")
+    g = fid.grid("cuda", quick=True, overrides={"genai_model": model, "dtypes": [dtype], "seqlens": [600]})
+    mg = fid.model_grid(g, model, dtype, "cuda")
+    cache = tmp_path_factory.getbasetemp() / "genai-cuda"
+    cache.mkdir(exist_ok=True)
+    original = genai_e2e.genai_folder(mg, "cuda", cache)
+    rewritten = original.with_name(original.name + "-ort_flash-all")
+    info = fid._rewrite_all(original, rewritten)
+    assert info["fused"] == model[0], info
+    sessions = {v: fid.SessionDriver(f, "cuda") for v, f in (("original", original), ("ort_flash", rewritten))}
+    genai_drivers = {v: fid.GenAIDriver(f, "cuda") for v, f in (("original", original), ("ort_flash", rewritten))}
+    for batch, drivers in ((1, genai_drivers), (1, sessions), (2, sessions)):
+        rows = fid.prompt_rows(np.random.default_rng(batch), 600, batch, mg["vocab"])
+        s = fid.check(drivers, sessions["original"], rows, 64, dtype)
+        assert s["passed"], {k: s[k] for k in ("steps_over_bound", "unexplained", "worst_diff_over_bound", "max_diff")}
+    shutil.rmtree(rewritten, ignore_errors=True)
