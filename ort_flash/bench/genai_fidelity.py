@@ -141,6 +141,8 @@ class SessionDriver:
         self.session = InferenceSession(folder / self.cfg["filename"], providers=providers)
         past = next(i for i in self.session.get_inputs() if i.name == self.cfg["past_key"] % 0)
         self.torch_dtype, self.onnx_type = _TYPES[past.type]
+        out = next(o for o in self.session.get_outputs() if o.name == self.cfg["logits"])
+        self.logits_types = _TYPES[out.type]  # float32 logits in the builder's bfloat16 models
         self.device = device
         self.torch_device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         self.kv: list = []
@@ -190,8 +192,8 @@ class SessionDriver:
                 buf = self.kv[2 * layer + j]
                 for name, bind in ((past % layer, io.bind_input), (present % layer, io.bind_output)):
                     bind(name, self.device, 0, self.onnx_type, list(buf.shape), buf.data_ptr())
-        logits = torch.empty((ids.shape[0], ids.shape[1], c["vocab"]), dtype=self.torch_dtype, device=self.torch_device)
-        io.bind_output(c["logits"], self.device, 0, self.onnx_type, list(logits.shape), logits.data_ptr())
+        logits = torch.empty((ids.shape[0], ids.shape[1], c["vocab"]), dtype=self.logits_types[0], device=self.torch_device)
+        io.bind_output(c["logits"], self.device, 0, self.logits_types[1], list(logits.shape), logits.data_ptr())
         self.session.run_with_iobinding(io)
         return logits
 
