@@ -52,7 +52,8 @@ bool plan_decode(const FlashParams& p, const DeviceKernels& dk, const LaunchSwit
   const int64_t ctas = p.batch * p.hkv * m_blocks;
   const int64_t key_blocks = std::max<int64_t>(1, ceil_div(p.skv, e.block_n));
   const int64_t sms = std::max(1, dk.sm_count);
-  const int64_t splits = decode_splits(can_split ? sw.decode_splits : 1, ctas, key_blocks, p.skv, sms);
+  const int64_t splits = decode_splits(can_split ? sw.decode_splits : 1, ctas, key_blocks, p.skv,
+                                       sms * decode_ctas_per_sm(key.head_dim));
   // A grid of more CTAs than SMs takes the tile for it where the build has one (same block_m and
   // block_n, so the same splits and workspace).
   const LoadedKernel* w = pick_tile(dk, key, p.causal, decode_waves(ctas, key_blocks, splits, sms));

@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         # The shipped split kernel with the fused merge, at the launcher's split count for its tile.
         lens = torch.full((b,), skv, dtype=torch.int64, device="cuda")
         for bn, w, st in ((64, 4, 4), (64, 4, 3), (128, 4, 3)):
-            splits = choose_splits(b * HKV * triton.cdiv(GROUP, SPLIT_BLOCK_M), skv, bn, sms)
+            splits = choose_splits(b * HKV * triton.cdiv(GROUP, SPLIT_BLOCK_M), skv, bn, sms, D)
             opart = torch.empty(b * HQ * splits * D, device="cuda", dtype=torch.float32)
             lpart = torch.empty(b * HQ * splits, device="cuda", dtype=torch.float32)
             counter = torch.zeros(b * HKV, dtype=torch.int32, device="cuda")

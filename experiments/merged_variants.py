@@ -157,7 +157,7 @@ def decode_plan(c: Call, v: V.Variant, sms: int, folder: str | None = None) -> t
     """(KV splits, merge in the split kernel) as cpp/launch_plan.cc plan_decode chooses them."""
     cfg = fwd_config(v, ARCH, folder)
     rows = c.hq // c.hkv * c.sq
-    splits = choose_splits(c.b * c.hkv * -(-rows // cfg.block_m), c.skv, cfg.block_n, sms)
+    splits = choose_splits(c.b * c.hkv * -(-rows // cfg.block_m), c.skv, cfg.block_n, sms, v.head_dim)
     fused = 1 < splits <= MAX_FUSED_SPLITS and merge_round_trips(min(cfg.block_m, rows), splits) <= MAX_FUSED_TRIPS
     return splits, fused
 

@@ -49,9 +49,11 @@ MAX_SPLITS, MIN_SPLIT_KEYS, CTA_OVERHEAD_TILES = 128, 128, 4  # cpp/decode_heuri
 COMBINE_BLOCK_S = 16  # aot/variants.py, the combine kind's block_n
 
 
-def choose_splits(groups: int, skv: int, block_n: int, sms: int) -> int:
-    """cpp/decode_heuristics.cc's split count: the fewest splits that minimize waves of one CTA per SM
-    times (key tiles per CTA + CTA_OVERHEAD_TILES), at most one split per 128 keys."""
+def choose_splits(groups: int, skv: int, block_n: int, sms: int, head_dim: int) -> int:
+    """cpp/decode_heuristics.cc's split count: the fewest splits that minimize waves of
+    decode_ctas_per_sm CTAs per SM (two at head dim 64, one above) times (key tiles per CTA +
+    CTA_OVERHEAD_TILES), at most one split per 128 keys."""
+    sms *= 2 if head_dim <= 64 else 1
     blocks = -(-skv // block_n)
     most = max(1, min(MAX_SPLITS, blocks, skv // MIN_SPLIT_KEYS))
     best, best_cost = 1, None
@@ -153,7 +155,7 @@ def sweep(args) -> int:
                         fused=fused)
 
         def rule(cfg):
-            return choose_splits(groups, skv, cfg["BLOCK_N"], sms)
+            return choose_splits(groups, skv, cfg["BLOCK_N"], sms, d)
 
         from torch.nn.attention import SDPBackend, sdpa_kernel
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -44,7 +44,7 @@ def _drivers(kind, original, rewritten):
     return {v: fid.DRIVERS[kind](f, "cpu") for v, f in (("original", original), ("ort_flash", rewritten))}
 
 
-@pytest.mark.parametrize("batch,driver", [(1, "genai"), (1, "session"), (2, "session")])
+@pytest.mark.parametrize("batch,driver", [(1, "genai"), (1, "genai_rewind"), (1, "session"), (2, "session")])
 def test_rewritten_folder_within_rounding_every_step(pair, batch, driver):
     _, original, rewritten = pair
     rows = fid.prompt_rows(np.random.default_rng(7), 37, batch, vocab=60)
@@ -158,7 +158,8 @@ def test_cuda_rewritten_folder_within_rounding(model, dtype, tmp_path_factory):
     assert info["fused"] == model[0], info
     sessions = {v: fid.SessionDriver(f, "cuda") for v, f in (("original", original), ("ort_flash", rewritten))}
     genai_drivers = {v: fid.GenAIDriver(f, "cuda") for v, f in (("original", original), ("ort_flash", rewritten))}
-    for batch, drivers in ((1, genai_drivers), (1, sessions), (2, sessions)):
+    rewind = {v: fid.GenAIRewindDriver(f, "cuda", genai_drivers[v]) for v, f in (("original", original), ("ort_flash", rewritten))}
+    for batch, drivers in ((1, genai_drivers), (1, rewind), (1, sessions), (2, sessions)):
         rows = fid.prompt_rows(np.random.default_rng(batch), 600, batch, mg["vocab"])
         s = fid.check(drivers, sessions["original"], rows, 64, dtype)
         assert s["passed"], {k: s[k] for k in ("steps_over_bound", "unexplained", "worst_diff_over_bound", "max_diff")}

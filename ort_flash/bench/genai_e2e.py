@@ -235,7 +235,7 @@ def divergence_note(d: dict) -> str:
     return (f"the original's logits put its token {d['original_margin']:.3g} above ours, ours "
             f"{d['ours_margin']:.3g} the other way; the two runs' logits differ by at most "
             f"{d['max_logit_diff']:.3g} there ({before} at the steps before), the largest logit "
-            f"{d['logit_scale']:.3g}")
+            f"{d['logit_scale']:.3g}; the genai_fidelity suite compares the two step by step on the same tokens")
 
 
 def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, progress) -> None:

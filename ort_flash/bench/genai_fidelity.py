@@ -92,11 +92,11 @@ class GenAIDriver:
 
     name = "genai"
 
-    def __init__(self, folder: pathlib.Path, device: str):
+    def __init__(self, folder: pathlib.Path, device: str, shared=None):
         import onnxruntime_genai as og
 
         self.og = og
-        self.model = og.Model(str(folder))
+        self.model = shared.model if isinstance(shared, GenAIDriver) else og.Model(str(folder))
         self.pad = folder_config(folder)["pad"]
         self.gen = None
 
@@ -120,6 +120,26 @@ class GenAIDriver:
         self.gen = None
 
 
+class GenAIRewindDriver(GenAIDriver):
+    """GenAI after a rewind, over a buffer that holds other tokens' keys: the prompt, then a chunk
+    of ``STALE`` other tokens appended at once (a prefill over a past), then ``rewind_to`` the
+    prompt less its last token, whose ``append_tokens`` gives the prompt step's logits through the
+    decode path. The fed tokens then overwrite rows that held the chunk's keys, as GenAI's rewind
+    between turns leaves them."""
+
+    name = "genai_rewind"
+    STALE = 64
+
+    def start(self, rows: list[np.ndarray], max_length: int) -> np.ndarray:
+        super().start(rows, max_length + self.STALE)
+        prompt = rows[0]
+        stale = (prompt[: self.STALE] + 1) % max(int(prompt.max()) + 1, 4)
+        self.gen.append_tokens(np.resize(np.maximum(stale, 3), self.STALE).reshape(1, -1).astype(np.int32))
+        self.gen.rewind_to(len(prompt) - 1)
+        self.gen.append_tokens(prompt[-1:].reshape(1, 1))
+        return self._logits()
+
+
 class SessionDriver:
     """The folder's decoder in an ONNX Runtime session (ort_flash registered), fed as GenAI feeds
     it: ``input_ids``; ``attention_mask`` with a 1 for every token so far and a 0 for each padding
@@ -130,7 +150,7 @@ class SessionDriver:
 
     name = "session"
 
-    def __init__(self, folder: pathlib.Path, device: str):
+    def __init__(self, folder: pathlib.Path, device: str, shared=None):
         import torch
 
         from ort_flash._session import InferenceSession
@@ -219,7 +239,7 @@ class _LazyTypes(dict):
 
 
 _TYPES = _LazyTypes()
-DRIVERS = {"genai": GenAIDriver, "session": SessionDriver}
+DRIVERS = {"genai": GenAIDriver, "genai_rewind": GenAIRewindDriver, "session": SessionDriver}
 
 
 def folder_config(folder: pathlib.Path) -> dict:
@@ -341,7 +361,9 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
                         "model": model, "rewrite": _rewrite_all(original, rewritten)}
                 suite["models"].append(info)
                 folders = {"original": original, "ort_flash": rewritten}
-                drivers = {name: {v: cls(f, ctx.device) for v, f in folders.items()} for name, cls in DRIVERS.items()}
+                drivers: dict = {}
+                for name, cls in DRIVERS.items():  # the GenAI drivers share one og.Model per folder
+                    drivers[name] = {v: cls(f, ctx.device, drivers.get("genai", {}).get(v)) for v, f in folders.items()}
             except Exception as e:  # noqa: BLE001 - a model that cannot be built is its rows' reason
                 reason = _error(e)
                 suite["rows"].extend({"config": _config(mg, p, b, d), "peer": "ort_flash", "status": "error",
@@ -360,9 +382,10 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
 
 
 def _drivers(batch: int) -> list[str]:
-    """Batch 1 runs through GenAI itself and through the session driver; a batch of two only
-    through the session driver (GenAI appends to such a batch once)."""
-    return ["genai", "session"] if batch == 1 else ["session"]
+    """Batch 1 runs through GenAI itself (fresh, and after a rewind over stale rows) and through the
+    session driver; a batch of two only through the session driver (GenAI appends to such a batch
+    once)."""
+    return ["genai", "genai_rewind", "session"] if batch == 1 else ["session"]
 
 
 def _error(e: Exception) -> str:
