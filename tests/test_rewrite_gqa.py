@@ -56,7 +56,7 @@ CASES = {
     "no_past": (dict(past=False), {}, (), None),
     "no_rotary_window_softcap": (dict(rotary=False), dict(local_window_size=3, softcap=20.0), (), None),
     "float16_head_size_64_on_cuda": (dict(dtype=np.float16, d=64), {}, (), None),
-    "float16_head_size_32_on_cuda": (dict(dtype=np.float16), {}, (), "only for float16 at head sizes 64 and 128"),
+    "float16_head_size_32_on_cuda": (dict(dtype=np.float16), {}, (), "only at head sizes 64 and 128"),
     "quantized_cache": ({}, dict(k_quant_type="PER_TENSOR"), (), "quantized KV cache"),
     "smooth_softmax": ({}, dict(smooth_softmax=1), (), "smooth_softmax"),
     "windowed_cache": ({}, dict(sliding_window_cache=1, local_window_size=4), (), None),
@@ -98,12 +98,12 @@ def test_gqa_rule(name):
 @pytest.mark.parametrize("dtype,d,window,switch,mapped", [
     (np.float16, 64, 0, None, True), (np.float16, 64, 0, "0", False), (np.float16, 64, 0, "1", True),
     (np.float16, 128, 0, None, True), (np.float16, 128, 0, "0", False), (np.float16, 128, 0, "1", True),
-    (np.float16, 32, 0, None, False), (np.float16, 96, 0, None, False), (bfloat16, 64, 0, None, False),
-    (bfloat16, 128, 0, None, False), (bfloat16, 64, 0, "1", True),
+    (np.float16, 32, 0, None, False), (np.float16, 96, 0, None, False), (bfloat16, 64, 0, None, True),
+    (bfloat16, 128, 0, None, True), (bfloat16, 96, 0, None, False), (bfloat16, 96, 0, "1", True),
     (np.float16, 64, 1, None, False), (np.float16, 64, 1, "1", False)])
 def test_gqa_cuda_decision(monkeypatch, dtype, d, window, switch, mapped):
     """float16/bfloat16 nodes run on CUDA: mapped where ort_flash's op was measured at least as fast
-    as ONNX Runtime's (float16, head sizes 64 and 128), elsewhere only with ORT_FLASH_GQA_CUDA=1, never with
+    as ONNX Runtime's (float16 and bfloat16, head sizes 64 and 128), elsewhere only with ORT_FLASH_GQA_CUDA=1, never with
     =0 or a windowed cache (the CUDA op refuses one); each decline says why."""
     if switch is None:
         monkeypatch.delenv("ORT_FLASH_GQA_CUDA", raising=False)

@@ -16,8 +16,8 @@
 # kept as ONNX Runtime's op keeps it. Declined with a reason: what ort_flash's op does not
 # compute (a quantized cache, attention sinks, an attention bias, fused Q/K norms, the QK
 # output, smooth softmax) and float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's
-# op is not measured faster than ONNX Runtime's own (_cuda_decision: mapped for float16 at head
-# sizes 64 and 128; ORT_FLASH_GQA_CUDA=1 maps the others, =0 none; a windowed cache never on CUDA).
+# op is not measured faster than ONNX Runtime's own (_cuda_decision: mapped for float16 and bfloat16
+# at head sizes 64 and 128; ORT_FLASH_GQA_CUDA=1 maps the others, =0 none; a windowed cache never on CUDA).
 from __future__ import annotations
 
 import math
@@ -47,9 +47,10 @@ _UNSUPPORTED_INPUTS = {
 }
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # (dtype, head size) of the CUDA nodes mapped by default: measured faster than ONNX Runtime's op at
-# every prefill length (1.13-2.13x) and at decode but d64 with 16k-128k caches (0.94-0.99x)
-# (perf-notes "Prefill v15 and prepare v2 from the AOT build").
-_CUDA_MEASURED = {(ir.DataType.FLOAT16, 64), (ir.DataType.FLOAT16, 128)}
+# every prefill length and at decode but d64 with 16k-128k caches, and teacher-forced through GenAI
+# within rounding of ONNX Runtime's (perf-notes "Prefill v15 and prepare v2 from the AOT build",
+# "GenAI fidelity and d64 decode").
+_CUDA_MEASURED = {(dtype, d) for dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) for d in (64, 128)}
 
 
 class GroupQueryAttentionRule(NodeRule):
@@ -160,6 +161,5 @@ def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim) -> None:
     if switch == "0":
         _fail(f"{what}: ORT_FLASH_GQA_CUDA=0 leaves it to ONNX Runtime's op")
     if switch != "1" and (dtype, head_dim) not in _CUDA_MEASURED:
-        _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only for float16 "
-              "at head sizes 64 and 128 (docs/perf-notes.md, Prefill v15 and prepare v2): left to "
-              "ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
+        _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
+              "sizes 64 and 128 (docs/perf-notes.md): left to ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
