@@ -201,4 +201,4 @@ def test_genai_decode_mismatch_row_carries_the_divergence():
     assert ours["status"] == "mismatch" and ours["divergence"]["step"] == 2, ours
     assert ours["divergence"]["replayed_as_timed"] is True
     assert "(first at step 2): the original's logits put its token" in ours["reason"]
-    assert "vs_original" not in ours
+    assert ours["vs_original"] == 1.0  # timed all the same: the same steps over the same lengths
