@@ -29,6 +29,9 @@ struct FlashParams {
   float* lse = nullptr;              // (B, Hq, Sq) contiguous, natural log; nullable
   const void* mask = nullptr;        // bool (1 byte) or dtype; nullable
   const int64_t* seqlens_k = nullptr;  // nonpad_kv_seqlen (B,); nullable
+  // Attention sinks (Hq,), natural log: each row of head h adds exp(sink[h]) to its softmax
+  // denominator (a key of score sink[h] and value 0); nullable. CPU kernel only.
+  const float* sink = nullptr;
 
   int64_t batch = 0, hq = 0, hkv = 0;
   int64_t sq = 0, skv = 0;           // skv: keys attention sees (past + new)

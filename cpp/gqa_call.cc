@@ -216,7 +216,17 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
     for (int64_t b = 0; b < d.batch; ++b) std::memset(key_mask.data() + b * klen, 1, static_cast<size_t>(len.total[b]));
   }
   const GqaKeys keys{kb, vb, klen, len.keys.data(), key_mask.empty() ? nullptr : key_mask.data()};
-  const FlashParams p = gqa_flash_params(c, len.first_prompt, rotary ? q_rot.data() : c.query, keys);
+  FlashParams p = gqa_flash_params(c, len.first_prompt, rotary ? q_rot.data() : c.query, keys);
+  // Attention sinks: head_sink per query head, or smooth_softmax=1's sink of 0 (head_sink wins,
+  // as in ONNX Runtime's op).
+  std::vector<float> sink;
+  if (c.head_sink != nullptr) {
+    sink.resize(static_cast<size_t>(d.hq));
+    cpu_row_to_float(d.dtype, c.head_sink, d.hq, sink.data());
+  } else if (c.attrs.smooth_softmax == 1) {
+    sink.assign(static_cast<size_t>(d.hq), 0.0f);
+  }
+  if (!sink.empty()) p.sink = sink.data();
   try {
     run_flash_cpu(p, parallel_for);
   } catch (const std::exception& e) {

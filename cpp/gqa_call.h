@@ -27,6 +27,7 @@ struct GqaCall {
   const void* cos_cache = nullptr;
   const void* sin_cache = nullptr;
   const int64_t* position_ids = nullptr;  // (B, S) or null
+  const void* head_sink = nullptr;        // (Hq,) in the query's type, or null
   void* output = nullptr;
   void* present_key = nullptr;
   void* present_value = nullptr;

@@ -93,6 +93,7 @@ Status GqaKernel::compute(OrtKernelContext* ctx) {
   c.cos_cache = data[kGqaCos];
   c.sin_cache = data[kGqaSin];
   c.position_ids = c.dims.has_position_ids ? static_cast<const int64_t*>(data[kGqaPositionIds]) : nullptr;
+  c.head_sink = data[kGqaHeadSink];
   const std::vector<int64_t> present = c.dims.present_shape(c.total_sequence_length);
   c.present_len = present[2];
   ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaOutput, c.dims.output_shape(), kGqaOutputNames[kGqaOutput], &c.output));

@@ -52,10 +52,9 @@ class GqaChecker {
 
 // The features of ONNX Runtime's op this one does not compute.
 Status refuse_unsupported(const GqaChecker& c, const GqaAttributes& a, const InputDesc (&in)[kGqaNumInputs],
-                          const bool (&has_output)[kGqaNumOutputs]) {
+                          const bool (&has_output)[kGqaNumOutputs], bool cuda) {
   const struct { int input; const char* why; } inputs[] = {
       {kGqaAttnBias, "(an attention bias) is not supported"},
-      {kGqaHeadSink, "(attention sinks) is not supported"},
       {kGqaKScale, "(a quantized KV cache) is not supported"},
       {kGqaVScale, "(a quantized KV cache) is not supported"},
       {kGqaQNorm, "(a fused Q norm) is not supported"},
@@ -68,7 +67,10 @@ Status refuse_unsupported(const GqaChecker& c, const GqaAttributes& a, const Inp
     return c.fail_node("a quantized KV cache (k_quant_type '" + a.k_quant_type + "', v_quant_type '" +
                        a.v_quant_type + "') is not supported");
   }
-  if (a.smooth_softmax == 1) return c.fail_node("smooth_softmax=1 is not supported");
+  if (cuda && (in[kGqaHeadSink].present || a.smooth_softmax == 1)) {
+    return c.fail_node("attention sinks (head_sink, smooth_softmax=1) are computed on the CPU execution "
+                       "provider only");
+  }
   if (a.qk_output != 0 || has_output[kGqaOutputQk]) return c.fail_node("the output_qk output (qk_output) is not supported");
   if (a.causal == 0 && a.local_window_size > 0) {
     return c.fail_node("local_window_size with causal=0 is not supported");
@@ -87,7 +89,7 @@ Status validate_gqa(const std::string& node, const GqaAttributes& a, const Input
                        std::to_string(a.kv_num_heads) + ")");
   }
   if (a.softcap < 0.0f || a.scale < 0.0f) return c.fail_node("scale and softcap must not be negative");
-  ORT_FLASH_RETURN_IF_ERROR(refuse_unsupported(c, a, in, has_output));
+  ORT_FLASH_RETURN_IF_ERROR(refuse_unsupported(c, a, in, has_output, cuda));
   d.hq = a.num_heads;
   d.hkv = a.kv_num_heads;
 
@@ -119,6 +121,11 @@ Status validate_gqa(const std::string& node, const GqaAttributes& a, const Input
     }
   }
   if (cuda && d.d > 256) return c.fail(kGqaQuery, "has head size " + std::to_string(d.d) + "; the CUDA kernels take at most 256");
+  if (in[kGqaHeadSink].present) {
+    ORT_FLASH_RETURN_IF_ERROR(c.type(kGqaHeadSink, t));
+    ORT_FLASH_RETURN_IF_ERROR(c.rank(kGqaHeadSink, 1, "(num_heads)"));
+    ORT_FLASH_RETURN_IF_ERROR(c.dim(kGqaHeadSink, 0, d.hq, "num_heads"));
+  }
 
   if (in[kGqaPastKey].present != in[kGqaPastValue].present) {
     return c.fail(kGqaPastKey, "and 'past_value' must be given together");

@@ -13,7 +13,7 @@ import pytest
 from ml_dtypes import bfloat16
 
 from _gqa_models import OUTPUT_NAMES, gqa_model, output_shapes
-from test_gqa_op import DTYPES, SUPPORTED, check_gqa_case
+from test_gqa_op import DTYPES, SUPPORTED_CUDA, check_gqa_case
 from test_reference_gqa import _inputs
 
 pytestmark = pytest.mark.gpu
@@ -94,7 +94,7 @@ def run_gqa_cuda(feeds, shared, attrs, library):
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("name", sorted(SUPPORTED))
+@pytest.mark.parametrize("name", sorted(SUPPORTED_CUDA))
 def test_gqa_cuda_matches_reference(name, dtype, library):
     check_gqa_case(name, dtype, lambda feeds, shared, attrs: run_gqa_cuda(feeds, shared, attrs, library))
 
@@ -103,7 +103,7 @@ def test_gqa_cuda_matches_reference(name, dtype, library):
 def test_gqa_cuda_impossible_seqlens(shared, library):
     """A decode step whose seqlens_k holds values no call can have (negative, past the total):
     those rows output 0 and their cache rows are not written; the valid row is computed."""
-    feeds, attrs, _ = _inputs(np.random.default_rng(0), np.float16, SUPPORTED["decode_shared"])
+    feeds, attrs, _ = _inputs(np.random.default_rng(0), np.float16, SUPPORTED_CUDA["decode_shared"])
     b = feeds["query"].shape[0]
     if b < 2:
         pytest.skip("the case needs two batch rows")
@@ -119,3 +119,14 @@ def test_gqa_cuda_impossible_seqlens(shared, library):
         assert np.array_equal(pk[:2], before[:2])
     else:
         assert (pk[:2] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["prompt_head_sink", "prompt_smooth_softmax"])
+def test_gqa_cuda_refuses_attention_sinks(name, library):
+    """Attention sinks run on the CPU EP only: the CUDA op says so, naming the node, instead of
+    computing without them."""
+    from test_reference_gqa import CASES
+
+    feeds, attrs, shared = _inputs(np.random.default_rng(0), np.float16, CASES[name])
+    with pytest.raises(Exception, match="GroupQueryAttention node .*attention sinks .* CPU execution provider only"):
+        run_gqa_cuda(feeds, shared, attrs, library)

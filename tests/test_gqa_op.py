@@ -2,8 +2,9 @@
 ONNX Runtime's op (ort_flash.reference_gqa, itself checked against ONNX Runtime 1.31.1's CPU op in
 test_reference_gqa) and against ONNX Runtime's op in the same one-node model.
 
-The cases are test_reference_gqa's, less the features ort_flash's op refuses (attention sinks,
-smooth softmax, an attention bias: test_gqa_op_refuses). The output is NaN-poisoned before the
+The cases are test_reference_gqa's, less the feature ort_flash's op refuses (an attention bias:
+test_gqa_op_refuses); attention sinks (head_sink, smooth_softmax=1) run on the CPU EP only
+(SUPPORTED_CUDA leaves them out). The output is NaN-poisoned before the
 run and checked by the package's error contract; the presents position by position: the rows the
 call writes within one rounding of the rotated K (V exactly), every other row exactly as ONNX
 Runtime's op leaves it (the past's values in a shared buffer, zero in a separate one).
@@ -23,8 +24,10 @@ from ort_flash.reference import error_bound
 from ort_flash.reference_gqa import gqa_lowp, gqa_reference
 from test_reference_gqa import CASES, _inputs, _reference, check_presents
 
-UNSUPPORTED = {"smooth_softmax", "head_sink", "attention_bias"}
+UNSUPPORTED = {"attention_bias"}
+CPU_ONLY = {"smooth_softmax", "head_sink"}
 SUPPORTED = {n: c for n, c in CASES.items() if not UNSUPPORTED & set(c[9])}
+SUPPORTED_CUDA = {n: c for n, c in SUPPORTED.items() if not CPU_ONLY & set(c[9])}
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
 
 
@@ -56,7 +59,7 @@ def test_gqa_op_matches_reference(name, dtype, library):
 def check_gqa_case(name, dtype, run):
     """Case `name` in `dtype` through `run(feeds, shared, attrs) -> (output, present_key,
     present_value)` against the reference (tests/test_gqa_cuda.py runs it on the CUDA EP)."""
-    spec = SUPPORTED[name]
+    spec = CASES[name]
     seed = secrets.randbits(64)
     ctx = f"{name} {dtype} seed={seed}"
     feeds, attrs, shared = _inputs(np.random.default_rng(seed), DTYPES[dtype], spec)
@@ -77,7 +80,8 @@ def check_gqa_case(name, dtype, run):
     check_presents(ctx, spec, dtype, (pk, pv), (ref_pk, ref_pv))
 
 
-@pytest.mark.parametrize("name", ["decode_shared", "prompt_buf_padded_batch", "cont_separate_window"])
+@pytest.mark.parametrize("name", ["decode_shared", "prompt_buf_padded_batch", "cont_separate_window",
+                                  "prompt_smooth_softmax", "decode_head_sink_and_smooth", "prompt_head_sink"])
 def test_gqa_op_agrees_with_onnxruntime(name, library):
     """Both ops on the same float32 call: outputs within float32 rounding, presents equal."""
     feeds, attrs, shared = _inputs(np.random.default_rng(secrets.randbits(64)), np.float32, SUPPORTED[name])
@@ -91,8 +95,6 @@ def test_gqa_op_agrees_with_onnxruntime(name, library):
 # What ort_flash's op refuses, by the node, the input or attribute and the reason.
 REFUSED = {
     "prompt_head_sink_bias": "attention bias",
-    "prompt_smooth_softmax": "smooth_softmax",
-    "decode_head_sink_and_smooth": "attention sinks",
 }
 
 

@@ -36,6 +36,7 @@ CASES = {
     "prompt_smooth_softmax": (1, 6, 2, 64, 32, "prompt", [17], 17, None, dict(smooth_softmax=1)),
     "decode_head_sink_and_smooth": (2, 6, 2, 64, 0, "decode", [9, 30], 1, 32, dict(
         smooth_softmax=1, head_sink=True)),
+    "prompt_head_sink": (2, 6, 3, 64, 32, "prompt", [23, 11], 23, None, dict(head_sink=True)),
     "prompt_head_sink_bias": (2, 6, 2, 64, 32, "prompt", [17, 17], 17, None,
                               dict(head_sink=True, attention_bias=True)),
     "prompt_bidirectional_padded": (2, 6, 2, 64, 32, "prompt", [17, 10], 17, None, dict(causal=0)),

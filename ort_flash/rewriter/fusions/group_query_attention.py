@@ -13,9 +13,10 @@
 # attributes and semantics (the shared past/present buffer written in place at each row's
 # position, the rotary embedding of the new tokens only), computed by ort_flash's kernels.
 # A windowed KV cache (sliding_window_cache=1, the builder's default for Mistral and Gemma 2) is
-# kept as ONNX Runtime's op keeps it. Declined with a reason: what ort_flash's op does not
-# compute (a quantized cache, attention sinks, an attention bias, fused Q/K norms, the QK
-# output, smooth softmax) and float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's
+# kept as ONNX Runtime's op keeps it, and so are attention sinks (head_sink, smooth_softmax=1: the
+# CPU EP). Declined with a reason: what ort_flash's op does not compute (a quantized cache, an
+# attention bias, fused Q/K norms, the QK output), float16 / bfloat16 nodes with attention sinks
+# (computed on the CPU EP only), and float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's
 # op is not measured faster than ONNX Runtime's own (_cuda_decision: mapped for float16 and bfloat16
 # at head sizes 64 and 128; ORT_FLASH_GQA_CUDA=1 maps the others, =0 none; a windowed cache never on CUDA).
 from __future__ import annotations
@@ -41,7 +42,7 @@ ATTRIBUTES = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_siz
               "rotary_interleaved", "causal", "smooth_softmax", "qk_output", "sliding_window_cache",
               "k_quant_type", "v_quant_type", "kv_cache_bit_width", "qk_norm_epsilon")
 _UNSUPPORTED_INPUTS = {
-    "attention_bias": "an attention bias", "head_sink": "attention sinks (head_sink)",
+    "attention_bias": "an attention bias",
     "k_scale": "a quantized KV cache (k_scale)", "v_scale": "a quantized KV cache (v_scale)",
     "q_norm_weight": "a fused Q norm", "k_norm_weight": "a fused K norm",
 }
@@ -103,8 +104,6 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
         attr = node.attributes.get(name)
         if attr is not None and attr.as_string() != "NONE":
             _fail(f"a quantized KV cache ({name}={attr.as_string()}) is not supported by ort_flash's op")
-    if _int(node, "smooth_softmax", -1) == 1:
-        _fail("smooth_softmax=1 is not supported by ort_flash's op")
     if _int(node, "qk_output", 0) != 0 or (len(node.outputs) > 3 and (
             node.outputs[3].uses() or node.outputs[3].is_graph_output())):
         _fail("the output_qk output (qk_output) is not supported by ort_flash's op")
@@ -128,7 +127,11 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
     hidden = qd[2] if qd and len(qd) == 3 and isinstance(qd[2], int) else None
     parts = hq + 2 * hkv if packed else hq
     head_dim: int | str = hidden // parts if hidden is not None and hidden % parts == 0 else "?"
+    sinks = inputs.get("head_sink") is not None or _int(node, "smooth_softmax", -1) == 1
     if dtype != ir.DataType.FLOAT:
+        if sinks:
+            _fail(f"a {dtype.name.lower()} GroupQueryAttention with attention sinks (head_sink or "
+                  "smooth_softmax=1): ort_flash's op computes them on the CPU execution provider only")
         _cuda_decision(node, dtype, head_dim)
     scale_attr = node.attributes.get("scale")
     scale = scale_attr.as_float() if scale_attr is not None else 0.0
@@ -145,6 +148,8 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
         notes.append("windowed cache")
     if _int(node, "do_rotary", 0):
         notes.append("rotary" + (" interleaved" if _int(node, "rotary_interleaved", 0) else ""))
+    if sinks:
+        notes.append("attention sinks")
     return {"node": node, "heads": hq, "kv_heads": hkv, "head_dim": head_dim, "causal": causal,
             "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
 
