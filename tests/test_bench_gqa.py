@@ -42,6 +42,24 @@ def test_gqa_suite_end_to_end_on_cpu(tmp_path, capsys):
     assert "GroupQueryAttention prefill on cpu" in printed and "GroupQueryAttention decode on cpu" in printed
 
 
+def test_gqa_suite_with_attention_sinks_on_cpu(tmp_path):
+    """--sinks (gpt-oss's head_sink on every node): both ops checked against the float64 reference
+    with the sinks in the softmax denominator (a reference without them is off by tens of percent),
+    and against each other."""
+    from ort_flash.cli import main
+
+    out = tmp_path / "gqa-sinks.json"
+    assert main(["bench", "--suite", "gqa", "--device", "cpu", *TINY, "--sinks", "--out", str(out)]) == 0
+    suite = json.loads(out.read_text())["suites"]["gqa"]
+    assert suite["status"] == "complete" and suite["grid"]["sinks"]
+    for cfg, group in results.group_by_config(suite["rows"]):
+        assert cfg["sinks"]
+        by = {r["peer"]: r for r in group}
+        for r in group:
+            assert r["status"] == "ok" and r["ref_err"] < 1e-4, r
+        assert by["ort_flash"]["guard"]["passed"], by["ort_flash"]["guard"]
+
+
 def test_gqa_suite_in_bfloat16_on_cpu(tmp_path):
     """--dtypes bfloat16 (the dtype the next GPU run times against ONNX Runtime's op): the suite's
     inputs, rotary tables and reference in bfloat16 (the tables numpy's ml_dtypes on the CPU);

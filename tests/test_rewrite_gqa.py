@@ -124,8 +124,8 @@ def test_gqa_cuda_decision(monkeypatch, dtype, d, window, switch, mapped):
     assert node.domain == ("ort_flash" if mapped else "com.microsoft")
     if not mapped:
         [unfused] = result.report.unfused
-        want = ("windowed KV cache" if window else "ORT_FLASH_GQA_CUDA=0" if switch == "0"
-                else "ORT_FLASH_GQA_CUDA=1 maps it")
+        want = ("windowed KV cache" if window else "(ORT_FLASH_GQA_CUDA=0)" if switch == "0"
+                else "(ORT_FLASH_GQA_CUDA=1) maps it")
         assert f"head size {d}" in unfused.reason and want in unfused.reason, unfused.reason
 
 
@@ -157,3 +157,16 @@ def test_gqa_rewritten_model_computes_the_same(shared, dtype, d, tol):
                                    rtol=rtol, atol=atol)
     np.testing.assert_array_equal(ours[2], theirs[2])
     np.testing.assert_allclose(ours[1].astype(np.float32), theirs[1].astype(np.float32), rtol=kv_tol, atol=kv_tol)
+
+
+@pytest.mark.parametrize("policy,mapped", [("measured", [True, False]), ("all", [True, True]), ("none", [False, False])])
+def test_gqa_cuda_policy_is_an_argument(monkeypatch, policy, mapped):
+    """rewrite(gqa_cuda=...) decides float16 nodes whatever ORT_FLASH_GQA_CUDA says (the variable
+    is only its default): a head size 64 node, measured faster, and a head size 32 one."""
+    monkeypatch.setenv("ORT_FLASH_GQA_CUDA", "0" if policy != "none" else "1")
+    for d, want in zip((64, 32), mapped):
+        feeds, attrs = _feeds(dtype=np.float16, d=d)
+        result = rewrite(_model(feeds, attrs), gqa_cuda=policy)
+        assert result.report.counts.get("group_query_attention", 0) == int(want), (policy, d)
+    with pytest.raises(ValueError, match="gqa_cuda must be one of"):
+        rewrite(_model(*_feeds()), gqa_cuda="sometimes")

@@ -124,15 +124,15 @@ def genai_folder(g: dict, device: str, cache: pathlib.Path) -> pathlib.Path:
     return out
 
 
-def rewrite_folder(src: pathlib.Path, dst: pathlib.Path) -> dict:
+def rewrite_folder(src: pathlib.Path, dst: pathlib.Path, gqa_cuda: str | None = None) -> dict:
     """dst = src rewritten as ``ort-flash rewrite SRC -o DST`` writes it (ort_flash.genai: the
-    decoder rewritten, genai_config.json naming the library copied beside it). Returns the
-    rewrite's counts."""
+    decoder rewritten, genai_config.json naming the library copied beside it; ``gqa_cuda`` as
+    ``ort_flash.rewrite`` takes it). Returns the rewrite's counts."""
     import ort_flash
     from ort_flash import genai
 
     folder = genai.open_folder(src)
-    result = ort_flash.rewrite(folder.decoder)
+    result = ort_flash.rewrite(folder.decoder, gqa_cuda=gqa_cuda)
     genai.write_folder(folder.folder, dst, lambda path: result.save(path), overwrite=True)
     counts = {k: v for k, v in result.report.counts.items() if v}
     return {"counts": counts, "fused": counts.get("group_query_attention", 0)}

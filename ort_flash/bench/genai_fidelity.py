@@ -25,7 +25,6 @@ Folders and models come from ``genai_e2e`` (GenAI's own builder, random LLaMA-sh
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import time
 
@@ -393,17 +392,9 @@ def _error(e: Exception) -> str:
 
 
 def _rewrite_all(original: pathlib.Path, rewritten: pathlib.Path) -> dict:
-    """Every GroupQueryAttention of the folder mapped (bfloat16 and every head size too): the check
-    covers what the rewriter may map, not only what it maps by default."""
-    saved = os.environ.get("ORT_FLASH_GQA_CUDA")
-    os.environ["ORT_FLASH_GQA_CUDA"] = "1"
-    try:
-        return genai_e2e.rewrite_folder(original, rewritten)
-    finally:
-        if saved is None:
-            os.environ.pop("ORT_FLASH_GQA_CUDA", None)
-        else:
-            os.environ["ORT_FLASH_GQA_CUDA"] = saved
+    """Every GroupQueryAttention of the folder mapped (every head size too): the check covers what
+    the rewriter may map, not only what it maps by default."""
+    return genai_e2e.rewrite_folder(original, rewritten, gqa_cuda="all")
 
 
 def _config(mg: dict, prompt: int, batch: int, driver: str) -> dict:

@@ -72,6 +72,8 @@ def make_sets(t: Tensors, cfg: dict, n: int) -> tuple[list[dict], dict]:
     shared = {"cos": t.values(cos, dt), "sin": t.values(sin, dt),
               "seqlens": t.values(np.full(b, total - 1, dtype=np.int32), "int32"),
               "total": t.values(np.array(total, dtype=np.int32), "int32", device="cpu")}
+    if cfg.get("sinks"):  # gpt-oss's attention sinks: one logit per query head
+        shared["head_sink"] = t.values(np.random.default_rng(0).standard_normal(hq), dt)
     return sets, shared
 
 
@@ -150,7 +152,8 @@ def _io(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
     ys = [ctx.tensors.empty((cfg["batch"], cfg["seqlen"], cfg["hq"] * cfg["d"]), cfg["dtype"]) for _ in sets]
     feeds = [{"query": s["qkv"], "past_key": s["k_cache"], "past_value": s["v_cache"],
               "seqlens_k": shared["seqlens"], "total_sequence_length": shared["total"],
-              "cos_cache": shared["cos"], "sin_cache": shared["sin"]} for s in sets]
+              "cos_cache": shared["cos"], "sin_cache": shared["sin"],
+              **({"head_sink": shared["head_sink"]} if "head_sink" in shared else {})} for s in sets]
     outs = [{"output": y, "present_key": s["k_cache"], "present_value": s["v_cache"]} for s, y in zip(sets, ys)]
     return feeds, outs, ys
 
@@ -198,5 +201,5 @@ def sdpa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
 def peers_for(device: str) -> dict:
     peers = {"ort_flash": ort_flash, "ort_gqa": ort_gqa}
     if device == "cuda":
-        peers["sdpa"] = sdpa
+        peers["sdpa"] = sdpa  # plain attention (no sinks)
     return peers

@@ -55,13 +55,15 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
     for key in ("seqlens", "caches", "batches", "head_dims"):
         if o.get(key):
             g[key] = o[key]
+    if o.get("sinks"):
+        g["sinks"] = True
     if o.get("dtypes"):
         g["dtype"] = o["dtypes"][0]
     return g
 
 
 def configs(g: dict) -> list[dict]:
-    base = dict(dtype=g["dtype"], hq=g["hq"], hkv=g["hkv"])
+    base = dict(dtype=g["dtype"], hq=g["hq"], hkv=g["hkv"], **({"sinks": True} if g.get("sinks") else {}))
     out = []
     for d, n in itertools.product(g["head_dims"], g["seqlens"]):
         out.append(dict(base, d=d, phase="prefill", batch=max(1, g["tokens"] // n), seqlen=n, cache=n,
@@ -102,7 +104,8 @@ def run_config(ctx: Context, cfg: dict, builders: dict, ceilings: dict, bar=None
     for s in sets:
         s["ref"] = gqa_peers.attention_inputs(cfg, s, shared)
     q, k, v, *_ = sets[0]["ref"]
-    check = SpotCheck(q, k, v, causal=True, scale=cfg["d"] ** -0.5, dtype=cfg["dtype"])
+    check = SpotCheck(q, k, v, causal=True, scale=cfg["d"] ** -0.5, dtype=cfg["dtype"],
+                      sinks=shared.get("head_sink"))
     guarded = guard(ctx, cfg, sets[0], shared) if "ort_flash" in builders else {}
     start, total = gqa_peers.positions(cfg)
     prefill = cfg["phase"] == "prefill"

@@ -23,9 +23,11 @@ def _host(x) -> np.ndarray:
 
 class SpotCheck:
     """Reference rows for (B, Hq, Sq, D) Q against (B, Hkv, Skv, D) K/V; query i sits at key
-    position ``offset + i`` (offset = Skv - Sq: bottom-right, as the op with a cache)."""
+    position ``offset + i`` (offset = Skv - Sq: bottom-right, as the op with a cache). ``sinks``
+    (Hq,): attention sinks, a key of that score and value 0 in each head's rows."""
 
-    def __init__(self, q, k, v, *, causal: bool, scale: float | None = None, dtype: str = "float16"):
+    def __init__(self, q, k, v, *, causal: bool, scale: float | None = None, dtype: str = "float16",
+                 sinks=None):
         b, hq, sq, d = q.shape
         hkv = k.shape[1]
         self.limit = LIMITS.get(dtype, 3e-2)
@@ -35,6 +37,8 @@ class SpotCheck:
             self.rows = np.concatenate([np.arange(ROWS_EACH_END), np.arange(sq - ROWS_EACH_END, sq)])
         self.pairs = sorted({(0, 0), (b - 1, hq - 1)})
         offset = k.shape[2] - sq
+        if sinks is not None:
+            sinks = _host(getattr(sinks, "data", sinks))
         self.refs = []
         for bi, h in self.pairs:
             kh = h // (hq // hkv)
@@ -45,8 +49,11 @@ class SpotCheck:
             if causal:
                 pos = (offset + self.rows)[:, None]
                 mask = (np.arange(k.shape[2])[None, :] <= pos)
-            y, *_ = attention_reference(qs, ks, vs, attn_mask=mask, scale=scale)
-            self.refs.append(y[0, 0])
+            y, _, _, lse = attention_reference(qs, ks, vs, attn_mask=mask, scale=scale)
+            y = y[0, 0]
+            if sinks is not None:  # the sink's exp joins the denominator exp(lse)
+                y = y / (1.0 + np.exp(float(sinks[h]) - lse[0, 0]))[:, None]
+            self.refs.append(y)
 
     def error(self, out) -> float:
         """Relative L2 error of ``out`` (a (B, Hq, Sq, D) view) on the sampled rows."""

@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="e2e models (bert-base gpt2-medium llama-1b); decode_e2e: llama-1b")
     p.add_argument("--genai-model", type=int, nargs=4, default=None, metavar=("LAYERS", "HIDDEN", "HEADS", "KV_HEADS"),
                    help="genai: the LLaMA-shaped model (default 16 2048 32 8 on CUDA, 2 256 8 2 on the CPU)")
+    p.add_argument("--sinks", action="store_true",
+                   help="gqa: every node with attention sinks (head_sink, as gpt-oss); the CPU EP computes them")
     p.add_argument("--steps", type=int, default=None,
                    help="genai_fidelity: decode steps fed after the prompt (default 128 on CUDA)")
     p.add_argument("--e2e-layers", type=int, default=None,
@@ -154,6 +156,8 @@ def _passthrough(args) -> list[str]:
     out = []
     if args.quick:
         out.append("--quick")
+    if getattr(args, "sinks", False):
+        out.append("--sinks")
     for flag in ("peers", "seqlens", "dtypes", "head_dims", "batches", "caches", "models", "genai_model"):
         v = getattr(args, flag)
         if v:

@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--float16", action="store_true",
         help="with --ort-fusions: convert to float16 between ORT's optimizer and the attention "
              "rewrite (ORT's convert_float_to_float16; inputs and outputs stay float32)")
+    parser.add_argument(
+        "--gqa-cuda", choices=("measured", "all", "none"), default=None,
+        help="float16/bfloat16 GroupQueryAttention nodes (CUDA): map those at head sizes where "
+             "ort_flash's op was measured faster than ONNX Runtime's (measured, the default unless "
+             "ORT_FLASH_GQA_CUDA=1 (all) or 0 (none) says otherwise), all, or none")
     parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
     parser.add_argument(
         "--require-fusion", action="store_true",
@@ -91,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             if args.report:
                 check_writable(args.report)
             options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
-                           fp32_precision=getattr(args, "fp32_precision", "ieee"), progress=progress)
+                           fp32_precision=getattr(args, "fp32_precision", "ieee"),
+                           gqa_cuda=getattr(args, "gqa_cuda", None), progress=progress)
             progress("loading")
             if model_type:
                 with _optimizer_messages_in_our_terms(model_type):

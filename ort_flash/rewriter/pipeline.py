@@ -75,12 +75,17 @@ FUSIONS = (sdpa_attention, matmul_softmax_attention, onnx_attention, ms_multihea
 REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d, packed_qkv, bias_fold, merge_reshape)
 # The families whose rules() take exact_masked_rows (rewrite's option of the same name).
 _EXACT_OPTION = (matmul_softmax_attention, causal_mask)
+# ORT_FLASH_GQA_CUDA's values, the default of rewrite's gqa_cuda.
+_GQA_CUDA_ENV = {"1": "all", "0": "none"}
 
 
-def _family_rules(family, exact_masked_rows: bool) -> list:
-    """A family's rule instances, given rewrite's exact_masked_rows where the family takes it."""
+def _family_rules(family, exact_masked_rows: bool, gqa_cuda: str = "measured") -> list:
+    """A family's rule instances, given rewrite's exact_masked_rows and gqa_cuda where the family
+    takes them."""
     if family in _EXACT_OPTION:
         return family.rules(exact_masked_rows=exact_masked_rows)
+    if family is group_query_attention:
+        return family.rules(cuda_policy=gqa_cuda)
     return family.rules()
 
 
@@ -104,7 +109,8 @@ class RewriteResult:
 
 def rewrite(
     model_or_path: onnx.ModelProto | str | os.PathLike | bytes, *, exact_masked_rows: bool = True,
-    fp32_precision: str = "ieee", base_dir: str | os.PathLike | None = None, progress=None,
+    fp32_precision: str = "ieee", gqa_cuda: str | None = None, base_dir: str | os.PathLike | None = None,
+    progress=None,
 ) -> RewriteResult:
     """Fuse every provable attention of the model; see the module docstring.
 
@@ -120,6 +126,11 @@ def rewrite(
     float32 accuracy; "tf32" opts in to TF32 tensor-core dots (about 1e-3 relative error),
     stamped on every fused node as the op's ``fp32_precision`` attribute.
 
+    ``gqa_cuda``: which float16 / bfloat16 ``com.microsoft.GroupQueryAttention`` nodes (they run on
+    CUDA) become ort_flash's: "measured" (head sizes where ort_flash's op was measured faster than
+    ONNX Runtime's), "all" or "none"; None takes ``ORT_FLASH_GQA_CUDA`` (1: all, 0: none, unset:
+    measured). float32 nodes (the CPU EP) are mapped whatever it says.
+
     ``base_dir``: where a given ModelProto's external data lies (default: the model file's
     folder for a path, else the current directory). ``progress``: called as
     ``progress(stage, done, total)`` as the work goes (stage "shapes", "fusing", "refining",
@@ -130,6 +141,11 @@ def rewrite(
     """
     if fp32_precision not in ("ieee", "tf32"):
         raise ValueError(f"fp32_precision must be 'ieee' or 'tf32', not {fp32_precision!r}")
+    if gqa_cuda is None:
+        gqa_cuda = _GQA_CUDA_ENV.get(os.environ.get("ORT_FLASH_GQA_CUDA", ""), "measured")
+    if gqa_cuda not in group_query_attention.CUDA_POLICIES:
+        raise ValueError(f"gqa_cuda must be one of {', '.join(group_query_attention.CUDA_POLICIES)}, "
+                         f"not {gqa_cuda!r}")
     tell = progress or (lambda stage, done=None, total=None: None)
     if base_dir is None:
         base_dir = (os.path.dirname(os.path.abspath(model_or_path))
@@ -150,7 +166,7 @@ def rewrite(
     dead_before = {n for g in graphs for n in _dead_nodes(g)}
     used_initializers = {g: {n for n, v in g.initializers.items() if v.uses()} for g in graphs}
     initial_initializers = {g: set(g.initializers) for g in graphs}
-    fusions = [inst for family in FUSIONS for inst in _family_rules(family, exact_masked_rows)]
+    fusions = [inst for family in FUSIONS for inst in _family_rules(family, exact_masked_rows, gqa_cuda)]
     where.tell = lambda: tell("fusing", sum(len(i.fused) for i in fusions), candidates)
     candidates = sum(1 for n in _all_nodes(model) if n.op_type == "Softmax"
                      or (n.domain, n.op_type) in _ATTENTION_NODES)

@@ -18,11 +18,11 @@
 # attention bias, fused Q/K norms, the QK output), float16 / bfloat16 nodes with attention sinks
 # (computed on the CPU EP only), and float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's
 # op is not measured faster than ONNX Runtime's own (_cuda_decision: mapped for float16 and bfloat16
-# at head sizes 64 and 128; ORT_FLASH_GQA_CUDA=1 maps the others, =0 none; a windowed cache never on CUDA).
+# at head sizes 64 and 128 by rewrite()'s default gqa_cuda="measured"; "all" maps the others, "none"
+# none; a windowed cache never on CUDA).
 from __future__ import annotations
 
 import math
-import os
 
 import onnx_ir as ir
 
@@ -52,17 +52,25 @@ _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # within rounding of ONNX Runtime's (perf-notes "Prefill v15 and prepare v2 from the AOT build",
 # "GenAI fidelity and d64 decode").
 _CUDA_MEASURED = {(dtype, d) for dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) for d in (64, 128)}
+# rewrite()'s gqa_cuda: which float16 / bfloat16 (CUDA) nodes the rule maps.
+CUDA_POLICIES = ("measured", "all", "none")
 
 
 class GroupQueryAttentionRule(NodeRule):
     family = FAMILY
+
+    def __init__(self, cuda_policy: str = "measured"):
+        super().__init__()
+        if cuda_policy not in CUDA_POLICIES:
+            raise ValueError(f"gqa_cuda must be one of {', '.join(CUDA_POLICIES)}, not {cuda_policy!r}")
+        self.cuda_policy = cuda_policy
 
     def pattern(self, op, query):
         return op.GroupQueryAttention(query, _domain="com.microsoft", _allow_other_inputs=True,
                                       _allow_other_attributes=True, _outputs=3)
 
     def analyze(self, context, query, **_) -> dict:
-        return _analyze(context.root, query)
+        return _analyze(context.root, query, self.cuda_policy)
 
     def rewrite(self, op, query, **_):
         plan, self._plan = self._plan, None
@@ -83,8 +91,8 @@ class GroupQueryAttentionRule(NodeRule):
         return outs
 
 
-def rules() -> list[GroupQueryAttentionRule]:
-    return [GroupQueryAttentionRule()]
+def rules(cuda_policy: str = "measured") -> list[GroupQueryAttentionRule]:
+    return [GroupQueryAttentionRule(cuda_policy)]
 
 
 def _int(node: ir.Node, name: str, default: int) -> int:
@@ -92,7 +100,7 @@ def _int(node: ir.Node, name: str, default: int) -> int:
     return attr.as_int() if attr is not None else default
 
 
-def _analyze(node: ir.Node, query: ir.Value) -> dict:
+def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
     inputs = dict(zip(INPUTS, node.inputs))
     for name, what in _UNSUPPORTED_INPUTS.items():
         if inputs.get(name) is not None:
@@ -132,7 +140,7 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
         if sinks:
             _fail(f"a {dtype.name.lower()} GroupQueryAttention with attention sinks (head_sink or "
                   "smooth_softmax=1): ort_flash's op computes them on the CPU execution provider only")
-        _cuda_decision(node, dtype, head_dim)
+        _cuda_decision(node, dtype, head_dim, cuda_policy)
     scale_attr = node.attributes.get("scale")
     scale = scale_attr.as_float() if scale_attr is not None else 0.0
     if not scale and isinstance(head_dim, int):
@@ -154,17 +162,16 @@ def _analyze(node: ir.Node, query: ir.Value) -> dict:
             "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
 
 
-def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim) -> None:
+def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str) -> None:
     """float16 / bfloat16 nodes run on CUDA. Mapped where ort_flash's op was measured faster than
-    ONNX Runtime's (_CUDA_MEASURED), or with ORT_FLASH_GQA_CUDA=1; never with
-    ORT_FLASH_GQA_CUDA=0, nor a windowed cache (the CUDA op refuses it at session creation)."""
+    ONNX Runtime's (_CUDA_MEASURED), or every one with policy "all"; none with "none", nor a
+    windowed cache (the CUDA op refuses it at session creation)."""
     what = f"a {dtype.name.lower()} GroupQueryAttention (CUDA) with head size {head_dim}"
     if _int(node, "sliding_window_cache", 0):
         _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes a "
               "windowed cache on the CPU execution provider only")
-    switch = os.environ.get("ORT_FLASH_GQA_CUDA")
-    if switch == "0":
-        _fail(f"{what}: ORT_FLASH_GQA_CUDA=0 leaves it to ONNX Runtime's op")
-    if switch != "1" and (dtype, head_dim) not in _CUDA_MEASURED:
+    if policy == "none":
+        _fail(f"{what}: --gqa-cuda none (ORT_FLASH_GQA_CUDA=0) leaves it to ONNX Runtime's op")
+    if policy != "all" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
-              "sizes 64 and 128 (docs/perf-notes.md): left to ONNX Runtime's; ORT_FLASH_GQA_CUDA=1 maps it")
+              "sizes 64 and 128: left to ONNX Runtime's; --gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
