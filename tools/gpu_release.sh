@@ -42,6 +42,14 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/ortsite${PYTHONPATH:+:$PYTHONPATH}
 [ -d /tmp/genaisite ] && export PYTHONPATH=$PYTHONPATH:/tmp/genaisite
+wait_build() {  # the background build of `start`, at most BUILD_WAIT_S (default 300) seconds
+  [ -f /tmp/bg/build.out ] || { echo "no build started on this machine: run \`start\` first"; return 1; }
+  local t=0
+  while [ ! -f /tmp/bg/build.rc ]; do
+    sleep 2; t=$((t + 2))
+    [ "$t" -lt "${BUILD_WAIT_S:-300}" ] || { echo "the build is still running after $t s"; return 1; }
+  done
+}
 bench() {  # ort-flash bench with its progress bars left out of the log
   python3 -m ort_flash.cli bench --device cuda --cache-dir /tmp/ort_flash_bench "$@" 2>&1 | grep -v $'\r'
 }
@@ -140,7 +148,9 @@ case "${1:-}" in
     # One carried part (an .ortgpux part or .gpugenai): gpu_env.sh keeps it and unpacks a full set.
     . tools/gpu_env.sh
     ls /tmp/ortgpux 2>/dev/null | tr '\n' ' '; [ -d /tmp/genaisite ] && echo "genai installed"
-    [ -f /tmp/bg/build.rc ] && echo "build exit $(cat /tmp/bg/build.rc)" || echo "build running"
+    if [ -f /tmp/bg/build.rc ]; then echo "build exit $(cat /tmp/bg/build.rc)"
+    elif [ -f /tmp/bg/build.out ]; then echo "build running"
+    else echo "no build started on this machine (a fresh one? run \`start\` with .orth first)"; fi
     ;;
   genai-models)
     # After the last part: the background build of `start` checked (a call that re-copies the tree
@@ -148,7 +158,7 @@ case "${1:-}" in
     # builder for the fidelity grid's models (genai_fidelity.grid) started, one background process
     # per model (fp16 then bf16), while the next call runs tests. Logs in /tmp/bg/.
     . tools/gpu_env.sh
-    while [ ! -f /tmp/bg/build.rc ]; do sleep 2; done
+    wait_build || exit 1
     if [ "$(cat /tmp/bg/build.rc)" != 0 ]; then
       echo "the background build failed: building again"
       OUT=/tmp/bg build_ort_flash && echo 0 > /tmp/bg/build.rc || exit 1
