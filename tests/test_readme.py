@@ -24,7 +24,7 @@ from ort_flash.demo import demo_model_path
 from test_cpp_deploy import _cxx_compiler, _ort_include_dir, _ort_library
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNNERS = ("sh", "python", "cpp", "text", "sh genai", "python genai", "sh deploy")
+RUNNERS = ("sh", "python", "cpp", "text", "sh genai", "python genai", "sh optimum", "python optimum", "sh deploy")
 
 
 def readme_blocks() -> list[tuple[str, str, str]]:
@@ -163,3 +163,59 @@ def test_readme_genai_blocks_run(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip(), "no text generated"
+
+
+# Stands in for the installed package inside the pinned Optimum environment (which has Optimum
+# and ONNX Runtime but not this build of ort_flash): session_options() as the package's.
+_SESSION_OPTIONS_SHIM = """
+import onnxruntime as ort
+
+def session_options(so=None):
+    so = ort.SessionOptions() if so is None else so
+    so.register_custom_ops_library({library!r})
+    return so
+"""
+
+_TOKENIZER = """
+import sys
+import tokenizers
+from transformers import PreTrainedTokenizerFast
+words = ["the", "red", "cat", "runs", "a", "dog"] + [f"w{i}" for i in range(90)]
+vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(words)}}
+tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<unk>",
+                        model_input_names=["input_ids", "attention_mask"]).save_pretrained(sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+def test_readme_optimum_blocks_run(tmp_path):
+    """The Optimum user's steps as the README writes them, on the tiny GPT-2 with past that the
+    Optimum family exports (a word-level tokenizer saved into its folder): rewrite and verify of
+    the folder, then the Python block in the pinned Optimum environment, ort_flash's
+    session_options() standing in by a shim that registers this build's library."""
+    sys.path.insert(0, str(ROOT))
+    from models.optimum_family import OptimumSpec, export, venv_python
+
+    spec = OptimumSpec("gpt2", "text-generation-with-past")
+    shutil.copytree(export(spec, "model").parent, tmp_path / "gpt2-onnx")
+    python = str(venv_python())
+    made = subprocess.run([python, "-c", _TOKENIZER, str(tmp_path / "gpt2-onnx")], capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    (commands,) = [t for s, lang, t in readme_blocks() if lang == "sh optimum"]
+    (code,) = [t for s, lang, t in readme_blocks() if lang == "python optimum"]
+    for line in (ln for ln in commands.splitlines() if ln.strip()):
+        argv = shlex.split(line)
+        assert argv[0] == "ort-flash", line
+        run = subprocess.run([sys.executable, "-m", "ort_flash.cli", *argv[1:]], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, f"{line}\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+    shim = tmp_path / "shim" / "ort_flash"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(_SESSION_OPTIONS_SHIM.format(library=ort_flash.library_path()))
+    env = dict(os.environ, PYTHONPATH=str(shim.parent))
+    run = subprocess.run([python, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().startswith("the red cat"), run.stdout

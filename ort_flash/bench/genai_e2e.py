@@ -1,4 +1,4 @@
-"""End to end through ONNX Runtime GenAI (issue #39): a LLaMA-shaped model with random weights,
+"""End to end through ONNX Runtime GenAI: a LLaMA-shaped model with random weights,
 built by GenAI's own model builder, generating with ``og.Generator``, original against rewritten.
 
 1. ``hf_folder``: a Hugging Face folder made with transformers (``LlamaForCausalLM``, seed 0) and
@@ -41,7 +41,7 @@ from ort_flash.bench.tables import text_table
 
 VARIANTS = ("original", "ort_flash")
 LIBRARY = "libort_flash.so"
-GOALS = {"ttft_2k": 1.3, "ttft_16k": 1.1, "decode": 1.0}  # issue #39, H200
+GOALS = {"ttft_2k": 1.3, "ttft_16k": 1.1, "decode": 1.0}  # the goals set for the H200
 # The builder's precision and execution provider for each dtype (float32 builds run on the CPU EP).
 PRECISIONS = {"float16": ("fp16", "cuda"), "bfloat16": ("bf16", "cuda"), "float32": ("fp32", "cpu")}
 

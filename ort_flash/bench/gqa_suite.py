@@ -1,4 +1,4 @@
-"""GroupQueryAttention, op level, like for like (issue #39): ort_flash::GroupQueryAttention against
+"""GroupQueryAttention, op level, like for like: ort_flash::GroupQueryAttention against
 ONNX Runtime's com.microsoft.GroupQueryAttention on the inputs ONNX Runtime GenAI gives it (packed
 QKV, rotary on the new tokens, the cache appended in place in one max-length buffer bound as past
 and present; ``gqa_peers``), torch's cuDNN SDPA on CUDA for information.
@@ -37,7 +37,7 @@ from ort_flash.bench.tensors import rotation_sets
 from ort_flash.bench.workload import attention_flops, kv_read_bytes, tflops
 
 PEERS = ("ort_flash", "ort_gqa", "sdpa")
-GOALS = {"prefill_short": 1.5, "prefill_long": 1.15, "decode": 1.0}  # issue #39, H200
+GOALS = {"prefill_short": 1.5, "prefill_long": 1.15, "decode": 1.0}  # the goals set for the H200
 SHORT_PROMPT = 2048  # the 1.5x goal holds up to this prompt length
 
 

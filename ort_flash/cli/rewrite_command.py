@@ -31,15 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("exit status: 0 attention fused and the model written; 2 a user error (nothing "
                      "written); 3 nothing fused (the unchanged model written, with a warning; "
                      "with --require-fusion nothing written)")
-    parser.add_argument("input", help="ONNX model to rewrite (never modified), or an ONNX Runtime GenAI "
-                                      "model folder (or its decoder model file)")
+    parser.add_argument("input", help="ONNX model to rewrite (never modified), an ONNX Runtime GenAI "
+                                      "model folder (or its decoder model file), or a Hugging Face "
+                                      "Optimum export folder (config.json and ONNX files)")
     parser.add_argument("-o", "--output", required=True,
                         help="where to write the rewritten model; where the input keeps its weights as "
                              "external data (or the output would pass 2 GB) they go to OUTPUT.data beside "
                              "it, one file with every weight the output uses (the input's files are "
                              "never referred to or changed). For a GenAI folder: the folder to write (a "
                              "copy of the input's with the decoder rewritten, genai_config.json naming "
-                             "the ort_flash library and the library beside it)")
+                             "the ort_flash library and the library beside it). For an Optimum folder: "
+                             "the folder to write (every ONNX file rewritten, every other file copied)")
     parser.add_argument(
         "--fast-padded-rows", action="store_true",
         help="map causal + key-padding masks with a finite mask value (eager finfo.min) to "
@@ -82,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
         return user_error("--float16 converts between ONNX Runtime's optimizer and the rewrite: "
                            "it needs --ort-fusions")
     from ort_flash import genai
+
+    from ort_flash import optimum
+    if os.path.isdir(args.input) and not genai.is_genai(args.input) and optimum.is_optimum(args.input):
+        return _rewrite_optimum(args, model_type)
 
     with Progress(wanted()) as progress:
         try:
@@ -164,12 +170,67 @@ def _genai_folder(source: str, output: str):
 
     if os.path.isdir(source):
         if not genai.is_genai(source):
-            raise ModelLoadError(f"{source}: is a directory, not an ONNX model or an ONNX Runtime GenAI "
-                                 f"model folder (no {genai.CONFIG_NAME} in it)")
+            raise ModelLoadError(f"{source}: is a directory, not an ONNX model, an ONNX Runtime GenAI "
+                                 f"model folder (no {genai.CONFIG_NAME} in it) or an Optimum export folder "
+                                 "(config.json and ONNX files at its top level)")
         return genai.open_folder(source)
     if genai.is_genai(source) and (os.path.isdir(output) or not output.endswith(".onnx")):
         return genai.open_folder(source)
     return None
+
+
+class _NothingFused(Exception):
+    pass
+
+
+def _rewrite_optimum(args: argparse.Namespace, model_type: str | None) -> int:
+    """``ort-flash rewrite`` of an Optimum export folder: each ONNX file as a model of its own (its
+    report under its name), every other file copied; nothing written where any file fails, or,
+    with --require-fusion, where no file had attention to fuse."""
+    from ort_flash import optimum, ort_fusions
+    from ort_flash.rewriter import RewriteRefusedError, rewrite
+
+    options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
+                   fp32_precision=getattr(args, "fp32_precision", "ieee"),
+                   gqa_cuda=getattr(args, "gqa_cuda", None))
+    files = optimum.onnx_files(args.input)
+    reports, fused = {}, {}
+
+    def write(source, output):
+        if model_type:
+            result = ort_fusions.rewrite(str(source), model_type, float16=getattr(args, "float16", False), **options)
+        else:
+            result = rewrite(str(source), **options)
+        print(f"== {source.name}")
+        print(result.report.format_table())
+        reports[source.name] = result.report.to_dict()
+        fused[source.name] = result.report.total_fused
+        if len(fused) == len(files) and not any(fused.values()) and getattr(args, "require_fusion", False):
+            raise _NothingFused
+        write_model(result, str(output))
+
+    try:
+        optimum.check_output_folder(args.input, args.output)
+        if args.report:
+            check_writable(args.report)
+        optimum.write_folder(args.input, args.output, write)
+        if args.report:
+            import json as _json
+            write_atomic(args.report, lambda path: write_text(path, _json.dumps({"files": reports}, indent=2)))
+    except _NothingFused:
+        print(f"ort-flash: error: no attention was fused in any file of {args.input} (--require-fusion): "
+              f"nothing written", file=sys.stderr)
+        return EXIT_NOTHING_FUSED
+    except (ModelLoadError, RewriteRefusedError, ort_fusions.OrtFusionError, optimum.OptimumFolderError,
+            OSError) as e:
+        return user_error(e)
+    counts = ", ".join(f"{name} {n}" for name, n in fused.items())
+    print(f"wrote the Optimum folder {args.output}: attention fused per file: {counts}; every other file copied")
+    if not any(fused.values()):
+        print(f"ort-flash: warning: no attention was fused in any file of {args.input}; {args.output} "
+              f"computes the same graphs (exit status {EXIT_NOTHING_FUSED})", file=sys.stderr)
+        return EXIT_NOTHING_FUSED
+    return EXIT_OK
 
 
 def write_model(result, output: str) -> str | None:

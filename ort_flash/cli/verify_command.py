@@ -26,8 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("an output passes where |rewritten - original| <= atol + rtol * |original| at "
                      "every element. exit status: 0 pass; 1 outputs differ; 2 a user error, or "
                      "--provider cuda where the fused op did not run on CUDA")
-    parser.add_argument("original", help="the model before rewriting")
-    parser.add_argument("rewritten", help="the model after rewriting")
+    parser.add_argument("original", help="the model before rewriting (or an Optimum export folder: each of "
+                                         "its ONNX files against the same file of the rewritten folder)")
+    parser.add_argument("rewritten", help="the model after rewriting (or the rewritten folder)")
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
     parser.add_argument("--seq-len", type=positive_int, default=None, help="size of dynamic sequence dims")
     parser.add_argument("--past-len", type=positive_int, default=None,
@@ -48,6 +49,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
+    if os.path.isdir(args.original) or os.path.isdir(args.rewritten):
+        return _verify_folders(args)
+    return _verify_one(args)
+
+
+def _verify_folders(args: argparse.Namespace) -> int:
+    """Each ONNX file of the original folder against the rewritten folder's file of that name;
+    passes where every file passes."""
+    import copy
+    import json
+    import os
+
+    from ort_flash import optimum
+
+    if not (os.path.isdir(args.original) and os.path.isdir(args.rewritten)):
+        return user_error("verify: give two model files or two folders, not one of each")
+    names = [p.name for p in optimum.onnx_files(args.original)]
+    theirs = {p.name for p in optimum.onnx_files(args.rewritten)}
+    if not names:
+        return user_error(f"{args.original}: no ONNX files at its top level to verify")
+    if set(names) != theirs:
+        return user_error(f"the folders hold different ONNX files: {', '.join(sorted(names))} against "
+                          f"{', '.join(sorted(theirs)) or 'none'}")
+    status, files = EXIT_OK, {}
+    for name in names:
+        one = copy.copy(args)
+        one.original, one.rewritten = os.path.join(args.original, name), os.path.join(args.rewritten, name)
+        one.json = os.path.join(os.path.dirname(os.path.abspath(args.json)), f".{name}.verify.json") \
+            if getattr(args, "json", None) else None
+        print(f"== {name}")
+        rc = _verify_one(one)
+        if one.json and os.path.exists(one.json):
+            with open(one.json) as f:
+                files[name] = json.load(f)
+            os.unlink(one.json)
+        if rc == 2:
+            return rc
+        status = status or rc
+    print(f"verify: {len(names)} file(s), {'every one passed' if status == EXIT_OK else 'some differ'}")
+    if getattr(args, "json", None):
+        try:
+            write_atomic(args.json, lambda path: write_text(path, json.dumps({"files": files}, indent=2)))
+        except OSError as e:
+            return user_error(e)
+    return status
+
+
+def _verify_one(args: argparse.Namespace) -> int:
     from ort_flash.verify import InputShapeError, ModelMismatchError, verify
 
     from ort_flash.progress import Progress, wanted

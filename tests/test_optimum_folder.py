@@ -1,0 +1,162 @@
+"""Hugging Face Optimum folders in, folders out (ort_flash.optimum, `ort-flash rewrite FOLDER -o
+OUT`, `ort-flash verify FOLDER OUT`): every ONNX file rewritten, every other file copied, nothing
+half-written; and (slow: the pinned Optimum environment) the rewritten folder loaded by its
+``ORTModelFor*`` class with the library gives the original folder's outputs and greedy tokens.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from ort_flash import optimum
+from ort_flash.demo import demo_model_path
+
+
+def _folder(tmp_path: Path) -> Path:
+    """A folder shaped as Optimum writes one: two models (one with its weights as external data),
+    config.json, tokenizer and generation files, a file in a subfolder."""
+    src = tmp_path / "src"
+    src.mkdir()
+    model = onnx.load(demo_model_path("cpu"))
+    onnx.save(model, src / "model.onnx")
+    onnx.save(model, src / "decoder_model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="decoder_model.onnx_data", size_threshold=0)
+    (src / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (src / "tokenizer.json").write_text("{}")
+    (src / "generation_config.json").write_text("{}")
+    (src / "extra").mkdir()
+    (src / "extra" / "notes.txt").write_text("kept")
+    return src
+
+
+def test_rewrite_folder_rewrites_every_model_and_copies_the_rest(tmp_path):
+    src = _folder(tmp_path)
+    out = tmp_path / "out"
+    reports = optimum.rewrite_folder(src, out)
+    assert sorted(reports) == ["decoder_model.onnx", "model.onnx"]
+    assert all(r.total_fused == 2 for r in reports.values())  # the demo model's two attention layers
+    for name in ("config.json", "tokenizer.json", "generation_config.json", "extra/notes.txt"):
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+    assert not (out / "decoder_model.onnx_data").exists()  # the source's data is not carried
+    for name in reports:
+        model = onnx.load(out / name)
+        assert any(n.domain == "ort_flash" for n in model.graph.node)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no scratch left
+
+
+def test_a_failing_file_leaves_nothing(tmp_path):
+    src = _folder(tmp_path)
+    out = tmp_path / "out"
+
+    def write(source, output):
+        if source.name == "model.onnx":
+            raise RuntimeError("boom")
+        shutil.copy(source, output)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        optimum.write_folder(src, out, write)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "not_empty", "file"])
+def test_output_folder_refused(tmp_path, where):
+    src = _folder(tmp_path)
+    out = {"same": src, "inside": src / "out", "not_empty": tmp_path / "full", "file": tmp_path / "f"}[where]
+    if where == "not_empty":
+        out.mkdir()
+        (out / "x").write_text("x")
+    if where == "file":
+        out.write_text("x")
+    with pytest.raises(optimum.OptimumFolderError):
+        optimum.rewrite_folder(src, out)
+
+
+def test_cli_rewrite_and_verify_a_folder(tmp_path, capsys):
+    from ort_flash.cli import main
+
+    src = _folder(tmp_path)
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    assert main(["rewrite", str(src), "-o", str(out), "--report", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "== decoder_model.onnx" in printed and "== model.onnx" in printed
+    assert "wrote the Optimum folder" in printed
+    files = json.loads(report.read_text())["files"]
+    assert sorted(files) == ["decoder_model.onnx", "model.onnx"]
+    assert main(["verify", str(src), str(out), "--seq-len", "17", "--json", str(tmp_path / "v.json")]) == 0
+    assert sorted(json.loads((tmp_path / "v.json").read_text())["files"]) == ["decoder_model.onnx", "model.onnx"]
+
+
+def test_cli_refuses_a_folder_of_no_known_kind(tmp_path, capsys):
+    from ort_flash.cli import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["rewrite", str(tmp_path / "empty"), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Optimum export folder" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+# (family, task, ORTModel class, what the check runs)
+ORT_MODELS = [
+    ("gpt2", "text-generation-with-past", "ORTModelForCausalLM", "generate"),
+    ("bart", "text2text-generation-with-past", "ORTModelForSeq2SeqLM", "generate"),
+    ("bert", "feature-extraction", "ORTModelForFeatureExtraction", "forward"),
+]
+
+_ORTMODEL_CHECK = textwrap.dedent('''
+    import json, sys
+    import numpy as np, onnxruntime as ort, torch
+    import optimum.onnxruntime as om
+    original, rewritten, cls, what, library = sys.argv[1:6]
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library)
+    models = {"original": getattr(om, cls).from_pretrained(original, provider="CPUExecutionProvider"),
+              "rewritten": getattr(om, cls).from_pretrained(rewritten, provider="CPUExecutionProvider",
+                                                             session_options=so)}
+    torch.manual_seed(0)
+    ids = torch.randint(4, 100, (2, 13))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # a left-padded row, as a batch of prompts gets
+    out = {}
+    for k, m in models.items():
+        if what == "generate":
+            gen = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                             min_new_tokens=12, output_scores=True, return_dict_in_generate=True)
+            out[k] = (gen.sequences.tolist(), torch.stack(gen.scores).numpy())
+        else:
+            out[k] = (None, m(input_ids=ids, attention_mask=mask).last_hidden_state.detach().numpy())
+    diff = float(np.abs(out["original"][1] - out["rewritten"][1]).max())
+    print(json.dumps({"tokens_equal": out["original"][0] == out["rewritten"][0], "max_diff": diff}))
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,task,cls,what", ORT_MODELS, ids=[f"{f}-{t}" for f, t, *_ in ORT_MODELS])
+def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
+    """The rewritten folder, loaded by Optimum's own class with the library registered in its
+    session options, gives the original folder's outputs (float32 rounding) and greedy tokens."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from models.optimum_family import OptimumSpec, export, venv_python
+
+    import ort_flash
+
+    spec = OptimumSpec(family, task)
+    src = export(spec, spec.files[0]).parent
+    out = tmp_path / "flash"
+    reports = optimum.rewrite_folder(src, out)
+    assert all(r.total_fused > 0 for r in reports.values()), {k: r.total_fused for k, r in reports.items()}
+    run = subprocess.run([str(venv_python()), "-c", _ORTMODEL_CHECK, str(src), str(out), cls, what,
+                          ort_flash.library_path()], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    if what == "generate":
+        assert result["tokens_equal"], result
+    assert result["max_diff"] < 1e-3, result
