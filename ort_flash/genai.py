@@ -119,14 +119,22 @@ def _tensors(graph):
 def check_output_folder(source: GenAIFolder, out_folder: str | os.PathLike, overwrite: bool = False) -> Path:
     """``out_folder`` resolved, or GenAIFolderError where ``write_folder`` would refuse it: equal
     to, inside or above the source folder, or an existing non-empty folder unless ``overwrite``."""
-    src, out = source.folder.resolve(), Path(out_folder).resolve()
+    return check_apart(source.folder, out_folder, overwrite, GenAIFolderError, "a GenAI folder")
+
+
+def check_apart(src_folder: str | os.PathLike, out_folder: str | os.PathLike, overwrite: bool,
+                error: type[Exception], kind: str) -> Path:
+    """``out_folder`` resolved, or ``error`` where a folder written from ``src_folder`` may not go
+    there: equal to, inside or above it, a file, or an existing non-empty folder unless
+    ``overwrite``. ``kind`` names what is written ("a GenAI folder")."""
+    src, out = Path(src_folder).resolve(), Path(out_folder).resolve()
     if out == src or out in src.parents or src in out.parents:
-        raise GenAIFolderError(f"the output folder {out} must be apart from the source folder {src} "
-                               "(not the same, inside it or above it)")
+        raise error(f"the output folder {out} must be apart from the source folder {src} "
+                    "(not the same, inside it or above it)")
     if out.exists() and not out.is_dir():
-        raise GenAIFolderError(f"the output {out} is a file; a GenAI folder is written as a folder")
+        raise error(f"the output {out} is a file; {kind} is written as a folder")
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise GenAIFolderError(f"the output folder {out} exists and is not empty (overwrite it to replace it)")
+        raise error(f"the output folder {out} exists and is not empty (overwrite it to replace it)")
     return out
 
 

@@ -46,15 +46,9 @@ def check_output_folder(src_folder: str | os.PathLike, out_folder: str | os.Path
     """``out_folder`` resolved, or OptimumFolderError where ``write_folder`` would refuse it: equal
     to, inside or above the source folder, a file, or an existing non-empty folder unless
     ``overwrite``."""
-    src, out = Path(src_folder).resolve(), Path(out_folder).resolve()
-    if out == src or out in src.parents or src in out.parents:
-        raise OptimumFolderError(f"the output folder {out} must be apart from the source folder {src} "
-                                 "(not the same, inside it or above it)")
-    if out.exists() and not out.is_dir():
-        raise OptimumFolderError(f"the output {out} is a file; an Optimum folder is written as a folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise OptimumFolderError(f"the output folder {out} exists and is not empty")
-    return out
+    from ort_flash.genai import check_apart
+
+    return check_apart(src_folder, out_folder, overwrite, OptimumFolderError, "an Optimum folder")
 
 
 def write_folder(src_folder: str | os.PathLike, out_folder: str | os.PathLike,

@@ -107,20 +107,23 @@ def test_cli_refuses_a_folder_of_no_known_kind(tmp_path, capsys):
 # (family, task, ORTModel class, what the check runs)
 ORT_MODELS = [
     ("gpt2", "text-generation-with-past", "ORTModelForCausalLM", "generate"),
+    ("llama", "text-generation", "ORTModelForCausalLM", "generate"),
     ("bart", "text2text-generation-with-past", "ORTModelForSeq2SeqLM", "generate"),
     ("bert", "feature-extraction", "ORTModelForFeatureExtraction", "forward"),
+    ("vit", "feature-extraction", "ORTModelForFeatureExtraction", "pixels"),
 ]
 
 _ORTMODEL_CHECK = textwrap.dedent('''
     import json, sys
     import numpy as np, onnxruntime as ort, torch
     import optimum.onnxruntime as om
-    original, rewritten, cls, what, library = sys.argv[1:6]
+    original, rewritten, cls, what, library, past = sys.argv[1:7]
     so = ort.SessionOptions()
     so.register_custom_ops_library(library)
-    models = {"original": getattr(om, cls).from_pretrained(original, provider="CPUExecutionProvider"),
+    kw = {"use_cache": past == "1"} if cls == "ORTModelForCausalLM" else {}
+    models = {"original": getattr(om, cls).from_pretrained(original, provider="CPUExecutionProvider", **kw),
               "rewritten": getattr(om, cls).from_pretrained(rewritten, provider="CPUExecutionProvider",
-                                                             session_options=so)}
+                                                             session_options=so, **kw)}
     torch.manual_seed(0)
     ids = torch.randint(4, 100, (2, 13))
     mask = torch.ones_like(ids)
@@ -131,6 +134,9 @@ _ORTMODEL_CHECK = textwrap.dedent('''
             gen = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                              min_new_tokens=12, output_scores=True, return_dict_in_generate=True)
             out[k] = (gen.sequences.tolist(), torch.stack(gen.scores).numpy())
+        elif what == "pixels":
+            out[k] = (None, m(pixel_values=torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+                      .last_hidden_state.detach().numpy())
         else:
             out[k] = (None, m(input_ids=ids, attention_mask=mask).last_hidden_state.detach().numpy())
     diff = float(np.abs(out["original"][1] - out["rewritten"][1]).max())
@@ -144,7 +150,7 @@ def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
     """The rewritten folder, loaded by Optimum's own class with the library registered in its
     session options, gives the original folder's outputs (float32 rounding) and greedy tokens."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from models.optimum_family import OptimumSpec, export, venv_python
+    from models.optimum_family import OptimumSpec, attention_sites, export, venv_python
 
     import ort_flash
 
@@ -152,9 +158,11 @@ def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
     src = export(spec, spec.files[0]).parent
     out = tmp_path / "flash"
     reports = optimum.rewrite_folder(src, out)
-    assert all(r.total_fused > 0 for r in reports.values()), {k: r.total_fused for k, r in reports.items()}
+    fused = {name: r.total_fused for name, r in reports.items()}
+    assert fused == {f"{n}.onnx": attention_sites(spec, n)["sites"] for n in spec.files}, fused
     run = subprocess.run([str(venv_python()), "-c", _ORTMODEL_CHECK, str(src), str(out), cls, what,
-                          ort_flash.library_path()], capture_output=True, text=True, timeout=600)
+                          ort_flash.library_path(), str(int(spec.past))], capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     if what == "generate":
