@@ -104,14 +104,30 @@ def test_cli_refuses_a_folder_of_no_known_kind(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-# (family, task, ORTModel class, what the check runs)
-ORT_MODELS = [
-    ("gpt2", "text-generation-with-past", "ORTModelForCausalLM", "generate"),
-    ("llama", "text-generation", "ORTModelForCausalLM", "generate"),
-    ("bart", "text2text-generation-with-past", "ORTModelForSeq2SeqLM", "generate"),
-    ("bert", "feature-extraction", "ORTModelForFeatureExtraction", "forward"),
-    ("vit", "feature-extraction", "ORTModelForFeatureExtraction", "pixels"),
-]
+# The Optimum family's float32 exports (models/optimum_family.py) with the ORTModel class that
+# loads each and what the check runs; Whisper and CLIP take other inputs (not here yet).
+_CLASSES = {"feature-extraction": ("ORTModelForFeatureExtraction", "forward"),
+            "text-generation": ("ORTModelForCausalLM", "generate"),
+            "text-generation-with-past": ("ORTModelForCausalLM", "generate"),
+            "text2text-generation": ("ORTModelForSeq2SeqLM", "generate"),
+            "text2text-generation-with-past": ("ORTModelForSeq2SeqLM", "generate")}
+
+
+def _ort_models() -> list[tuple[str, str, str, str]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from models.optimum_family import FAMILIES
+
+    out = []
+    for family, (*_, tasks) in FAMILIES.items():
+        for task in tasks:
+            if family in ("whisper", "clip"):
+                continue
+            cls, what = _CLASSES[task]
+            out.append((family, task, cls, "pixels" if family == "vit" else what))
+    return out
+
+
+ORT_MODELS = _ort_models()
 
 _ORTMODEL_CHECK = textwrap.dedent('''
     import json, sys
@@ -120,7 +136,7 @@ _ORTMODEL_CHECK = textwrap.dedent('''
     original, rewritten, cls, what, library, past = sys.argv[1:7]
     so = ort.SessionOptions()
     so.register_custom_ops_library(library)
-    kw = {"use_cache": past == "1"} if cls == "ORTModelForCausalLM" else {}
+    kw = {"use_cache": past == "1"} if what == "generate" else {}
     models = {"original": getattr(om, cls).from_pretrained(original, provider="CPUExecutionProvider", **kw),
               "rewritten": getattr(om, cls).from_pretrained(rewritten, provider="CPUExecutionProvider",
                                                              session_options=so, **kw)}
@@ -130,6 +146,7 @@ _ORTMODEL_CHECK = textwrap.dedent('''
     mask[1, :4] = 0  # a left-padded row, as a batch of prompts gets
     out = {}
     for k, m in models.items():
+      try:
         if what == "generate":
             gen = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                              min_new_tokens=12, output_scores=True, return_dict_in_generate=True)
@@ -139,6 +156,9 @@ _ORTMODEL_CHECK = textwrap.dedent('''
                       .last_hidden_state.detach().numpy())
         else:
             out[k] = (None, m(input_ids=ids, attention_mask=mask).last_hidden_state.detach().numpy())
+      except Exception as e:  # the original failing in Optimum itself is the test's skip
+        print(json.dumps({"error": k, "message": " ".join(str(e).split())[:300]}))
+        sys.exit(0)
     a, b = out["original"][1], out["rewritten"][1]
     finite = np.isfinite(a)  # generate's scores hold -inf where a token is suppressed (min_new_tokens)
     same_inf = bool((finite == np.isfinite(b)).all() and (a[~finite] == b[~finite]).all())
@@ -168,6 +188,9 @@ def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
+    if result.get("error") == "original":
+        pytest.skip(f"Optimum's {cls} cannot run the original folder: {result['message']}")
+    assert "error" not in result, result
     if what == "generate":
         assert result["tokens_equal"], result
     assert result["max_diff"] < 1e-3, result
