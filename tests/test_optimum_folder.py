@@ -194,3 +194,25 @@ def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
     if what == "generate":
         assert result["tokens_equal"], result
     assert result["max_diff"] < 1e-3, result
+
+
+def test_cli_folder_with_nothing_to_fuse(tmp_path, capsys):
+    """A folder whose models hold no attention: written unchanged with exit 3 and a warning, or
+    with --require-fusion nothing written."""
+    from onnx import TensorProto, helper
+
+    from ort_flash.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), src / "model.onnx")
+    (src / "config.json").write_text("{}")
+    assert main(["rewrite", str(src), "-o", str(tmp_path / "strict"), "--require-fusion"]) == 3
+    assert "nothing written" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert main(["rewrite", str(src), "-o", str(tmp_path / "out")]) == 3
+    assert "no attention was fused" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.onnx"]
