@@ -105,8 +105,10 @@ def test_cli_refuses_a_folder_of_no_known_kind(tmp_path, capsys):
 
 
 # The Optimum family's float32 exports (models/optimum_family.py) with the ORTModel class that
-# loads each and what the check runs; Whisper and CLIP take other inputs (not here yet).
+# loads each and what the check runs.
 _CLASSES = {"feature-extraction": ("ORTModelForFeatureExtraction", "forward"),
+            "automatic-speech-recognition": ("ORTModelForSpeechSeq2Seq", "speech"),
+            "automatic-speech-recognition-with-past": ("ORTModelForSpeechSeq2Seq", "speech"),
             "text-generation": ("ORTModelForCausalLM", "generate"),
             "text-generation-with-past": ("ORTModelForCausalLM", "generate"),
             "text2text-generation": ("ORTModelForSeq2SeqLM", "generate"),
@@ -120,9 +122,9 @@ def _ort_models() -> list[tuple[str, str, str, str]]:
     out = []
     for family, (*_, tasks) in FAMILIES.items():
         for task in tasks:
-            if family in ("whisper", "clip"):
-                continue
             cls, what = _CLASSES[task]
+            if family == "clip":
+                cls, what = "ORTModelForZeroShotImageClassification", "clip"
             out.append((family, task, cls, "pixels" if family == "vit" else what))
     return out
 
@@ -136,7 +138,7 @@ _ORTMODEL_CHECK = textwrap.dedent('''
     original, rewritten, cls, what, library, past = sys.argv[1:7]
     so = ort.SessionOptions()
     so.register_custom_ops_library(library)
-    kw = {"use_cache": past == "1"} if what == "generate" else {}
+    kw = {"use_cache": past == "1"} if what in ("generate", "speech") else {}
     models = {"original": getattr(om, cls).from_pretrained(original, provider="CPUExecutionProvider", **kw),
               "rewritten": getattr(om, cls).from_pretrained(rewritten, provider="CPUExecutionProvider",
                                                              session_options=so, **kw)}
@@ -151,6 +153,14 @@ _ORTMODEL_CHECK = textwrap.dedent('''
             gen = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                              min_new_tokens=12, output_scores=True, return_dict_in_generate=True)
             out[k] = (gen.sequences.tolist(), torch.stack(gen.scores).numpy())
+        elif what == "speech":  # Whisper: log-mel frames in, tokens out (its scores are not kept)
+            c = m.config
+            feats = torch.randn(2, c.num_mel_bins, 2 * c.max_source_positions, generator=torch.Generator().manual_seed(0))
+            gen = m.generate(input_features=feats, max_new_tokens=8, do_sample=False)
+            out[k] = (gen.tolist(), np.zeros(1))
+        elif what == "clip":
+            pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+            out[k] = (None, m(input_ids=ids, attention_mask=mask, pixel_values=pixels).logits_per_image.detach().numpy())
         elif what == "pixels":
             out[k] = (None, m(pixel_values=torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
                       .last_hidden_state.detach().numpy())
@@ -191,7 +201,7 @@ def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
     if result.get("error") == "original":
         pytest.skip(f"Optimum's {cls} cannot run the original folder: {result['message']}")
     assert "error" not in result, result
-    if what == "generate":
+    if what in ("generate", "speech"):
         assert result["tokens_equal"], result
     assert result["max_diff"] < 1e-3, result
 
