@@ -3,9 +3,9 @@ step, what the original computes?
 
 Greedy sequences of two low-precision models part at the first near tie, which proves nothing
 either way. So both models are fed the same tokens: the prompt (one row, or two rows of different
-lengths), then, one token per step, the original's greedy choice, appended to both with
-``append_tokens`` (each step one decode call of the model over the shared KV buffer). The logits
-of every step are compared.
+lengths), then, one token per step, the original's greedy choice (each step one decode call of the
+model over the shared KV buffer), through GenAI's ``append_tokens`` or a session fed as GenAI
+feeds it (the drivers below). The logits of every step are compared.
 
 The rounding bound is measured, not assumed. The original also runs every row's whole sequence
 (prompt and the fed tokens) as one prefill, which gives the logits of every step a second time
