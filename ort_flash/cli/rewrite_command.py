@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ort_flash import ort_fusions
     from ort_flash.progress import Progress, wanted
-    from ort_flash.rewriter import RewriteRefusedError, rewrite
+    from ort_flash.rewriter import RewriteRefusedError
 
     model_type = getattr(args, "ort_fusions", None)
     if getattr(args, "float16", False) and not model_type:
@@ -101,18 +101,12 @@ def run(args: argparse.Namespace) -> int:
                 genai.check_output_folder(folder, args.output)
             if args.report:
                 check_writable(args.report)
-            options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
-                           fp32_precision=getattr(args, "fp32_precision", "ieee"),
-                           gqa_cuda=getattr(args, "gqa_cuda", None), progress=progress)
             progress("loading")
+            result = _rewrite_file(source, args, model_type, progress=progress)
             if model_type:
-                with _optimizer_messages_in_our_terms(model_type):
-                    result = ort_fusions.rewrite(source, model_type,
-                                                 float16=getattr(args, "float16", False), **options)
                 summary = "\n".join(textwrap.wrap(result.summary(), 100, subsequent_indent="  "))
                 report = json.dumps({**result.report.to_dict(), "ort_fusions": result.to_dict()}, indent=2)
             else:
-                result = rewrite(source, **options)
                 summary, report = None, result.report.to_json()
             progress.close()
             if summary:
@@ -179,6 +173,21 @@ def _genai_folder(source: str, output: str):
     return None
 
 
+def _rewrite_file(source: str, args: argparse.Namespace, model_type: str | None, progress=None):
+    """``ort_flash.rewrite`` of one model file with the command's options, after ONNX Runtime's
+    optimizer where ``--ort-fusions`` names a model type."""
+    from ort_flash import ort_fusions
+    from ort_flash.rewriter import rewrite
+
+    options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
+                   fp32_precision=getattr(args, "fp32_precision", "ieee"),
+                   gqa_cuda=getattr(args, "gqa_cuda", None), progress=progress)
+    if not model_type:
+        return rewrite(source, **options)
+    with _optimizer_messages_in_our_terms(model_type):
+        return ort_fusions.rewrite(source, model_type, float16=getattr(args, "float16", False), **options)
+
+
 class _NothingFused(Exception):
     pass
 
@@ -188,19 +197,13 @@ def _rewrite_optimum(args: argparse.Namespace, model_type: str | None) -> int:
     report under its name), every other file copied; nothing written where any file fails, or,
     with --require-fusion, where no file had attention to fuse."""
     from ort_flash import optimum, ort_fusions
-    from ort_flash.rewriter import RewriteRefusedError, rewrite
+    from ort_flash.rewriter import RewriteRefusedError
 
-    options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
-                   fp32_precision=getattr(args, "fp32_precision", "ieee"),
-                   gqa_cuda=getattr(args, "gqa_cuda", None))
     files = optimum.onnx_files(args.input)
     reports, fused = {}, {}
 
     def write(source, output):
-        if model_type:
-            result = ort_fusions.rewrite(str(source), model_type, float16=getattr(args, "float16", False), **options)
-        else:
-            result = rewrite(str(source), **options)
+        result = _rewrite_file(str(source), args, model_type)
         print(f"== {source.name}")
         print(result.report.format_table())
         reports[source.name] = result.report.to_dict()
@@ -215,8 +218,7 @@ def _rewrite_optimum(args: argparse.Namespace, model_type: str | None) -> int:
             check_writable(args.report)
         optimum.write_folder(args.input, args.output, write)
         if args.report:
-            import json as _json
-            write_atomic(args.report, lambda path: write_text(path, _json.dumps({"files": reports}, indent=2)))
+            write_atomic(args.report, lambda path: write_text(path, json.dumps({"files": reports}, indent=2)))
     except _NothingFused:
         print(f"ort-flash: error: no attention was fused in any file of {args.input} (--require-fusion): "
               f"nothing written", file=sys.stderr)

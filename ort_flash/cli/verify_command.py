@@ -78,16 +78,11 @@ def _verify_folders(args: argparse.Namespace) -> int:
     for name in names:
         one = copy.copy(args)
         one.original, one.rewritten = os.path.join(args.original, name), os.path.join(args.rewritten, name)
-        one.json = os.path.join(os.path.dirname(os.path.abspath(args.json)), f".{name}.verify.json") \
-            if getattr(args, "json", None) else None
         print(f"== {name}")
-        rc = _verify_one(one)
-        if one.json and os.path.exists(one.json):
-            with open(one.json) as f:
-                files[name] = json.load(f)
-            os.unlink(one.json)
-        if rc == 2:
+        rc, result = _checked(one)
+        if result is None:
             return rc
+        files[name] = json.loads(result.to_json())
         status = status or rc
     print(f"verify: {len(names)} file(s), {'every one passed' if status == EXIT_OK else 'some differ'}")
     if getattr(args, "json", None):
@@ -99,6 +94,17 @@ def _verify_folders(args: argparse.Namespace) -> int:
 
 
 def _verify_one(args: argparse.Namespace) -> int:
+    rc, result = _checked(args)
+    if result is not None and getattr(args, "json", None):
+        try:
+            write_atomic(args.json, lambda path: write_text(path, result.to_json()))
+        except OSError as e:
+            return user_error(e)
+    return rc
+
+
+def _checked(args: argparse.Namespace):
+    """(exit status, the verify result with its table printed), or (2, None) after a user error."""
     from ort_flash.verify import InputShapeError, ModelMismatchError, verify
 
     from ort_flash.progress import Progress, wanted
@@ -119,21 +125,16 @@ def _verify_one(args: argparse.Namespace) -> int:
             )
         except (ModelLoadError, ModelMismatchError, InputShapeError, OSError, ImportError) as e:
             progress.close()
-            return user_error(e)
+            return user_error(e), None
         except onnxruntime_errors() as e:  # a model ORT cannot load or run, a missing library
             progress.close()
-            return user_error(f"onnxruntime: {e}")
+            return user_error(f"onnxruntime: {e}"), None
     if args.provider == "cuda":
         not_on_cuda = _fused_op_off_cuda(args, result)
         if not_on_cuda:
-            return user_error(f"verify --provider cuda: {not_on_cuda}; nothing was verified on CUDA")
+            return user_error(f"verify --provider cuda: {not_on_cuda}; nothing was verified on CUDA"), None
     print(result.format_table())
-    if getattr(args, "json", None):
-        try:
-            write_atomic(args.json, lambda path: write_text(path, result.to_json()))
-        except OSError as e:
-            return user_error(e)
-    return EXIT_OK if result.passed else EXIT_MISMATCH
+    return (EXIT_OK if result.passed else EXIT_MISMATCH), result
 
 
 def _fused_op_off_cuda(args: argparse.Namespace, result) -> str:
