@@ -22,9 +22,8 @@ constexpr int64_t kMaxFusedRoundTrips = 2;
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The decode CTAs one SM runs side by side at full effect, which the split count's waves count:
-// at head dim 64 one CTA's loads leave the SM's read rate part used, and two co-resident CTAs
-// read faster (B8 with 16k-128k keys: 4 splits of 2 CTAs per SM beat 2 of one by 3 %, perf-notes
-// "GenAI fidelity and d64 decode"); from head dim 128 a second CTA adds little.
+// at head dim 64 one CTA's loads leave the SM's read rate part used and a second co-resident CTA
+// reads more; from head dim 128 it adds little (perf-notes "GenAI fidelity and d64 decode").
 inline int64_t decode_ctas_per_sm(int64_t head_dim) { return head_dim <= 64 ? 2 : 1; }
 
 // Whether a call of `sq` query rows, `rows` = GQA group x sq packed rows and `bh_kv` = B x Hkv

@@ -159,56 +159,52 @@ class SessionDriver:
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         self.session = InferenceSession(folder / self.cfg["filename"], providers=providers)
         past = next(i for i in self.session.get_inputs() if i.name == self.cfg["past_key"] % 0)
-        self.torch_dtype, self.onnx_type = _TYPES[past.type]
+        self.torch_dtype, self.onnx_type = _types(past.type)
         out = next(o for o in self.session.get_outputs() if o.name == self.cfg["logits"])
-        self.logits_types = _TYPES[out.type]  # float32 logits in the builder's bfloat16 models
+        self.logits_types = _types(out.type)  # float32 logits in the builder's bfloat16 models
         self.device = device
         self.torch_device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         self.kv: list = []
         self.mask = np.zeros((0, 0), np.int64)
 
     def start(self, rows: list[np.ndarray], max_length: int) -> np.ndarray:
-        import torch
-
-        b, c = len(rows), self.cfg
-        shape = (b, c["kv_heads"], max_length, c["head_size"])
-        self.kv = [torch.zeros(shape, dtype=self.torch_dtype, device=self.torch_device)
-                   for _ in range(2 * c["layers"])]
+        b = len(rows)
+        self.kv = self.buffers(b, max_length)
         ids = padded(rows, self.pad)
         self.mask = (np.arange(ids.shape[1])[None, :] < np.array([len(r) for r in rows])[:, None]).astype(np.int64)
-        logits = self.run(ids)
+        logits = self.run(ids, self.kv, self.mask)
         return logits[np.arange(b), [len(r) - 1 for r in rows]].float().cpu().numpy()
 
     def feed(self, tokens: np.ndarray) -> np.ndarray:
         self.mask = np.concatenate([self.mask, np.ones((len(tokens), 1), np.int64)], axis=1)
-        return self.run(tokens.reshape(-1, 1))[:, -1].float().cpu().numpy()
+        return self.run(tokens.reshape(-1, 1), self.kv, self.mask)[:, -1].float().cpu().numpy()
 
     def prefill(self, sequence: np.ndarray, last: int) -> np.ndarray:
         """The logits of the last ``last`` positions of one row run as a single prefill (float32,
-        last x vocabulary)."""
+        last x vocabulary), in buffers of its own."""
+        kv, mask = self.buffers(1, len(sequence)), np.ones((1, len(sequence)), np.int64)
+        return self.run(sequence.reshape(1, -1), kv, mask)[0, -last:].float().cpu().numpy()
+
+    def buffers(self, batch: int, length: int) -> list:
+        """Zeroed K and V buffers of every layer, (batch, kv heads, length, head size)."""
         import torch
 
         c = self.cfg
-        shape = (1, c["kv_heads"], len(sequence), c["head_size"])
-        saved = self.kv, self.mask
-        self.kv = [torch.zeros(shape, dtype=self.torch_dtype, device=self.torch_device) for _ in range(2 * c["layers"])]
-        self.mask = np.ones((1, len(sequence)), np.int64)
-        try:
-            return self.run(sequence.reshape(1, -1))[0, -last:].float().cpu().numpy()
-        finally:
-            self.kv, self.mask = saved
+        shape = (batch, c["kv_heads"], length, c["head_size"])
+        return [torch.zeros(shape, dtype=self.torch_dtype, device=self.torch_device) for _ in range(2 * c["layers"])]
 
-    def run(self, ids: np.ndarray):
-        """One call of the decoder; its logits (B, S, vocabulary) in the model's dtype."""
+    def run(self, ids: np.ndarray, kv: list, mask: np.ndarray):
+        """One call of the decoder over the buffers ``kv`` (bound as past and present); its logits
+        (B, S, vocabulary) in the model's dtype."""
         import torch
 
         c = self.cfg
         io = self.session.io_binding()
         io.bind_cpu_input(c["input_ids"], np.ascontiguousarray(ids, dtype=np.int64))
-        io.bind_cpu_input(c["attention_mask"], self.mask)
+        io.bind_cpu_input(c["attention_mask"], mask)
         for layer in range(c["layers"]):
             for j, (past, present) in enumerate(((c["past_key"], c["present_key"]), (c["past_value"], c["present_value"]))):
-                buf = self.kv[2 * layer + j]
+                buf = kv[2 * layer + j]
                 for name, bind in ((past % layer, io.bind_input), (present % layer, io.bind_output)):
                     bind(name, self.device, 0, self.onnx_type, list(buf.shape), buf.data_ptr())
         logits = torch.empty((ids.shape[0], ids.shape[1], c["vocab"]), dtype=self.logits_types[0], device=self.torch_device)
@@ -220,24 +216,17 @@ class SessionDriver:
         self.kv = []
 
 
-def _torch_types() -> dict:
+def _types(onnx_type: str) -> tuple:
+    """(torch dtype, ONNX element type) of an ONNX Runtime type string such as "tensor(float16)"."""
     import torch
     from onnx import TensorProto
 
-    return {"tensor(float16)": (torch.float16, TensorProto.FLOAT16),
-            "tensor(bfloat16)": (torch.bfloat16, TensorProto.BFLOAT16),
-            "tensor(float)": (torch.float32, TensorProto.FLOAT)}
-
-
-class _LazyTypes(dict):
-    def __missing__(self, key):
-        self.update(_torch_types())
-        if key not in self:
-            raise ValueError(f"a KV cache of type {key}: the check runs float16, bfloat16 and float32 models")
-        return self[key]
-
-
-_TYPES = _LazyTypes()
+    types = {"tensor(float16)": (torch.float16, TensorProto.FLOAT16),
+             "tensor(bfloat16)": (torch.bfloat16, TensorProto.BFLOAT16),
+             "tensor(float)": (torch.float32, TensorProto.FLOAT)}
+    if onnx_type not in types:
+        raise ValueError(f"a tensor of type {onnx_type}: the check runs float16, bfloat16 and float32 models")
+    return types[onnx_type]
 DRIVERS = {"genai": GenAIDriver, "genai_rewind": GenAIRewindDriver, "session": SessionDriver}
 
 
