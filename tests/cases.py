@@ -220,10 +220,31 @@ def qkv(case: dict, feeds: dict):
     return feeds["Q"], feeds["K"], feeds["V"]
 
 
-def _lse_err(lse, ref):
+def _lse_err(lse, ref, alt=None):
+    """Max relative error of lse against ref over the finite rows; where ``alt`` is given, each
+    row's error is the smaller of the two (an admitted alternative value per row)."""
     finite = np.isfinite(ref) & np.isfinite(lse)
-    rel = np.abs(lse[finite].astype(np.float64) - ref[finite]) / np.maximum(1.0, np.abs(ref[finite]))
-    return float(np.max(rel, initial=0.0))
+
+    def rel(want):
+        return np.abs(lse[finite].astype(np.float64) - want[finite]) / np.maximum(1.0, np.abs(want[finite]))
+    err = rel(ref) if alt is None else np.minimum(rel(ref), rel(alt))
+    return float(np.max(err, initial=0.0))
+
+
+# docs/guarantees.md: the masked warp-specialized CUDA cubins count an additive mask value below
+# -1e38 as -1e38, so the LSE of a row whose every visible key carries such a value (bf16/fp32
+# finfo.min) is the exact one shifted by -1e38 - fill; Y is exact.
+MASK_CLAMP = -1.0e38
+
+
+def _clamped_lse(ref_lse, c):
+    """The LSE the documented clamp gives, or None where the case's mask has no value below it."""
+    if c["mask"] is None or c["mask"][0] != "finfo":
+        return None
+    fill = float(ml_dtypes.finfo(DTYPES[c["dtype"]]).min)
+    if fill >= MASK_CLAMP:
+        return None
+    return np.where(ref_lse < MASK_CLAMP, ref_lse + (MASK_CLAMP - fill), ref_lse)
 
 
 def check_case(case: dict, runner, seed: int | None = None) -> dict:
@@ -262,7 +283,7 @@ def check_case(case: dict, runner, seed: int | None = None) -> dict:
         assert np.array_equal(np.isneginf(lse), masked) and not np.isposinf(lse).any(), (
             f"{ctx}: softmax_lse is -inf at {np.isneginf(lse).sum()} rows, the reference at "
             f"{masked.sum()}")
-        err_lse = _lse_err(lse, ref_lse)
+        err_lse = _lse_err(lse, ref_lse, _clamped_lse(ref_lse, c))
         bound_lse = 2 * _lse_err(low_lse, ref_lse) + floor_lse
         assert err_lse <= bound_lse, f"{ctx}: lse error {err_lse:.3g} > bound {bound_lse:.3g}"
         result.update(err_lse=err_lse, bound_lse=bound_lse)

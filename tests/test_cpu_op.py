@@ -137,3 +137,23 @@ def test_interval_masks(dtype, kind, dims):
 @pytest.mark.parametrize("kind", MASK_KINDS)
 def test_interval_masks_with_causal(kind):
     run_interval_mask_case("float32", kind, "bhqk", causal=True)
+
+
+def test_lse_check_admits_only_the_documented_mask_clamp():
+    """The op tests' LSE check (tests/cases.py) admits, for a row whose every visible key carries a
+    bf16/fp32 finfo.min fill, the value the CUDA masked cubins' documented -1e38 clamp gives
+    (docs/guarantees.md), and nothing else: another value of that row, and any other row off by
+    as much, still fail."""
+    from cases import _clamped_lse, _lse_err
+
+    fill = float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)
+    ref = np.array([fill + 2.5, 1.25], np.float64)
+    case = {"mask": ("finfo", "qk"), "dtype": "bfloat16"}
+    alt = _clamped_lse(ref, case)
+    clamped = np.array([-1.0e38 + 2.5, 1.25], np.float32)
+    assert _lse_err(clamped, ref) > 0.5  # what the bare check said on the GPU: 0.705
+    assert _lse_err(clamped, ref, alt) < 1e-6
+    assert _lse_err(np.array([-2.0e38, 1.25], np.float32), ref, alt) > 0.4
+    assert _lse_err(np.array([-1.0e38 + 2.5, 1.5], np.float32), ref, alt) > 0.1
+    assert _clamped_lse(ref, {"mask": ("finfo", "qk"), "dtype": "float16"}) is None  # -65504: no clamp
+    assert _clamped_lse(ref, {"mask": ("additive", "qk"), "dtype": "bfloat16"}) is None

@@ -14,6 +14,7 @@ Every timed call writes the same rows with the same values, so no reset between 
 |-----------|-------------------------------------------------------------------------------------|
 | ort_flash | ort_flash::GroupQueryAttention, the one-node model                                   |
 | ort_gqa   | com.microsoft.GroupQueryAttention, the same model in ONNX Runtime's domain           |
+| ort_flash_fa | first prompts: ort_flash::FlashAttention (4-D BNSH, causal) on the rotated Q and the new K, V (``attention_inputs``): the same attention as one plain call, without the rotary and the cache write |
 | sdpa      | CUDA: torch SDPA (cuDNN backend) on the rotated Q, K, V (``attention_inputs``), the KV heads repeated to Hq; the rotary and the cache write are not in its time |
 
 With CUDA graphs (the suite's default on CUDA) the two ONNX Runtime peers run a model of
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ort_flash.bench import gqa_graphs, layered
+from ort_flash.bench import gqa_graphs, layered, onnx_graphs
 from ort_flash.bench.measure import Context
 from ort_flash.bench.op_peers import _bnsh_from_bsh
 from ort_flash.bench.ort_session import BoundSession, Unsupported
@@ -182,6 +183,20 @@ def ort_gqa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
     return session(ctx, cfg, sets, shared, "com.microsoft")
 
 
+def ort_flash_fa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
+    if cfg["phase"] != "prefill":
+        raise Unsupported("the plain op is timed on first prompts only")
+    if "head_sink" in shared:
+        raise Unsupported("FlashAttention has no attention sinks")
+    refs = [s["ref"] for s in sets]
+    ys = [ctx.tensors.empty(q.shape, cfg["dtype"]) for q, *_ in refs]
+    model = onnx_graphs.flash_attention(cfg["dtype"], {"Q": 4, "K": 4, "V": 4}, {"Y": 4}, is_causal=1)
+    run = layered.layered_session(ctx, copies(ctx, cfg), model, [{"Q": q, "K": k, "V": v} for q, k, v, *_ in refs],
+                                  [{"Y": y} for y in ys], custom_ops=True)
+    run.output = lambda: ys[0].data
+    return run
+
+
 def sdpa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
     if ctx.tensors.torch is None:
         raise Unsupported("torch is not installed")
@@ -199,7 +214,7 @@ def sdpa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
 
 
 def peers_for(device: str) -> dict:
-    peers = {"ort_flash": ort_flash, "ort_gqa": ort_gqa}
+    peers = {"ort_flash": ort_flash, "ort_gqa": ort_gqa, "ort_flash_fa": ort_flash_fa}
     if device == "cuda":
         peers["sdpa"] = sdpa  # plain attention (no sinks)
     return peers
