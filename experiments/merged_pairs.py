@@ -1,5 +1,6 @@
-"""The calls experiments/merged_variants.py times, and for each the variant the build compiled for
-it before the merge of issue #23 and the one it compiles now, checked against the variant tables
+"""The calls experiments/merged_variants.py times, and for each the variant the unmerged build
+(`aot/build.py --unmerged`, "before") compiles for it and the one the merged build compiles ("after"),
+checked against the variant tables
 (aot/variants.py), and compiled exactly as aot/build.py compiles them. No GPU and no torch needed.
 """
 from __future__ import annotations
@@ -102,8 +103,8 @@ class Pair:
 
     @property
     def jobs(self):
-        """(variant, EDGE_LOOP, kernel source folder or None for aot/) per side: before the merge
-        EDGE_LOOP did not exist; an A/B pair (ab_pairs) compiles one variant from two sources."""
+        """(variant, EDGE_LOOP, kernel source folder or None for aot/) per side: the unmerged side
+        runs with EDGE_LOOP off; an A/B pair (ab_pairs) compiles one variant from two sources."""
         if self.before_source:
             return [(self.before, V.edge_loop(self.before), self.before_source),
                     (self.after, V.edge_loop(self.after), None)]
@@ -111,9 +112,10 @@ class Pair:
 
 
 def make_pairs(calls=CALLS, arch: int = ARCH) -> list[Pair]:
-    """Each call's variant before and after the merge, checked: the before one in the unmerged
-    product and merged away now, the after one in today's table and a superset of it; or, for
-    the variants compiled as before the merge again (variants.kept_exact), the same one twice."""
+    """Each call's variant in the unmerged and the merged build, checked: the before one in the
+    unmerged product and merged away in the merged table, the after one in the merged table and a
+    superset of it; or, for the variants both builds compile (variants.kept_exact), the same one
+    twice."""
     before_t, after_t = _table(V.all_combinations(), arch), _table(V.all_variants(), arch)
     now, unmerged = set(V.all_variants()), set(V.all_combinations())
     pairs = []
@@ -126,7 +128,7 @@ def make_pairs(calls=CALLS, arch: int = ARCH) -> list[Pair]:
         problems = [msg for bad, msg in (
             (b not in unmerged, f"{b.name} is not in the unmerged product"),
             (b in now, f"{b.name} is still compiled: this call is not merged"),
-            (a not in now, f"{a.name} is not in today's variant table"),
+            (a not in now, f"{a.name} is not in the merged variant table"),
             ((a.kind, a.dtype, a.precision, a.head_dim, a.mask, a.mask_keys) !=
              (b.kind, b.dtype, b.precision, b.head_dim, b.mask, b.mask_keys), f"{a.name} is another class than {b.name}"),
             (not a.extras or a.even_d > b.even_d, f"{a.name} is no superset of {b.name}"))
@@ -160,7 +162,7 @@ AB_CALLS = CALLS + [
 
 
 def ab_pairs(before_source: str, calls=AB_CALLS, arch: int = ARCH) -> list[Pair]:
-    """Each call's variant in today's table, compiled from the folder `before_source` (another
+    """Each call's variant in the merged table, compiled from the folder `before_source` (another
     version of aot/flash_fwd.py, aot/flash_decode.py and/or aot/variants.py: the kernels, the
     tiles) and from aot/: the calls whose variant compiles with EDGE_LOOP."""
     table = _table(V.all_variants(), arch)

@@ -1,12 +1,12 @@
-"""What merging the rare shape classes (issue #23) costs at run time, on a GPU machine.
+"""What merging the rare shape classes into superset variants costs at run time, on a GPU machine.
 
 The build compiles fp32, fp16/bf16 at head dims 32 and 256 and inexact head dims only as superset
 variants (aot/variants.py superset_only, edge_loop): the extras variant run with neutral arguments,
 for fp32 prefill the masked-head-dim one, both boundary key ranges through one loop (EDGE_LOOP).
 For each call of experiments/merged_pairs.py (CALLS) this script compiles (a) the variant the
-build compiled for it BEFORE the merge (what the dispatcher picked from the unmerged product,
-`aot/build.py --unmerged`, with EDGE_LOOP off as the kernels had it then) and (b) the variant the
-build compiles NOW (what cpp/kernel_select.cc find_superset picks), both exactly as aot/build.py
+unmerged build compiles for it (what the dispatcher picks from the unmerged product,
+`aot/build.py --unmerged`, with EDGE_LOOP off) and (b) the variant the merged build
+compiles (what cpp/kernel_select.cc find_superset picks), both exactly as aot/build.py
 compiles them (its signature and hints, its tile, triton.compile, in parallel processes), checks both
 against the float64 reference of ort_flash/reference.py on fresh random data (outputs poisoned
 with NaN) and times both with triton.testing.do_bench, interleaved round by round. Prints a

@@ -1,8 +1,8 @@
 """How evenly a persistent grid's CTAs share a call's query tiles, by model, no GPU: each tile costs
 its key blocks plus a fixed overhead (--overhead, in blocks), and the CTAs take tiles
 
-  static:  round robin over every head's longest tile, then every head's next, ... (v14's
-           _cta_tile under causal),
+  static:  round robin over every head's longest tile, then every head's next, ...
+           (_cta_tile under causal),
   grid:    in a per-tile grid's launch order (head after head, each head's longest tile first)
            whenever a CTA frees up (what the hardware does with a CTA per tile),
   dynamic: as the CTAs free up, in _tile_of's order (heads in groups whose K/V take about 16 MB,

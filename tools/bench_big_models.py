@@ -1,11 +1,11 @@
-"""Wall time and peak RSS of ``ort-flash rewrite`` and ``verify`` on models of 0.5 to 6+ GB (#40).
+"""Wall time and peak RSS of ``ort-flash rewrite`` and ``verify`` on models of 0.5 to 6+ GB.
 
     python tools/bench_big_models.py --sizes 0.5 2 --dtypes float16 float32 --json big.json
 
 Each model is models/big_model.py's decoder (hidden 2048, 16 heads, FFN 5632; the layer count
 sets the size), written as model.onnx + model.onnx.data in --folder, rewritten and verified by
-the ``ort-flash`` of the Python running this script (``--python`` for another install, e.g. an
-older commit's), each command in a child that reports its own peak RSS. Files are deleted after
+the ``ort-flash`` of the Python running this script (``--python`` for another install, e.g. one
+built from another checkout), each command in a child that reports its own peak RSS. Files are deleted after
 each model. Prints a table and writes JSON; the goal column is 1 GB + 1.2 x the weights.
 """
 

@@ -1,4 +1,4 @@
-"""Decode: Sq = 1 (and 4) query tokens against a long KV cache (the decode issue's grid):
+"""Decode: Sq = 1 (and 4) query tokens against a long KV cache (the decode grid):
 fp16, Hq 32, Hkv 8, d 128, batch 1 … 32, cache 4k … 128k.
 
 The work is reading K and V once, so the figure of merit is the effective KV read bandwidth,
@@ -48,11 +48,11 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
     return g
 
 
-KEY_SHAPES = {(1, 4096), (1, 32768), (1, 131072), (8, 131072), (8, 4096), (32, 32768)}  # issue 7's
+KEY_SHAPES = {(1, 4096), (1, 32768), (1, 131072), (8, 131072), (8, 4096), (32, 32768)}  # the grid's named shapes
 
 
 def configs(g: dict) -> list[dict]:
-    """Sq = 1 shapes, the decode issue's named ones first (a time budget cuts from the end), the odd
+    """Sq = 1 shapes, the named ones (KEY_SHAPES) first (a time budget cuts from the end), the odd
     batches, then Sq = 4."""
     base = dict(dtype=g["dtype"], hq=g["hq"], hkv=g["hkv"], d=g["d"])
     pairs = sorted(itertools.product(g["batches"], g["caches"]), key=lambda bc: (bc not in KEY_SHAPES, bc[1], bc[0]))

@@ -11,7 +11,7 @@
 # declines. On the GPU this removes no kernel (a Reshape is a view) but the host-side work of
 # the merge's shape arithmetic, about eight CPU nodes a layer (Shape, Gather, Unsqueeze, Concat
 # and the two Reshapes), which a short sequence's run is bound by. Its declines are not reported:
-# the Reshapes then stay, as before (GPT-2's export also reads the split heads' shape, so its
+# the Reshapes then stay in the graph (GPT-2's export also reads the split heads' shape, so its
 # merge stays).
 from __future__ import annotations
 

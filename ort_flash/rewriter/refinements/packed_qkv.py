@@ -14,7 +14,8 @@
 #
 # The op's packed form (K and V omitted) reads Q, K and V as views into each token's row, so the
 # three GEMMs become one and the three bias Adds one, and nothing is copied. Every output element
-# of the packed MatMul is the same dot product as before (the weights' columns side by side).
+# of the packed MatMul is the dot product one of the three MatMuls computed (the weights' columns
+# side by side).
 # Proven: x is the same value for all three, the weights and biases are constants (initializers
 # that are not graph inputs, or Constant nodes) of shapes (hidden, H * D) and (H * D,), every intermediate feeds only its
 # successor here, and D is a multiple of 8 (the packed layout's alignment). Self-attention only:
