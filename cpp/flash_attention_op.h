@@ -1,6 +1,7 @@
 // The ort_flash::FlashAttention custom op (domain "ort_flash", version 1), one registration per
 // (execution provider, Q element type). Inputs, outputs and attributes follow ONNX Attention
-// (opset 25); see ../shared/DESIGN.md and cpp/flash_params.h.
+// (opset 25); see docs/op-and-rewriter.md ("The op: ort_flash::FlashAttention") and
+// cpp/flash_params.h.
 #pragma once
 
 #define ORT_API_MANUAL_INIT

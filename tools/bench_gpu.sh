@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One GPU-machine call for `ort-flash bench`: install the carried onnxruntime-gpu, build ort_flash
-# for sm_90 (the same first steps as tools/gpu_session.sh, without its tests and demo), run the
-# benchmark inside what is left of a deadline, and render the report. Everything lands in $OUT:
+# One GPU-machine call for `ort-flash bench`: tools/gpu_env.sh (the Python's onnxruntime-gpu, or one
+# carried beside the tree), build ort_flash for sm_90 (ORT_FLASH_CUDA_ARCHS; the same first steps
+# as tools/gpu_session.sh, without its tests and demo), run the benchmark inside what is left of
+# a deadline, and render the report. Everything lands in $OUT:
 #   bench-gpu.json (+ bench-gpu.<suite>.json per suite, written as they go), bench.log, build.log,
 #   docs/PERFORMANCE.md, docs/performance/*.png and docs/performance/bench-gpu.json (copy docs/
 #   back into the repository; `python -m ort_flash.bench.report` rebuilds the page from the JSON).
@@ -11,7 +12,8 @@
 #   bash tools/bench_gpu.sh --suite decode_e2e       # the 16-layer LLaMA-style decode step, past 1k-32k
 #   BENCH_DEADLINE_S=560 bash tools/bench_gpu.sh --suite all --e2e-layers 4
 # BENCH_DEADLINE_S (default 540) is counted from the start of this script, build included.
-# Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers),
+# Used where present (git-ignored; tools/README.md, "A machine without network"): .ortgpu0-4
+# (the onnxruntime-gpu wheel in parts), .orth (ORT headers, needed),
 # optionally .gpucache (tools/stage_gpu_cache.sh: compiled cubins and model exports).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One GPU-machine session: install the carried onnxruntime-gpu, build ort_flash for sm_90 with
-# the machine's Python, run the GPU test suite, `ort-flash demo` and the given extra commands.
+# One GPU-machine session: tools/gpu_env.sh (the Python's onnxruntime-gpu, or one carried beside
+# the tree), build ort_flash for sm_90 (ORT_FLASH_CUDA_ARCHS) with the machine's Python, run the
+# GPU test suite, `ort-flash demo` and the given extra commands.
 # Logs land in $OUT. Run from the repository root on the device machine:
 #   bash tools/gpu_session.sh [extra command ...]
-# Carried (git-ignored): .ortgpu0-4 (../shared/gpu/stage-ort-gpu.sh), .orth (ORT headers),
+# Used where present (git-ignored; tools/README.md, "A machine without network"): .ortgpu0-4
+# (the onnxruntime-gpu wheel in parts), .orth (ORT headers, needed),
 # optionally .gpucache and .gpumodels (tools/stage_gpu_cache.sh: compiled cubins, model exports).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

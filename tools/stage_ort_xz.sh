@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Packs onnxruntime-gpu for the offline GPU machine in 4 transfers instead of the 5 wheel parts of
-# ../shared/gpu/stage-ort-gpu.sh: the wheel's files as one xz tar (about 204 MB for 1.31.1, against
+# Packs onnxruntime-gpu for a GPU machine without network in 4 transfers instead of the wheel in 5
+# parts (.ortgpu0-4, tools/README.md): the wheel's files as one xz tar (about 204 MB for 1.31.1, against
 # 256 MB zipped), split into .ortgpux0 … .ortgpux3 (git-ignored by the same /.ortgpu*/ pattern), each
 # about 49 MiB so that it fits one call's 64 MiB beside the tree. tools/gpu_env.sh joins and
-# unpacks them into /tmp/ortsite when all four are there. Run from the project's root after
-# stage-ort-gpu.sh has downloaded the wheel (it is read from that script's cache); xz takes about
-# 3 minutes on 2 cores.
+# unpacks them into /tmp/ortsite when all four are there. Run from the project's root with the
+# wheel in ~/.cache/ort-gpu-wheel/ (e.g. pip download --no-deps --only-binary :all: --python-version
+# 3.12 --platform manylinux_2_28_x86_64 -d ~/.cache/ort-gpu-wheel onnxruntime-gpu==1.31.1); xz
+# takes about 3 minutes on 2 cores.
 set -euo pipefail
 version=${ORT_GPU_VERSION:-1.31.1}
 whl=$(ls "${XDG_CACHE_HOME:-$HOME/.cache}"/ort-gpu-wheel/onnxruntime_gpu-"$version"-cp312-*.whl | head -n1)
