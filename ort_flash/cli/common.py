@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 
+from ort_flash.rewriter.external_data import write_atomic  # noqa: F401 (the commands write through it)
 from ort_flash.rewriter.model_io import ModelLoadError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_NOTHING_FUSED = 0, 1, 2, 3
@@ -68,33 +69,6 @@ def check_writable(path: str) -> None:
         raise ModelLoadError(f"{path}: cannot write there: {e.strerror or e}") from None
     os.close(fd)
     os.unlink(probe)
-
-
-def write_atomic(path: str, write, before_replace=None) -> None:
-    """Write through a temp file in the same folder, then os.replace: never a half-written file.
-    ``before_replace``: called after the write, before the file takes its name."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    except OSError as e:  # name the file asked for, not the temp file
-        raise OSError(e.errno, f"{path}: cannot write there: {e.strerror}") from None
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        write(tmp)
-        if before_replace is not None:
-            before_replace()
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise OSError(e.errno, f"{path}: cannot write there: {e.strerror or e}") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_text(path: str, text: str) -> None:

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import textwrap
 
 from ort_flash.cli.common import (
@@ -236,32 +235,13 @@ def _rewrite_optimum(args: argparse.Namespace, model_type: str | None) -> int:
 
 
 def write_model(result, output: str) -> str | None:
-    """Write ``result.model`` to ``output`` (and its weights to ``output + ".data"`` where the
-    input kept them as external data, or the model would pass 2 GB: ``external_data.save``),
-    both through temp files in the output's folder, so that a failure leaves neither. Returns
-    the data file's path, or None."""
+    """Write ``result.model`` (a RewriteResult's or an OrtFusionsResult's) to ``output``, and its
+    weights to ``output + ".data"`` where the input kept them as external data or the model would
+    pass 2 GB: ``external_data.save_atomic``, what ``RewriteResult.save`` writes with, so that a
+    failure leaves neither file. Returns the data file's path, or None."""
     from ort_flash.rewriter import external_data
 
-    written = []
-
-    def graph(path):
-        written.append(external_data.save(result.model, path, result.base_dir,
-                                          external=result.external, name=output,
-                                          data_path=data_tmp))
-
-    data_path = output + ".data"
-    folder = os.path.dirname(os.path.abspath(output))
-    fd, data_tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(data_path)}.", suffix=".tmp")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(data_tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-    try:
-        write_atomic(output, graph, before_replace=lambda: written[0] and os.replace(data_tmp, data_path))
-    finally:
-        if os.path.exists(data_tmp):
-            os.unlink(data_tmp)
-    return data_path if written and written[0] else None
+    return external_data.save_atomic(result.model, output, result.base_dir, external=result.external)
 
 
 def _gb(size: int) -> str:

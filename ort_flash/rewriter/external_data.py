@@ -10,11 +10,17 @@ the kernel (``os.copy_file_range``, no pass through this process's memory), new 
 initializers are written after them, each at an offset aligned to 64 KiB (so that ONNX Runtime
 can map it rather than read it). The output never refers to the input's files: it can be moved,
 and the input can be deleted. A model with no external data is written as one file, unless it would pass protobuf's 2 GB limit; then it is written with a data file too.
+
+``save_atomic`` (what ``RewriteResult.save`` and ``ort-flash rewrite`` use) writes both files as
+temp files in the output's folder and gives them their names only once both are complete: a
+failure leaves no new or half-written file, an existing output keeps its content, and the model
+keeps referring to its input's weights. ``write_atomic`` is the same for any one file.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 import onnx
 from onnx import external_data_helper as edh
@@ -112,8 +118,9 @@ def save(model: onnx.ModelProto, path: str, base_dir: str = "", *, external: boo
     ``needs_data_file``, the weights go to ``data_path`` (default ``path + ".data"``), referred to
     by the name ``data_file_name(path)``, as the module docstring says; as onnx.save_model with
     external data does, ``model``'s tensors then refer to that file (their raw bytes leave
-    memory). ``external``: write a data file anyway (the input had one). Returns the data
-    file's path, or None where the model was written as one file."""
+    memory; where the graph's write fails they get their data back). ``external``: write a data
+    file anyway (the input had one). Returns the data file's path, or None where the model was
+    written as one file. Not atomic: ``save_atomic`` is."""
     if not (external or needs_data_file(model)):
         onnx.save_model(model, path)
         return None
@@ -140,13 +147,93 @@ def save(model: onnx.ModelProto, path: str, base_dir: str = "", *, external: boo
     finally:
         for src in sources.values():
             src.close()
+    before = [([(e.key, e.value) for e in tensor.external_data], tensor.data_location)
+              for tensor, _, _ in placed]
     for tensor, offset, length in placed:
         if not tensor.HasField("raw_data"):
             tensor.raw_data = b""  # set_external_data asks for the field
         edh.set_external_data(tensor, location, offset, length)
         tensor.ClearField("raw_data")
-    onnx.save_model(model, path)
+    try:
+        onnx.save_model(model, path)
+    except BaseException:
+        _undo(placed, before, data_path)
+        raise
     return data_path
+
+
+def _undo(placed: list, before: list, data_path: str) -> None:
+    """Give the tensors ``save`` moved into ``data_path`` their former data back: the external
+    references they had, or their bytes, read back from ``data_path`` (the graph's write failed)."""
+    with open(data_path, "rb") as data:
+        for (tensor, offset, length), (entries, location) in zip(placed, before):
+            del tensor.external_data[:]
+            for key, value in entries:
+                tensor.external_data.add(key=key, value=value)
+            tensor.data_location = location
+            if location != onnx.TensorProto.EXTERNAL:
+                data.seek(offset)
+                tensor.raw_data = data.read(length)
+
+
+def save_atomic(model: onnx.ModelProto, path: str, base_dir: str = "", *,
+                external: bool = False) -> str | None:
+    """``save`` as the module docstring says: through temp files in ``path``'s folder, the data
+    file (where one is written) renamed to ``path + ".data"`` first, then the graph that refers
+    to it to ``path``. Where anything fails, both temp files are removed, nothing at ``path`` or
+    its data file changes, and ``model`` is as it was; an OSError names ``path``. Returns the
+    data file's path, or None."""
+    data_path = path + ".data"
+    data_tmp = _temp_beside(data_path)
+    written = []
+
+    def graph(tmp: str) -> None:
+        written.append(save(model, tmp, base_dir, external=external, name=path, data_path=data_tmp))
+
+    try:
+        write_atomic(path, graph, before_replace=lambda: written[0] and os.replace(data_tmp, data_path))
+    finally:
+        _remove(data_tmp)
+    return data_path if written[0] else None
+
+
+def write_atomic(path: str, write, before_replace=None) -> None:
+    """Write ``path`` through a temp file in its folder, then ``os.replace``: the file appears
+    whole or not at all. ``write(tmp_path)`` writes the content; ``before_replace()``, where
+    given, runs after it, just before the file takes its name. An OSError names ``path``."""
+    tmp = _temp_beside(path)
+    try:
+        write(tmp)
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise OSError(e.errno, f"{path}: cannot write there: {e.strerror or e}") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _temp_beside(path: str) -> str:
+    """An empty temp file in ``path``'s folder, with the mode a new file gets there."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as e:  # name the file asked for, not the temp file
+        raise OSError(e.errno, f"{path}: cannot write there: {e.strerror or e}") from None
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
+    return tmp
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _pad(out) -> int:

@@ -97,11 +97,14 @@ class RewriteResult:
     external: bool = False  # the input kept its weights as external data: so does the output
 
     def save(self, path: str | os.PathLike) -> str | None:
-        """Write the model (``external_data.save``): one file, or with ``path + ".data"`` where
-        its weights are external or it would pass 2 GB. Returns the data file's path, or None.
-        Afterwards ``model`` refers to the written data file."""
+        """Write the model (``external_data.save_atomic``): one file, or with ``path + ".data"``
+        where its weights are external or it would pass 2 GB. Atomic: both files are written as
+        temp files in ``path``'s folder and take their names once complete, so a failure leaves
+        no new or half-written file and an existing output as it was. Returns the data file's
+        path, or None. Afterwards ``model`` refers to the written data file (after a failure, to
+        the weights it referred to before)."""
         path = os.fspath(path)
-        data = external_data.save(self.model, path, self.base_dir, external=self.external)
+        data = external_data.save_atomic(self.model, path, self.base_dir, external=self.external)
         if data is not None:
             self.base_dir = os.path.dirname(os.path.abspath(path))
         return data
