@@ -1,10 +1,15 @@
-"""docs/ARCHITECTURE.md's table of environment variables against the code that reads them.
+"""docs/ARCHITECTURE.md against the repository: its table of environment variables against the
+code that reads them, and every file path and code symbol it names against the files.
 
 Every ``ORT_FLASH_*`` name the sources read from the environment (C/C++ ``getenv``, Python
 ``os.environ`` / ``os.getenv``, CMake ``$ENV{}``, scikit-build-core's ``env =`` in pyproject.toml,
 ``$NAME`` / ``${NAME...}`` in the shell scripts of tools/ and .ci/) must have a row in the table,
 and every row must name a variable something reads, in the files its "read by" cell names.
-Text only: no build needed.
+
+Every path in backticks outside the fenced drawings must exist, relative to the repository root
+(a bare file name: a file of that name, or one the code names, such as a generated file; a
+template such as ``cpp/<op>_op.cc``: its folder), and every symbol in backticks (an identifier,
+dotted or ``::``-qualified) must occur in the sources or build files. Text only: no build needed.
 """
 from __future__ import annotations
 
@@ -113,3 +118,120 @@ def test_every_row_is_read_where_it_says():
 def test_not_yet_merged_rows_exist():
     rows = table_rows()
     assert set(NOT_YET_MERGED) <= set(rows), "NOT_YET_MERGED names a variable with no row"
+
+
+# ---- every file path and code symbol the page names in backticks exists ------------------------
+
+# Where a symbol the page names must occur (as a whole word), read as text: the sources and the
+# build files, not the docs, and not this file.
+SYMBOL_SOURCES = ("aot", "cpp", "cmake", "ort_flash", "models", "tools", "experiments", "tests", "examples",
+                  ".ci", "CMakeLists.txt", "pyproject.toml")
+SYMBOL_SUFFIXES = {".py", ".h", ".cc", ".c", ".inc", ".cmake", ".txt", ".toml", ".sh", ".lds"}
+FILE_SUFFIX = re.compile(r"\.(?:py|cc|h|c|inc|cmake|sh|toml|txt|md|lds|S|json|so(?:\.\d+)?)$")
+SYMBOL = re.compile(r"[A-Za-z_][\w*]*(?:(?:\.|::)[A-Za-z_][\w*]*)*(?:\([\w, ]*\))?")
+# Prefixes of paths in a build folder (the page's BUILD, or the default build/): build outputs,
+# not files of the repository.
+BUILD_FOLDERS = ("BUILD/", "build/")
+
+
+def _inline_code(text: str) -> list[str]:
+    """The backtick spans of the page, fenced code blocks left out (they draw, they do not name)."""
+    prose, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            prose.append(line)
+    return re.findall(r"`([^`\n]+)`", "\n".join(prose))
+
+
+def _braces(token: str) -> list[str]:
+    """``a_{b,c}.cc`` -> ``a_b.cc``, ``a_c.cc``."""
+    m = re.search(r"\{([^{}]*,[^{}]*)\}", token)
+    if not m:
+        return [token]
+    return [x for part in m.group(1).split(",") for x in _braces(token[:m.start()] + part + token[m.end():])]
+
+
+def _symbol_text() -> str:
+    here = Path(__file__).resolve()
+    chunks = []
+    for entry in SYMBOL_SOURCES:
+        top = ROOT / entry
+        paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for path in paths:
+            if path.suffix in SYMBOL_SUFFIXES and path != here and "__pycache__" not in path.parts:
+                try:
+                    chunks.append(path.read_text(encoding="utf-8"))
+                except (UnicodeDecodeError, OSError):
+                    pass
+    return "\n".join(chunks)
+
+
+def _repo_files() -> set[str]:
+    return {p.relative_to(ROOT).as_posix() for entry in SYMBOL_SOURCES + ("docs",)
+            for p in ([ROOT / entry] if (ROOT / entry).is_file() else (ROOT / entry).rglob("*"))}
+
+
+def _word(name: str) -> re.Pattern:
+    """A whole-word match of ``name``; ``*`` stands for any identifier characters."""
+    return re.compile(r"(?<!\w)" + r"\w*".join(re.escape(p) for p in name.split("*")) + r"(?!\w)")
+
+
+def _path_problem(token: str, files: set[str], text: str) -> str | None:
+    if token.startswith(("$", "~", "http")):
+        return None  # a location outside the repository, from the environment
+    if token.startswith(BUILD_FOLDERS):  # a build output: its name must be what the build writes
+        name = token.rstrip("/").rsplit("/", 1)[-1]
+        return None if _word(name).search(text) else f"{token}: no source writes {name}"
+    rel = token.rstrip("/")
+    if token.endswith("/") and "/" not in rel:  # a folder: named from the repository root
+        return None if (ROOT / rel).is_dir() else f"{token}: no such folder (paths are relative to the repository root)"
+    if "<" in rel:  # a template (`cpp/<op>_op.cc`): the folder it goes in must exist
+        folder = rel[:rel.index("<")].rpartition("/")[0]
+        return None if (ROOT / folder).is_dir() else f"{token}: no folder {folder}"
+    if "/" in rel:
+        if "*" in rel:
+            rx = re.compile(re.escape(rel).replace(r"\*", r"[^/]*"))
+            return None if any(rx.fullmatch(f) for f in files) else f"{token}: no file matches"
+        return None if (ROOT / rel).exists() else f"{token}: no such file or folder (paths are relative to the repository root)"
+    # A bare file name: a file of that name somewhere, or one the code names (a generated file,
+    # a system library).
+    rx = re.compile(re.escape(rel).replace(r"\*", r"[^/]*"))
+    if any(rx.fullmatch(f.rsplit("/", 1)[-1]) for f in files) or _word(rel).search(text):
+        return None
+    return f"{token}: no file of that name, and no source names it"
+
+
+def doc_names() -> tuple[list[str], list[str]]:
+    """(paths, symbols) the page names in backticks: a span with a slash or a file suffix is a
+    path (a span with spaces, a command, contributes its path-like words); a span that reads as
+    an identifier, dotted or ``::``-qualified, with or without a call's ``()``, is a symbol;
+    anything else (values, commands, expressions) names neither."""
+    paths, symbols = [], []
+    for span in _inline_code(DOC.read_text(encoding="utf-8")):
+        words = span.split()
+        for word in words:
+            for token in _braces(word.strip(",;:()")):
+                if "/" in token or FILE_SUFFIX.search(token):
+                    paths.append(token)
+                elif len(words) == 1 and SYMBOL.fullmatch(token):
+                    symbols.append(token)
+    return paths, symbols
+
+
+def test_every_path_the_page_names_exists():
+    files, text = _repo_files(), _symbol_text()
+    problems = sorted({p for p in (_path_problem(t, files, text) for t in doc_names()[0]) if p})
+    assert not problems, "docs/ARCHITECTURE.md names paths that do not exist:\n" + "\n".join(problems)
+
+
+def test_every_symbol_the_page_names_exists():
+    text = _symbol_text()
+    missing = set()
+    for symbol in doc_names()[1]:
+        for part in re.split(r"\.|::", re.sub(r"\(.*\)$", "", symbol)):
+            if not _word(part).search(text):
+                missing.add(f"{symbol} ({part})" if part != symbol else symbol)
+    assert not missing, ("docs/ARCHITECTURE.md names symbols that no source file (.py, .h, .cc, "
+                         "build files) holds: " + ", ".join(sorted(missing)))

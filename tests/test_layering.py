@@ -1,4 +1,4 @@
-"""The imports between ort_flash's modules run one way (issue #42), and no source file is long.
+"""The imports between ort_flash's modules run one way, and no source file is long.
 
 The import graph is read from the sources with ast, nothing is imported: every ``import`` and
 ``from ... import`` of a module, at module level or inside a function, class or ``if``, is an
@@ -7,10 +7,10 @@ edge to the ort_flash module it names (``from ort_flash.x import y`` names the s
 Python also runs a package's ``__init__`` before any of its submodules; that step is the
 language's, not the code's, and is no edge.
 
-The floors of docs/ARCHITECTURE.md ("The rooms and what each may touch"), lowest first: a module
-may import its own floor and those below it, never one above. Inside the rewriter the rooms run
-the same way: the pipeline over fusions and refinements, refinements over the mask prover, all
-over the helper modules.
+The layers of docs/ARCHITECTURE.md ("Layers: what each part may import"), lowest first (FLOORS):
+a module may import its own layer and those below it, never one above. Inside the rewriter its
+parts (REWRITER_ROOMS) run the same way: the pipeline over fusions and refinements, refinements
+over the mask prover, all over the helper modules.
 """
 from __future__ import annotations
 
