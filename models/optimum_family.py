@@ -271,6 +271,33 @@ def venv_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("ORT_FLASH_OPTIMUM_VENV", default))
 
 
+def venv_ready() -> bool:
+    """Whether the pinned exporter environment is built (``venv_python`` would not build it)."""
+    root = venv_dir()
+    try:
+        marker = json.loads((root / "ort_flash-pinned.json").read_text())
+        return marker["pinned"] == _pinned() and (root / "bin" / "python").exists()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def missing_export(spec: OptimumSpec) -> str | None:
+    """Why ``export`` of ``spec`` cannot return here without building the exporter's environment,
+    in one line; None where the export is cached, prebuilt, or made by the exporter environment
+    already built. The CUDA tests ask first: a GPU machine is often offline, where building the
+    environment would only wait out pip's retries."""
+    if _found(spec) is not None:
+        return None
+    prebuilt = os.environ.get("ORT_FLASH_MODEL_PREBUILT")
+    if prebuilt:
+        where = "" if pathlib.Path(prebuilt).is_dir() else ", which is no folder"
+        return f"{spec.id} is not among the prebuilt exports in ORT_FLASH_MODEL_PREBUILT={prebuilt}{where}"
+    if venv_ready():
+        return None
+    return (f"no export of {spec.id} here: the Optimum exporter's environment ({venv_dir()}) is not "
+            "built, and ORT_FLASH_MODEL_PREBUILT names no folder of prebuilt exports")
+
+
 def venv_python() -> pathlib.Path:
     """The pinned environment's Python, building the environment first (once; under a lock, so
     concurrent callers wait) where it is absent or pins other versions. Its marker file holds
@@ -279,19 +306,12 @@ def venv_python() -> pathlib.Path:
     python = root / "bin" / "python"
     marker = root / "ort_flash-pinned.json"
     wanted = _pinned()
-
-    def ready() -> bool:
-        try:
-            return json.loads(marker.read_text())["pinned"] == wanted and python.exists()
-        except (OSError, ValueError, KeyError):
-            return False
-
-    if ready():
+    if venv_ready():
         return python
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f"{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if ready():
+        if venv_ready():
             return python
         shutil.rmtree(root, ignore_errors=True)
         start = time.monotonic()

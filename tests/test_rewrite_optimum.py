@@ -19,8 +19,10 @@ Where today's rewriter falls short, ``GAPS`` says which files and why (the rewri
 as strict xfails: the family tracks progress without going red, and a fix turns its xfail into
 a failure until its line here is removed. The float32 exports with the attention transformers
 picks (sdpa where it has it) run by default; eager attention and float16 on the CPU are ``slow``;
-the float16 files run on CUDA in the GPU suite (``gpu``). The export failures Optimum itself has
-are skipped with its message (recorded by ``models.optimum_family``). ``verify`` runs a merged
+the float16 files run on CUDA in the GPU suite (``gpu``), on exports cached, prebuilt
+(``ORT_FLASH_MODEL_PREBUILT``) or made by the exporter's environment already built, and skip
+naming what is missing where there is none. The export failures Optimum itself has are skipped
+with its message (recorded by ``models.optimum_family``). ``verify`` runs a merged
 decoder once per ``use_cache_branch`` value, and ViT/CLIP with their (B, 3, 32, 32) pixel_values
 (``shapes``). The first run builds the pinned environment and
 exports what the model cache lacks (minutes); the cache makes later runs quick.
@@ -29,6 +31,7 @@ exports what the model cache lacks (minutes); the cache makes later runs quick.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import sys
 
@@ -40,7 +43,7 @@ from models.optimum_coverage import (  # noqa: E402
     branches, compact, count_sites, load_error, verify_options,
 )
 from models.optimum_family import (  # noqa: E402
-    ExportFailure, OptimumSpec, attention_sites, export, export_all, specs,
+    ExportFailure, OptimumSpec, attention_sites, export, export_all, missing_export, specs,
 )
 
 pytest.importorskip("onnxruntime")
@@ -154,16 +157,29 @@ def test_same_function(spec, name, rewritten):
     assert branches(check) == (2 if name == "decoder_model_merged" else 1), check.format_table()
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:400]
+
+
+def cuda_export(spec: OptimumSpec, name: str):
+    """The file of ``spec``'s export that the CUDA test reads, or a skip whose one-line reason
+    names what is missing. It never builds the exporter's environment (``missing_export``)."""
+    reason = missing_export(spec)
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        return export(spec, name)
+    except ExportFailure as e:
+        pytest.skip(f"Optimum cannot export this configuration: {_one_line(e)}")
+    except (RuntimeError, OSError) as e:  # the exporter's run failed here (its worker, its torch)
+        pytest.skip(f"no export of {spec.id} here: {_one_line(e)}")
+
+
 @pytest.mark.parametrize("spec, name", list(_params("verify", gpu=True)))
 def test_rewritten_on_cuda(spec, name):
     """Every float16 file, rewritten both ways, in a CUDA session against the original on CUDA
     (``ORT_FLASH_MODEL_PREBUILT`` points a GPU machine at the exports CI made)."""
-    try:
-        model = onnx.load(export(spec, name))
-    except ExportFailure as e:
-        pytest.skip(f"Optimum cannot export this configuration: {e}")
-    except RuntimeError as e:  # a GPU machine without the CPU torch wheel the environment pins
-        pytest.skip(f"no export here (set ORT_FLASH_MODEL_PREBUILT to CI's model cache): {e}")
+    model = onnx.load(cuda_export(spec, name))
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     for exact in (True, False):
         result = rewrite(model, exact_masked_rows=exact)
@@ -211,3 +227,83 @@ def test_a_file_onnxruntime_cannot_load_is_recorded_beside_the_others(tmp_path, 
         export(spec, "decoder_model")
     with pytest.raises(ValueError, match="no file 'model'"):
         export(spec, "model")
+
+
+# ---- the CUDA tests' exports: found, or a skip naming what is missing --------------------------
+
+FP16 = OptimumSpec("gpt2", "text-generation", "float16")
+
+
+@pytest.fixture
+def bare_machine(tmp_path, monkeypatch):
+    """A machine with no cached export, no prebuilt ones and no exporter environment, which must
+    not build one."""
+    from models import optimum_family
+
+    monkeypatch.setenv("ORT_FLASH_MODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ORT_FLASH_OPTIMUM_VENV", str(tmp_path / "venv"))
+    monkeypatch.delenv("ORT_FLASH_MODEL_PREBUILT", raising=False)
+    monkeypatch.setattr(optimum_family, "venv_python", lambda: pytest.fail("built the exporter's environment"))
+    return tmp_path
+
+
+def _skip_reason(spec: OptimumSpec, name: str) -> str:
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        cuda_export(spec, name)
+    reason = str(skipped.value.msg)
+    assert "\n" not in reason, reason
+    return reason
+
+
+def test_cuda_export_skips_naming_the_exporter_and_the_prebuilt_exports(bare_machine):
+    reason = _skip_reason(FP16, "model")
+    assert FP16.id in reason and "exporter's environment" in reason and "ORT_FLASH_MODEL_PREBUILT" in reason
+    with pytest.raises(pytest.skip.Exception, match="exporter's environment"):  # the GPU test itself
+        test_rewritten_on_cuda(FP16, "model")
+
+
+@pytest.mark.parametrize("folder", ["empty", "absent"])
+def test_cuda_export_skips_naming_the_prebuilt_folder_that_lacks_it(bare_machine, monkeypatch, folder):
+    prebuilt = bare_machine / "prebuilt"
+    if folder == "empty":
+        prebuilt.mkdir()
+    monkeypatch.setenv("ORT_FLASH_MODEL_PREBUILT", str(prebuilt))
+    reason = _skip_reason(FP16, "model")
+    assert f"not among the prebuilt exports in ORT_FLASH_MODEL_PREBUILT={prebuilt}" in reason
+    assert ("no folder" in reason) == (folder == "absent")
+
+
+def test_cuda_export_reads_a_prebuilt_export(bare_machine, monkeypatch):
+    prebuilt = bare_machine / "prebuilt"
+    (prebuilt / f"{FP16.id}-0123456789ab").mkdir(parents=True)
+    (prebuilt / f"{FP16.id}-0123456789ab" / "model.onnx").write_bytes(b"an export CI made")
+    monkeypatch.setenv("ORT_FLASH_MODEL_PREBUILT", str(prebuilt))
+    assert cuda_export(FP16, "model") == prebuilt / f"{FP16.id}-0123456789ab" / "model.onnx"
+
+
+def test_cuda_export_skips_with_optimums_own_failure(bare_machine, monkeypatch):
+    prebuilt = bare_machine / "prebuilt"
+    prebuilt.mkdir()
+    (prebuilt / f"{FP16.id}-0123456789ab.failed").write_text(f"{FP16.id}: ValueError: no\nexport\n")
+    monkeypatch.setenv("ORT_FLASH_MODEL_PREBUILT", str(prebuilt))
+    assert _skip_reason(FP16, "model") == f"Optimum cannot export this configuration: {FP16.id}: ValueError: no export"
+
+
+def test_an_exporter_environment_already_built_is_used(bare_machine, monkeypatch):
+    """With the environment built, the export is made (here: its worker run fails, and that
+    failure is the skip's reason, in one line)."""
+    from models import optimum_family
+
+    venv = bare_machine / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / "ort_flash-pinned.json").write_text(json.dumps({"pinned": optimum_family._pinned()}))
+    assert optimum_family.venv_ready() and missing_export(FP16) is None
+    monkeypatch.setattr(optimum_family, "venv_python", lambda: venv / "bin" / "python")
+
+    def worker_fails(*args, **kwargs):
+        raise RuntimeError("optimum_worker.py exited 1: Traceback\nImportError: no torch")
+
+    monkeypatch.setattr(optimum_family.subprocess, "run", worker_fails)
+    assert _skip_reason(FP16, "model") == (f"no export of {FP16.id} here: optimum_worker.py exited 1: "
+                                           "Traceback ImportError: no torch")
