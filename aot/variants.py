@@ -107,10 +107,13 @@ GLUON_WS_LENGTHS = ws_lengths(GLUON_WS_GRIDS)
 # runs unmasked over it (MASK_PREFIX, aot/gluon_ws/mask_prefix.py). perf-notes prefill v8, v10
 # (which also states the one regression, a mask with holes at d64, as does the README).
 GLUON_WS_MASKS = {128: ("bool", "add"), 64: ("bool", "add")}
-# Head dims whose masked cubins also take causal calls, each from which min(Sq, Skv): below the
-# unmasked causal cubins' range too, since a masked call has no one-partition Gluon kernel and
-# would take the TMA kernel there (GroupQueryAttention's first prompt is always such a call).
-GLUON_WS_MASKED_CAUSAL = {128: 0, 64: 0}
+# Head dims whose masked cubins also take causal calls, each from which min(Sq, Skv) (a masked call
+# has no one-partition Gluon kernel: below that length the TMA kernel takes it; GroupQueryAttention's
+# first prompt is always such a call). d128 from 0: the warp-specialized cubin is at least even with
+# the TMA one from 128 keys; d64 from 2048: below it the TMA kernel is faster (GroupQueryAttention
+# prefill on an H100, 16k tokens: 0.70x the time at 128 keys, 0.91x at 512, 1.23x at 2048;
+# perf-notes "GroupQueryAttention prefill against the plain op").
+GLUON_WS_MASKED_CAUSAL = {128: 0, 64: 2048}
 # The masked cubins' lower bound where it lies above the unmasked ones' (GLUON_WS_LENGTHS): d64's
 # masked kernel was measured from 2048 keys only (perf-notes prefill v10).
 GLUON_WS_MASKED_FROM = {64: 2048}

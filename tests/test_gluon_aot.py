@@ -588,18 +588,20 @@ def test_dispatch_per_shape_rule(fixture_gluon, monkeypatch):
 def test_dispatch_key_vector_masks_on_the_shipped_table():
     """The shipped table: a key-vector mask at head dim 128 (bool or additive, causal or not, a
     per-head mask) runs the warp-specialized kernel's masked cubin over its range, causal ones at
-    every length, at head dim 64 too; at head dim 64 below the range (non-causal), with a full mask
-    or with ORT_FLASH_GLUON=0 the kernels it ran before."""
+    every length; at head dim 64 from 2048 keys, causal or not; at head dim 64 below that, with a
+    full mask or with ORT_FLASH_GLUON=0 the TMA or pointer kernels."""
     rows = _rows(90)
     for call, want in [(dict(mask=("bool", 0)), "_boolk"), (dict(mask=("add", 0), dtype="bfloat16"), "_addk"),
                        (dict(mask=("add", 0), causal=True, sq=4096, skv=4096), "_addk"),
                        (dict(mask=("add", 0), causal=True), "_addk"),
-                       (dict(mask=("bool", 0), causal=True, d=64, sq=130, skv=300), "_boolk"),
+                       (dict(mask=("bool", 0), causal=True, d=64, sq=2100, skv=2300), "_boolk"),
                        (dict(mask=("bool", 0), sq=16384, skv=16384), "_boolk")]:
         kind, name, fallback, _ = _kind(_params(**call), rows)
         assert kind == "fwd_gluon" and "gluon_ws" in name and want in name, (call, kind, name)
         assert fallback.startswith("flash_fwd_") and "gluon" not in fallback, fallback
-    for call, want in [(dict(mask=("bool", 0), d=64), "fwd_tma"), (dict(mask=("add", 1000)), "fwd")]:
+    for call, want in [(dict(mask=("bool", 0), d=64), "fwd_tma"), (dict(mask=("add", 1000)), "fwd"),
+                       (dict(mask=("bool", 0), causal=True, d=64, sq=130, skv=300), "fwd_tma"),
+                       (dict(mask=("bool", 0), causal=True, d=64, sq=2047, skv=2047), "fwd_tma")]:
         kind, name, *_ = _kind(_params(**call), rows)
         assert kind == want and "gluon" not in name, (call, kind, name)
     off = _plans_in_subprocess(rows, [dict(mask=("bool", 0))], ORT_FLASH_GLUON="0")
