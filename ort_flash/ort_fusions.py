@@ -53,6 +53,9 @@ from ort_flash.rewriter.model_io import load
 # ONNX Runtime's optimizer model types this was checked with (``gpt2`` also serves LLaMA-style
 # decoders, as in the e2e benchmark).
 MODEL_TYPES = ("bert", "gpt2")
+# The choices of ``rewrite_default`` (the CLI's ``--ort-fusions``): "auto" runs the optimizer's
+# ``bert`` fusions for an encoder (``auto_model_type``), "none" never runs the optimizer.
+CHOICES = ("auto", "none") + MODEL_TYPES
 
 
 class OrtFusionError(RuntimeError):
@@ -125,6 +128,57 @@ def rewrite(model_or_path: onnx.ModelProto | str | os.PathLike, model_type: str,
     result = flash_rewrite(model, **rewrite_options)
     return OrtFusionsResult(model=result.model, report=result.report, model_type=model_type,
                             ort_fused=fused, float16=float16, external=external or result.external)
+
+
+def auto_model_type(model: onnx.ModelProto, report: RewriteReport) -> str | None:
+    """The model type ``rewrite_default`` runs ONNX Runtime's optimizer with by itself: ``bert`` for
+    an encoder whose LayerNorm or Gelu the graph computes from its parts (``suggested_model_type``),
+    None otherwise. Decoders are left to an explicit ``--ort-fusions gpt2``: the optimizer's
+    RotaryEmbedding fusion of some LLaMA exports takes position ids of batch 1 only."""
+    return "bert" if suggested_model_type(model, report) == "bert" else None
+
+
+@dataclasses.dataclass
+class DefaultRewrite:
+    """What ``rewrite_default`` did: ``result`` (a RewriteResult, or an OrtFusionsResult where ONNX
+    Runtime's optimizer ran) and ``note``: one line on the path taken where the choice was
+    "auto" and it mattered, else None."""
+    result: object
+    note: str | None = None
+
+    @property
+    def ort_fusions(self) -> OrtFusionsResult | None:
+        return self.result if isinstance(self.result, OrtFusionsResult) else None
+
+
+def rewrite_default(model_or_path: onnx.ModelProto | str | os.PathLike, choice: str = "auto", *,
+                    float16: bool = False, **rewrite_options) -> DefaultRewrite:
+    """The rewrite ``ort-flash rewrite`` runs: ``choice`` "none" is ``ort_flash.rewrite`` alone, a
+    model type (``MODEL_TYPES``) ``rewrite`` after the optimizer; "auto" (the default) rewrites the
+    attention, and where ``auto_model_type`` names an encoder ONNX Runtime's optimizer knows, runs
+    the optimizer's fusions with it, keeping the plain rewrite (and saying why) where the optimizer
+    fails or its graph leaves attention unfused that the plain rewrite fused."""
+    if choice not in CHOICES:
+        raise ValueError(f"choice must be one of {', '.join(CHOICES)}, not {choice!r}")
+    if float16 and choice not in MODEL_TYPES:
+        raise ValueError("float16 converts between ONNX Runtime's optimizer and the rewrite: it needs a model type")
+    if choice in MODEL_TYPES:
+        return DefaultRewrite(rewrite(model_or_path, choice, float16=float16, **rewrite_options))
+    plain = flash_rewrite(model_or_path, **rewrite_options)
+    model_type = auto_model_type(plain.model, plain.report) if choice == "auto" else None
+    if model_type is None:
+        return DefaultRewrite(plain)
+    try:
+        fused = rewrite(model_or_path, model_type, **rewrite_options)
+    except OrtFusionError as e:
+        return DefaultRewrite(plain, f"note: {e}; the attention rewrite alone was kept")
+    if fused.report.total_fused < plain.report.total_fused:
+        return DefaultRewrite(plain, f"note: after ONNX Runtime's {model_type} fusions {fused.report.total_fused} "
+                                     f"attention(s) fuse, {plain.report.total_fused} without: the attention "
+                                     "rewrite alone was kept")
+    return DefaultRewrite(fused, f"note: an encoder ONNX Runtime's optimizer knows: its {model_type} fusions "
+                                 "(LayerNorm, SkipLayerNorm, Gelu) ran with the attention rewrite "
+                                 "(`--ort-fusions none`: the attention rewrite alone)")
 
 
 def _fuse_embeddings(opt) -> None:

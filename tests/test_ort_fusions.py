@@ -161,3 +161,66 @@ def test_rewrite_suggests_ort_fusions(ops, fused, expected):
     nodes = [helper.make_node(op, ["x"], [f"y{i}"]) for i, op in enumerate(ops)]
     model = helper.make_model(helper.make_graph(nodes, "g", [], []))
     assert suggested_model_type(model, RewriteReport(fused=fused)) == expected
+
+
+def _bert_export() -> str:
+    """The model families' tiny BERT (TorchScript, eager, float32), exported once into the cache."""
+    import os
+    import sys
+
+    pytest.importorskip("torch", reason="torch exports the model family (test dependency)")
+    pytest.importorskip("transformers", reason="transformers builds the model family")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from models.families import ExportFailure, export, specs
+
+    spec = next(s for s in specs() if s.family == "bert" and s.exporter == "torchscript"
+                and s.attn == "eager" and s.dtype == "float32")
+    try:
+        return str(export(spec))
+    except ExportFailure as e:
+        pytest.skip(f"the exporter cannot export this configuration: {e}")
+
+
+def test_cli_default_runs_ort_fusions_on_an_encoder(tmp_path, capsys):
+    """`ort-flash rewrite` with no flag on an encoder ONNX Runtime's optimizer knows (BERT): its
+    bert fusions run with the attention rewrite, the output says so and how to opt out, the
+    report records them, and the model computes the original's function; `--ort-fusions none`
+    rewrites the attention alone."""
+    source = _bert_export()
+    out, report = tmp_path / "bert.flash.onnx", tmp_path / "r.json"
+    assert main(["rewrite", source, "-o", str(out), "--report", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "an encoder ONNX Runtime's optimizer knows" in printed and "--ort-fusions none" in printed
+    doc = json.loads(report.read_text())
+    assert doc["ort_fusions"]["model_type"] == "bert" and doc["unfused"] == []
+    assert any("LayerNormalization" in op for op in doc["ort_fusions"]["fused"]), doc["ort_fusions"]
+    ops = collections.Counter(n.op_type for n in onnx.load(out).graph.node)
+    assert ops["FlashAttention"] == len(doc["fused"]) > 0 and ops["Softmax"] == 0, ops
+    assert main(["verify", source, str(out), "--seed", "0"]) == 0, capsys.readouterr()
+
+    plain = tmp_path / "bert.plain.onnx"
+    capsys.readouterr()
+    assert main(["rewrite", source, "-o", str(plain), "--ort-fusions", "none"]) == 0
+    assert "ONNX Runtime's optimizer" not in capsys.readouterr().out
+    ops = collections.Counter(n.op_type for n in onnx.load(plain).graph.node)
+    assert ops["FlashAttention"] > 0 and ops["SkipLayerNormalization"] == 0, ops
+
+
+def test_default_keeps_the_attention_rewrite_when_the_optimizer_fails(monkeypatch):
+    """"auto" where ONNX Runtime's optimizer fails on the encoder: the attention rewrite alone,
+    with a one-line note saying why; an explicit model type still fails with the optimizer's
+    error; a decoder (GPT-2) never gets the optimizer by default."""
+    source = _bert_export()
+
+    def fails(*args, **kwargs):
+        raise ort_fusions.OrtFusionError("ONNX Runtime's optimizer (model_type bert) failed: ValueError: boom")
+    monkeypatch.setattr(ort_fusions, "optimize", fails)
+    done = ort_fusions.rewrite_default(source)
+    assert done.ort_fusions is None and done.result.report.total_fused > 0
+    assert done.note.count("\n") == 0 and "boom" in done.note and "attention rewrite alone" in done.note
+    with pytest.raises(ort_fusions.OrtFusionError):
+        ort_fusions.rewrite_default(source, "bert")
+    gpt2 = ort_fusions.rewrite_default(demo_path())
+    assert gpt2.ort_fusions is None and gpt2.note is None and gpt2.result.report.total_fused > 0
+    with pytest.raises(ValueError):
+        ort_fusions.rewrite_default(source, "auto", float16=True)

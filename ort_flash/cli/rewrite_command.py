@@ -19,6 +19,7 @@ import textwrap
 from ort_flash.cli.common import (
     EXIT_NOTHING_FUSED, EXIT_OK, check_writable, same_file, user_error, write_atomic, write_text,
 )
+from ort_flash.ort_fusions import CHOICES as ORT_FUSION_CHOICES
 from ort_flash.ort_fusions import MODEL_TYPES as ORT_MODEL_TYPES
 from ort_flash.rewriter.model_io import ModelLoadError
 
@@ -52,10 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fp32-precision", choices=("ieee", "tf32"), default="ieee",
         help="float32 models on the GPU: exact IEEE dots (default) or faster TF32 dots (opt-in)")
     parser.add_argument(
-        "--ort-fusions", metavar="MODEL_TYPE", choices=ORT_MODEL_TYPES,
-        help="first run ONNX Runtime's transformer optimizer (onnxruntime.transformers, opt_level 0) "
-             "with its attention fusion off, for its other fusions (LayerNorm, SkipLayerNorm, Gelu, "
-             f"...), then fuse attention; MODEL_TYPE: {' or '.join(ORT_MODEL_TYPES)} (gpt2 also for "
+        "--ort-fusions", metavar="MODEL_TYPE", choices=ORT_FUSION_CHOICES, default="auto",
+        help="ONNX Runtime's transformer optimizer (onnxruntime.transformers, opt_level 0) with its "
+             "attention fusion off, for its other fusions (LayerNorm, SkipLayerNorm, Gelu, ...), "
+             "before the attention rewrite: auto (the default) runs its bert fusions on an encoder it "
+             f"knows (BERT, RoBERTa, ViT, ...) and says so; none never runs it; "
+             f"{' or '.join(ORT_MODEL_TYPES)} always runs it with that model type (gpt2 also for "
              "LLaMA-style decoders). Best on a float32 model (ORT's fusions match float32 graphs)")
     parser.add_argument(
         "--float16", action="store_true",
@@ -78,10 +81,10 @@ def run(args: argparse.Namespace) -> int:
     from ort_flash.progress import Progress, wanted
     from ort_flash.rewriter import RewriteRefusedError
 
-    model_type = getattr(args, "ort_fusions", None)
-    if getattr(args, "float16", False) and not model_type:
+    model_type = getattr(args, "ort_fusions", None) or "auto"
+    if getattr(args, "float16", False) and model_type not in ORT_MODEL_TYPES:
         return user_error("--float16 converts between ONNX Runtime's optimizer and the rewrite: "
-                           "it needs --ort-fusions")
+                           f"it needs --ort-fusions {' or '.join(ORT_MODEL_TYPES)}")
     from ort_flash import genai
 
     from ort_flash import optimum
@@ -101,8 +104,9 @@ def run(args: argparse.Namespace) -> int:
             if args.report:
                 check_writable(args.report)
             progress("loading")
-            result = _rewrite_file(source, args, model_type, progress=progress)
-            if model_type:
+            done = _rewrite_file(source, args, model_type, progress=progress)
+            result = done.result
+            if done.ort_fusions:
                 summary = "\n".join(textwrap.wrap(result.summary(), 100, subsequent_indent="  "))
                 report = json.dumps({**result.report.to_dict(), "ort_fusions": result.to_dict()}, indent=2)
             else:
@@ -111,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
             if summary:
                 print(summary)
             print(result.report.format_table())
-            suggestion = None if model_type else ort_fusions.suggested_model_type(result.model, result.report)
+            if done.note:
+                print("\n".join(textwrap.wrap(done.note, 100, subsequent_indent="  ")))
+            suggestion = (ort_fusions.suggested_model_type(result.model, result.report)
+                          if model_type == "auto" and not done.ort_fusions and not done.note else None)
             if suggestion:
                 print(f"note: this model still computes LayerNorm / Gelu from their parts, which ONNX Runtime's "
                       f"optimizer fuses; `--ort-fusions {suggestion}` adds those fusions to the attention "
@@ -172,26 +179,24 @@ def _genai_folder(source: str, output: str):
     return None
 
 
-def _rewrite_file(source: str, args: argparse.Namespace, model_type: str | None, progress=None):
-    """``ort_flash.rewrite`` of one model file with the command's options, after ONNX Runtime's
-    optimizer where ``--ort-fusions`` names a model type."""
+def _rewrite_file(source: str, args: argparse.Namespace, model_type: str, progress=None):
+    """``ort_fusions.rewrite_default`` of one model file with the command's options: the attention
+    rewrite, after ONNX Runtime's optimizer where ``--ort-fusions`` names a model type or "auto"
+    finds an encoder it knows."""
     from ort_flash import ort_fusions
-    from ort_flash.rewriter import rewrite
 
     options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
                    fp32_precision=getattr(args, "fp32_precision", "ieee"),
                    gqa_cuda=getattr(args, "gqa_cuda", None), progress=progress)
-    if not model_type:
-        return rewrite(source, **options)
     with _optimizer_messages_in_our_terms(model_type):
-        return ort_fusions.rewrite(source, model_type, float16=getattr(args, "float16", False), **options)
+        return ort_fusions.rewrite_default(source, model_type, float16=getattr(args, "float16", False), **options)
 
 
 class _NothingFused(Exception):
     pass
 
 
-def _rewrite_optimum(args: argparse.Namespace, model_type: str | None) -> int:
+def _rewrite_optimum(args: argparse.Namespace, model_type: str) -> int:
     """``ort-flash rewrite`` of an Optimum export folder: each ONNX file as a model of its own (its
     report under its name), every other file copied; nothing written where any file fails, or,
     with --require-fusion, where no file had attention to fuse."""
@@ -202,9 +207,12 @@ def _rewrite_optimum(args: argparse.Namespace, model_type: str | None) -> int:
     reports, fused = {}, {}
 
     def write(source, output):
-        result = _rewrite_file(str(source), args, model_type)
+        done = _rewrite_file(str(source), args, model_type)
+        result = done.result
         print(f"== {source.name}")
         print(result.report.format_table())
+        if done.note:
+            print(done.note)
         reports[source.name] = result.report.to_dict()
         fused[source.name] = result.report.total_fused
         if len(fused) == len(files) and not any(fused.values()) and getattr(args, "require_fusion", False):
@@ -260,7 +268,8 @@ def _optimizer_messages_in_our_terms(model_type: str):
         if "Please specify correct --model_type" in text:
             found = re.search(r'Expected "(.*?)", Got "(.*?)"', text)
             expected, got = found.groups() if found else ("?", "?")
-            record.msg = (f"ort-flash: note: --ort-fusions {model_type} runs ONNX Runtime's optimizer "
+            flag = "auto (an encoder: bert)" if model_type == "auto" else model_type
+            record.msg = (f"ort-flash: note: --ort-fusions {flag} runs ONNX Runtime's optimizer "
                           f"for models exported by {expected!r}; this model's producer is {got!r}. It "
                           "ran anyway: its fused counts are below (another --ort-fusions value may "
                           "match more)")
