@@ -60,6 +60,17 @@ def workdir(tmp_path) -> Path:
     return tmp_path
 
 
+def test_readme_is_a_guide_without_history():
+    """At most 250 lines, and no commit hash, issue number or link out of the repository: the runs
+    behind its figures are named by date and machine, their history lives in docs/perf-notes.md."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250, len(text.splitlines())
+    assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", text)
+    assert not re.findall(r"(?<![\w&])#\d{2,3}\b", text) and "../" not in text
+
+
 def test_every_block_is_run_by_a_test():
     for section, lang, text in readme_blocks():
         if section == "Quick start":
