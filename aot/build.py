@@ -5,10 +5,15 @@ Runs at package build time on a machine with no GPU: `triton.compile` with an ex
 (kernel source, Triton version, variant, tile config, arch), so unchanged kernels are not
 recompiled across builds.
 
-    python -m aot.build --archs 80,90 --out BUILD/aot [--cache DIR] [--jobs N]
+    python -m aot.build --archs 80,90 --out BUILD/aot [--cache DIR] [--jobs N] [--gluon-ws-on NAMES]
 
 Writes into --out: one .cubin per (variant, arch), `kernels.gen.S` (embeds them with .incbin),
 `kernel_table.gen.cc` (the table cpp/kernel_registry.cc searches) and `manifest.json`.
+
+The table is aot/variants.py's as shipped, or with --gluon-ws-on (default: the environment
+variable ORT_FLASH_GLUON_WS_ON, which the CMake step passes through) the named candidate grids of
+the warp-specialized kernel (variants.GLUON_WS_CANDIDATES) in place of the shipped ones: a
+development build that measures them without an edit.
 """
 from __future__ import annotations
 
@@ -28,7 +33,8 @@ from pathlib import Path
 from . import compile_pool, contract, flash_decode, flash_fwd, gqa_prepare, variants
 from .contract import TMA_ARGS, TMA_KINDS, TMA_RANK
 from .variants import (DTYPE_CODES, GQA_KINDS, KIND_CODES, MASK_KINDS, PRECISION_CODES, TRITON_VERSION,
-                       TileConfig, Variant, all_combinations, all_variants, edge_loop, get_fwd_config)
+                       TileConfig, Variant, all_combinations, all_variants, edge_loop, get_fwd_config,
+                       with_candidates)
 
 # The kernel each variant kind compiles.
 KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
@@ -376,6 +382,14 @@ def write_outputs(out: Path, metas: list[dict], variants: dict[str, Variant]):
         {"triton": TRITON_VERSION, "source_sha256": source_hash(), "kernels": metas}, indent=1))
 
 
+def candidate_grids(names: str) -> dict | None:
+    """The warp-specialized kernel's grids a build with candidate grids `names` (comma-separated,
+    --gluon-ws-on) compiles, for the table functions' `grids`: None (the shipped table) where
+    `names` names none; ValueError for a name that is not a candidate."""
+    listed = [n for n in names.replace(" ", "").split(",") if n]
+    return with_candidates(listed) if listed else None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default="80,90", help="comma-separated SM versions, e.g. 80,90")
@@ -391,7 +405,15 @@ def main(argv=None) -> int:
                     help="every combination, also those a superset variant serves (measurements)")
     ap.add_argument("--profile", type=Path, metavar="JSON",
                     help="write each kernel's seconds per Triton stage here")
+    ap.add_argument("--gluon-ws-on", metavar="NAMES", default=os.environ.get("ORT_FLASH_GLUON_WS_ON", ""),
+                    help="comma-separated candidate grids of the warp-specialized kernel (aot/variants.py "
+                         "GLUON_WS_CANDIDATES) in place of the shipped ones, for a development build "
+                         "(default: $ORT_FLASH_GLUON_WS_ON; empty: the shipped table)")
     args = ap.parse_args(argv)
+    try:
+        grids = candidate_grids(args.gluon_ws_on)
+    except ValueError as e:
+        ap.error(f"--gluon-ws-on / ORT_FLASH_GLUON_WS_ON: {e}")
 
     import triton
     if triton.__version__ != TRITON_VERSION:
@@ -401,8 +423,10 @@ def main(argv=None) -> int:
     archs = [int(a.strip().replace("sm_", "")) for a in args.archs.replace(";", ",").split(",") if a.strip()]
     if not archs:
         print("aot/build.py: no CUDA archs requested; building a CPU-only kernel table")
-    variants = {v.name: v for v in (all_combinations() if args.unmerged else all_variants())}
-    jobs = [(v, arch, get_fwd_config(arch, v), str(args.cache)) for arch in archs
+    if grids is not None:
+        print(f"aot/build.py: candidate grids {args.gluon_ws_on.strip()} in place of the shipped ones")
+    variants = {v.name: v for v in (all_combinations(grids) if args.unmerged else all_variants(grids))}
+    jobs = [(v, arch, get_fwd_config(arch, v, grids), str(args.cache)) for arch in archs
             for v in variants.values() if arch >= v.min_arch
             and (not args.only or re.search(args.only, v.name))]
     args.cache.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ aot/contract.py's.
 from __future__ import annotations
 
 import itertools
-import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .contract import DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES  # noqa: F401 (the table's codes)
@@ -61,7 +61,7 @@ GLUON_HEAD_DIMS = (64, 128)
 # takes over from the one-partition kernel, each later one starts a cubin of its own.
 # - d128 non-causal: a CTA per two query tiles (the next tile's Q and K/V loads under the last one's
 #   epilogue) below 8192 keys, one from 8192 (perf-notes prefill v7). The persistent grid is the
-#   candidate below (not yet compared against these cubins from an AOT build).
+#   candidate below, measured in JIT only.
 # - Causal, and d64 non-causal: the persistent grid, its CTAs claiming tiles through the stream's
 #   counter as they free up (DYNAMIC_TILES: heads in groups that share L2, each group's longest
 #   tiles first), where JIT on an H100 measured it the fastest kernel: causal from 1024 keys at
@@ -75,33 +75,49 @@ GLUON_WS_GRIDS = {
     (64, False): {1024: WsGrid(persistent=True, dynamic=True, skip=True)},
     (64, True): {2048: WsGrid(persistent=True, dynamic=True, skip=True)},
 }
-# Grids measured in JIT but not from an AOT build, which a development build may put in place of
-# GLUON_WS_GRIDS' entries by name: ORT_FLASH_GLUON_WS_ON="d128-persistent" (comma-separated), so
-# that one GPU build measures what they would ship. d128-persistent: d128 non-causal calls on the
-# dynamic persistent grid at every length (JIT: 0.98-1.19x a CTA per tile, perf-notes "Prefill v15
-# in JIT"), against the two-tile cubins it would replace below 8192 keys. d128-causal-tile-8192:
-# d128 causal calls back on a CTA per tile from 8192 keys (dynamic tiles below): the AOT build of
-# e569d7c on an H100 measured the dynamic cubins 0.94-0.98x the per-tile ones there through ONNX
-# Runtime in one run (0.97-1.03x timing the kernel alone), against JIT's +3-9 % (perf-notes
-# "Prefill v15 and prepare v2 from the AOT build").
+# Candidate grids: entries a development build may put in place of GLUON_WS_GRIDS' own, by name
+# (with_candidates; aot/build.py --gluon-ws-on), so that one GPU build measures what they would
+# ship. d128-persistent: d128 non-causal calls on the dynamic persistent grid at every length, in
+# place of the two-tile cubins below 8192 keys (perf-notes "Prefill v15 in JIT").
+# d128-causal-tile-8192: d128 causal calls on a CTA per tile from 8192 keys, dynamic tiles below
+# (perf-notes "Prefill v15 and prepare v2 from the AOT build").
 GLUON_WS_CANDIDATES = {"d128-persistent": {(128, False): {0: _DYNAMIC}},
                        "d128-causal-tile-8192": {(128, True): {1024: _DYNAMIC, 8192: WsGrid()}}}
-for _name in filter(None, os.environ.get("ORT_FLASH_GLUON_WS_ON", "").replace(" ", "").split(",")):
-    if _name not in GLUON_WS_CANDIDATES:
-        raise ValueError(f"ORT_FLASH_GLUON_WS_ON: unknown candidate {_name!r} ({', '.join(GLUON_WS_CANDIDATES)})")
-    GLUON_WS_GRIDS = {**GLUON_WS_GRIDS, **GLUON_WS_CANDIDATES[_name]}
+
+
+def with_candidates(names: str | Iterable[str]) -> dict:
+    """GLUON_WS_GRIDS with the entries of the named GLUON_WS_CANDIDATES in their place (a later
+    name's over an earlier one's): the grids of a development build. `names`: names, or one
+    comma-separated string of them (blanks ignored); none gives a copy of GLUON_WS_GRIDS. A name
+    that is not a candidate is a ValueError that lists the candidates."""
+    if isinstance(names, str):
+        names = names.replace(" ", "").split(",")
+    grids = dict(GLUON_WS_GRIDS)
+    for name in filter(None, names):
+        if name not in GLUON_WS_CANDIDATES:
+            raise ValueError(f"unknown candidate {name!r} ({', '.join(GLUON_WS_CANDIDATES)})")
+        grids.update(GLUON_WS_CANDIDATES[name])
+    return grids
 
 
 def ws_lengths(grids: dict) -> dict:
-    """GLUON_WS_LENGTHS for a GLUON_WS_GRIDS (tests build others): per (dtype, head dim, causal)
-    the warp-specialized kernel's range, from its grids' first length on."""
+    """GLUON_WS_LENGTHS for a GLUON_WS_GRIDS (with_candidates' grids, tests' own): per (dtype, head
+    dim, causal) the warp-specialized kernel's range, from its grids' first length on."""
     return {(dt, hd, c): (min(steps), 0) for dt in GLUON_DTYPES for (hd, c), steps in grids.items()}
 
 
 GLUON_WS_LENGTHS = ws_lengths(GLUON_WS_GRIDS)
+
+
+def ws_tables(grids: dict | None = None) -> tuple[dict, dict]:
+    """(grids, lengths) of the warp-specialized kernel that a table is built from: GLUON_WS_GRIDS
+    and GLUON_WS_LENGTHS for None, else `grids` (with_candidates') and its ws_lengths."""
+    return (GLUON_WS_GRIDS, GLUON_WS_LENGTHS) if grids is None else (grids, ws_lengths(grids))
+
+
 # Key-vector masks (a (B, 1, 1, S) padding mask: padded batches) in the warp-specialized kernel,
 # per head dim, over the same length range as its unmasked cubins; below it, at other head dims
-# and for full masks, the TMA and pointer kernels as before. One query tile per CTA
+# and for full masks, the TMA and pointer kernels take them. One query tile per CTA
 # (gluon_ws_entries: under a mask two are no faster). Every masked cubin checks whether the keys a
 # tile sees show one visible run (right padding, none, or left padding without causal) and then
 # runs unmasked over it (MASK_PREFIX, aot/gluon_ws/mask_prefix.py). perf-notes prefill v8, v10
@@ -186,9 +202,10 @@ class Variant:
                 f"_{self.mask}{'k' if self.mask_keys else ''}{tile}{'_x' if self.extras else ''}")
 
 
-def get_fwd_config(arch: int, v: Variant) -> TileConfig:
+def get_fwd_config(arch: int, v: Variant, grids: dict | None = None) -> TileConfig:
     """Tile table per (arch, kind, dtype, head dim), and for the unmasked TMA kernels per causal
-    flag and sequence length (TMA_TILES)."""
+    flag and sequence length (TMA_TILES); a warp-specialized variant's grid from `grids` (ws_tables:
+    None, the shipped GLUON_WS_GRIDS)."""
     if v.kind in GQA_KINDS:
         return TileConfig(*gqa_tile(v.head_dim, v.kind))
     if v.kind == "combine":
@@ -204,9 +221,9 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(DECODE_BLOCK_M, 64, 4, 4 if arch >= 90 else 3)
     if v.kind == "fwd_gluon":
         if v.ws:
-            grids = [g for lo, _, g in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1, v.mask)
-                     if lo == v.tile_min_len]
-            return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, grids[0] if grids else WsGrid(), v.mask)
+            mine = [g for lo, _, g in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1, v.mask, grids)
+                    if lo == v.tile_min_len]
+            return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, mine[0] if mine else WsGrid(), v.mask)
         return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
     if v.dtype == "fp32":
         # IEEE dots run on the CUDA cores, each thread's share of the tile unrolled into FMAs: at 4
@@ -230,7 +247,7 @@ def get_fwd_config(arch: int, v: Variant) -> TileConfig:
         return TileConfig(64, 64, 4, 2) if v.head_dim <= 64 else TileConfig(64, 64, 4, 3)
     if spilling_full_mask(v):
         return TileConfig(128, 64, 8, 3)
-    if arch >= 90:  # experiments/tune.py (perf-notes, 2026-11-29)
+    if arch >= 90:  # experiments/tune.py (perf-notes v2)
         if v.head_dim <= 64:
             return TileConfig(128, 64, 4, 3)
         return TileConfig(128, 64, 8, 3)
@@ -275,27 +292,31 @@ def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, grid: WsGrid = WsGrid
                       1 if grid.persistent else 0, grid.dynamic, grid.skip)
 
 
-def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none") -> list[tuple[int, int, WsGrid]]:
+def gluon_ws_entries(dtype: str, head_dim: int, causal: bool, mask: str = "none",
+                     grids: dict | None = None) -> list[tuple[int, int, WsGrid]]:
     """The warp-specialized kernel's cubins for a call class: (lo, hi, grid), GLUON_WS_LENGTHS' range
-    split where GLUON_WS_GRIDS changes the grid (unmasked calls; under a key-vector mask a CTA per
-    query tile, perf-notes prefill v8: masked cubins never skip rows, their consumers spill with it)."""
-    rng = GLUON_WS_LENGTHS.get((dtype, head_dim, bool(causal)))
+    split where GLUON_WS_GRIDS changes the grid (both of `grids`, ws_tables; unmasked calls; under a
+    key-vector mask a CTA per query tile, perf-notes prefill v8: masked cubins never skip rows, their
+    consumers spill with it)."""
+    grids, lengths = ws_tables(grids)
+    rng = lengths.get((dtype, head_dim, bool(causal)))
     if rng is None or (mask != "none" and causal and head_dim not in GLUON_WS_MASKED_CAUSAL):
         return []
     lo, hi = rng
     if mask != "none":
         lo = GLUON_WS_MASKED_CAUSAL[head_dim] if causal else max(lo, GLUON_WS_MASKED_FROM.get(head_dim, 0))
-    steps = sorted(GLUON_WS_GRIDS[(head_dim, bool(causal))].items() if mask == "none" else [(0, WsGrid())])
+    steps = sorted(grids[(head_dim, bool(causal))].items() if mask == "none" else [(0, WsGrid())])
     cuts = [lo] + [k for k, _ in steps if lo < k and (hi == 0 or k < hi)]
     # Each cubin's grid: that of the last step at or below its lower bound (the first step's below it).
     return [(a, b, max(((k, g) for k, g in steps if k <= a), default=steps[0], key=lambda kg: kg[0])[1])
             for a, b in zip(cuts, cuts[1:] + [hi])]
 
 
-def gluon_lengths(dtype: str, head_dim: int, causal: bool, ws: bool = False) -> tuple[int, int] | None:
+def gluon_lengths(dtype: str, head_dim: int, causal: bool, ws: bool = False,
+                  grids: dict | None = None) -> tuple[int, int] | None:
     """The min(Sq, Skv) range [lo, hi) (hi 0: unbounded) where a Gluon kernel takes a call; None
-    where it takes none."""
-    ws_range = GLUON_WS_LENGTHS.get((dtype, head_dim, bool(causal)))
+    where it takes none (the warp-specialized kernel's from `grids`, ws_tables)."""
+    ws_range = ws_tables(grids)[1].get((dtype, head_dim, bool(causal)))
     if ws:
         return ws_range
     lo, hi = GLUON_LENGTHS.get((dtype, head_dim, bool(causal)), (0, 0))
@@ -306,9 +327,10 @@ def gluon_lengths(dtype: str, head_dim: int, causal: bool, ws: bool = False) -> 
     return (lo, hi) if hi == 0 or hi > lo else None
 
 
-def gluon_variants() -> list[Variant]:
+def gluon_variants(grids: dict | None = None) -> list[Variant]:
     """Per (dtype, head dim) and kernel: cubins for causal and non-causal calls together where
-    they share tiles and ranges, else one set per causal flag (tile_causal 0 / 1)."""
+    they share tiles and ranges, else one set per causal flag (tile_causal 0 / 1); the
+    warp-specialized kernel's on `grids` (ws_tables: None, the shipped GLUON_WS_GRIDS)."""
     out = []
     for dtype, hd, ws in itertools.product(GLUON_DTYPES, GLUON_HEAD_DIMS, (False, True)):
         # The warp-specialized kernel also takes key-vector masks (GLUON_WS_MASKS) over its range.
@@ -317,9 +339,9 @@ def gluon_variants() -> list[Variant]:
             for c in (0, 1):
                 if ws:
                     entries = [(lo, hi, gluon_ws_tile(dtype, hd, bool(c), g, mask))
-                               for lo, hi, g in gluon_ws_entries(dtype, hd, bool(c), mask)]
+                               for lo, hi, g in gluon_ws_entries(dtype, hd, bool(c), mask, grids)]
                 else:
-                    r = gluon_lengths(dtype, hd, bool(c))
+                    r = gluon_lengths(dtype, hd, bool(c), grids=grids)
                     entries = [] if r is None else [(r[0], r[1], gluon_tile(dtype, hd, bool(c)))]
                 if entries:
                     per[c] = entries
@@ -338,7 +360,7 @@ def gluon_variants() -> list[Variant]:
 # masked-head-dim variant its calls at the exact head dim (all of D in bounds); the C++ dispatcher
 # takes them where the exact variant is missing (cpp/cuda_launch.cc find_superset). The hot shapes
 # (fp16/bf16 at exact head dims 64 and 128: every model family, every benchmark), every TMA
-# variant and the combine kernels keep a variant per combination, their code unchanged.
+# variant and the combine kernels keep a variant per combination and two boundary loops (edge_loop).
 def is_hot(kind: str, dtype: str, head_dim: int, even_d: bool) -> bool:
     return kind in ("fwd_tma", "fwd_gluon", "combine") or (
         dtype != "fp32" and head_dim in (64, 128) and even_d)
@@ -354,10 +376,10 @@ def superset_only(kind: str, dtype: str, head_dim: int, even_d: bool) -> tuple[b
 
 
 def kept_exact(v: Variant) -> bool:
-    """Rare-class prefill variants compiled as before the merge all the same: fp16/bf16 without
-    extras, unmasked at every head dim and masked at head dim 256 (Gemma): their superset ran
-    clearly slower, the other merged calls about as fast (experiments/merged_variants.py,
-    docs/build-time.md)."""
+    """Rare-class prefill variants compiled one per combination all the same, with no superset
+    serving them: fp16/bf16 without extras, unmasked at every head dim and masked at head dim 256
+    (Gemma): their superset ran clearly slower, the other merged calls about as fast
+    (experiments/merged_variants.py, docs/build-time.md)."""
     return (v.kind == "fwd" and v.dtype != "fp32" and not v.extras and not v.mask_keys
             and (v.mask == "none" or (v.head_dim == 256 and v.even_d)))
 
@@ -365,7 +387,7 @@ def kept_exact(v: Variant) -> bool:
 def edge_loop(v: Variant) -> bool:
     """Whether v compiles its two boundary key ranges through one loop (the kernels' EDGE_LOOP):
     every shape class but the hot ones, for about half their compile time (the interior loop, and
-    so the speed, as before; the same scores summed in another order)."""
+    so the speed, is the same with one boundary loop or two; the same scores summed in another order)."""
     return (v.kind in ("fwd", "decode") and not is_hot(v.kind, v.dtype, v.head_dim, v.even_d)
             and not kept_exact(v))
 
@@ -378,11 +400,13 @@ def _merged(v: Variant) -> bool:
     return (only_extras and not v.extras) or (only_masked and v.even_d)
 
 
-def all_variants() -> list[Variant]:
-    return [v for v in all_combinations() if not _merged(v)]
+def all_variants(grids: dict | None = None) -> list[Variant]:
+    """The variants the build compiles: all_combinations' but those a superset variant serves; the
+    warp-specialized kernel's on `grids` (ws_tables: None, the shipped GLUON_WS_GRIDS)."""
+    return [v for v in all_combinations(grids) if not _merged(v)]
 
 
-def all_combinations() -> list[Variant]:
+def all_combinations(grids: dict | None = None) -> list[Variant]:
     out = []
     for (dtype, prec), (hd, has_even), mask, extras in itertools.product(
             DTYPE_PRECISIONS, HEAD_DIMS, MASK_KINDS, (False, True)):
@@ -414,7 +438,7 @@ def all_combinations() -> list[Variant]:
         out.append(Variant(dtype, hd, False, "none", False, "ieee" if dtype == "fp32" else "tf32",
                            "combine"))
     if GLUON_ENABLED:
-        out += gluon_variants()
+        out += gluon_variants(grids)
     return out + gqa_variants()
 
 

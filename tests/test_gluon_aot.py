@@ -67,7 +67,7 @@ def test_gluon_variants_are_the_calls_it_takes(fixture_gluon):
 
 def test_shipped_table_keeps_gluon_small_and_sm90_only():
     """What the build compiles as committed: no Gluon variant unless GLUON_ENABLED, and then at
-    most two unmasked ones per (kernel, dtype, head dim, causal flag) (the #23 build-time budget),
+    most two unmasked ones per (kernel, dtype, head dim, causal flag) (the build-time budget, docs/build-time.md),
     each range of GLUON_LENGTHS and GLUON_WS_LENGTHS non-empty; key-vector-masked ones only in the
     warp-specialized kernel at GLUON_WS_MASKS' head dims, within the unmasked cubins' range, one
     query tile per CTA."""
@@ -308,11 +308,8 @@ def _grids(monkeypatch, grids: dict):
 
 
 def _candidates(monkeypatch, *names):
-    """The tables of a development build with ORT_FLASH_GLUON_WS_ON naming `names`."""
-    grids = dict(variants.GLUON_WS_GRIDS)
-    for name in names:
-        grids.update(variants.GLUON_WS_CANDIDATES[name])
-    _grids(monkeypatch, grids)
+    """The tables of a development build with the candidate grids `names` (aot/build.py --gluon-ws-on)."""
+    _grids(monkeypatch, variants.with_candidates(names))
 
 
 def _table_entry(tmp_path, x) -> dict:
@@ -428,24 +425,85 @@ def test_dispatch_over_the_shipped_grids(monkeypatch, d, causal, sq):
         assert grid == (1, True, 128 if d == 128 else 192), row
 
 
-def test_gluon_ws_candidates_from_the_environment():
-    """ORT_FLASH_GLUON_WS_ON puts the named candidate grids in place of the shipped ones for a
-    development build (the GPU machine measures them without an edit); an unknown name is an error
-    that names the valid ones."""
-    code = ("from aot import variants as v; x = v.GLUON_WS_GRIDS[(128, False)][0]; "
-            "print(x.persistent, x.dynamic, x.tiles, v.GLUON_WS_LENGTHS[('fp16', 128, False)], "
-            "sorted(v.GLUON_WS_GRIDS[(128, True)]))")
-    run = dict(capture_output=True, text=True, cwd=ROOT)
-    for value, want in (("", "False False 2 (0, 0) [1024]"), ("d128-persistent", "True True 1 (0, 0) [1024]"),
-                        (" d128-persistent, ", "True True 1 (0, 0) [1024]"),
-                        ("d128-causal-tile-8192", "False False 2 (0, 0) [1024, 8192]"),
-                        ("d128-persistent,d128-causal-tile-8192", "True True 1 (0, 0) [1024, 8192]")):
-        env = dict(os.environ, ORT_FLASH_GLUON_WS_ON=value)
-        out = subprocess.run([sys.executable, "-c", code], env=env, **run)
-        assert out.returncode == 0 and out.stdout.split("\n")[0] == want, (value, out.stdout, out.stderr)
-    env = dict(os.environ, ORT_FLASH_GLUON_WS_ON="persistent,dynamic,skip")
-    out = subprocess.run([sys.executable, "-c", code], env=env, **run)
-    assert out.returncode != 0 and "unknown candidate 'persistent' (d128-persistent, d128-causal-tile-8192)" in out.stderr
+def _ws_summary(grids) -> str:
+    """d128's grids in a table built on `grids`: the non-causal one from 0 keys, the d128 fp16
+    non-causal range, the causal steps, and the d128 causal cubins' ranges."""
+    tables, lengths = variants.ws_tables(grids)
+    x = tables[(128, False)][0]
+    cubins = sorted((v.tile_min_len, v.tile_max_len) for v in variants.all_variants(grids) if v.ws
+                    and (v.dtype, v.head_dim, v.tile_causal, v.mask) == ("fp16", 128, 1, "none"))
+    causal = sorted(tables[(128, True)])
+    return f"{x.persistent} {x.dynamic} {x.tiles} {lengths[('fp16', 128, False)]} {causal} {cubins}"
+
+
+SHIPPED_WS = "False False 2 (0, 0) [1024] [(1024, 0)]"
+CANDIDATE_WS = {"d128-persistent": "True True 1 (0, 0) [1024] [(1024, 0)]",
+                "d128-causal-tile-8192": "False False 2 (0, 0) [1024, 8192] [(1024, 8192), (8192, 0)]",
+                "d128-persistent,d128-causal-tile-8192": "True True 1 (0, 0) [1024, 8192] [(1024, 8192), (8192, 0)]"}
+
+
+def test_gluon_ws_candidates_only_when_asked():
+    """The variant table is data: importing aot.variants gives the shipped grids whatever
+    ORT_FLASH_GLUON_WS_ON says (it is aot/build.py's option, read when the build starts), and so do
+    the table functions without `grids`; with_candidates puts the named candidate grids in place of
+    the shipped ones and the table built on them follows (ranges, cubins, tiles); an unknown name is
+    a ValueError that names the valid ones, in the build an argument error."""
+    assert _ws_summary(None) == SHIPPED_WS
+    code = ("import sys; sys.path.insert(0, 'tests'); from test_gluon_aot import _ws_summary; "
+            "from aot import variants as v; print(_ws_summary(None)); print(_ws_summary(v.GLUON_WS_GRIDS)); "
+            "print(v.GLUON_WS_LENGTHS == v.ws_lengths(v.GLUON_WS_GRIDS))")
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(ORT_FLASH_GLUON_WS_ON="d128-persistent"),
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.split("\n")[:3] == [SHIPPED_WS, SHIPPED_WS, "True"], out.stderr
+    for names, want in CANDIDATE_WS.items():
+        for value in (names, f" {names.replace(',', ' , ')}, ", names.split(",")):
+            grids = variants.with_candidates(value)
+            assert _ws_summary(grids) == want, value
+            assert build.candidate_grids(names) == grids
+            assert grids is not variants.GLUON_WS_GRIDS
+    assert variants.with_candidates("") == variants.with_candidates([]) == variants.GLUON_WS_GRIDS
+    assert build.candidate_grids("") is None and build.candidate_grids(" , ") is None
+    assert _ws_summary(None) == SHIPPED_WS  # the shipped table left as it was
+    for bad in ("persistent,dynamic,skip", ["d128-persistent", "persistent"]):
+        with pytest.raises(ValueError) as e:
+            variants.with_candidates(bad)
+        assert str(e.value) == "unknown candidate 'persistent' (d128-persistent, d128-causal-tile-8192)"
+
+
+def test_build_reads_candidates_from_its_option(monkeypatch, tmp_path, capsys):
+    """aot/build.py takes the candidate names from --gluon-ws-on, by default ORT_FLASH_GLUON_WS_ON
+    (what `pip install` passes through the CMake step), and compiles the table built on them: the
+    d128 fp16 warp-specialized jobs (not compiled here) carry the candidate's ranges and grids; an
+    unknown name stops the build with an argument error that names the valid ones."""
+    jobs = []
+    monkeypatch.setattr(build.compile_pool, "compile_all", lambda js, *a: jobs.append(js) or [])
+    # main points TRITON_CACHE_DIR at a folder of its own: restored after the test.
+    monkeypatch.setenv("TRITON_CACHE_DIR", os.environ.get("TRITON_CACHE_DIR", str(tmp_path / "triton")))
+
+    def d128_ws(*extra) -> list[tuple]:
+        jobs.clear()
+        args = ["--archs", "90", "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache"),
+                "--only", "^flash_fwd_gluon_ws_fp16_d128_none_"]
+        assert build.main(args + list(extra)) == 0
+        return sorted((v.tile_causal, v.tile_min_len, v.tile_max_len, cfg.tiles, cfg.persistent, cfg.dynamic)
+                      for v, arch, cfg, _ in jobs[0])
+
+    shipped = [(0, 0, 8192, 2, 0, False), (0, 8192, 0, 1, 0, False), (1, 1024, 0, 1, 1, True)]
+    monkeypatch.delenv("ORT_FLASH_GLUON_WS_ON", raising=False)
+    assert d128_ws() == shipped
+    assert "candidate grids" not in capsys.readouterr().out
+    monkeypatch.setenv("ORT_FLASH_GLUON_WS_ON", "d128-persistent")
+    assert d128_ws() == [(0, 0, 0, 1, 1, True), (1, 1024, 0, 1, 1, True)]
+    assert "candidate grids d128-persistent in place of the shipped ones" in capsys.readouterr().out
+    assert d128_ws("--gluon-ws-on", "d128-causal-tile-8192") == [
+        (0, 0, 8192, 2, 0, False), (0, 8192, 0, 1, 0, False), (1, 1024, 8192, 1, 1, True), (1, 8192, 0, 1, 0, False)]
+    assert d128_ws("--gluon-ws-on", "") == shipped
+    monkeypatch.setenv("ORT_FLASH_GLUON_WS_ON", "persistent")
+    with pytest.raises(SystemExit) as e:
+        d128_ws()
+    assert e.value.code == 2 and not jobs
+    assert ("--gluon-ws-on / ORT_FLASH_GLUON_WS_ON: unknown candidate 'persistent' "
+            "(d128-persistent, d128-causal-tile-8192)") in capsys.readouterr().err
 
 
 def test_shipped_gluon_ranges_split_the_lengths():
