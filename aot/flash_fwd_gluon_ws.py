@@ -17,8 +17,9 @@ block ahead; with MASK_PREFIX a tile whose keys show one visible run runs unmask
 Q and Y are TMA descriptors with a (1, 1, BLOCK_M / NUM_CONSUMERS, D) box, K and V (1, 1, BLOCK_N, D),
 over the (B, H, S, D) views: a persistent grid reads B * Hq from Q's shape (the dims the launch
 passes with its descriptor). Dynamic tiles claim them through the int64 pair at TileCounter (0: no
-counter). No argument carries anything but its own meaning. TILES_PER_CTA = 1 compiles to the same
-code as before the multi-tile path existed.
+counter). No argument carries anything but its own meaning. TILES_PER_CTA = 1 (no persistent grid)
+compiles none of the multi-tile code, whose branches are constexpr: one Q buffer, no Q-empty
+barriers, the tile's key range from its grid coordinates.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
