@@ -21,7 +21,7 @@ endif()
 # Every kernel source and build script: a change to any reruns the step (the cache keeps the
 # kernels that did not change).
 file(GLOB_RECURSE _aot_sources CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/aot/*.py")
-# aot/variants.py reads ORT_FLASH_GLUON_WS_ON (candidate grids of a development build): another value
+# aot/build.py reads ORT_FLASH_GLUON_WS_ON (candidate grids of a development build): another value
 # makes another table, so the value is a dependency too (file(CONFIGURE) rewrites it only when
 # it changes).
 file(CONFIGURE OUTPUT "${ORT_FLASH_AOT_DIR}/gluon_ws_on.txt" CONTENT "$ENV{ORT_FLASH_GLUON_WS_ON}\n")

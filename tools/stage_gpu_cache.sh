@@ -14,8 +14,10 @@ cache=${ORT_FLASH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ort_flash}/aot
 sm90_keys() {  # the sm_90 cache keys of the table that ORT_FLASH_GLUON_WS_ON=$1 builds
   ORT_FLASH_GLUON_WS_ON=$1 python3 - <<'PY'
 from aot import build, variants
-for v in variants.all_variants():
-    print(build.cache_key(v, 90, variants.get_fwd_config(90, v)))
+import os
+grids = build.candidate_grids(os.environ.get("ORT_FLASH_GLUON_WS_ON", ""))
+for v in variants.all_variants(grids):
+    print(build.cache_key(v, 90, variants.get_fwd_config(90, v, grids)))
 PY
 }
 keys=$(sm90_keys "")
