@@ -66,10 +66,12 @@ ABIS = {
     # gqa_prepare (both of its kinds). K and V may point into packed QKV.
     "GqaPrepare": tuple((n, "ptr:dtype") for n in ("Q", "K", "V", "PastK", "PastV", "PresentK", "PresentV", "QRot",
                                                    "Cos", "Sin"))
-    + (("PositionIds", "ptr:i64"), ("Seqlens", "ptr:i32"), ("Totals", "ptr:i64"), ("KeyMask", "ptr:i8"))
+    + (("PositionIds", "ptr:i64"), ("Seqlens", "ptr:i32"), ("Totals", "ptr:i64"), ("KeyMask", "ptr:i8"),
+       ("QNorm", "ptr:dtype"), ("KNorm", "ptr:dtype"))
     + tuple((n, "i32") for n in ("S", "Hq", "Hkv", "D", "q_heads", "rotary", "rotary_half", "max_position",
                                  "has_position_ids", "first_prompt", "write_mask", "total_max", "present_len",
-                                 "past_len"))
+                                 "past_len", "qk_norm"))
+    + (("qk_eps", "f32"),)
     + tuple((f"stride_{t}{d}", "i64") for t in "qkv" for d in "bs"),
 }
 KIND_ABIS = {"fwd": "Fwd", "fwd_tma": "Fwd", "fwd_gluon": "FwdGluon", "decode": "Decode", "combine": "Combine",

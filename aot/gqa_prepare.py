@@ -18,6 +18,10 @@ One Triton function, two modes (constexpr COPY_PAST):
   (not the past's buffer): rows j < min(past_b, past_len) copied from the past, the other rows
   zeroed except the new tokens' [past_b, past_b + S), which the other mode writes.
 
+Q/K norms (`qk_norm`, QNorm / KNorm (D,)): before the rotary, every Q row and new K row x becomes
+x / sqrt(mean(x^2) + qk_eps) * w in fp32 (reference_gqa rule 5a); Q then goes to QRot even
+without rotary (the host sets q_heads = Hq).
+
 Rotary in fp32: `rotary` 1 rotates the halves (x[i], x[i + R/2]), 2 interleaved pairs (x[2i],
 x[2i + 1]); dims from R = 2 * rotary_half on pass through. A position outside cos_cache's rows
 leaves the token unrotated (the host cannot check device positions without a sync). Every path
@@ -52,12 +56,13 @@ def _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt):
 
 
 @triton.jit
-def _pair_rows(Q, K, V, PresentK, PresentV, QRot, PositionIds, pp, b64, S, Hq, Hkv, D, q_heads, rotary,
-               max_position, has_position_ids, first_prompt, present_len, past, ok,
+def _pair_rows(Q, K, V, PresentK, PresentV, QRot, PositionIds, QNorm, KNorm, pp, b64, S, Hq, Hkv, D, q_heads,
+               rotary, max_position, has_position_ids, first_prompt, present_len, past, ok, qk_norm,
                stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, ALIGNED: tl.constexpr):
     """Rows pp (p = s * NH + h) of batch row b: per row (source, destination, load: the row exists,
-    store: it is written, its rotary position, turn: it is rotated). ALIGNED: the caller checked
-    that every row starts 16-byte aligned and says so to the compiler (vector loads and stores)."""
+    store: it is written, its rotary position, turn: it is rotated, normed: it is RMS-normed first,
+    the norm's weight row). ALIGNED: the caller checked that every row starts 16-byte aligned and
+    says so to the compiler (vector loads and stores)."""
     NH = q_heads + 2 * Hkv
     s = pp // NH
     h = pp - s * NH
@@ -89,13 +94,15 @@ def _pair_rows(Q, K, V, PresentK, PresentV, QRot, PositionIds, pp, b64, S, Hq, H
     else:
         pos = past + s64
     turn = load & (rotary != 0) & (hk < Hkv) & (pos >= 0) & (pos < max_position)  # a Q or K row
-    return src, dst, load, store, pos, turn
+    normed = load & (qk_norm != 0) & (hk < Hkv)
+    weight = tl.where(is_q, QNorm, KNorm)
+    return src, dst, load, store, pos, turn, normed, weight
 
 
 @triton.jit
-def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, b64, p0, S, Hq, Hkv, D, q_heads,
-                rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, ok,
-                stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
+def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm, KNorm, b64, p0, S, Hq, Hkv, D,
+                q_heads, rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, ok,
+                qk_norm, qk_eps, stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
                 BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr):
     """Rows p0 .. p0 + BLOCK_ROWS - 1 of batch row b64: the fast path where the call allows it,
     else the general one (the module's docstring)."""
@@ -114,9 +121,9 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, b64, p
         cols = tl.arange(0, BLOCK_D // 2)
         c_ok = (cols < hv)[None, :]
         pp = p0 + tl.arange(0, BLOCK_ROWS)
-        src, dst, load, store, pos, turn = _pair_rows(
-            Q, K, V, PresentK, PresentV, QRot, PositionIds, pp, b64, S, Hq, Hkv, D, q_heads, rotary,
-            max_position, has_position_ids, first_prompt, present_len, past, ok,
+        src, dst, load, store, pos, turn, normed, weight = _pair_rows(
+            Q, K, V, PresentK, PresentV, QRot, PositionIds, QNorm, KNorm, pp, b64, S, Hq, Hkv, D, q_heads, rotary,
+            max_position, has_position_ids, first_prompt, present_len, past, ok, qk_norm,
             stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, True)
         cs = tl.where(turn, pos, 0) * hv
         cos_row = tl.multiple_of(Cos + cs, [16])
@@ -125,6 +132,14 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, b64, p
         lo = src[:, None] + cols[None, :]
         x_lo = tl.load(lo, mask=load[:, None] & c_ok, other=0.0).to(tl.float32)
         x_hi = tl.load(lo + hv, mask=load[:, None] & c_ok, other=0.0).to(tl.float32)
+        # The Q/K norm over the row's two halves (rows not normed keep a factor of 1).
+        n = normed[:, None] & c_ok
+        w_lo = tl.load(weight[:, None] + cols[None, :], mask=n, other=1.0).to(tl.float32)
+        w_hi = tl.load(weight[:, None] + hv + cols[None, :], mask=n, other=1.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x_lo * x_lo + x_hi * x_hi, axis=1) / D + qk_eps)
+        f = tl.where(normed, inv, 1.0)[:, None]
+        x_lo = x_lo * f * w_lo
+        x_hi = x_hi * f * w_hi
         cos = tl.load(cos_row[:, None] + cols[None, :], mask=t, other=1.0).to(tl.float32)
         sin = tl.load(sin_row[:, None] + cols[None, :], mask=t, other=0.0).to(tl.float32)
         # The general path's x * cos + (sign * xp) * sin, sign -1 for the low half: -1.0 * x is
@@ -149,9 +164,9 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, b64, p
         r_ok = (dd < 2 * rotary_half)[None, :]
         for r0 in range(0, BLOCK_ROWS, GATHER_ROWS):
             pp = p0 + r0 + tl.arange(0, GATHER_ROWS)
-            src, dst, load, store, pos, turn = _pair_rows(
-                Q, K, V, PresentK, PresentV, QRot, PositionIds, pp, b64, S, Hq, Hkv, D, q_heads, rotary,
-                max_position, has_position_ids, first_prompt, present_len, past, ok,
+            src, dst, load, store, pos, turn, normed, weight = _pair_rows(
+                Q, K, V, PresentK, PresentV, QRot, PositionIds, QNorm, KNorm, pp, b64, S, Hq, Hkv, D, q_heads,
+                rotary, max_position, has_position_ids, first_prompt, present_len, past, ok, qk_norm,
                 stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, False)
             t = turn[:, None] & d_ok & r_ok
             cs = tl.where(turn, pos, 0)[:, None] * rotary_half + i[None, :]
@@ -159,6 +174,12 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, b64, p
             sin = tl.load(Sin + cs, mask=t, other=0.0).to(tl.float32)
             x = tl.load(src[:, None] + dd[None, :], mask=load[:, None] & d_ok, other=0.0).to(tl.float32)
             xp = tl.load(src[:, None] + partner[None, :], mask=t, other=0.0).to(tl.float32)
+            # The Q/K norm: the row's factor on x and on the partner, each with its own weight.
+            n = normed[:, None] & d_ok
+            inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + qk_eps)
+            f = tl.where(normed, inv, 1.0)[:, None]
+            x = x * f * tl.load(weight[:, None] + dd[None, :], mask=n, other=1.0).to(tl.float32)
+            xp = xp * f * tl.load(weight[:, None] + partner[None, :], mask=n & t, other=1.0).to(tl.float32)
             y = tl.where(t, x * cos + (sign[None, :] * xp) * sin, x)
             tl.store(dst[:, None] + dd[None, :], y.to(QRot.dtype.element_ty), mask=store[:, None] & d_ok)
 
@@ -184,9 +205,9 @@ def _copy_past(PastK, PastV, PresentK, PresentV, Seqlens, S, Hkv, D, first_promp
 
 @triton.jit
 def gqa_prepare(
-    Q, K, V, PastK, PastV, PresentK, PresentV, QRot, Cos, Sin, PositionIds, Seqlens, Totals, KeyMask,
+    Q, K, V, PastK, PastV, PresentK, PresentV, QRot, Cos, Sin, PositionIds, Seqlens, Totals, KeyMask, QNorm, KNorm,
     S, Hq, Hkv, D, q_heads, rotary, rotary_half, max_position, has_position_ids,
-    first_prompt, write_mask, total_max, present_len, past_len,
+    first_prompt, write_mask, total_max, present_len, past_len, qk_norm, qk_eps,
     stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
     BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr, COPY_PAST: tl.constexpr,
 ):
@@ -199,9 +220,9 @@ def gqa_prepare(
         p0 = (tl.program_id(0) % tiles) * BLOCK_ROWS
         total, past, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt)
         b64 = b.to(tl.int64)
-        _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, b64, p0, S, Hq, Hkv, D, q_heads,
-                    rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, ok,
-                    stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
+        _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm, KNorm, b64, p0, S, Hq, Hkv, D,
+                    q_heads, rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, ok,
+                    qk_norm, qk_eps, stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
                     BLOCK_ROWS, BLOCK_D, GATHER_ROWS)
         # The batch row's length and key mask, after its rows' loads are issued.
         if p0 == 0:

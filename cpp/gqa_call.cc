@@ -88,6 +88,14 @@ void rotate(float* x, const float* cos, const float* sin, int64_t rotary_dim, bo
   }
 }
 
+// The RMS norm of one head row (fp32, in place): x / sqrt(mean(x^2) + eps) * w.
+void rms_norm(float* x, const float* w, int64_t d, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+  for (int64_t i = 0; i < d; ++i) x[i] = x[i] * r * w[i];
+}
+
 // The rotary position of new token s of batch row b, as ONNX Runtime's op takes it: in the first
 // prompt s (padding tokens included), or position_ids[0, 0] + s where given (its other entries
 // are not read); later, the row's past length + s, or position_ids[b, s].
@@ -147,8 +155,17 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
 
   const bool rotary = c.attrs.do_rotary != 0;
   const bool interleaved = c.attrs.rotary_interleaved != 0;
-  std::vector<unsigned char> q_rot;
-  if (rotary) q_rot.resize(static_cast<size_t>(d.batch * d.sq * d.hq) * row);
+  const bool norm = c.q_norm != nullptr;
+  const bool q_copy = gqa_q_copied(c);
+  std::vector<unsigned char> q_rot;  // Q rotated and/or normed
+  if (q_copy) q_rot.resize(static_cast<size_t>(d.batch * d.sq * d.hq) * row);
+  std::vector<float> norm_w;  // the Q weight, then the K weight
+  if (norm) {
+    norm_w.resize(2 * static_cast<size_t>(d.d));
+    cpu_row_to_float(d.dtype, c.q_norm, d.d, norm_w.data());
+    cpu_row_to_float(d.dtype, c.k_norm, d.d, norm_w.data() + d.d);
+  }
+  const float eps = c.attrs.qk_norm_epsilon;
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t s = 0; s < d.sq; ++s) {
       const int64_t pos = position_of(c, len, b, s);
@@ -177,19 +194,21 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
       for (int64_t h = 0; h < d.hkv; ++h) {
         const char* k = k_in + (src * kv_row + h * d.d) * es;
         char* dst = kb + ((b * d.hkv + h) * klen + slot) * row;
-        if (rotary) {
+        if (rotary || norm) {
           cpu_row_to_float(d.dtype, k, d.d, x);
-          rotate(x, cs, cs + half, d.rotary_dim, interleaved);
+          if (norm) rms_norm(x, norm_w.data() + d.d, d.d, eps);
+          if (rotary) rotate(x, cs, cs + half, d.rotary_dim, interleaved);
           cpu_row_from_float(d.dtype, x, d.d, dst);
         } else {
           std::memcpy(dst, k, row);
         }
         std::memcpy(vb + ((b * d.hkv + h) * klen + slot) * row, v_in + (src * kv_row + h * d.d) * es, row);
       }
-      if (!rotary) continue;
+      if (!q_copy) continue;
       for (int64_t h = 0; h < d.hq; ++h) {
         cpu_row_to_float(d.dtype, q_in + (src * q_row + h * d.d) * es, d.d, x);
-        rotate(x, cs, cs + half, d.rotary_dim, interleaved);
+        if (norm) rms_norm(x, norm_w.data(), d.d, eps);
+        if (rotary) rotate(x, cs, cs + half, d.rotary_dim, interleaved);
         cpu_row_from_float(d.dtype, x, d.d, q_rot.data() + (src * d.hq + h) * row);
       }
     }
@@ -216,7 +235,7 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
     for (int64_t b = 0; b < d.batch; ++b) std::memset(key_mask.data() + b * klen, 1, static_cast<size_t>(len.total[b]));
   }
   const GqaKeys keys{kb, vb, klen, len.keys.data(), key_mask.empty() ? nullptr : key_mask.data()};
-  FlashParams p = gqa_flash_params(c, len.first_prompt, rotary ? q_rot.data() : c.query, keys);
+  FlashParams p = gqa_flash_params(c, len.first_prompt, q_copy ? q_rot.data() : c.query, keys);
   // Attention sinks: head_sink per query head, or smooth_softmax=1's sink of 0 (head_sink wins,
   // as in ONNX Runtime's op).
   std::vector<float> sink;
@@ -257,7 +276,7 @@ FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q,
   p.skv = keys.len;
   p.d = p.dv = d.d;
   p.q = q;
-  if (c.attrs.do_rotary != 0) {  // the rotated copy
+  if (gqa_q_copied(c)) {  // the rotated or normed copy
     p.q_stride[0] = d.sq * d.hq * d.d; p.q_stride[1] = d.d; p.q_stride[2] = d.hq * d.d;
   } else {
     p.q_stride[0] = d.sq * q_row; p.q_stride[1] = d.d; p.q_stride[2] = q_row;

@@ -28,6 +28,8 @@ struct GqaCall {
   const void* sin_cache = nullptr;
   const int64_t* position_ids = nullptr;  // (B, S) or null
   const void* head_sink = nullptr;        // (Hq,) in the query's type, or null
+  const void* q_norm = nullptr;           // (D,) in the query's type, or null: the Q heads' RMS norm
+  const void* k_norm = nullptr;           // (D,), given with q_norm: the new K heads' RMS norm
   void* output = nullptr;
   void* present_key = nullptr;
   void* present_value = nullptr;
@@ -66,8 +68,11 @@ struct GqaKeys {
   const void* mask;
 };
 
-// The attention both execution providers run: `q` the rotated Q (B, S, Hq, D) contiguous with
-// do_rotary, else c.query.
+// Whether the call writes a Q of its own (B, S, Hq, D) before the attention: rotated and/or normed.
+inline bool gqa_q_copied(const GqaCall& c) { return c.attrs.do_rotary != 0 || c.q_norm != nullptr; }
+
+// The attention both execution providers run: `q` the copy of gqa_q_copied (B, S, Hq, D)
+// contiguous, else c.query.
 FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q, const GqaKeys& keys);
 
 // Whether a causal first prompt needs the key mask (its rows shorter than S keep their own

@@ -80,14 +80,15 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
 
   const int es = dtype_size(d.dtype);
   const bool rotary = c.attrs.do_rotary != 0;
-  // gqa_prepare's rows of a batch row: NH = (Q heads if rotated) + 2 Hkv per token.
+  const bool q_copy = gqa_q_copied(c);  // Q rotated and/or normed into a copy of its own
+  // gqa_prepare's rows of a batch row: NH = (Q heads if copied) + 2 Hkv per token.
   const int64_t block_rows = prepare->entry->block_m;
-  const int64_t rows = d.sq * ((rotary ? d.hq : 0) + 2 * d.hkv);
+  const int64_t rows = d.sq * ((q_copy ? d.hq : 0) + 2 * d.hkv);
   if (rows + block_rows > std::numeric_limits<int32_t>::max()) {
     return fail(std::to_string(rows) + " (token, head) rows of a batch row exceed int32");
   }
   const bool mask = gqa_needs_key_mask(c, first);
-  const size_t q_bytes = rotary ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
+  const size_t q_bytes = q_copy ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
   const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
   const size_t mask_bytes = mask ? static_cast<size_t>(d.batch * plen) : 0;
   void* buf = nullptr;
@@ -108,18 +109,22 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   a.PastV = dev(c.past_value);
   a.PresentK = dev(c.present_key);
   a.PresentV = dev(c.present_value);
-  a.QRot = rotary ? dev(q_rot) : 0;
+  a.QRot = q_copy ? dev(q_rot) : 0;
   a.Cos = rotary ? dev(c.cos_cache) : 0;
   a.Sin = rotary ? dev(c.sin_cache) : 0;
   a.PositionIds = dev(c.position_ids);
   a.Seqlens = dev(c.seqlens_k);
   a.Totals = dev(totals);
   a.KeyMask = mask ? dev(key_mask) : 0;
+  a.QNorm = dev(c.q_norm);
+  a.KNorm = dev(c.k_norm);
+  a.qk_norm = c.q_norm != nullptr;
+  a.qk_eps = c.attrs.qk_norm_epsilon;
   a.S = static_cast<int32_t>(d.sq);
   a.Hq = static_cast<int32_t>(d.hq);
   a.Hkv = static_cast<int32_t>(d.hkv);
   a.D = static_cast<int32_t>(d.d);
-  a.q_heads = rotary ? a.Hq : 0;
+  a.q_heads = q_copy ? a.Hq : 0;
   a.rotary = rotary ? (c.attrs.rotary_interleaved ? 2 : 1) : 0;
   a.rotary_half = rotary ? static_cast<int32_t>(d.rotary_dim / 2) : 0;
   a.max_position = rotary ? static_cast<int32_t>(d.max_position) : 0;
@@ -140,7 +145,7 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
     ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + cache_rows - 1) / cache_rows, d.batch * d.hkv, a, stream));
   }
   // BLOCK_ROWS rows of one batch row per program, a row being one head of one token: the rotated
-  // Q heads (none without rotary), then the K heads, then the V heads of each token. The kernel
+  // Q heads (none unless Q is rotated or normed), then the K heads, then the V heads of each token. The kernel
   // counts them in int32 (checked above).
   ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *prepare, d.batch * ((rows + block_rows - 1) / block_rows), 1, a, stream));
 
@@ -150,7 +155,7 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
                       "cuMemsetD8Async");
   }
   const GqaKeys keys{c.present_key, c.present_value, plen, totals, mask ? key_mask : nullptr};
-  const FlashParams p = gqa_flash_params(c, first, rotary ? q_rot : c.query, keys);
+  const FlashParams p = gqa_flash_params(c, first, q_copy ? q_rot : c.query, keys);
   return launch_flash_cuda(p, stream, scratch);
 }
 

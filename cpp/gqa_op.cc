@@ -50,6 +50,7 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   a.sliding_window_cache = int_attribute(api_, info, "sliding_window_cache", 0);
   a.k_quant_type = string_attribute(api_, info, "k_quant_type", "NONE");
   a.v_quant_type = string_attribute(api_, info, "v_quant_type", "NONE");
+  a.qk_norm_epsilon = float_attribute(api_, info, "qk_norm_epsilon", 1e-6f);
   InputDesc in[kGqaNumInputs];
   ORT_FLASH_RETURN_IF_ERROR(describe_kernel_io(api_, info, in, kGqaNumInputs, has_output_, kGqaNumOutputs));
   GqaDims dims;
@@ -94,6 +95,8 @@ Status GqaKernel::compute(OrtKernelContext* ctx) {
   c.sin_cache = data[kGqaSin];
   c.position_ids = c.dims.has_position_ids ? static_cast<const int64_t*>(data[kGqaPositionIds]) : nullptr;
   c.head_sink = data[kGqaHeadSink];
+  c.q_norm = c.dims.qk_norm ? data[kGqaQNorm] : nullptr;
+  c.k_norm = c.dims.qk_norm ? data[kGqaKNorm] : nullptr;
   const std::vector<int64_t> present = c.dims.present_shape(c.total_sequence_length);
   c.present_len = present[2];
   ORT_FLASH_RETURN_IF_ERROR(allocate_output(api_, ctx, kGqaOutput, c.dims.output_shape(), kGqaOutputNames[kGqaOutput], &c.output));

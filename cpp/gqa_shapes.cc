@@ -57,8 +57,6 @@ Status refuse_unsupported(const GqaChecker& c, const GqaAttributes& a, const Inp
       {kGqaAttnBias, "(an attention bias) is not supported"},
       {kGqaKScale, "(a quantized KV cache) is not supported"},
       {kGqaVScale, "(a quantized KV cache) is not supported"},
-      {kGqaQNorm, "(a fused Q norm) is not supported"},
-      {kGqaKNorm, "(a fused K norm) is not supported"},
   };
   for (const auto& u : inputs) {
     if (in[u.input].present) return c.fail(u.input, u.why);
@@ -121,6 +119,17 @@ Status validate_gqa(const std::string& node, const GqaAttributes& a, const Input
     }
   }
   if (cuda && d.d > 256) return c.fail(kGqaQuery, "has head size " + std::to_string(d.d) + "; the CUDA kernels take at most 256");
+  if (in[kGqaQNorm].present != in[kGqaKNorm].present) {
+    return c.fail(kGqaQNorm, "and 'k_norm_weight' must be given together");
+  }
+  d.qk_norm = in[kGqaQNorm].present;
+  for (int i : {kGqaQNorm, kGqaKNorm}) {
+    if (!d.qk_norm) break;
+    ORT_FLASH_RETURN_IF_ERROR(c.type(i, t));
+    ORT_FLASH_RETURN_IF_ERROR(c.rank(i, 1, "(head size)"));
+    ORT_FLASH_RETURN_IF_ERROR(c.dim(i, 0, d.d, "head size"));
+  }
+  if (d.qk_norm && !(a.qk_norm_epsilon >= 0.0f)) return c.fail_node("qk_norm_epsilon must not be negative");
   if (in[kGqaHeadSink].present) {
     ORT_FLASH_RETURN_IF_ERROR(c.type(kGqaHeadSink, t));
     ORT_FLASH_RETURN_IF_ERROR(c.rank(kGqaHeadSink, 1, "(num_heads)"));

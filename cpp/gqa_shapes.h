@@ -1,9 +1,9 @@
 // Validation of an ort_flash::GroupQueryAttention node: the interface of ONNX Runtime's
 // com.microsoft.GroupQueryAttention (inputs, outputs, attributes, the shared KV buffer), so that a
 // model built by ONNX Runtime GenAI runs with each GQA node swapped for this op. Features of
-// ONNX Runtime's op that this one does not compute (a quantized cache, attention sinks, a bias, Q/K
-// norms, the QK output) are refused with the node, the input or attribute and
-// the reason; the rewriter declines such nodes before they reach here.
+// ONNX Runtime's op that this one does not compute (a quantized cache, a bias, the QK output; attention
+// sinks on CUDA) are refused with the node, the input or attribute and the reason; the rewriter
+// declines such nodes before they reach here.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,8 @@ struct GqaAttributes {
   // total - 1, L(T) = T for T <= C, else T - G ceil((T - C) / G), G = C - W + 1).
   int64_t sliding_window_cache = 0;
   std::string k_quant_type = "NONE", v_quant_type = "NONE";
+  // The per-head RMS norm of Q and the new K (q_norm_weight / k_norm_weight) before the rotary.
+  float qk_norm_epsilon = 1e-6f;
 };
 
 // Dimensions after validation; -1 where unknown (at kernel creation).
@@ -50,6 +52,7 @@ struct GqaDims {
   int64_t rotary_dim = 0;    // 2 x cos_cache's second dim; 0 without rotary
   int64_t max_position = 0;  // rows of cos_cache
   bool has_position_ids = false;
+  bool qk_norm = false;      // q_norm_weight and k_norm_weight given (D,)
   std::vector<int64_t> output_shape() const { return {batch, sq, hq < 0 || d < 0 ? -1 : hq * d}; }
   // (B, Hkv, max(total_sequence_length, past length), D), as ONNX Runtime's op.
   bool windowed = false;     // sliding_window_cache: present is past's length

@@ -235,6 +235,9 @@ GqaCall gqa_call_from(const py::dict& c) {
   g.position_ids = static_cast<const int64_t*>(ptr("position_ids"));
   g.output = ptr("output"); g.present_key = ptr("present_key"); g.present_value = ptr("present_value");
   g.present_len = i64("present_len", 0);
+  g.q_norm = ptr("q_norm_weight"); g.k_norm = ptr("k_norm_weight");
+  g.dims.qk_norm = g.q_norm != nullptr;
+  g.attrs.qk_norm_epsilon = c.contains("qk_norm_epsilon") ? c["qk_norm_epsilon"].cast<float>() : 1e-6f;
   return g;
 }
 

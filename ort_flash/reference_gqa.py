@@ -29,6 +29,12 @@ Rotary (do_rotary=1)
      position_ids[b, s]. c = cos_cache[pos, i], n = sin_cache[pos, i], i < R/2.
      Half-split (rotary_interleaved=0): x[i], x[i+R/2] -> x[i] c - x[i+R/2] n, x[i+R/2] c + x[i] n.
      Interleaved (=1): x[2i], x[2i+1] -> x[2i] c - x[2i+1] n, x[2i+1] c + x[2i] n.
+  5a. Q/K norms (q_norm_weight and k_norm_weight (D,), given together; Qwen3 builds for CUDA):
+     before any rotary, every Q head row and every new K head row x becomes
+     x / sqrt(mean(x^2) + qk_norm_epsilon) * w (w the Q or K weight; epsilon default 1e-6),
+     with or without rotary. ONNX Runtime computes it on the CUDA and WebGPU EPs only (its CPU op
+     refuses the inputs), so this rule follows the schema's words and the model builder's unfused
+     form (SimplifiedLayerNormalization over the head axis), not a CPU run.
 
 Present K/V (the cache)
   6. The new S tokens' (rotated) K and V rows are written to present[b, :, P_b + s] for every
@@ -69,7 +75,7 @@ import numpy as np
 
 from ort_flash.reference import attention_lowp, attention_reference, split_packed_qkv
 
-__all__ = ["GqaProblem", "gqa_problem", "gqa_reference", "gqa_lowp", "apply_rotary"]
+__all__ = ["GqaProblem", "gqa_problem", "gqa_reference", "gqa_lowp", "apply_rotary", "rms_norm_heads"]
 
 
 class GqaProblem(NamedTuple):
@@ -102,6 +108,15 @@ def apply_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: b
     return x
 
 
+def rms_norm_heads(x: np.ndarray, weight, epsilon: float) -> np.ndarray:
+    """Rule 5a: each head row x (..., D) -> x / sqrt(mean(x^2) + epsilon) * weight, in float64."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(weight, np.float64).reshape(-1)
+    if w.shape[0] != x.shape[-1]:
+        raise ValueError(f"a Q/K norm weight of {w.shape[0]} entries for heads of {x.shape[-1]}")
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + float(epsilon)) * w
+
+
 def _heads(x: np.ndarray, heads: int) -> np.ndarray:
     """(B, S, H*D) -> (B, H, S, D) float64."""
     b, s, hidden = x.shape
@@ -112,7 +127,7 @@ def gqa_problem(
     query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
     *, num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1, do_rotary=0,
     rotary_interleaved=0, position_ids=None, attention_bias=None, head_sink=None, smooth_softmax=0,
-    causal=1, share_buffer=False,
+    causal=1, q_norm_weight=None, k_norm_weight=None, qk_norm_epsilon=1e-6, share_buffer=False,
 ) -> GqaProblem:
     """Rules 1-13 of the module docstring: the rotated Q, the presents and the mask of one call.
 
@@ -144,6 +159,12 @@ def gqa_problem(
     past_b = np.zeros(bsz, np.int64) if first_prompt else t_b - s_len
     if np.any(past_b < 0):
         raise ValueError(f"seqlens_k {list(t_b - 1)} too small for {s_len} new tokens")
+
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight and k_norm_weight must be given together")
+    if q_norm_weight is not None:  # rule 5a
+        q = rms_norm_heads(q, q_norm_weight, qk_norm_epsilon)
+        k_new = rms_norm_heads(k_new, k_norm_weight, qk_norm_epsilon)
 
     if do_rotary:
         if position_ids is None:

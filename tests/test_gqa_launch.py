@@ -84,9 +84,10 @@ def prepare_expected(c: dict, scratch: int) -> dict:
     b, s, hq, hkv, d = (c[k] for k in ("batch", "sq", "hq", "hkv", "d"))
     es = ES[c["dtype"]]
     rotary = c["rotary_dim"] > 0
+    q_copy = rotary or "q_norm_weight" in c  # Q rotated and/or normed into the scratch block
     first = s == c["total_sequence_length"]
     mask = first and c.get("causal", 1) != 0
-    q_bytes = b * s * hq * d * es if rotary else 0
+    q_bytes = b * s * hq * d * es if q_copy else 0
     q_row = (hq + 2 * hkv) * d if c["packed"] else hq * d
     kv_row = q_row if c["packed"] else hkv * d
     q = c["query"]
@@ -95,14 +96,16 @@ def prepare_expected(c: dict, scratch: int) -> dict:
     return dict(
         Q=q, K=k, V=v,
         PastK=c.get("past_key", 0), PastV=c.get("past_value", 0), PresentK=c["present_key"],
-        PresentV=c["present_value"], QRot=scratch if rotary else 0, Cos=c.get("cos_cache", 0), Sin=c.get("sin_cache", 0),
+        PresentV=c["present_value"], QRot=scratch if q_copy else 0, Cos=c.get("cos_cache", 0), Sin=c.get("sin_cache", 0),
         PositionIds=c.get("position_ids", 0), Seqlens=c["seqlens_k"], Totals=scratch + aligned(q_bytes),
         KeyMask=scratch + aligned(q_bytes) + aligned(8 * b) if mask else 0,
-        S=s, Hq=hq, Hkv=hkv, D=d, q_heads=hq if rotary else 0,
+        QNorm=c.get("q_norm_weight", 0), KNorm=c.get("k_norm_weight", 0),
+        S=s, Hq=hq, Hkv=hkv, D=d, q_heads=hq if q_copy else 0,
         rotary=(2 if c["rotary_interleaved"] else 1) if rotary else 0,
         rotary_half=c["rotary_dim"] // 2, max_position=c["max_position"], has_position_ids=int("position_ids" in c),
         first_prompt=int(first), write_mask=int(mask), total_max=c["total_sequence_length"],
-        present_len=c["present_len"], past_len=c["past_len"], stride_qb=s * q_row, stride_qs=q_row,
+        present_len=c["present_len"], past_len=c["past_len"], qk_norm=int("q_norm_weight" in c),
+        qk_eps=f32(c.get("qk_norm_epsilon", 1e-6)), stride_qb=s * q_row, stride_qs=q_row,
         stride_kb=s * kv_row, stride_ks=kv_row, stride_vb=s * kv_row, stride_vs=kv_row,
         global_scratch=0, profile_scratch=0)
 
@@ -110,8 +113,8 @@ def prepare_expected(c: dict, scratch: int) -> dict:
 def attention_params(c: dict, want: dict) -> dict:
     """The FlashParams the attention must get (gqa_flash_params), as tests/test_launch_abi's params()."""
     b, s, hq, hkv, d, plen = (c[k] for k in ("batch", "sq", "hq", "hkv", "d", "present_len"))
-    rotary = c["rotary_dim"] > 0
-    q_row = hq * d if rotary or not c["packed"] else (hq + 2 * hkv) * d
+    q_copy = c["rotary_dim"] > 0 or "q_norm_weight" in c
+    q_row = hq * d if q_copy or not c["packed"] else (hq + 2 * hkv) * d
     p = dict(dtype=c["dtype"], batch=b, hq=hq, hkv=hkv, sq=s, skv=plen, d=d, dv=d, q=want["QRot"] or want["Q"],
              q_stride=[s * q_row, d, q_row], k=c["present_key"], v=c["present_value"],
              k_stride=[hkv * plen * d, plen * d, d], v_stride=[hkv * plen * d, plen * d, d], y=c["output"],
@@ -147,6 +150,10 @@ CALLS = {
         local_window_size=-1),
     "window of 0 keys": gqa_call(b=1, s=1, total=10, past_len=16, local_window_size=0),
     "windowed decode, softcap": gqa_call(b=2, s=1, total=50, past_len=64, local_window_size=8, softcap=30.0),
+    "first prompt, Q/K norms, no rotary": gqa_call(rotary_dim=0, q_norm_weight=0xe000000, k_norm_weight=0xf000000,
+                                                   qk_norm_epsilon=1e-5),
+    "decode, Q/K norms and rotary, bf16": gqa_call("bfloat16", b=2, s=1, total=40, past_len=64,
+                                                  q_norm_weight=0xe000000, k_norm_weight=0xf000000),
 }
 REFUSED = {
     "chunked prefill at batch 2": (gqa_call(b=2, s=4, total=20), "needs batch 1"),
@@ -177,7 +184,7 @@ def test_gqa_launches(runs, what):
     scratch = allocs[0]
     want = prepare_expected(c, scratch["ptr"])
     b, s, hkv, es = c["batch"], c["sq"], c["hkv"], ES[c["dtype"]]
-    q_bytes = b * s * c["hq"] * c["d"] * es if c["rotary_dim"] else 0
+    q_bytes = b * s * c["hq"] * c["d"] * es if c["rotary_dim"] or "q_norm_weight" in c else 0
     assert scratch["stream"] == STREAM and scratch["bytes"] == aligned(q_bytes) + aligned(8 * b) + (
         b * c["present_len"] if want["KeyMask"] else 0)
     got = launches(log, i)

@@ -101,6 +101,15 @@ CASES = [
          half=32, rows=8, zeros=True, fast=True),
     dict(b=2, s=3, hq=4, hkv=2, d=64, total=3, seqlens=[2, 2], past_len=0, rotary=2, half=32,
          rows=8, zeros=True, dtype="bfloat16", fast=False),
+    # Q/K norms before the rotary: the fast path (whole half-split rotary, no rotary), the general
+    # one (partial and interleaved rotary), a decode step, bf16, a padded first prompt
+    dict(b=2, s=5, hq=4, hkv=2, d=64, total=5, seqlens=[4, 2], past_len=8, shared=True, packed=True, rotary=1,
+         half=32, rows=8, norm=True, fast=True),
+    dict(b=2, s=3, hq=4, hkv=2, d=64, total=3, seqlens=[2, 1], past_len=0, rows=4, norm=True, fast=True),
+    dict(b=1, s=4, hq=2, hkv=1, d=64, total=13, seqlens=[12], past_len=9, rotary=1, half=8, norm=True,
+         eps=1e-3, fast=False),
+    dict(b=2, s=1, hq=8, hkv=2, d=128, total=9, seqlens=[8, 5], past_len=12, rotary=2, half=64, rows=16,
+         norm=True, dtype="bfloat16", fast=False),
 ]
 
 
@@ -142,7 +151,15 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -
     return x
 
 
-def expected(c, q, k, v, past_k, past_v, pk0, pv0, cos, sin, pos_ids):
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """The kernel's Q/K norm of a row, in float32: x * (1 / sqrt(sum(x^2) / D + eps)) * w."""
+    x = x.astype(np.float32)
+    inv = np.float32(1.0) / np.sqrt(np.float32(np.sum(x * x, axis=-1, keepdims=True, dtype=np.float32) / x.shape[-1])
+                                    + np.float32(eps))
+    return x * inv * w.astype(np.float32)
+
+
+def expected(c, q, k, v, past_k, past_v, pk0, pv0, cos, sin, pos_ids, qn=None, kn=None):
     """(q_rot, present_k, present_v, totals, mask) in float32 (rotations rounded to the dtype by
     the caller's cast) from the inputs as float32 numpy arrays (B, S, H, D) and (B, Hkv, L, D)."""
     s_len = c["s"]
@@ -157,13 +174,16 @@ def expected(c, q, k, v, past_k, past_v, pk0, pv0, cos, sin, pos_ids):
             pk[b, :, :n], pv[b, :, :n] = past_k[b, :, :n], past_v[b, :, :n]
         for s in range(s_len):
             kk = k[b, s]
+            if c.get("norm"):
+                q_rot[b, s] = rms_norm(q[b, s], qn, c.get("eps", 1e-6))
+                kk = rms_norm(kk, kn, c.get("eps", 1e-6))
             if c.get("rotary"):
                 if first:
                     pos = s + (pos_ids[0, 0] if pos_ids is not None else 0)
                 else:
                     pos = pos_ids[b, s] if pos_ids is not None else past + s
                 if 0 <= pos < cos.shape[0]:
-                    q_rot[b, s] = rotate(q[b, s], cos[pos], sin[pos], c["rotary"] == 2)
+                    q_rot[b, s] = rotate(q_rot[b, s], cos[pos], sin[pos], c["rotary"] == 2)
                     kk = rotate(kk, cos[pos], sin[pos], c["rotary"] == 2)
             if ok:
                 pk[b, :, past + s], pv[b, :, past + s] = kk, v[b, s]
@@ -291,12 +311,14 @@ def check_case(c: dict) -> None:
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32)
 
     rotary = c["rotary"]
+    norm = bool(c.get("norm"))
     write_mask = int(first)
-    q_heads = hq if rotary else 0
+    q_heads = hq if rotary or norm else 0
+    qn, kn = (torch.from_numpy((1 + 0.25 * rng.standard_normal(d)).astype(np.float32)).to(dt) for _ in range(2))
     stride_q, stride_k, stride_v = q_in.stride(), k_in.stride(), v_in.stride()
-    args = [q_in, k_in, v_in, past_k, past_v, pk, pv, qr, cos_t, sin_t, pos_t, seqlens, tot, mask,
+    args = [q_in, k_in, v_in, past_k, past_v, pk, pv, qr, cos_t, sin_t, pos_t, seqlens, tot, mask, qn, kn,
             s_len, hq, hkv, d, q_heads, rotary, c["half"], max_pos, int(c["position_ids"]),
-            int(first), write_mask, c["total"], plen, c["past_len"],
+            int(first), write_mask, c["total"], plen, c["past_len"], int(norm), c.get("eps", 1e-6),
             stride_q[0], stride_q[1], stride_k[0], stride_k[1], stride_v[0], stride_v[1]]
     block_d = min(x for x in (64, 128, 256) if x >= d)  # cpp/gqa_launch.cc gqa_kernel
     if not c["shared"]:
@@ -318,13 +340,21 @@ def check_case(c: dict) -> None:
 
     want = expected(c, heads_of(q_in, hq), heads_of(k_in, hkv), heads_of(v_in, hkv),
                     past_k.float().numpy(), past_v.float().numpy(), pk0, pv0, cos_t.float().numpy()[:, :c["half"]],
-                    sin_t.float().numpy()[:, :c["half"]], pos_np if c["position_ids"] else None)
+                    sin_t.float().numpy()[:, :c["half"]], pos_np if c["position_ids"] else None,
+                    qn.float().numpy(), kn.float().numpy())
     q_want, pk_want, pv_want, tot_want, mask_want = want
-    _same_bits(pk.view(bsz, hkv, plen, d).float().numpy(), as_dtype(pk_want), "present_key")
+
+    def same(got, want, what):
+        if not norm:  # the same operations in the same order: the same bits
+            return _same_bits(got, want, what)
+        # The norm's sum runs in another order than numpy's: within two roundings of the dtype.
+        ulp = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}[c["dtype"]]
+        np.testing.assert_allclose(got, want, rtol=4 * ulp, atol=4 * ulp, err_msg=what)
+    same(pk.view(bsz, hkv, plen, d).float().numpy(), as_dtype(pk_want), "present_key")
     _same_bits(pv.view(bsz, hkv, plen, d).float().numpy(), as_dtype(pv_want), "present_value")
     np.testing.assert_array_equal(tot.numpy(), tot_want)
-    if rotary:
-        _same_bits(qr.view(bsz, s_len, hq, d).float().numpy(), as_dtype(q_want), "rotated Q")
+    if rotary or norm:
+        same(qr.view(bsz, s_len, hq, d).float().numpy(), as_dtype(q_want), "rotated Q")
     else:
         assert torch.isnan(qr.float()).all(), "Q was written without rotary"
     if write_mask:

@@ -1,5 +1,9 @@
 """ort_flash.reference_gqa against ONNX Runtime's own CPU GroupQueryAttention (onnxruntime 1.31).
 
+The cases with fused Q/K norms (extra qk_norm) are the exception: ONNX Runtime computes those on
+CUDA and WebGPU only and its CPU op refuses them (checked below), so rule 5a is checked here by
+itself and against ONNX Runtime's CUDA op by tests/test_gqa_cuda.py.
+
 Each case builds a one-node model, runs it on fresh random data (the past buffers random too, so
 every position ORT leaves alone is recognisable) and checks the output by the package's error
 contract and the presents position by position: rows the call writes within rounding, every
@@ -51,7 +55,13 @@ CASES = {
     "cont_shared": (1, 6, 2, 64, 32, "cont", [40], 7, 64, dict(packed=True)),
     "cont_separate_window": (1, 8, 1, 80, 16, "cont", [70], 33, 37, dict(separate=True, local_window_size=20)),
     "cont_no_rotary": (1, 4, 4, 64, 0, "cont", [100], 33, 130, {}),
+    # Q/K norms before the rotary (reference_gqa rule 5a)
+    "prompt_qk_norm_padded": (2, 6, 2, 64, 32, "prompt", [17, 9], 17, None, dict(qk_norm=True)),
+    "decode_qk_norm_no_rotary": (2, 4, 2, 64, 0, "decode", [20, 7], 1, 32, dict(qk_norm=True, packed=True)),
+    "cont_qk_norm_partial_rotary": (1, 8, 2, 80, 16, "cont", [40], 7, 64, dict(qk_norm=True, qk_norm_epsilon=1e-3)),
 }
+# ONNX Runtime's CPU op refuses fused Q/K norms (its schema: CUDA and WebGPU only).
+ORT_CPU_CASES = {n: c for n, c in CASES.items() if not c[9].get("qk_norm")}
 
 
 def _inputs(rng, dtype, spec):
@@ -82,7 +92,10 @@ def _inputs(rng, dtype, spec):
         feeds["attention_bias"] = rnd(b, 1, s, total)
     if extra.get("head_sink"):
         feeds["head_sink"] = rnd(hq)
-    for name in ("local_window_size", "softcap", "scale", "smooth_softmax", "causal"):
+    if extra.get("qk_norm"):
+        feeds["q_norm_weight"] = (1 + 0.25 * rng.standard_normal(d)).astype(dtype)
+        feeds["k_norm_weight"] = (1 + 0.25 * rng.standard_normal(d)).astype(dtype)
+    for name in ("local_window_size", "softcap", "scale", "smooth_softmax", "causal", "qk_norm_epsilon"):
         if name in extra:
             attrs[name] = extra[name]
     shared = m is not None and not extra.get("separate")
@@ -92,7 +105,8 @@ def _inputs(rng, dtype, spec):
 def _reference(fn, feeds, attrs, shared):
     args = [feeds.get(n) for n in ("query", "key", "value", "past_key", "past_value", "seqlens_k",
                                    "total_sequence_length", "cos_cache", "sin_cache")]
-    extra = {n: feeds[n] for n in ("position_ids", "attention_bias", "head_sink") if n in feeds}
+    extra = {n: feeds[n] for n in ("position_ids", "attention_bias", "head_sink", "q_norm_weight", "k_norm_weight")
+             if n in feeds}
     return fn(*args, **attrs, **extra, share_buffer=shared)
 
 
@@ -105,7 +119,7 @@ def _written(spec, present_shape):
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(ORT_CPU_CASES))
 def test_gqa_reference_matches_onnxruntime(name, dtype):
     spec = CASES[name]
     seed = secrets.randbits(64)
@@ -159,3 +173,42 @@ def test_gqa_reference_refuses_what_onnxruntime_refuses(name):
         run_gqa(feeds, shared=shared, **attrs)
     with pytest.raises(ValueError):
         _reference(gqa_reference, feeds, attrs, shared)
+
+
+def test_onnxruntime_cpu_refuses_qk_norm():
+    """Why the Q/K norm cases are not checked against ONNX Runtime's CPU op: it refuses them."""
+    feeds, attrs, shared = _inputs(np.random.default_rng(0), np.float32, CASES["prompt_qk_norm_padded"])
+    with pytest.raises(Exception, match="(?i)norm"):
+        run_gqa(feeds, shared=shared, **attrs)
+
+
+def test_qk_norm_rule():
+    """Rule 5a by itself: each head row of Q and of the new K comes out with a root mean square of
+    1 before its weight (so w = 1 gives unit-RMS rows, and the weight scales each dim), the norm
+    precedes the rotary, and the rows land in present_key normed."""
+    from ort_flash.reference_gqa import gqa_problem, rms_norm_heads
+
+    rng = np.random.default_rng(5)
+    x = 3.0 * rng.standard_normal((2, 4, 5, 16))
+    unit = rms_norm_heads(x, np.ones(16), 0.0)
+    np.testing.assert_allclose(np.sqrt(np.mean(unit ** 2, axis=-1)), 1.0, rtol=1e-12)
+    w = rng.standard_normal(16)
+    np.testing.assert_allclose(rms_norm_heads(x, w, 0.0), unit * w, rtol=1e-12)
+    with pytest.raises(ValueError):
+        rms_norm_heads(x, np.ones(8), 0.0)
+    feeds, attrs, shared = _inputs(rng, np.float32, CASES["prompt_qk_norm_padded"])
+    p = _reference(gqa_problem, feeds, attrs, shared)
+    plain = dict(feeds)
+    del plain["q_norm_weight"], plain["k_norm_weight"]
+    q_norm = {**plain, "query": feeds["query"]}
+    p0 = _reference(gqa_problem, q_norm, attrs, shared)
+    assert not np.allclose(p.q, p0.q) and not np.allclose(p.present_key, p0.present_key)
+    # No rotary: the problem's Q is exactly the normed query.
+    no_rot = {k: v for k, v in feeds.items() if k not in ("cos_cache", "sin_cache")}
+    attrs_nr = {k: v for k, v in attrs.items() if k not in ("do_rotary", "rotary_interleaved")}
+    q = _reference(gqa_problem, no_rot, attrs_nr, shared).q
+    hq, d = attrs["num_heads"], feeds["q_norm_weight"].shape[0]
+    heads = feeds["query"].astype(np.float64).reshape(2, 17, hq, d).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(q, rms_norm_heads(heads, feeds["q_norm_weight"], 1e-6), rtol=1e-12)
+    with pytest.raises(ValueError, match="together"):
+        _reference(gqa_problem, {**plain, "q_norm_weight": feeds["q_norm_weight"]}, attrs, shared)

@@ -18,7 +18,8 @@ from ort_flash.bench.tensors import ONNX_TYPES
 
 INPUT_NAMES = (
     "query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
-    "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink",
+    "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
+    "q_norm_weight", "k_norm_weight",
 )
 OUTPUT_NAMES = ("output", "present_key", "present_value")
 IR_VERSION = 10

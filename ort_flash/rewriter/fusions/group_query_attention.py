@@ -14,12 +14,13 @@
 # position, the rotary embedding of the new tokens only), computed by ort_flash's kernels.
 # A windowed KV cache (sliding_window_cache=1, the builder's default for Mistral and Gemma 2) is
 # kept as ONNX Runtime's op keeps it, and so are attention sinks (head_sink, smooth_softmax=1: the
-# CPU EP). Declined with a reason: what ort_flash's op does not compute (a quantized cache, an
-# attention bias, fused Q/K norms, the QK output), float16 / bfloat16 nodes with attention sinks
-# (computed on the CPU EP only), and float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's
-# op is not measured faster than ONNX Runtime's own (_cuda_decision: mapped for float16 and bfloat16
-# at head sizes 64 and 128 by rewrite()'s default gqa_cuda="measured"; "all" maps the others, "none"
-# none; a windowed cache never on CUDA).
+# CPU EP) and fused Q/K norms (q_norm_weight, k_norm_weight: Qwen3's CUDA builds). Declined with a
+# reason: what ort_flash's op does not compute (a quantized cache, an attention bias, the QK
+# output), float16 / bfloat16 nodes with attention sinks (computed on the CPU EP only), and float16 /
+# bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's op is not measured faster than ONNX
+# Runtime's own (_cuda_decision: mapped for float16 and bfloat16 at head sizes 64 and 128 by
+# rewrite()'s default gqa_cuda="measured", without fused Q/K norms, not yet timed on CUDA; "all" maps
+# the others, "none" none; a windowed cache never on CUDA).
 from __future__ import annotations
 
 import math
@@ -44,7 +45,6 @@ ATTRIBUTES = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_siz
 _UNSUPPORTED_INPUTS = {
     "attention_bias": "an attention bias",
     "k_scale": "a quantized KV cache (k_scale)", "v_scale": "a quantized KV cache (v_scale)",
-    "q_norm_weight": "a fused Q norm", "k_norm_weight": "a fused K norm",
 }
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # (dtype, head size) of the CUDA nodes mapped by default: measured faster than ONNX Runtime's op at
@@ -139,7 +139,7 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
         if sinks:
             _fail(f"a {dtype.name.lower()} GroupQueryAttention with attention sinks (head_sink or "
                   "smooth_softmax=1): ort_flash's op computes them on the CPU execution provider only")
-        _cuda_decision(node, dtype, head_dim, cuda_policy)
+        _cuda_decision(node, dtype, head_dim, cuda_policy, qk_norm=inputs.get("q_norm_weight") is not None)
     scale_attr = node.attributes.get("scale")
     scale = scale_attr.as_float() if scale_attr is not None else 0.0
     if not scale and isinstance(head_dim, int):
@@ -157,11 +157,15 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
         notes.append("rotary" + (" interleaved" if _int(node, "rotary_interleaved", 0) else ""))
     if sinks:
         notes.append("attention sinks")
+    if inputs.get("q_norm_weight") is not None or inputs.get("k_norm_weight") is not None:
+        if inputs.get("q_norm_weight") is None or inputs.get("k_norm_weight") is None:
+            _fail("q_norm_weight and k_norm_weight must be given together")
+        notes.append("Q/K norms")
     return {"node": node, "heads": hq, "kv_heads": hkv, "head_dim": head_dim, "causal": causal,
             "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
 
 
-def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str) -> None:
+def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str, qk_norm: bool = False) -> None:
     """float16 / bfloat16 nodes run on CUDA. Mapped where ort_flash's op was measured faster than
     ONNX Runtime's (_CUDA_MEASURED), or every one with policy "all"; none with "none", nor a
     windowed cache (the CUDA op refuses it at session creation)."""
@@ -174,4 +178,8 @@ def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str) -> 
     if policy != "all" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
               "sizes 64 and 128 (other sizes run generic kernels, measured slower): left to ONNX Runtime's; "
+              "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
+    if policy != "all" and qk_norm:
+        _fail(f"{what} and fused Q/K norms (q_norm_weight, k_norm_weight): ort_flash's op computes them, "
+              "but has not been timed against ONNX Runtime's on CUDA with them: left to ONNX Runtime's; "
               "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
