@@ -14,10 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-INPUT_NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
-OUTPUT_NAMES = ("Y", "present_key", "present_value", "softmax_lse")
-IR_VERSION = 10  # onnxruntime loads IR <= 13; onnx's helpers would write a newer one
-OPSETS = (("ort_flash", 1), ("", 21))
+from ort_flash.bench.onnx_graphs import flash_attention_model as _model_of
 
 
 def _elem_type(dtype) -> int:
@@ -29,36 +26,15 @@ def flash_attention_model(
     outputs: Mapping[str, np.dtype],
     **attrs,
 ) -> bytes:
-    """A model whose one node is FlashAttention.
+    """A model whose one node is FlashAttention (``ort_flash.bench.onnx_graphs``'s builder).
 
-    ``inputs`` maps the names in INPUT_NAMES that are present to example arrays (their dtype
+    ``inputs`` maps the FlashAttention input names present (onnx_graphs.FLASH_INPUTS) to example arrays (their dtype
     and rank become the graph input types; dims are left symbolic); absent optional inputs
-    become the empty name. ``outputs`` maps wanted names in OUTPUT_NAMES to dtypes. ``attrs``
+    become the empty name. ``outputs`` maps wanted output names (FLASH_OUTPUTS) to dtypes. ``attrs``
     are the node attributes; None values are left out.
     """
-    unknown = set(inputs) - set(INPUT_NAMES) | set(outputs) - set(OUTPUT_NAMES)
-    if unknown:
-        raise ValueError(f"unknown input/output names {sorted(unknown)}")
-    node_inputs = [n if n in inputs else "" for n in INPUT_NAMES]
-    node_outputs = [n if n in outputs else "" for n in OUTPUT_NAMES]
-    while node_inputs[-1] == "":
-        node_inputs.pop()
-    while node_outputs[-1] == "":
-        node_outputs.pop()
-    node = helper.make_node(
-        "FlashAttention", node_inputs, node_outputs, domain="ort_flash",
-        **{k: v for k, v in attrs.items() if v is not None},
-    )
-    graph = helper.make_graph(
-        [node], "flash_attention",
-        [helper.make_tensor_value_info(n, _elem_type(a.dtype), [None] * a.ndim)
-         for n, a in inputs.items()],
-        [helper.make_tensor_value_info(n, _elem_type(dt), None) for n, dt in outputs.items()],
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in OPSETS])
-    model.ir_version = IR_VERSION
-    return model.SerializeToString()
+    return _model_of({n: (_elem_type(a.dtype), a.ndim) for n, a in inputs.items()},
+                     {n: (_elem_type(dt), None) for n, dt in outputs.items()}, **attrs)
 
 
 def _ort_value(array: np.ndarray):

@@ -3,6 +3,7 @@
 | builder                  | graph                                                                    |
 |--------------------------|--------------------------------------------------------------------------|
 | ``flash_attention``      | ort_flash.FlashAttention(Q, K, V[, attn_mask, past_key, past_value, nonpad_kv_seqlen]) |
+| ``flash_attention_model`` | the same node, every input's and output's element type and rank given (the tests' builder) |
 | ``multi_head_attention`` | com.microsoft.MultiHeadAttention(query (B,S,Hq·D), key, value) (3-D BSH, or 4-D BNSH K/V) |
 | ``onnx_attention``       | ONNX Attention-23(Q, K, V) on 4-D BNSH                                   |
 | ``unfused_attention``    | MatMul(Q, Transpose(K)) → Mul(scale) [→ Add(mask)] → Softmax → MatMul(V): the exporter's graph |
@@ -32,22 +33,39 @@ def _vi(name, dtype: str, rank: int | None = None, shape=None):
     return helper.make_tensor_value_info(name, ONNX_TYPES[dtype], dims)
 
 
-def flash_attention(dtype: str, inputs: dict[str, int], outputs: dict[str, int], **attrs) -> bytes:
-    """``inputs`` / ``outputs`` map the FlashAttention names present to their rank."""
-    in_order = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
-    out_order = ("Y", "present_key", "present_value", "softmax_lse")
-    node_in = [n if n in inputs else "" for n in in_order]
-    node_out = [n if n in outputs else "" for n in out_order]
+FLASH_INPUTS = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+FLASH_OUTPUTS = ("Y", "present_key", "present_value", "softmax_lse")
+
+
+def flash_attention_model(inputs: dict[str, tuple[int, int | None]], outputs: dict[str, tuple[int, int | None]],
+                          **attrs) -> bytes:
+    """A model whose one node is FlashAttention: ``inputs`` / ``outputs`` map the names present
+    (FLASH_INPUTS, FLASH_OUTPUTS; absent optional ones become the empty name) to (ONNX element type,
+    rank or None: unknown); every dim symbolic; attributes with None are left out."""
+    unknown = set(inputs) - set(FLASH_INPUTS) | set(outputs) - set(FLASH_OUTPUTS)
+    if unknown:
+        raise ValueError(f"unknown input/output names {sorted(unknown)}")
+    node_in = [n if n in inputs else "" for n in FLASH_INPUTS]
+    node_out = [n if n in outputs else "" for n in FLASH_OUTPUTS]
     while node_in[-1] == "":
         node_in.pop()
     while node_out[-1] == "":
         node_out.pop()
-    types = {"nonpad_kv_seqlen": "int64", "softmax_lse": "float32"}
     node = helper.make_node("FlashAttention", node_in, node_out, domain="ort_flash",
                             **{k: v for k, v in attrs.items() if v is not None})
-    return _model([node], [_vi(n, types.get(n, dtype), r) for n, r in inputs.items()],
-                  [_vi(n, types.get(n, dtype), r) for n, r in outputs.items()],
+
+    def vi(name, elem, rank):
+        return helper.make_tensor_value_info(name, elem, None if rank is None else [f"{name}_{i}" for i in range(rank)])
+    return _model([node], [vi(n, *t) for n, t in inputs.items()], [vi(n, *t) for n, t in outputs.items()],
                   [("ort_flash", 1), ("", 21)])
+
+
+def flash_attention(dtype: str, inputs: dict[str, int], outputs: dict[str, int], **attrs) -> bytes:
+    """``flash_attention_model`` in one dtype: ``inputs`` / ``outputs`` map the names present to
+    their rank (nonpad_kv_seqlen int64, softmax_lse float32)."""
+    types = {"nonpad_kv_seqlen": "int64", "softmax_lse": "float32"}
+    return flash_attention_model({n: (ONNX_TYPES[types.get(n, dtype)], r) for n, r in inputs.items()},
+                                 {n: (ONNX_TYPES[types.get(n, dtype)], r) for n, r in outputs.items()}, **attrs)
 
 
 def multi_head_attention(dtype: str, num_heads: int, causal: bool, kv_rank: int = 3) -> bytes:
