@@ -91,10 +91,11 @@ Status read_attributes(const OrtApi& api, const OrtKernelInfo* info, const std::
   if (int_attribute(api, info, "qk_matmul_output_mode", 0) != 0) {
     return Status::Error("FlashAttention node '" + node + "': qk_matmul_output_mode is not supported (the fused op never materializes QK^T)");
   }
-  const std::string s = string_attribute(api, info, "fp32_precision", "");
-  // No kernel offers 'tf32x3' (its enum value stays for the table's codes), so it is refused
-  // here rather than failing later on CUDA only.
-  if (s.empty() || s == "ieee") a->fp32_precision = Fp32Precision::kIeee;
+  // Absent: 'ieee'; a value given must be one of the two (an empty string too is refused). No
+  // kernel offers 'tf32x3' (its enum value stays for the table's codes), so it is refused here
+  // rather than failing later on CUDA only.
+  const std::string s = string_attribute(api, info, "fp32_precision", "ieee");
+  if (s == "ieee") a->fp32_precision = Fp32Precision::kIeee;
   else if (s == "tf32") a->fp32_precision = Fp32Precision::kTf32;
   else return Status::Error("FlashAttention node '" + node + "': attribute fp32_precision is '" + s + "'; expected 'ieee' or 'tf32'");
   return Status::Ok();

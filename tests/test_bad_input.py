@@ -115,6 +115,7 @@ BAD = [
     # attributes
     ("fp32_precision_fast", qkv(), {"fp32_precision": "fast"}, ["fp32_precision is 'fast'", "expected 'ieee' or 'tf32'"], True),
     ("fp32_precision_tf32x3", qkv(), {"fp32_precision": "tf32x3"}, ["fp32_precision is 'tf32x3'", "expected 'ieee' or 'tf32'"], True),
+    ("fp32_precision_empty", qkv(), {"fp32_precision": ""}, ["fp32_precision is ''", "expected 'ieee' or 'tf32'"], True),
     ("is_causal_2", qkv(), {"is_causal": 2}, ["is_causal is 2", "expected 0 or 1"], True),
     ("is_causal_minus_1", qkv(), {"is_causal": -1}, ["is_causal is -1", "expected 0 or 1"], True),
     ("softcap_negative", qkv(), {"softcap": -1.0}, ["softcap is -1", "expected a finite value >= 0"], True),
