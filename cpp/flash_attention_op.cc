@@ -85,6 +85,18 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
 
   void* out[kNumOutputs] = {};
   ORT_FLASH_RETURN_IF_ERROR(allocate_outputs(api_, ctx, dims, has_output_, out));
+  // CUDA: ONNX Runtime's stream for this run, asked for once (the cache append and the attention
+  // both run on it).
+  CUstream stream = nullptr;
+  if (cuda_) {
+    void* s = nullptr;
+    if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &s)) {
+      std::string msg = api_.GetErrorMessage(st);
+      api_.ReleaseStatus(st);
+      return prefix(Status::Error("no CUDA stream from ONNX Runtime: " + msg));
+    }
+    stream = static_cast<CUstream>(s);
+  }
 
   const int es = dtype_size(dims.dtype);
   const int64_t total = dims.total();
@@ -151,11 +163,8 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
     for (int i = 0; i < 2; ++i) {
       if (!present[i]) continue;
       if (cuda_) {
-        void* stream = nullptr;
-        if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &stream)) api_.ReleaseStatus(st);
         ORT_FLASH_RETURN_IF_ERROR(prefix(append_kv_cuda(past[i], src[i], strides[i], present[i], dims.batch,
-                                                        dims.hkv, dims.past, dims.skv_new, width[i], es,
-                                                        static_cast<CUstream>(stream))));
+                                                        dims.hkv, dims.past, dims.skv_new, width[i], es, stream)));
       } else {
         append_kv_cpu(past[i], src[i], strides[i], present[i], dims.batch, dims.hkv, dims.past,
                       dims.skv_new, width[i], es);
@@ -186,17 +195,11 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
 
   if (is_empty_call(p)) return Status::Ok();
   if (cuda_) {
-    void* stream = nullptr;
-    if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &stream)) {
-      std::string msg = api_.GetErrorMessage(st);
-      api_.ReleaseStatus(st);
-      return prefix(Status::Error("no CUDA stream from ONNX Runtime: " + msg));
-    }
     // Split-KV partials (decode shapes): run scratch on this run's stream (see RunScratch).
     auto get_workspace = [&](size_t bytes, void** ptr) -> Status {
       return device_scratch->alloc(bytes, "split-KV partials", ptr);
     };
-    return prefix(launch_flash_cuda(p, static_cast<CUstream>(stream), get_workspace));
+    return prefix(launch_flash_cuda(p, stream, get_workspace));
   }
   try {
     run_flash_cpu(p, ort_parallel_for(api_, ctx));
