@@ -24,12 +24,12 @@ def row(x, arch: int) -> dict:
 def table_rows(arch: int, gluon: bool = True, combinations: bool = False) -> list[dict]:
     """One row per variant the build compiles for `arch` (without the Gluon ones: gluon False; every
     combination, also those a superset variant serves: combinations True), from variants' tables
-    as they stand now (ORT_FLASH_GLUON_WS_ON's candidates included)."""
+    as this process holds them (the shipped grids, unless a caller replaced the module's)."""
     vs = variants.all_combinations() if combinations else variants.all_variants()
     return [row(x, arch) for x in vs if arch >= x.min_arch and (gluon or x.kind != "fwd_gluon")]
 
 
-if __name__ == "__main__":  # the rows as JSON: `ORT_FLASH_GLUON_WS_ON=... PYTHONPATH=. python tests/_table_rows.py 90`
+if __name__ == "__main__":  # the rows as JSON: `PYTHONPATH=. python tests/_table_rows.py 90`
     import json
 
     print(json.dumps(table_rows(int(sys.argv[1]))))

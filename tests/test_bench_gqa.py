@@ -1,4 +1,4 @@
-"""The gqa suite (issue #39's GroupQueryAttention benchmark) on the CPU at a tiny grid: the JSON it
+"""The gqa suite (GroupQueryAttention, op level) on the CPU at a tiny grid: the JSON it
 writes, both ops computing the same function on GenAI's inputs (packed QKV, rotary, the shared
 max-length buffer), the correctness guard passing, and catching an op that computes another
 function. Nothing here asserts a time."""

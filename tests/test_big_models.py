@@ -1,4 +1,4 @@
-"""Models of any size (#40): external data in and out, past protobuf's 2 GB, with bounded memory;
+"""Models of any size: external data in and out, past protobuf's 2 GB, with bounded memory;
 and models with ONNX Runtime's own ops in the ONNX domain (GenAI's builder).
 
 The big model is models/big_model.py's decoder, built with onnx helpers in seconds. Each command

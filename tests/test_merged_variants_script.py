@@ -1,5 +1,5 @@
-"""experiments/merged_variants.py (its pairs in merged_pairs.py) times each rare-class call through the variant the build compiled
-before the merge of issue #23 and the superset variant it compiles now. It runs on a GPU machine;
+"""experiments/merged_variants.py (its pairs in merged_pairs.py) times each rare-class call through the variant an unmerged build
+(aot/build.py --unmerged) compiles and the superset variant the merged build compiles. It runs on a GPU machine;
 here, without one, its pairs are checked: the dry run passes, each pair is what the C++ dispatcher
 picks from the unmerged and from today's table (with its KV splits), and each variant is compiled
 with the constexprs, signature and options aot/build.py gives it."""

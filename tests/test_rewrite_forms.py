@@ -1,7 +1,7 @@
 """Rule tables for the attention forms beyond the plain eager chain, on small hand-built graphs.
 
-Casts inside the score chain (transformers' ``softmax(scores.float())``), and the other forms
-issue #21 lists. Each positive case is rewritten, checked with onnx.checker, loaded in ONNX
+Casts inside the score chain (transformers' ``softmax(scores.float())``), soft-capping, a scale
+from the head dim and 3-D attention (the forms docs/op-and-rewriter.md lists). Each positive case is rewritten, checked with onnx.checker, loaded in ONNX
 Runtime and verified (ort_flash.verify, CPU EP) against the original; each negative case keeps
 its Softmax with the reason in the report.
 """

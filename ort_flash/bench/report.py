@@ -27,7 +27,7 @@ REPRODUCE_PAGE = """\
 # this page, from those files (later files override earlier ones suite by suite):
 python -m ort_flash.bench.report bench-cpu.json bench-op.json bench-decode.json bench-e2e.json \\
     bench-decode_e2e.json -o PERFORMANCE.md
-# tools/README.md says how the project's own runs on its offline GPU machine are made."""
+# tools/README.md: the GPU release check, on any CUDA machine with onnxruntime-gpu."""
 METHOD = """\
 - **Same run, same machine.** Every peer is timed beside the fused op in one process per suite;
   ratios compare numbers from the same run only.
