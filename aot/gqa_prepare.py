@@ -132,14 +132,14 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm,
         lo = src[:, None] + cols[None, :]
         x_lo = tl.load(lo, mask=load[:, None] & c_ok, other=0.0).to(tl.float32)
         x_hi = tl.load(lo + hv, mask=load[:, None] & c_ok, other=0.0).to(tl.float32)
-        # The Q/K norm over the row's two halves (rows not normed keep a factor of 1).
-        n = normed[:, None] & c_ok
-        w_lo = tl.load(weight[:, None] + cols[None, :], mask=n, other=1.0).to(tl.float32)
-        w_hi = tl.load(weight[:, None] + hv + cols[None, :], mask=n, other=1.0).to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(x_lo * x_lo + x_hi * x_hi, axis=1) / D + qk_eps)
-        f = tl.where(normed, inv, 1.0)[:, None]
-        x_lo = x_lo * f * w_lo
-        x_hi = x_hi * f * w_hi
+        if qk_norm != 0:  # the Q/K norm over the row's two halves (V rows keep a factor of 1)
+            n = normed[:, None] & c_ok
+            w_lo = tl.load(weight[:, None] + cols[None, :], mask=n, other=1.0).to(tl.float32)
+            w_hi = tl.load(weight[:, None] + hv + cols[None, :], mask=n, other=1.0).to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(x_lo * x_lo + x_hi * x_hi, axis=1) / D + qk_eps)
+            f = tl.where(normed, inv, 1.0)[:, None]
+            x_lo = x_lo * f * w_lo
+            x_hi = x_hi * f * w_hi
         cos = tl.load(cos_row[:, None] + cols[None, :], mask=t, other=1.0).to(tl.float32)
         sin = tl.load(sin_row[:, None] + cols[None, :], mask=t, other=0.0).to(tl.float32)
         # The general path's x * cos + (sign * xp) * sin, sign -1 for the low half: -1.0 * x is
@@ -174,12 +174,12 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm,
             sin = tl.load(Sin + cs, mask=t, other=0.0).to(tl.float32)
             x = tl.load(src[:, None] + dd[None, :], mask=load[:, None] & d_ok, other=0.0).to(tl.float32)
             xp = tl.load(src[:, None] + partner[None, :], mask=t, other=0.0).to(tl.float32)
-            # The Q/K norm: the row's factor on x and on the partner, each with its own weight.
-            n = normed[:, None] & d_ok
-            inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + qk_eps)
-            f = tl.where(normed, inv, 1.0)[:, None]
-            x = x * f * tl.load(weight[:, None] + dd[None, :], mask=n, other=1.0).to(tl.float32)
-            xp = xp * f * tl.load(weight[:, None] + partner[None, :], mask=n & t, other=1.0).to(tl.float32)
+            if qk_norm != 0:  # the row's factor on x and on the partner, each with its own weight
+                n = normed[:, None] & d_ok
+                inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + qk_eps)
+                f = tl.where(normed, inv, 1.0)[:, None]
+                x = x * f * tl.load(weight[:, None] + dd[None, :], mask=n, other=1.0).to(tl.float32)
+                xp = xp * f * tl.load(weight[:, None] + partner[None, :], mask=n & t, other=1.0).to(tl.float32)
             y = tl.where(t, x * cos + (sign[None, :] * xp) * sin, x)
             tl.store(dst[:, None] + dd[None, :], y.to(QRot.dtype.element_ty), mask=store[:, None] & d_ok)
 

@@ -144,9 +144,9 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
     const int64_t cache_rows = past->entry->block_m;
     ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + cache_rows - 1) / cache_rows, d.batch * d.hkv, a, stream));
   }
-  // BLOCK_ROWS rows of one batch row per program, a row being one head of one token: the rotated
-  // Q heads (none unless Q is rotated or normed), then the K heads, then the V heads of each token. The kernel
-  // counts them in int32 (checked above).
+  // BLOCK_ROWS rows of one batch row per program, a row being one head of one token: the Q heads
+  // (only where Q is rotated or normed), then the K heads, then the V heads of each token. The
+  // kernel counts them in int32 (checked above).
   ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *prepare, d.batch * ((rows + block_rows - 1) / block_rows), 1, a, stream));
 
   if (gqa_attends_nothing(c)) {
