@@ -9,7 +9,8 @@ file, ``<output>.data``: each untouched weight is copied byte for byte from its 
 the kernel (``os.copy_file_range``, no pass through this process's memory), new or changed
 initializers are written after them, each at an offset aligned to 64 KiB (so that ONNX Runtime
 can map it rather than read it). The output never refers to the input's files: it can be moved,
-and the input can be deleted. A model with no external data is written as one file, unless it would pass protobuf's 2 GB limit; then it is written with a data file too.
+and the input can be deleted. A model with no external data is written as one file, unless it
+would pass protobuf's 2 GB limit; then it is written with a data file too.
 
 ``save_atomic`` (what ``RewriteResult.save`` and ``ort-flash rewrite`` use) writes both files as
 temp files in the output's folder and gives them their names only once both are complete: a

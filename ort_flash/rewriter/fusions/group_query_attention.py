@@ -135,11 +135,14 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
     parts = hq + 2 * hkv if packed else hq
     head_dim: int | str = hidden // parts if hidden is not None and hidden % parts == 0 else "?"
     sinks = inputs.get("head_sink") is not None or _int(node, "smooth_softmax", -1) == 1
+    qk_norm = inputs.get("q_norm_weight") is not None
+    if qk_norm != (inputs.get("k_norm_weight") is not None):
+        _fail("q_norm_weight and k_norm_weight must be given together")
     if dtype != ir.DataType.FLOAT:
         if sinks:
             _fail(f"a {dtype.name.lower()} GroupQueryAttention with attention sinks (head_sink or "
                   "smooth_softmax=1): ort_flash's op computes them on the CPU execution provider only")
-        _cuda_decision(node, dtype, head_dim, cuda_policy, qk_norm=inputs.get("q_norm_weight") is not None)
+        _cuda_decision(node, dtype, head_dim, cuda_policy, qk_norm)
     scale_attr = node.attributes.get("scale")
     scale = scale_attr.as_float() if scale_attr is not None else 0.0
     if not scale and isinstance(head_dim, int):
@@ -157,9 +160,7 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
         notes.append("rotary" + (" interleaved" if _int(node, "rotary_interleaved", 0) else ""))
     if sinks:
         notes.append("attention sinks")
-    if inputs.get("q_norm_weight") is not None or inputs.get("k_norm_weight") is not None:
-        if inputs.get("q_norm_weight") is None or inputs.get("k_norm_weight") is None:
-            _fail("q_norm_weight and k_norm_weight must be given together")
+    if qk_norm:
         notes.append("Q/K norms")
     return {"node": node, "heads": hq, "kv_heads": hkv, "head_dim": head_dim, "causal": causal,
             "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
