@@ -69,6 +69,30 @@ def test_gqa_suite_with_attention_sinks_on_cpu(tmp_path):
         assert by["ort_flash"]["guard"]["passed"], by["ort_flash"]["guard"]
 
 
+def test_gqa_suite_with_qk_norms_on_cpu(tmp_path):
+    """--qk-norm (Qwen3's per-head RMS norms on every node): ort_flash checked against the float64
+    reference with the norms before the rotary; ONNX Runtime's CPU op refuses them (its schema:
+    CUDA and WebGPU), a row that says so. Without the norms the reference is far off."""
+    from ort_flash.cli import main
+
+    out = tmp_path / "gqa-qk.json"
+    assert main(["bench", "--suite", "gqa", "--device", "cpu", *TINY, "--qk-norm", "--out", str(out)]) == 0
+    suite = json.loads(out.read_text())["suites"]["gqa"]
+    assert suite["status"] == "complete" and suite["grid"]["qk_norm"]
+    for cfg, group in results.group_by_config(suite["rows"]):
+        assert cfg["qk_norm"]
+        by = {r["peer"]: r for r in group}
+        assert by["ort_flash"]["status"] == "ok" and by["ort_flash"]["ref_err"] < 1e-4, by["ort_flash"]
+        assert by["ort_gqa"]["status"] == "unsupported" and "q_norm_weight" in by["ort_gqa"]["reason"]
+    cfg = dict(dtype="float32", hq=4, hkv=2, d=16, phase="prefill", batch=1, seqlen=8, cache=8, buffer=16, qk_norm=True)
+    ctx = Context.create("cpu", seed=0)
+    sets, shared = gqa_peers.make_sets(ctx.tensors, cfg, 1)
+    q_normed = gqa_peers.attention_inputs(cfg, sets[0], shared)[0].data
+    del shared["q_norm_weight"], shared["k_norm_weight"]
+    q_plain = gqa_peers.attention_inputs(cfg, sets[0], shared)[0].data
+    assert np.abs(np.asarray(q_normed) - np.asarray(q_plain)).max() > 0.1
+
+
 def test_gqa_suite_in_bfloat16_on_cpu(tmp_path):
     """--dtypes bfloat16 (the dtype the next GPU run times against ONNX Runtime's op): the suite's
     inputs, rotary tables and reference in bfloat16 (the tables numpy's ml_dtypes on the CPU);

@@ -4,7 +4,9 @@ Per input set (``make_sets``): ``qkv`` the packed query (B, S, (Hq + 2 Hkv)·D);
 ``v_cache`` the max-length cache (B, Hkv, M, D), bound as past_key AND present_key (past_value
 and present_value) so the op appends in place, as GenAI's ``past_present_share_buffer`` does.
 Shared by the sets: ``cos`` / ``sin`` (M, D/2) (rotary over the whole head, half-split),
-``seqlens`` int32 (B,) on the device = total - 1, ``total`` the int32 scalar on the host.
+``seqlens`` int32 (B,) on the device = total - 1, ``total`` the int32 scalar on the host; with
+``sinks`` one logit per query head (``head_sink``), with ``qk_norm`` the RMS norm weights (D,) of
+Q and K (``q_norm_weight``, ``k_norm_weight``: Qwen3's per-head norms, applied before the rotary).
 
 A call is a first prompt (phase ``prefill``: S = N new tokens at positions 0..N-1, total N) or a
 decode step (phase ``decode``: S = 1 at position C-1, total C, the first C-1 rows the cache).
@@ -34,12 +36,15 @@ from ort_flash.bench.torch_calls import SdpaCalls
 from ort_flash.bench.workload import attention_flops, kv_read_bytes
 
 ROPE_THETA = 10000.0
+NORM_EPS = 1e-6  # the op's default qk_norm_epsilon
+NORM_INPUTS = ("q_norm_weight", "k_norm_weight")
 
 
 def attrs(cfg: dict) -> dict:
     """The node's attributes as GenAI's builder writes them for a LLaMA-shaped model."""
     return dict(num_heads=cfg["hq"], kv_num_heads=cfg["hkv"], scale=cfg["d"] ** -0.5, softcap=0.0,
-                local_window_size=-1, do_rotary=1, rotary_interleaved=0)
+                local_window_size=-1, do_rotary=1, rotary_interleaved=0,
+                qk_norm_epsilon=NORM_EPS if cfg.get("qk_norm") else None)
 
 
 def positions(cfg: dict) -> tuple[int, int]:
@@ -75,6 +80,10 @@ def make_sets(t: Tensors, cfg: dict, n: int) -> tuple[list[dict], dict]:
               "total": t.values(np.array(total, dtype=np.int32), "int32", device="cpu")}
     if cfg.get("sinks"):  # gpt-oss's attention sinks: one logit per query head
         shared["head_sink"] = t.values(np.random.default_rng(0).standard_normal(hq), dt)
+    if cfg.get("qk_norm"):  # Qwen3's per-head RMS norms of Q and K
+        rng = np.random.default_rng(1)
+        for name in NORM_INPUTS:
+            shared[name] = t.values(1 + 0.25 * rng.standard_normal(d), dt)
     return sets, shared
 
 
@@ -103,6 +112,16 @@ def _contiguous(x):
     return x.contiguous() if _is_torch(x) else np.ascontiguousarray(x)
 
 
+def _rms_norm(x, w):
+    """x (B, S, H, D) / sqrt(mean(x^2) + eps) * w (D,), in float32."""
+    x = _f32(x)
+    if _is_torch(x):
+        import torch
+        w = torch.as_tensor(np.asarray(w, np.float32), device=x.device) if not _is_torch(w) else w.float()
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + NORM_EPS) * w
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + NORM_EPS) * _f32(w)
+
+
 def _rotate(x, cos, sin):
     """Half-split rotary of x (B, S, H, D) by cos/sin (S, D/2), in float32."""
     half = cos.shape[-1]
@@ -123,8 +142,11 @@ def attention_inputs(cfg: dict, s: dict, shared: dict) -> tuple[Buffer, Buffer, 
     start, total = positions(cfg)
     raw = s["qkv"].data.reshape(b, sq, hq + 2 * hkv, d)
     cos, sin = shared["cos"].data[start:start + sq], shared["sin"].data[start:start + sq]
-    q = _contiguous(_cast(_rotate(raw[:, :, :hq], cos, sin), raw).swapaxes(1, 2))
-    k_new = _contiguous(_cast(_rotate(raw[:, :, hq:hq + hkv], cos, sin), raw).swapaxes(1, 2))
+    q, k = raw[:, :, :hq], raw[:, :, hq:hq + hkv]
+    if "q_norm_weight" in shared:  # normed before the rotary, rounded once after it
+        q, k = _rms_norm(q, shared["q_norm_weight"].data), _rms_norm(k, shared["k_norm_weight"].data)
+    q = _contiguous(_cast(_rotate(q, cos, sin), raw).swapaxes(1, 2))
+    k_new = _contiguous(_cast(_rotate(k, cos, sin), raw).swapaxes(1, 2))
     v_new = _contiguous(raw[:, :, hq + hkv:].swapaxes(1, 2))
     dev, dt = s["qkv"].device, cfg["dtype"]
 
@@ -154,7 +176,7 @@ def _io(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
     feeds = [{"query": s["qkv"], "past_key": s["k_cache"], "past_value": s["v_cache"],
               "seqlens_k": shared["seqlens"], "total_sequence_length": shared["total"],
               "cos_cache": shared["cos"], "sin_cache": shared["sin"],
-              **({"head_sink": shared["head_sink"]} if "head_sink" in shared else {})} for s in sets]
+              **{n: shared[n] for n in ("head_sink", *NORM_INPUTS) if n in shared}} for s in sets]
     outs = [{"output": y, "present_key": s["k_cache"], "present_value": s["v_cache"]} for s, y in zip(sets, ys)]
     return feeds, outs, ys
 

@@ -60,15 +60,16 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
     for key in ("seqlens", "caches", "batches", "head_dims"):
         if o.get(key):
             g[key] = o[key]
-    if o.get("sinks"):
-        g["sinks"] = True
+    for key in ("sinks", "qk_norm"):
+        if o.get(key):
+            g[key] = True
     if o.get("dtypes"):
         g["dtype"] = o["dtypes"][0]
     return g
 
 
 def configs(g: dict) -> list[dict]:
-    base = dict(dtype=g["dtype"], hq=g["hq"], hkv=g["hkv"], **({"sinks": True} if g.get("sinks") else {}))
+    base = dict(dtype=g["dtype"], hq=g["hq"], hkv=g["hkv"], **{k: True for k in ("sinks", "qk_norm") if g.get(k)})
     out = []
     for d, n in itertools.product(g["head_dims"], g["seqlens"]):
         out.append(dict(base, d=d, phase="prefill", batch=max(1, g["tokens"] // n), seqlen=n, cache=n,
@@ -266,6 +267,7 @@ def _cell(row: dict | None, key: str):
 def print_summary(suite: dict) -> None:
     g = suite["grid"]
     where = f"{suite['device']}, {g['dtype']}, Hq {g['hq']}, Hkv {g['hkv']}, packed QKV, rotary, shared buffer"
+    where += "".join(f", {what}" for key, what in (("qk_norm", "Q/K norms"), ("sinks", "attention sinks")) if g.get(key))
     for phase, what in (("prefill", "first prompt, TFLOP/s (causal)"),
                         ("decode", "one token, GB/s of the K and V read")):
         header, rows = summary(suite, phase)

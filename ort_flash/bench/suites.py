@@ -44,7 +44,8 @@ def overrides(args) -> dict:
     return {"seqlens": args.seqlens, "dtypes": args.dtypes, "head_dims": args.head_dims,
             "batches": args.batches, "caches": args.caches, "models": args.models,
             "layers": args.e2e_layers, "genai_model": getattr(args, "genai_model", None),
-            "steps": getattr(args, "steps", None), "sinks": getattr(args, "sinks", False)}
+            "steps": getattr(args, "steps", None), "sinks": getattr(args, "sinks", False),
+            "qk_norm": getattr(args, "qk_norm", False)}
 
 
 def run_suite(args, name: str, device: str, budget_s: float | None) -> int:

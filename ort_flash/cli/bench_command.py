@@ -54,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="genai: the LLaMA-shaped model (default 16 2048 32 8 on CUDA, 2 256 8 2 on the CPU)")
     p.add_argument("--sinks", action="store_true",
                    help="gqa: every node with attention sinks (head_sink, as gpt-oss); the CPU EP computes them")
+    p.add_argument("--qk-norm", action="store_true",
+                   help="gqa: every node with fused Q/K norms (q_norm_weight, k_norm_weight, as Qwen3's CUDA builds)")
     p.add_argument("--steps", type=int, default=None,
                    help="genai_fidelity: decode steps fed after the prompt (default 128 on CUDA)")
     p.add_argument("--e2e-layers", type=int, default=None,
@@ -158,6 +160,8 @@ def _passthrough(args) -> list[str]:
         out.append("--quick")
     if getattr(args, "sinks", False):
         out.append("--sinks")
+    if getattr(args, "qk_norm", False):
+        out.append("--qk-norm")
     for flag in ("peers", "seqlens", "dtypes", "head_dims", "batches", "caches", "models", "genai_model"):
         v = getattr(args, flag)
         if v:
