@@ -55,6 +55,13 @@ class Reference:
         import torch
         import transformers
 
+        try:  # K/V repeated to the query heads: SDPA's memory-efficient kernel takes no enable_gqa
+            import transformers.integrations.sdpa_attention as sdpa_attention
+
+            if hasattr(sdpa_attention, "use_gqa_in_sdpa"):
+                sdpa_attention.use_gqa_in_sdpa = lambda *a, **k: False
+        except ImportError:
+            pass
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         self.torch, self.device = torch, device
