@@ -174,6 +174,17 @@ def main() -> int:
                                     "argmax_equal_fp32": (got.argmax(-1) == want.argmax(-1)).tolist()}
         print(f"teacher-forced {v}: max |logits - fp32| per step {_g(err)} "
               f"(largest logit {scale:.3g})")
+    # Where a variant's argmax leaves the reference's: the reference's margin between its token
+    # and the variant's (a tie within rounding when below the variant's error there).
+    for v, got in tf.items():
+        doc["teacher_forced"][v]["argmax_differs"] = [
+            {"step": k, "reference_token": int(want[k].argmax()), "token": int(got[k].argmax()),
+             "reference_margin": float(want[k].max() - want[k][got[k].argmax()]),
+             "max_abs_vs_fp32": float(np.abs(got[k] - want[k]).max())}
+            for k in range(len(want)) if got[k].argmax() != want[k].argmax()]
+        for x in doc["teacher_forced"][v]["argmax_differs"]:
+            print(f"  {v} step {x['step']}: chose {x['token']}, the fp32 reference {x['reference_token']} by "
+                  f"{x['reference_margin']:.3g} (this variant's logits {x['max_abs_vs_fp32']:.3g} from the reference)")
     d = np.abs(tf["ort_flash"] - tf["original"]).max(-1)
     doc["teacher_forced"]["ours_vs_original"] = d.tolist()
     print(f"teacher-forced ours vs original: {_g(d)}")
