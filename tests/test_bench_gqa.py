@@ -198,64 +198,82 @@ def test_genai_e2e_on_cpu(tmp_path):
     assert by[("decode", "ort_flash")]["tok_s"] > 0
 
 
-def test_genai_divergence_says_how_close_the_choice_was():
-    """genai_e2e.divergence: the first step where greedy tokens differ, each run's margin there
-    and how far the logits are apart (there and before); None where the tokens agree."""
+class _ForcedRunner:
+    """A genai_e2e runner whose logits are a table (step x vocabulary): feeding any token moves
+    to the next row; the timed decode returns ``tokens``."""
+
+    def __init__(self, logits, tokens=None):
+        self.logits, self.tokens, self.fed = logits, tokens, []
+
+    def start_forced(self, ids, steps):
+        self.fed.clear()
+        return "gen", self.logits[0]
+
+    def feed(self, gen, token):
+        self.fed.append(token)
+        return self.logits[len(self.fed)]
+
+    def start_decode(self, ids, steps):
+        return object()
+
+    def decode(self, gen, context, steps):
+        return 1e-3, self.tokens
+
+
+def test_genai_first_flip_tells_a_tie_from_an_error():
+    """genai_e2e.first_flip: both fed the original's greedy tokens; the first step where ours'
+    argmax differs, the original's margin there against the two runs' logit difference (a tie when
+    the margin is below it), None where they agree at every fed step."""
     from ort_flash.bench import genai_e2e
 
     rng = np.random.default_rng(3)
-    lo = rng.standard_normal((5, 11)).astype(np.float32)
-    lf = lo + np.float32(1e-3) * rng.standard_normal((5, 11)).astype(np.float32)
-    orig = [int(t) for t in lo.argmax(1)]
-    assert genai_e2e.divergence(orig, lo, orig, lf) is None
-    k, a, b = 3, orig[3], (orig[3] + 1) % 11
-    lf[k, b] = lf[k, a] + np.float32(0.25)
-    ours = orig[:k] + [b] + [0] * (5 - k - 1)
-    d = genai_e2e.divergence(orig, lo, ours, lf)
+    lo = rng.standard_normal((6, 11)).astype(np.float32)
+    lf = lo + np.float32(1e-3) * rng.standard_normal((6, 11)).astype(np.float32)
+    agree = genai_e2e.first_flip({"original": _ForcedRunner(lo), "ort_flash": _ForcedRunner(lf)}, None, 5)
+    assert agree["step"] is None and 0 < agree["noise"] < 1e-2
+    assert "same token at every step" in genai_e2e.flip_note(agree)
+    k = 3
+    a = int(lo[k].argmax())
+    b = int(np.argsort(lo[k])[-2])
+    lo[k, b] = lo[k, a] - np.float32(1e-3)  # the original's runner-up 1e-3 behind: a near tie
+    tie = lo + np.float32(1e-3) * rng.standard_normal(lo.shape).astype(np.float32)
+    tie[k, b] = tie[k, a] + np.float32(1e-4)
+    runners = {"original": _ForcedRunner(lo), "ort_flash": _ForcedRunner(tie)}
+    d = genai_e2e.first_flip(runners, None, 5)
     assert (d["step"], d["original_token"], d["ours_token"]) == (k, a, b)
-    assert d["original_margin"] == pytest.approx(float(lo[k, a] - lo[k, b]))
-    assert d["ours_margin"] == pytest.approx(float(lf[k, b] - lf[k, a]))
-    assert d["max_logit_diff"] == pytest.approx(float(np.abs(lo[k] - lf[k]).max()))
-    assert d["max_logit_diff_before"] == pytest.approx(float(np.abs(lo[:k] - lf[:k]).max()))
-    assert d["logit_scale"] == pytest.approx(float(np.abs(lo[k]).max()))
-    note = genai_e2e.divergence_note(d)
-    assert f"{d['original_margin']:.3g} above ours" in note and f"{d['max_logit_diff']:.3g} there" in note
-    first = genai_e2e.divergence([b] + orig[1:], lf, orig, lo)
-    assert first["step"] == 0 and first["max_logit_diff_before"] is None
-    assert "no step" in genai_e2e.divergence_note(first)
+    assert runners["ort_flash"].fed == [int(t) for t in lo[:k].argmax(1)]  # the original's choices
+    assert d["original_margin"] == pytest.approx(1e-3, rel=1e-2)
+    assert d["noise"] >= float(np.abs(lo[:k] - tie[:k]).max())
+    assert d["tie"] and "a tie within rounding" in genai_e2e.flip_note(d)
+    off = tie.copy()
+    off[k, b] = off[k, a] + 0.5  # ours off by half a logit at one token, rounding elsewhere
+    lo2 = lo.copy()
+    lo2[k, b] = lo2[k, a] - 0.3
+    f = genai_e2e.first_flip({"original": _ForcedRunner(lo2), "ort_flash": _ForcedRunner(off)}, None, 5)
+    assert f["step"] == k and not f["tie"] and f["diff_at_tokens"] > 0.3, f
+    assert "NOT a tie" in genai_e2e.flip_note(f)
+    first = genai_e2e.first_flip({"original": _ForcedRunner(lo2[k:]), "ort_flash": _ForcedRunner(off[k:])}, None, 2)
+    assert first["step"] == 0 and not first["tie"]  # at the prompt: the rest of the vocabulary is the noise
 
 
-def test_genai_decode_mismatch_row_carries_the_divergence():
-    """time_decode: where the greedy tokens differ, the untimed replay's logits give the row its
-    divergence (step, margins) and extend its reason; the timed tokens are the replay's here."""
+def test_genai_decode_mismatch_row_carries_the_flip():
+    """time_decode: where the timed greedy tokens differ, the teacher-forced check gives the row its
+    flip (step, margin, tie) and extends its reason; the ratio stands."""
     from ort_flash.bench import genai_e2e
 
     rng = np.random.default_rng(5)
-    logits = {v: rng.standard_normal((6, 9)).astype(np.float32) for v in genai_e2e.VARIANTS}
-    logits["ort_flash"][:2] = logits["original"][:2]
-    tokens = {v: [int(t) for t in l.argmax(1)] for v, l in logits.items()}
-    if tokens["ort_flash"][2] == tokens["original"][2]:
-        logits["ort_flash"][2, (tokens["original"][2] + 1) % 9] += 10
-        tokens["ort_flash"] = [int(t) for t in logits["ort_flash"].argmax(1)]
-
-    class Fake:
-        def __init__(self, v):
-            self.v = v
-
-        def start_decode(self, ids, steps):
-            return object()
-
-        def decode(self, gen, context, steps):
-            return 1e-3, tokens[self.v]
-
-        def decode_logits(self, gen, context, steps):
-            return tokens[self.v], logits[self.v]
-
+    logits = {v: rng.standard_normal((9, 9)).astype(np.float32) for v in genai_e2e.VARIANTS}
+    lo = logits["original"]
+    a, b = int(lo[2].argmax()), int(np.argsort(lo[2])[-2])
+    lo[2, b] = lo[2, a] - 1e-3  # the runner-up 1e-3 behind
+    logits["ort_flash"] = lo + np.float32(1e-3) * rng.standard_normal(lo.shape).astype(np.float32)
+    logits["ort_flash"][2, b] = logits["ort_flash"][2, a] + 1e-4  # the tie flipped at step 2
+    timed = {"original": [1, 2, 3, 4, 5, 6], "ort_flash": [1, 2, 7, 4, 5, 6]}
+    runners = {v: _ForcedRunner(logits[v], timed[v]) for v in genai_e2e.VARIANTS}
     g = dict(rounds=2, steps=6)
     cfg = {"kind": "decode", "tokens": 4}
-    rows = genai_e2e.time_decode({v: Fake(v) for v in genai_e2e.VARIANTS}, np.zeros(4, np.int32), g, cfg)
+    rows = genai_e2e.time_decode(runners, np.zeros(4, np.int32), g, cfg)
     ours = rows[-1]
-    assert ours["status"] == "mismatch" and ours["divergence"]["step"] == 2, ours
-    assert ours["divergence"]["replayed_as_timed"] is True
-    assert "(first at step 2): the original's logits put its token" in ours["reason"]
+    assert ours["status"] == "mismatch" and ours["flip"]["step"] == 2 and ours["flip"]["tie"], ours
+    assert "(first at step 2): teacher-forced from the prompt" in ours["reason"] and "a tie within rounding" in ours["reason"]
     assert ours["vs_original"] == 1.0  # timed all the same: the same steps over the same lengths
