@@ -19,8 +19,8 @@
 # output), float16 / bfloat16 nodes with attention sinks (computed on the CPU EP only), and float16 /
 # bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's op is not measured faster than ONNX
 # Runtime's own (_cuda_decision: mapped for float16 and bfloat16 at head sizes 64 and 128 by
-# rewrite()'s default gqa_cuda="measured", without fused Q/K norms, not yet timed on CUDA; "all" maps
-# the others, "none" none; a windowed cache never on CUDA).
+# rewrite()'s default gqa_cuda="measured", fused Q/K norms included; "all" maps the others, "none"
+# none; a windowed cache never on CUDA).
 from __future__ import annotations
 
 import math
@@ -142,7 +142,7 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
         if sinks:
             _fail(f"a {dtype.name.lower()} GroupQueryAttention with attention sinks (head_sink or "
                   "smooth_softmax=1): ort_flash's op computes them on the CPU execution provider only")
-        _cuda_decision(node, dtype, head_dim, cuda_policy, qk_norm)
+        _cuda_decision(node, dtype, head_dim, cuda_policy)
     scale_attr = node.attributes.get("scale")
     scale = scale_attr.as_float() if scale_attr is not None else 0.0
     if not scale and isinstance(head_dim, int):
@@ -166,7 +166,7 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
             "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
 
 
-def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str, qk_norm: bool = False) -> None:
+def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str) -> None:
     """float16 / bfloat16 nodes run on CUDA. Mapped where ort_flash's op was measured faster than
     ONNX Runtime's (_CUDA_MEASURED), or every one with policy "all"; none with "none", nor a
     windowed cache (the CUDA op refuses it at session creation)."""
@@ -179,8 +179,4 @@ def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str, qk_
     if policy != "all" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
               "sizes 64 and 128 (other sizes run generic kernels, measured slower): left to ONNX Runtime's; "
-              "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
-    if policy != "all" and qk_norm:
-        _fail(f"{what} and fused Q/K norms (q_norm_weight, k_norm_weight): ort_flash's op computes them, "
-              "but has not been timed against ONNX Runtime's on CUDA with them: left to ONNX Runtime's; "
               "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
