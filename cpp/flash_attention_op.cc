@@ -30,7 +30,25 @@ class FlashAttentionKernel {
   }
 
  private:
+  // One run of the node: validate (inputs read and checked, outputs allocated, the stream),
+  // plan (the kernel's parameters; with a cache, where present is written), launch (the cache
+  // append, then the attention), each once.
+  struct Run {
+    AttentionDims dims;
+    const void* data[kNumInputs] = {};
+    void* out[kNumOutputs] = {};
+    CUstream stream = nullptr;
+    FlashParams p;
+    bool append = false;              // present = past ++ new before the attention
+    void* present[2] = {};            // where the append writes K and V
+    int64_t in_stride[2][3] = {};     // the new K and V inputs' (batch, head, token) strides
+  };
+  using ScratchFn = std::function<Status(size_t bytes, const char* what, void** ptr)>;
+
   Status compute(OrtKernelContext* ctx);
+  Status validate_run(OrtKernelContext* ctx, Run* run) const;
+  Status plan_run(const ScratchFn& scratch, Run* run) const;
+  Status launch_run(OrtKernelContext* ctx, const ScratchFn& scratch, const Run& run) const;
   Status prefix(Status s) const {
     if (s.ok() || s.message().rfind("FlashAttention node", 0) == 0) return s;
     return Status::Error("FlashAttention node '" + node_ + "': " + s.message());
@@ -77,34 +95,54 @@ Status FlashAttentionKernel::init(const OrtKernelInfo* info) {
 }
 
 Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
+  Run run;
+  ORT_FLASH_RETURN_IF_ERROR(validate_run(ctx, &run));
+  // Scratch of this run: the KV cache when there is no present output to hold it (the one host
+  // allocation of a CPU run), and on CUDA the split-KV partials (RunScratch: on this run's stream).
+  std::unique_ptr<RunScratch> device_scratch;
+  std::unique_ptr<void, std::function<void(void*)>> host_scratch(nullptr, [this](void* ptr) {
+    if (ptr) allocator_->Free(allocator_, ptr);
+  });
+  if (cuda_) device_scratch = std::make_unique<RunScratch>(api_, ctx, allocator_->Info(allocator_));
+  auto scratch = [&](size_t bytes, const char* what, void** ptr) -> Status {
+    if (device_scratch) return device_scratch->alloc(bytes, what, ptr);
+    host_scratch.reset(allocator_->Alloc(allocator_, bytes));
+    *ptr = host_scratch.get();
+    if (!*ptr) return Status::Error("cannot allocate " + std::to_string(bytes) + " bytes for " + what);
+    return Status::Ok();
+  };
+  ORT_FLASH_RETURN_IF_ERROR(prefix(plan_run(scratch, &run)));
+  return prefix(launch_run(ctx, scratch, run));
+}
+
+Status FlashAttentionKernel::validate_run(OrtKernelContext* ctx, Run* run) const {
   InputDesc in[kNumInputs];
-  const void* data[kNumInputs] = {};
-  ORT_FLASH_RETURN_IF_ERROR(describe_context_inputs(api_, ctx, in, data));
-  AttentionDims dims;
-  ORT_FLASH_RETURN_IF_ERROR(validate(node_, attrs_, in, cuda_, &dims));
-
-  void* out[kNumOutputs] = {};
-  ORT_FLASH_RETURN_IF_ERROR(allocate_outputs(api_, ctx, dims, has_output_, out));
-  // CUDA: ONNX Runtime's stream for this run, asked for once (the cache append and the attention
-  // both run on it).
-  CUstream stream = nullptr;
-  if (cuda_) {
-    void* s = nullptr;
-    if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &s)) {
-      std::string msg = api_.GetErrorMessage(st);
-      api_.ReleaseStatus(st);
-      return prefix(Status::Error("no CUDA stream from ONNX Runtime: " + msg));
-    }
-    stream = static_cast<CUstream>(s);
+  ORT_FLASH_RETURN_IF_ERROR(describe_context_inputs(api_, ctx, in, run->data));
+  ORT_FLASH_RETURN_IF_ERROR(validate(node_, attrs_, in, cuda_, &run->dims));
+  ORT_FLASH_RETURN_IF_ERROR(allocate_outputs(api_, ctx, run->dims, has_output_, run->out));
+  if (!cuda_) return Status::Ok();
+  // ONNX Runtime's stream for this run, asked for once (the cache append and the attention both
+  // run on it).
+  void* s = nullptr;
+  if (OrtStatus* st = api_.KernelContext_GetGPUComputeStream(ctx, &s)) {
+    std::string msg = api_.GetErrorMessage(st);
+    api_.ReleaseStatus(st);
+    return prefix(Status::Error("no CUDA stream from ONNX Runtime: " + msg));
   }
+  run->stream = static_cast<CUstream>(s);
+  return Status::Ok();
+}
 
+Status FlashAttentionKernel::plan_run(const ScratchFn& scratch, Run* run) const {
+  const AttentionDims& dims = run->dims;
+  const void* const* data = run->data;
   const int es = dtype_size(dims.dtype);
   const int64_t total = dims.total();
-  FlashParams p;
+  FlashParams& p = run->p;
   p.dtype = dims.dtype;
   p.q = data[kQ];
-  p.y = out[kY];
-  p.lse = static_cast<float*>(out[kLse]);
+  p.y = run->out[kY];
+  p.lse = static_cast<float*>(run->out[kLse]);
   p.batch = dims.batch; p.hq = dims.hq; p.hkv = dims.hkv;
   p.sq = dims.sq; p.skv = total; p.d = dims.d; p.dv = dims.dv;
   p.offset = dims.past;
@@ -128,47 +166,24 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
     p.mask_len = dims.mask_shape[3];
   }
 
-  // K and V as attention reads them: the inputs, or present = past ++ new when a cache is given.
-  int64_t k_in_stride[3], v_in_stride[3];
-  seq_strides(dims.rank, dims.hkv, dims.skv_new, dims.d, k_in_stride);
-  seq_strides(dims.rank, dims.hkv, dims.skv_new, dims.dv, v_in_stride);
-  std::unique_ptr<RunScratch> device_scratch;  // CUDA runs
-  std::unique_ptr<void, std::function<void(void*)>> scratch(nullptr, [this](void* ptr) {
-    if (ptr) allocator_->Free(allocator_, ptr);
-  });
-  if (cuda_) device_scratch = std::make_unique<RunScratch>(api_, ctx, allocator_->Info(allocator_));
-  void* present[2] = {out[kPresentKey], out[kPresentValue]};
-  const bool need_present = dims.has_past || present[0] || present[1];
-  if (need_present) {
+  // K and V as attention reads them: the inputs, or present = past ++ new when a cache is given
+  // (into the present outputs, or scratch where the node has none).
+  seq_strides(dims.rank, dims.hkv, dims.skv_new, dims.d, run->in_stride[0]);
+  seq_strides(dims.rank, dims.hkv, dims.skv_new, dims.dv, run->in_stride[1]);
+  void** present = run->present;
+  present[0] = run->out[kPresentKey];
+  present[1] = run->out[kPresentValue];
+  run->append = dims.has_past || present[0] || present[1];
+  if (run->append) {
     const size_t kbytes = static_cast<size_t>(dims.batch * dims.hkv * total * dims.d) * es;
     const size_t vbytes = static_cast<size_t>(dims.batch * dims.hkv * total * dims.dv) * es;
     const size_t want = (dims.has_past && !present[0] ? kbytes : 0) + (dims.has_past && !present[1] ? vbytes : 0);
     if (want) {
       void* buf = nullptr;
-      if (device_scratch) {
-        ORT_FLASH_RETURN_IF_ERROR(prefix(device_scratch->alloc(want, "the KV cache", &buf)));
-      } else {
-        scratch.reset(allocator_->Alloc(allocator_, want));
-        buf = scratch.get();
-        if (!buf) return prefix(Status::Error("cannot allocate " + std::to_string(want) + " bytes for the KV cache"));
-      }
+      ORT_FLASH_RETURN_IF_ERROR(scratch(want, "the KV cache", &buf));
       char* s = static_cast<char*>(buf);
       if (!present[0]) { present[0] = s; s += kbytes; }
       if (!present[1]) present[1] = s;
-    }
-    const void* src[2] = {data[kK], data[kV]};
-    const void* past[2] = {data[kPastKey], data[kPastValue]};
-    const int64_t* strides[2] = {k_in_stride, v_in_stride};
-    const int64_t width[2] = {dims.d, dims.dv};
-    for (int i = 0; i < 2; ++i) {
-      if (!present[i]) continue;
-      if (cuda_) {
-        ORT_FLASH_RETURN_IF_ERROR(prefix(append_kv_cuda(past[i], src[i], strides[i], present[i], dims.batch,
-                                                        dims.hkv, dims.past, dims.skv_new, width[i], es, stream)));
-      } else {
-        append_kv_cpu(past[i], src[i], strides[i], present[i], dims.batch, dims.hkv, dims.past,
-                      dims.skv_new, width[i], es);
-      }
     }
   }
   if (dims.has_past) {
@@ -189,22 +204,39 @@ Status FlashAttentionKernel::compute(OrtKernelContext* ctx) {
   } else {
     p.k = data[kK];
     p.v = data[kV];
-    std::memcpy(p.k_stride, k_in_stride, sizeof(k_in_stride));
-    std::memcpy(p.v_stride, v_in_stride, sizeof(v_in_stride));
+    std::memcpy(p.k_stride, run->in_stride[0], sizeof(run->in_stride[0]));
+    std::memcpy(p.v_stride, run->in_stride[1], sizeof(run->in_stride[1]));
   }
+  return Status::Ok();
+}
 
-  if (is_empty_call(p)) return Status::Ok();
+Status FlashAttentionKernel::launch_run(OrtKernelContext* ctx, const ScratchFn& scratch, const Run& run) const {
+  const AttentionDims& dims = run.dims;
+  if (run.append) {
+    const int es = dtype_size(dims.dtype);
+    const void* src[2] = {run.data[kK], run.data[kV]};
+    const void* past[2] = {run.data[kPastKey], run.data[kPastValue]};
+    const int64_t width[2] = {dims.d, dims.dv};
+    for (int i = 0; i < 2; ++i) {
+      if (!run.present[i]) continue;
+      if (cuda_) {
+        ORT_FLASH_RETURN_IF_ERROR(append_kv_cuda(past[i], src[i], run.in_stride[i], run.present[i], dims.batch,
+                                                 dims.hkv, dims.past, dims.skv_new, width[i], es, run.stream));
+      } else {
+        append_kv_cpu(past[i], src[i], run.in_stride[i], run.present[i], dims.batch, dims.hkv, dims.past,
+                      dims.skv_new, width[i], es);
+      }
+    }
+  }
+  if (is_empty_call(run.p)) return Status::Ok();
   if (cuda_) {
-    // Split-KV partials (decode shapes): run scratch on this run's stream (see RunScratch).
-    auto get_workspace = [&](size_t bytes, void** ptr) -> Status {
-      return device_scratch->alloc(bytes, "split-KV partials", ptr);
-    };
-    return prefix(launch_flash_cuda(p, stream, get_workspace));
+    auto workspace = [&](size_t bytes, void** ptr) { return scratch(bytes, "split-KV partials", ptr); };
+    return launch_flash_cuda(run.p, run.stream, workspace);
   }
   try {
-    run_flash_cpu(p, ort_parallel_for(api_, ctx));
+    run_flash_cpu(run.p, ort_parallel_for(api_, ctx));
   } catch (const std::exception& e) {
-    return prefix(Status::Error(std::string("CPU kernel failed: ") + e.what()));
+    return Status::Error(std::string("CPU kernel failed: ") + e.what());
   }
   return Status::Ok();
 }
