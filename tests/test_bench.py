@@ -270,6 +270,28 @@ def test_report_renders_ort_flash_opt(tmp_path):
     assert goals["e2e: rewritten + ORT's other fusions (ort_flash_opt) ≥ 1.0× the ORT-optimizer model at 2k"] == "met"
 
 
+def test_report_renders_the_llm_suites(tmp_path):
+    """The gqa suite's run (here on the CPU at a tiny grid, plain and with Q/K norms) gets a section
+    per variant with its first-prompt and decode tables; a later run of the same variant replaces
+    the earlier one; its run is listed."""
+    from ort_flash.bench.report import write_report
+    from ort_flash.cli import main
+
+    tiny = ["--quick", "--seqlens", "64", "--caches", "128", "--batches", "1"]
+    paths = []
+    for name, extra in (("plain", []), ("qk", ["--qk-norm"]), ("plain-again", [])):
+        paths.append(tmp_path / f"gqa-{name}.json")
+        assert main(["bench", "--suite", "gqa", "--device", "cpu", *tiny, *extra, "--out", str(paths[-1])]) == 0
+    text = write_report(paths, tmp_path / "docs" / "PERFORMANCE.md")
+    assert text.count("## GroupQueryAttention, GenAI's attention op (CPU EP, float32)") == 1
+    assert "## GroupQueryAttention, GenAI's attention op (CPU EP, float32, Q/K norms)" in text
+    section = text.split("(CPU EP, float32, Q/K norms)")[1].split("\n## ")[0]
+    assert "### First prompt" in section and "### Decode" in section and "| ort_flash ms |" in section
+    assert "q_norm_weight" in section  # ONNX Runtime's CPU op refuses the norms: its reason is shown
+    runs = text.split("## Runs")[1].split("## Goals")[0]
+    assert runs.count("| gqa | cpu |") == 2  # the plain run replaced by the later one, and the Q/K norm run
+
+
 def test_targets_on_synthetic_result():
     goals = {g[0]: g[1:] for g in targets.all_goals(_synthetic_document()["suites"])}
     first = next(k for k in goals if k.startswith("op: ≥ 1.05×"))

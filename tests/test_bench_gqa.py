@@ -276,4 +276,6 @@ def test_genai_decode_mismatch_row_carries_the_flip():
     ours = rows[-1]
     assert ours["status"] == "mismatch" and ours["flip"]["step"] == 2 and ours["flip"]["tie"], ours
     assert "(first at step 2): teacher-forced from the prompt" in ours["reason"] and "a tie within rounding" in ours["reason"]
+    _, table = genai_e2e.summary({"rows": rows, "device": "cpu"}, "decode")
+    assert table[0][5] == "no (a tie)", table
     assert ours["vs_original"] == 1.0  # timed all the same: the same steps over the same lengths

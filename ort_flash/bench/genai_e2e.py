@@ -394,9 +394,19 @@ def summary(suite: dict, kind: str) -> tuple[list[str], list[list]]:
         vals = [by[v].get(key) if by[v]["status"] in ("ok", "mismatch") else by[v]["status"] for v in VARIANTS]
         spread = "/".join(f"{100 * by[v]['spread']:.0f}%" if "spread" in by[v] else "–" for v in VARIANTS)
         ours = by["ort_flash"]
-        rows.append([cfg["tokens"], *vals, spread, verdict(ours.get("vs_original")), ours.get("identical"),
+        rows.append([cfg["tokens"], *vals, spread, verdict(ours.get("vs_original")), _identical(ours),
                      goal(cfg) if suite["device"] == "cuda" else None])
     return header, rows
+
+
+def _identical(ours: dict):
+    """yes / no, and where the tokens differ whether the first different choice was a tie."""
+    flip = ours.get("flip")
+    if ours.get("identical") is not False or not flip:
+        return ours.get("identical")
+    if flip["step"] is None:
+        return "no (no flip when fed the same tokens)"
+    return "no (a tie)" if flip["tie"] else "no (NOT a tie)"
 
 
 def print_summary(suite: dict) -> None:
