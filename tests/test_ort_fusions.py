@@ -115,10 +115,10 @@ def test_bench_models_keep_every_attention_fused(model, tmp_path, monkeypatch, c
     attention fusion off, float16 conversion, rewrite) on its tiny models: every layer fused, and
     ``ort-flash verify`` finds the same function as the float16 export (LLaMA's ORT-fused
     SimplifiedLayerNormalization, which onnx.checker does not know, included)."""
+    from ort_flash.bench import bench_models as bm
     from ort_flash.bench import e2e_suite
 
     monkeypatch.chdir(tmp_path)
-    bm = e2e_suite.bench_models()
     (spec,) = e2e_suite.specs(e2e_suite.grid("cpu", quick=True, overrides={"models": [model], "layers": 2}))
     fp32, _ = bm.cached_export(spec, tmp_path / "cache", "float32")
     fp16, _ = bm.cached_export(spec, tmp_path / "cache", "float16")

@@ -117,11 +117,11 @@ def main() -> None:
 
     import onnxruntime as ort
 
+    from ort_flash.bench import bench_models as bm
     from ort_flash.bench import e2e_suite
     from ort_flash.timing import SessionTimer, interleaved_medians
 
     ort.preload_dlls()
-    bm = e2e_suite.bench_models()
     spec = bm.SPECS[args.model].scaled(args.layers)
     paths, info = e2e_suite.prepare(bm, spec, "float16", pathlib.Path(args.cache_dir), "cuda")
     if "ort_flash_opt" in paths:

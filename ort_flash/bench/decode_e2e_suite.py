@@ -1,6 +1,6 @@
-"""End to end, one decoding step: the LLaMA-style ~1B GQA model (``models/bench_models.py`` spec
-``llama-1b``: 16 layers, hidden 2048, 32 query / 8 KV heads, head dim 64) generating one token
-against a KV cache of P tokens, in ONNX Runtime, fp16 on CUDA. Three variants of the same step:
+"""End to end, one decoding step: the LLaMA-style ~1B GQA model (``ort_flash.bench.bench_models``
+spec ``llama-1b``: 16 layers, hidden 2048, 32 query / 8 KV heads, head dim 64) generating one
+token against a KV cache of P tokens, in ONNX Runtime, fp16 on CUDA. Three variants of the same step:
 
 * ``original``: the TorchScript export of one cached step (``bench_models.export(...,
   cache=True)``: input_ids (B, 1), attention_mask (B, P + 1), past_key_i / past_value_i
@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 
-from ort_flash.bench import e2e_suite, memory, results
+from ort_flash.bench import bench_models, e2e_suite, memory, results
 from ort_flash.bench.measure import Budget, Context, add_ratios
 from ort_flash.bench.op_suite import verdict
 from ort_flash.bench.tables import text_table
@@ -101,7 +101,7 @@ def _config(spec, batch: int, past: int, g: dict) -> dict:
 
 def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, progress) -> None:
     g = suite["grid"]
-    bm = e2e_suite.bench_models()
+    bm = bench_models
     cache_dir = pathlib.Path(getattr(args, "cache_dir", None) or "/tmp/ort_flash_bench")
     seed = getattr(args, "seed", 0) or 0
     suite["models"] = {}

@@ -1,6 +1,6 @@
 """End to end: whole models in ONNX Runtime, four variants of each, fp16 on CUDA.
 
-* ``original``: the TorchScript export (``models/bench_models.py``, eager attention, fp16);
+* ``original``: the TorchScript export (``ort_flash.bench.bench_models``, eager attention, fp16);
 * ``ort_flash``: what ``ort-flash rewrite`` writes by default from that export
   (``ort_fusions.rewrite_default``: the attention rewrite, after ONNX Runtime's bert fusions for an
   encoder the optimizer knows; then verified against the original as ``ort_flash_opt`` is);
@@ -26,16 +26,13 @@ On the CPU (harness tests) tiny models run in fp32 and memory is the process's p
 """
 from __future__ import annotations
 
-import functools
 import gc
-import importlib.util
 import pathlib
-import sys
 import time
 
 import numpy as np
 
-from ort_flash.bench import memory, results
+from ort_flash.bench import bench_models, memory, results
 from ort_flash.bench.measure import Budget, Context, add_ratios
 from ort_flash.bench.op_suite import verdict
 from ort_flash.bench.tables import fmt, text_table
@@ -46,19 +43,6 @@ OPTIMIZER_TYPE = {"bert": "bert", "gpt2": "gpt2", "llama": "gpt2"}
 # ort_flash.verify's feeds for ort_flash_opt: batch 1 as timed (ONNX Runtime's RotaryEmbedding
 # fusion of some LLaMA exports takes position ids of batch 1; its fused models refuse batch 2).
 VERIFY = dict(batch=1, seq_len=37, seed=0)
-
-
-@functools.lru_cache(maxsize=None)
-def bench_models():
-    """models/bench_models.py of this checkout (the models/ folder is not part of the package)."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "models" / "bench_models.py"
-    if not path.is_file():
-        raise RuntimeError(f"{path} not found: run the e2e suite from an ort_flash checkout")
-    spec = importlib.util.spec_from_file_location("ort_flash_bench_models", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
@@ -77,7 +61,7 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
 
 
 def specs(g: dict) -> list:
-    bm = bench_models()
+    bm = bench_models
     out = []
     for name in g["models"]:
         spec = bm.SPECS[name].scaled(g["layers"])
@@ -91,7 +75,7 @@ def specs(g: dict) -> list:
 
 def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, progress) -> None:
     g = suite["grid"]
-    bm = bench_models()
+    bm = bench_models
     cache_dir = pathlib.Path(getattr(args, "cache_dir", None) or "/tmp/ort_flash_bench")
     suite["models"] = {}
     for spec in progress(specs(g), desc=f"e2e ({ctx.device})", unit="model"):

@@ -21,15 +21,18 @@ for ``ort-flash bench --suite decode_e2e``: inputs ``input_ids`` (B, S), ``atten
 (B, "past_sequence + sequence") and per layer ``past_key_i`` / ``past_value_i`` (B, Hkv,
 "past_sequence", D) in the model's dtype; outputs ``last_hidden_state`` (B, S, hidden) and
 ``present_key_i`` / ``present_value_i`` (B, Hkv, "past_sequence + sequence", D). The wrapper
-that hands the flat tensors to transformers as a Cache is ``models/families.py``'s
-``cached_step`` (the rewriter's family tests export their tiny cached steps through it too).
+that hands the flat tensors to transformers as a Cache is ``cached_step`` here (``models/families.py``
+exports the rewriter's tiny cached family tests through it too).
 
 ``layers`` can be cut (``--e2e-layers``) to fit a time budget: per-layer cost and the attention
 share of it do not change, so ratios between variants stay meaningful; the result JSON records
 the sizes used. Exports are cached on disk, keyed by everything that shapes the file.
 
-    python models/bench_models.py --name bert-base --dtype float16 --out /tmp/bert.onnx
-    python models/bench_models.py --name llama-1b --layers 4 --cache --out /tmp/llama-step.onnx
+torch and transformers are imported inside the functions that need them (benchmark
+dependencies, not the package's).
+
+    python -m ort_flash.bench.bench_models --name bert-base --dtype float16 --out /tmp/bert.onnx
+    python -m ort_flash.bench.bench_models --name llama-1b --layers 4 --cache --out /tmp/llama-step.onnx
 """
 from __future__ import annotations
 
@@ -39,7 +42,6 @@ import hashlib
 import json
 import os
 import pathlib
-import sys
 import tempfile
 import warnings
 
@@ -47,7 +49,7 @@ OPSET = 17
 IR_VERSION = 10
 SEED = 0
 TWO_GB = 2 * 1024**3
-# Bump when the cached-step export changes in a way the spec does not show (families.cached_step).
+# Bump when the cached-step export changes in a way the spec does not show (cached_step).
 CACHED_STEP_REVISION = 1
 
 
@@ -146,30 +148,155 @@ def build_torch_model(spec: ModelSpec, dtype: str = "float16", device: str = "cp
     return model.to(device=device, dtype=getattr(torch, dtype)).eval()
 
 
-def _families():
-    """models/families.py beside this file (its ``cached_step`` wraps a model for a cached export)."""
-    root = str(pathlib.Path(__file__).resolve().parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from models import families
-
-    return families
-
-
 def build_cached_step(spec: ModelSpec, dtype: str = "float16", device: str = "cpu"):
     """(module, example inputs by name, dynamic axes by name, output names) of one decoding step
-    of the base model with a KV cache (module docstring), through families.cached_step."""
+    of the base model with a KV cache (module docstring), through cached_step."""
     import torch
 
     if spec.family not in ("gpt2", "llama"):
         raise ValueError(f"{spec.name}: no cached decoding step for the {spec.family} family")
-    families = _families()
     torch_dtype = getattr(torch, dtype)
     inner = _base_model(spec).eval().to(device=device, dtype=torch_dtype)
-    module, inputs, dynamic = families.cached_step(inner, inner.config, spec.layers, torch_dtype,
-                                                   output="last_hidden_state")
-    outputs = {"last_hidden_state": dynamic["input_ids"], **families.present_axes(dynamic, spec.layers)}
+    module, inputs, dynamic = cached_step(inner, inner.config, spec.layers, torch_dtype,
+                                          output="last_hidden_state")
+    outputs = {"last_hidden_state": dynamic["input_ids"], **present_axes(dynamic, spec.layers)}
     return module, {k: v.to(device) for k, v in inputs.items()}, {**dynamic, **outputs}, list(outputs)
+
+
+PAST = "past_sequence"  # the cache's length P in the dynamic axes ("past_sequence + sequence")
+PAST_LEN = 3  # P of the example inputs the exporters trace with
+
+
+def cached_step(net, config, layers: int, dtype, *, output: str | None = None):
+    """(module, example inputs by name, dynamic axes by name) of one decoding step of ``net``
+    (a transformers model of ``config``, ``layers`` layers, weights in ``dtype``) with a KV
+    cache, wrapped so the export has flat tensors:
+
+    - gpt2, llama, qwen2: (input_ids (B, S), attention_mask (B, P + S), past_key_i,
+      past_value_i (B, Hkv, P, D) per layer) -> (logits, present_key_i, present_value_i);
+    - bart, whisper: the decoder alone: (decoder_input_ids (B, S), [whisper:
+      decoder_attention_mask (B, P + S)], encoder_hidden_states (B, E, d), [bart:
+      encoder_attention_mask (B, E)], past self-attention key/value_i (B, H, P, D), past
+      cross-attention key/value_i (B, H, E, D)) -> (last_hidden_state, present self-attention
+      key/value_i). The cross-attention reads its cached K/V (as a decoding step after the
+      first does); they are inputs only, the step does not change them.
+
+    The model gets its cache as a transformers Cache object built from the flat tensors
+    (DynamicCache, EncoderDecoderCache for the decoders) and returns the updated one.
+    ``output`` names the model output returned first (default: logits, last_hidden_state for
+    the decoders); ``build_cached_step`` exports its base LLaMA model's step through here with
+    "last_hidden_state". Example sizes: B 2, S 4, P ``PAST_LEN``; the dims are dynamic.
+    """
+    import torch
+
+    family = config.model_type
+    batch, seq, past, enc = 2, 4, PAST_LEN, 6
+    heads = getattr(config, "num_key_value_heads", None) or getattr(
+        config, "n_head", None) or config.decoder_attention_heads
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or config.d_model
+    head_dim = hidden // (getattr(config, "num_attention_heads", None) or getattr(
+        config, "n_head", None) or config.decoder_attention_heads)
+    ids = torch.randint(1, config.vocab_size, (batch, seq))
+    mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    mask[1, -1:] = 0
+    cache = lambda n: torch.randn(batch, heads, n, head_dim, dtype=dtype)  # noqa: E731
+    step = {0: "batch", 1: "sequence"}
+    total = {0: "batch", 1: f"{PAST} + sequence"}
+    past_axes = {0: "batch", 2: PAST}
+    inputs: dict[str, torch.Tensor] = {}
+    dynamic: dict[str, dict[int, str]] = {}
+    if family in ("gpt2", "llama", "qwen2"):
+        inputs.update(input_ids=ids, attention_mask=mask)
+        dynamic.update(input_ids=step, attention_mask=total)
+    else:
+        inputs["decoder_input_ids"] = ids
+        dynamic["decoder_input_ids"] = step
+        if family == "whisper":  # see build(): without it, aten::diff (TorchScript fails)
+            inputs["decoder_attention_mask"] = mask
+            dynamic["decoder_attention_mask"] = total
+        inputs["encoder_hidden_states"] = torch.randn(batch, enc, hidden, dtype=dtype)
+        dynamic["encoder_hidden_states"] = {0: "batch", 1: "encoder_sequence"}
+        if family == "bart":
+            enc_mask = torch.ones(batch, enc, dtype=torch.int64)
+            enc_mask[1, -2:] = 0
+            inputs["encoder_attention_mask"] = enc_mask
+            dynamic["encoder_attention_mask"] = {0: "batch", 1: "encoder_sequence"}
+    for i in range(layers):
+        for kv in ("key", "value"):
+            inputs[f"past_{kv}_{i}"] = cache(past)
+            dynamic[f"past_{kv}_{i}"] = past_axes
+    if family in ("bart", "whisper"):
+        for i in range(layers):
+            for kv in ("key", "value"):
+                inputs[f"past_cross_{kv}_{i}"] = cache(enc)
+                dynamic[f"past_cross_{kv}_{i}"] = {0: "batch", 2: "encoder_sequence"}
+    return _CachedStep(net, tuple(inputs), layers, output), inputs, dynamic
+
+
+def present_axes(dynamic: dict[str, dict[int, str]], layers: int) -> dict[str, dict[int, str]]:
+    """The cached step's present_key_i / present_value_i outputs, in output order, with their
+    dynamic axes (batch, ·, "past_sequence + sequence", ·); empty for ``layers`` 0 (an uncached
+    export, which may have no token input at all: ViT's pixel_values)."""
+    if layers == 0:
+        return {}
+    new = dynamic["input_ids" if "input_ids" in dynamic else "decoder_input_ids"][1]
+    return {f"present_{kv}_{i}": {0: "batch", 2: f"{PAST} + {new}"}
+            for i in range(layers) for kv in ("key", "value")}
+
+
+def cache_argument(module) -> str:
+    """The name of ``module``'s (a transformers model's) Cache: its forward argument and the
+    field of its output that returns the updated one.
+
+    transformers renamed both from ``past_key_values`` to ``cache``: 5.17 and 5.18 know only
+    ``past_key_values`` (and put an unknown ``cache=`` in ``**kwargs`` without a word, so the
+    step would run without its past), 5.24 has ``cache`` and keeps ``past_key_values`` as a
+    deprecated alias (a warning; removal planned for 5.40). Hence the name from the signature.
+    """
+    import inspect
+
+    params = inspect.signature(module.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{type(module).__name__}.forward takes neither cache nor past_key_values")
+
+
+class _CachedStep:
+    """Calls the model (or its decoder) with a Cache built from flat past tensors and returns
+    (output, present_key_0, present_value_0, ...)."""
+
+    def __new__(cls, net, names: tuple[str, ...], layers: int, output: str | None = None):
+        import torch
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+        decoder = net.config.model_type in ("bart", "whisper")
+        module = net.get_decoder() if decoder else net
+        key = cache_argument(module)
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = module
+
+            def forward(self, *args):
+                named = dict(zip(names, args))
+                pasts = [(named.pop(f"past_key_{i}"), named.pop(f"past_value_{i}"))
+                         for i in range(layers)]
+                cache = DynamicCache(pasts)
+                if decoder:
+                    cross = DynamicCache([(named.pop(f"past_cross_key_{i}"),
+                                           named.pop(f"past_cross_value_{i}")) for i in range(layers)])
+                    cache = EncoderDecoderCache(cache, cross)
+                    named = {k.removeprefix("decoder_"): v for k, v in named.items()}
+                out = self.net(**named, **{key: cache}, use_cache=True, return_dict=True)
+                cache = getattr(out, key)
+                cache = cache.self_attention_cache if decoder else cache
+                first = getattr(out, output or ("last_hidden_state" if decoder else "logits"))
+                flat = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+                return (first, *flat)
+
+        return Wrapped().eval()
 
 
 def cache_key(spec: ModelSpec, dtype: str, cache: bool = False) -> str:
