@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("tune", "tune_decode", "levers", "decode_floor", "decode_flat", "gluon_attn", "merged_variants",
-           "ws_profile", "tile_schedule")
+           "ws_profile", "tile_schedule", "genai_case", "fp8_error")
 
 # One interpreter for all five (torch and triton load once); each script runs as __main__ with
 # --help, which must end in exit status 0 after its module-level imports ran.
@@ -48,3 +49,21 @@ def test_aot_holds_only_what_the_build_compiles():
     names = {p.name for p in (ROOT / "aot").glob("*.py")}
     assert not names & {f"{s}.py" for s in SCRIPTS + ("gluon_sass", "merged_pairs")}, names
     assert {"build.py", "variants.py", "flash_fwd.py", "flash_decode.py"} <= names
+
+
+def test_fp8_error_emulation_orders_the_schemes():
+    """experiments/fp8_error.py: the fp16 emulation sits at fp16's rounding of the float64
+    reference, a Hadamard rotation leaves Q·Kᵀ unchanged, and on outlier inputs per-tensor e4m3
+    is the worst scheme and block scales with the rotation beat it."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import fp8_error as f
+
+    rng = np.random.default_rng(0)
+    m = f.hadamard(64, rng)
+    assert np.allclose(m @ m.T, np.eye(64))
+    q, k, v = (f.outlier_inputs(rng, 256, 64) for _ in range(3))
+    assert np.allclose((q @ m) @ (k @ m).T, q @ k.T)
+    want = f.reference(q, k, v, causal=True)
+    err = {s: f.rmse(f.emulate(q, k, v, s, True, np.random.default_rng(1)), want) for s in f.SCHEMES}
+    assert err["fp16"] < 1e-3, err
+    assert err["fp8-tensor"] == max(err.values()) and err["fp8-block-hadamard"] < err["fp8-tensor"], err
