@@ -68,6 +68,9 @@ FAMILIES: dict[str, tuple[str, str, str, dict, tuple[str, ...]]] = {
                     final_logit_softcapping=30.0, sliding_window=WINDOW,
                     layer_types=["sliding_attention", "full_attention"],
                     tie_word_embeddings=True), ()),
+    # Qwen3: per-head RMS norms of Q and K before the rotary (a CUDA build fuses them into
+    # GroupQueryAttention as q_norm_weight / k_norm_weight).
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "Qwen3ForCausalLM", dict(_COMMON, head_dim=32), ()),
 }
 # By default the builder gives a windowed layer a window-sized KV cache (GQA attribute
 # sliding_window_cache=1); these variants keep the max_length-sized cache of the other layers.
@@ -77,7 +80,7 @@ for _name in ("mistral", "gemma2"):
 WINDOWED_KV = ("mistral", "gemma2")
 
 
-def cache_key(family: str) -> str:
+def cache_key(family: str, precision: str = "fp32", ep: str = "cpu") -> str:
     import onnxruntime_genai
     import tokenizers
     import torch
@@ -87,18 +90,21 @@ def cache_key(family: str) -> str:
                   builder=onnxruntime_genai.__version__, torch=torch.__version__,
                   transformers=transformers.__version__, tokenizers=tokenizers.__version__)
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    return f"genai-{family}-{digest}"
+    build_kind = "" if (precision, ep) == ("fp32", "cpu") else f"-{precision}-{ep}"
+    return f"genai-{family}{build_kind}-{digest}"
 
 
-def build(family: str, *, refresh: bool = False) -> pathlib.Path:
-    """The GenAI folder of ``family``, built by GenAI's model builder unless the cache holds it.
+def build(family: str, *, precision: str = "fp32", ep: str = "cpu", refresh: bool = False) -> pathlib.Path:
+    """The GenAI folder of ``family``, built by GenAI's model builder unless the cache holds it:
+    ``-p precision -e ep`` (fp32 for the CPU EP by default; fp16 / bf16 with ``ep="cuda"`` build
+    what a CUDA user deploys, which needs onnxruntime-genai-cuda and a GPU).
 
     Raises ExportFailure (cached as a ``.failed`` file with the builder's message) when the
     builder refuses the family, so a refusal is not retried on every run."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; one of {sorted(FAMILIES)}")
     root = cache_dir() / "genai"
-    key = cache_key(family)
+    key = cache_key(family, precision, ep)
     target, failed = root / key, root / f"{key}.failed"
     if not refresh:
         if (target / "genai_config.json").is_file():
@@ -112,7 +118,7 @@ def build(family: str, *, refresh: bool = False) -> pathlib.Path:
         save_hf_folder(family, hf)
         out = scratch / "out"
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
-               "-p", "fp32", "-e", "cpu", "-c", str(scratch / "cache")]
+               "-p", precision, "-e", ep, "-c", str(scratch / "cache")]
         if FAMILIES[family][4]:
             cmd += ["--extra_options", *FAMILIES[family][4]]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=scratch)
