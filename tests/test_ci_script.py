@@ -34,7 +34,7 @@ def test_the_quick_start_has_two_commands_and_ci_runs_the_test_one():
 
 
 # The jobs .ci/run starts after the test command, in order (tools/*.sh, stubbed in the scratch tree).
-JOBS = ("sanitize", "build_wheel", "check_wheel", "ort_versions", "build_archive")
+JOBS = ("sanitize", "build_wheel", "check_wheel", "check_wheel_suites", "ort_versions", "build_archive")
 
 
 def test_ci_runs_the_readme_deploy_commands():
