@@ -5,7 +5,9 @@ windows), rewritten by ``ort-flash rewrite`` with every node ort_flash's CUDA op
 Runtime), and checked teacher-forced against the original through ONNX Runtime CUDA sessions fed
 as GenAI feeds them (``genai_fidelity.check``): the logits of every step within the rounding
 bound, every differing argmax a tie. A node the CUDA op does not compute (a window-sized KV cache)
-must be declined with its reason and left to ONNX Runtime's op. GPU only (marked gpu)."""
+must be declined with its reason and left to ONNX Runtime's op; such a family's numbers are left to
+its -fullkv sibling (the session driver feeds max-length buffers, which ONNX Runtime's CUDA op
+refuses for a window-sized cache). GPU only (marked gpu)."""
 from __future__ import annotations
 
 import json
@@ -50,6 +52,10 @@ def test_cuda_build_rewritten_and_within_rounding(family, tmp_path):
     assert len(kept) == windowed, [n.name for n in kept]
     if family == "qwen3":  # the CUDA build fuses the norms into the node, and the rewrite keeps them
         assert all(n.input[14] and n.input[15] for n in _gqa_nodes(rewritten)), "no Q/K norm inputs"
+    if windowed:
+        pytest.skip(f"{windowed} of {len(nodes)} layers keep a window-sized KV cache (declined, ONNX Runtime's op); "
+                    "ONNX Runtime's CUDA op needs that cache exactly window-sized, which the session driver does "
+                    "not feed; the mapped layers' kind is checked by the -fullkv family")
     sessions = {v: fid.SessionDriver(f, "cuda") for v, f in (("original", original), ("ort_flash", rewritten))}
     vocab = json.loads((original / "genai_config.json").read_text())["model"]["vocab_size"]
     for batch in (1, 2):
