@@ -427,7 +427,7 @@ def all_combinations(grids: dict | None = None) -> list[Variant]:
             MASK_KEYS_DTYPES, MASK_KEYS_HEAD_DIMS, (True, False), ("bool", "add"), (False, True)):
         out.append(Variant(dtype, hd, even, mask, extras, "tf32", "fwd", True))
     # Full masks stay on the pointer kernels: with a mask tile both kinds spill registers, and the
-    # TMA cubins ran slower than the pointer ones (tools/ab_tma.py, perf-notes v3).
+    # TMA cubins ran slower than the pointer ones (experiments/ab_tma.py, perf-notes v3).
     for dtype, hd, extras in itertools.product(TMA_DTYPES, TMA_HEAD_DIMS, (False, True)):
         for causal, min_len, _ in (((-1, 0, None),) if extras else TMA_TILES[hd]):
             out.append(Variant(dtype, hd, True, "none", extras, "tf32", "fwd_tma",

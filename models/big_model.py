@@ -13,7 +13,7 @@ the eager-attention form ``ort_flash.rewriter`` fuses (with packed QKV). The wei
 written one tensor at a time (the builder's memory is one tensor), filled from a fixed random
 block so that every tensor differs and the file is cheap to write. The size model
 ``layers_for(gb)`` picks the layer count for a target size of weights. Used by
-tests/test_big_models.py (a model past 2 GB) and tools/bench_big_models.py.
+tests/test_big_models.py (a model past 2 GB) and experiments/bench_big_models.py.
 """
 
 from __future__ import annotations

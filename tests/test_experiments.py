@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("tune", "tune_decode", "levers", "decode_floor", "decode_flat", "gluon_attn", "merged_variants",
-           "ws_profile", "tile_schedule", "genai_case", "fp8_error")
+           "ws_profile", "tile_schedule", "genai_case", "fp8_error", "e2e_kernels", "ab_tma", "ab_grids",
+           "profile_model", "bench_big_models")
 
 # One interpreter for all five (torch and triton load once); each script runs as __main__ with
 # --help, which must end in exit status 0 after its module-level imports ran.

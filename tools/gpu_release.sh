@@ -20,7 +20,7 @@
 #   bash tools/gpu_release.sh tune    # the tile sweeps: experiments/tune.py --tma, experiments/tune_decode.py
 #   bash tools/gpu_release.sh gqa-bf16 # `bench --suite gqa --dtypes bfloat16` (after `gqa`: its build)
 #   bash tools/gpu_release.sh ab      # a candidate grid against the shipped table through ONNX
-#                                     # Runtime: tools/ab_grids.py (two non-editable builds, the op
+#                                     # Runtime: experiments/ab_grids.py (two non-editable builds, the op
 #                                     # suite's AB_ARGS rows ROUNDS times each, alternating; the
 #                                     # editable install is removed first and rebuilt after)
 #   bash tools/gpu_release.sh try     # candidate kernel grids: the sm_90 build with
@@ -125,7 +125,7 @@ case "${1:-}" in
     . tools/gpu_env.sh
     python3 -m pip uninstall -q -y ort-flash 2>/dev/null
     # shellcheck disable=SC2086 # AB_ARGS is a list of bench arguments
-    timeout "${AB_S:-540}" python3 tools/ab_grids.py --candidate "${AB_CANDIDATE:-d128-causal-tile-8192}" \
+    timeout "${AB_S:-540}" python3 experiments/ab_grids.py --candidate "${AB_CANDIDATE:-d128-causal-tile-8192}" \
       --rounds "${ROUNDS:-2}" --out "$OUT/ab-grids.json" -- \
       ${AB_ARGS:---head-dims 128 --seqlens 2048 4096 8192 16384 --dtypes float16 bfloat16} 2>&1 | tail -40
     build_ort_flash  # the editable install back, for the steps after (op, gqa, ... run from the tree)

@@ -10,7 +10,7 @@ would, so the script stops if a side imports ort_flash from anywhere else). It p
 shape, each side's median time over the rounds (through ONNX Runtime and the kernel alone) and
 the ratio shipped / candidate (> 1: the candidate is faster), and writes the rows as JSON.
 
-    python3 tools/ab_grids.py --candidate d128-causal-tile-8192 --rounds 2 --out ab.json \
+    python3 experiments/ab_grids.py --candidate d128-causal-tile-8192 --rounds 2 --out ab.json \
         -- --head-dims 128 --seqlens 4096 8192 16384 --dtypes float16 bfloat16
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Wall time and peak RSS of ``ort-flash rewrite`` and ``verify`` on models of 0.5 to 6+ GB.
 
-    python tools/bench_big_models.py --sizes 0.5 2 --dtypes float16 float32 --json big.json
+    python experiments/bench_big_models.py --sizes 0.5 2 --dtypes float16 float32 --json big.json
 
 Each model is models/big_model.py's decoder (hidden 2048, 16 heads, FFN 5632; the layer count
 sets the size), written as model.onnx + model.onnx.data in --folder, rewritten and verified by

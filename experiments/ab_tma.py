@@ -6,7 +6,7 @@ and prints, per shape, each side's median time (triton.testing.do_bench, fresh i
 shape), TFLOP/s and the ratio. Shapes cover what models send: the benchmark grid's unmasked and
 causal prefill, and the masked forms the rewriter emits (additive (B,1,S,S) and (B,1,1,S), bool).
 
-    python tools/ab_tma.py [--out ab-tma.json]
+    python experiments/ab_tma.py [--out ab-tma.json]
 """
 from __future__ import annotations
 

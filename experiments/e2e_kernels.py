@@ -6,8 +6,8 @@ ONNX Runtime's own profiler times a CUDA node by its launch on the host, not by 
 CUPTI sees every kernel the process launches (ONNX Runtime's cuBLAS and fused kernels, and the
 ort_flash cubins launched through the driver API) with its device start and end.
 
-    python tools/e2e_kernels.py --model bert-base --layers 4 --shapes 8x512p 1x2048 1x4096 --out kernels.json
-    python tools/e2e_kernels.py ... --without bias_fold packed_qkv,bias_fold   # same-run A/B of those steps
+    python experiments/e2e_kernels.py --model bert-base --layers 4 --shapes 8x512p 1x2048 1x4096 --out kernels.json
+    python experiments/e2e_kernels.py ... --without bias_fold packed_qkv,bias_fold   # same-run A/B of those steps
 
 Run on the GPU machine with onnxruntime-gpu and the ort_flash build importable (tools/gpu_env.sh).
 """

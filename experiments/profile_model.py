@@ -1,7 +1,7 @@
 """Per-op-type GPU kernel time of a model in ONNX Runtime (from its profiler), and the fused
 op's kernel alone against torch SDPA, to see where time goes.
 
-    python tools/profile_model.py [--batch 8] [--seq 2048]
+    python experiments/profile_model.py [--batch 8] [--seq 2048]
 """
 from __future__ import annotations
 
