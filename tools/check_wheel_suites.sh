@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI: every benchmark suite `ort-flash bench` lists, run from the installed wheel on the CPU. A
 # fresh venv gets the wheel with [cpu] plus what the suites import (torch, transformers and
-# onnxruntime-genai, the CPU package of the [test] extra's GenAI; versions from pyproject.toml,
+# onnxruntime-genai, the CPU package of the [test] extra's GenAI; versions from the wheel's metadata,
 # torch pinned by .ci/constraints.txt); then, from a folder outside the checkout, each suite of
 # the CLI's --suite choices runs with --device cpu --quick and the smallest grid its flags give.
 # A suite fails the check when its command exits non-zero, when its JSON says "failed", when it
@@ -32,18 +32,23 @@ declare -A GRID=(
   [genai_fidelity]="--genai-model 1 64 2 1 --seqlens 16 --batches 1 --steps 2"
 )
 
-# torch, transformers and onnxruntime-genai as the [test] extra names them (its CUDA GenAI
-# package requires onnxruntime-gpu; the CPU one requires the onnxruntime that [cpu] brings).
-extra=$("$PY" - <<'EOF'
-import re, tomllib
-test = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]
+# torch, transformers and onnxruntime-genai as the wheel's [test] extra names them (its CUDA
+# GenAI package requires onnxruntime-gpu; the CPU one requires the onnxruntime that [cpu] brings).
+# Read from the wheel's own METADATA, so any Python 3 runs this.
+extra=$("$PY" - "$WHEEL" <<'EOF'
+import re, sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+reqs = [line.split(":", 1)[1].strip() for line in wheel.read(meta).decode().splitlines()
+        if line.startswith("Requires-Dist:")]
+test = [r.split(";")[0].strip() for r in reqs if re.search(r"extra\s*==\s*['\"]test['\"]", r)]
 names = {"torch", "transformers", "onnxruntime-genai-cuda"}
-print(*[r.replace("onnxruntime-genai-cuda", "onnxruntime-genai") for r in test
+print(*[r.replace("onnxruntime-genai-cuda", "onnxruntime-genai").replace(" ", "") for r in test
         if re.match(r"[A-Za-z0-9_.-]+", r).group(0) in names])
 EOF
 )
 read -r -a EXTRA <<< "$extra"
-[ "${#EXTRA[@]}" = 3 ] || { echo "== pyproject.toml's [test] extra: wanted torch, transformers and GenAI, got: $extra"; exit 1; }
+[ "${#EXTRA[@]}" = 3 ] || { echo "== the wheel's [test] extra: wanted torch, transformers and GenAI, got: $extra"; exit 1; }
 "$PY" -m venv "$V"
 pip_log=$WORK/pip.log
 env -u PYTHONPATH "$V/bin/pip" install -q "$WHEEL[cpu]" "${EXTRA[@]}" -c "$REPO/.ci/constraints.txt" > "$pip_log" 2>&1 \
