@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from .flash_fwd_gluon import LOG2E, desc_layout, desc_signature  # noqa: F401 (aot/build.py's descriptor types)
-from .gluon_ws.mainloop import _consumer, _consumer1, _consumer2
+from .gluon_ws.mainloop import _consumer
 from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS
 from .gluon_ws.producer import _producer
 from .gluon_ws.scheduler import _cta_coords, _cta_tiles, _head_group, _tile_span
@@ -149,10 +149,10 @@ def flash_fwd_gluon_ws(
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
-            (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                          m_base, lim_smem, lim_bar, ids, grp, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
-                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
+            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
+                         m_base, lim_smem, lim_bar, ids, grp, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
+                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
                          ids, TileCounter, use_ctr, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
@@ -164,14 +164,14 @@ def flash_fwd_gluon_ws(
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
-            (_consumer1, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                          m_base, lim_smem, lim_bar, ids, grp, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
-                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
-            (_consumer2, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                          m_base, lim_smem, lim_bar, ids, grp, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
-                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
+            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
+                         m_base, lim_smem, lim_bar, ids, grp, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
+                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
+            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
+                         m_base, lim_smem, lim_bar, ids, grp, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
+                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
                          ids, TileCounter, use_ctr, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,

@@ -260,31 +260,3 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
                            t, c0, c0 - t, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
                            NC, 2, MASK_KIND, OVERLAP, SKIP)
             c0 += nb_t
-
-
-@gluon.jit
-def _consumer1(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-               m_base, lim_smem, lim_bar, ids, grp,
-               WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr, SKIP: gl.constexpr):
-    _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-              m_base, lim_smem, lim_bar, ids, grp, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-              MASK_KIND, OVERLAP, PREFIX, PERSISTENT, DYNAMIC, SKIP)
-
-
-@gluon.jit
-def _consumer2(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-               m_base, lim_smem, lim_bar, ids, grp,
-               WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-               NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-               MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr, SKIP: gl.constexpr):
-    _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-              m_base, lim_smem, lim_bar, ids, grp, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES,
-              MASK_KIND, OVERLAP, PREFIX, PERSISTENT, DYNAMIC, SKIP)
