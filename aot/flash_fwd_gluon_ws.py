@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .flash_fwd_gluon import LOG2E, desc_layout, desc_signature  # noqa: F401 (aot/build.py's descriptor types)
 from .gluon_ws.mainloop import _consumer
-from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS
+from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS, Buffers
 from .gluon_ws.producer import _producer
 from .gluon_ws.scheduler import _cta_coords, _cta_tiles, _head_group, _tile_span
 
@@ -141,15 +141,16 @@ def flash_fwd_gluon_ws(
         grp = 1
         use_ctr = False
     fence_async_shared()
+    bufs = Buffers(q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns)
 
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
     if NC == 2:
         gl.warp_specialize([
-            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+            (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
-            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+            (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
@@ -160,15 +161,15 @@ def flash_fwd_gluon_ws(
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+            (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
-            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+            (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
-            (_consumer, (Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+            (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
                          TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),

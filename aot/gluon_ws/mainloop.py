@@ -16,7 +16,7 @@ from .softmax import _key_mask, _softmax, _softmax_bias, _softmax_lim
 
 
 @gluon.jit
-def _consumer_pass(q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, n_blocks, t, c0, i0,
+def _consumer_pass(bufs, n_blocks, t, c0, i0,
                    WG: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr,
                    QB: gl.constexpr):
     """A consumer whose rows of a tile all lie at or past Sq (the last tile of a length that is not
@@ -24,31 +24,30 @@ def _consumer_pass(q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, 
     _consumer_rows' order (each wait before the arrive it guards, so that it never runs ahead of the
     producer), so that the other consumers have the tensor cores to themselves."""
     q_idx = (t % QB) * NC + WG
-    mbarrier.wait(q_ready.index(q_idx), (t // QB) & 1)
+    mbarrier.wait(bufs.q_ready.index(q_idx), (t // QB) & 1)
     st0 = c0 % NUM_STAGES
-    mbarrier.wait(k_ready.index(st0), (c0 // NUM_STAGES) & 1)
-    mbarrier.arrive(k_empty.index(st0))
+    mbarrier.wait(bufs.k_ready.index(st0), (c0 // NUM_STAGES) & 1)
+    mbarrier.arrive(bufs.k_empty.index(st0))
     for j in range(1, n_blocks):
         c = c0 + j
         st = c % NUM_STAGES
         prev = (c - 1) % NUM_STAGES
-        mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
+        mbarrier.wait(bufs.k_ready.index(st), (c // NUM_STAGES) & 1)
+        mbarrier.wait(bufs.v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
         if PINGPONG:
-            mbarrier.wait(turns.index(WG), ((i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))
-            mbarrier.arrive(turns.index((WG + 1) % NC))
-        mbarrier.arrive(k_empty.index(st))
-        mbarrier.arrive(v_empty.index(prev))
+            mbarrier.wait(bufs.turns.index(WG), ((i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))
+            mbarrier.arrive(bufs.turns.index((WG + 1) % NC))
+        mbarrier.arrive(bufs.k_empty.index(st))
+        mbarrier.arrive(bufs.v_empty.index(prev))
     c_last = c0 + n_blocks - 1
-    mbarrier.wait(v_ready.index(c_last % NUM_STAGES), (c_last // NUM_STAGES) & 1)
+    mbarrier.wait(bufs.v_ready.index(c_last % NUM_STAGES), (c_last // NUM_STAGES) & 1)
     if QB > 1:
-        mbarrier.arrive(v_empty.index(c_last % NUM_STAGES))
-        mbarrier.arrive(q_empty.index(q_idx))
+        mbarrier.arrive(bufs.v_empty.index(c_last % NUM_STAGES))
+        mbarrier.arrive(bufs.q_empty.index(q_idx))
 
 
 @gluon.jit
-def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                   turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+def _consumer_tile(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                    t, c0, i0, m_base,
                    WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                    NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr,
@@ -57,23 +56,20 @@ def _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
     _consumer_pass."""
     if SKIP & (WG > 0):
         if m0 + WG * WG_M >= Sq:
-            _consumer_pass(q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, n_blocks, t, c0, i0,
+            _consumer_pass(bufs, n_blocks, t, c0, i0,
                            WG, NUM_STAGES, PINGPONG, NC, QB)
         else:
-            _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                           turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+            _consumer_rows(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                            t, c0, i0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, QB,
                            MASK_KIND, OVERLAP)
     else:
-        _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                       turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+        _consumer_rows(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                        t, c0, i0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, QB,
                        MASK_KIND, OVERLAP)
 
 
 @gluon.jit
-def _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                   turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+def _consumer_rows(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                    t, c0, i0, m_base,
                    WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
                    NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr,
@@ -81,7 +77,7 @@ def _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
     """One consumer's rows of one tile: Q from buffer t % QB, ring blocks c0 + j, turns i0 + j - 1;
     with MASK_KIND the key-vector mask at m_base (Skv is then min(Skv, mask_len))."""
     NW: gl.constexpr = gl.num_warps()
-    dtype: gl.constexpr = q_smem.dtype
+    dtype: gl.constexpr = bufs.q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -98,20 +94,20 @@ def _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
     else:
         pos = rows * 0 + Skv
     q_idx = (t % QB) * NC + WG
-    q_slot = q_smem.index(q_idx)
+    q_slot = bufs.q_smem.index(q_idx)
     q = q_slot.reshape([WG_M, BLOCK_D])
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
 
-    mbarrier.wait(q_ready.index(q_idx), (t // QB) & 1)
+    mbarrier.wait(bufs.q_ready.index(q_idx), (t // QB) & 1)
     st0 = c0 % NUM_STAGES
-    mbarrier.wait(k_ready.index(st0), (c0 // NUM_STAGES) & 1)
-    k0 = k_ring.index(st0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+    mbarrier.wait(bufs.k_ready.index(st0), (c0 // NUM_STAGES) & 1)
+    k0 = bufs.k_ring.index(st0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     if MASK_KIND != 0:
         mv = _key_mask(m_base, 0, hi, s_layout, BLOCK_N)
         mv_next = _key_mask(m_base, BLOCK_N, hi, s_layout, BLOCK_N)
     s = warpgroup_mma_wait(0, deps=[s])
-    mbarrier.arrive(k_empty.index(st0))
+    mbarrier.arrive(bufs.k_empty.index(st0))
     m_i = gl.full([WG_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([WG_M], gl.float32, row_layout)
     if MASK_KIND != 0:
@@ -130,24 +126,24 @@ def _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
         c = c0 + j
         st = c % NUM_STAGES
         prev = (c - 1) % NUM_STAGES
-        mbarrier.wait(k_ready.index(st), (c // NUM_STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
+        mbarrier.wait(bufs.k_ready.index(st), (c // NUM_STAGES) & 1)
+        mbarrier.wait(bufs.v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
         if PINGPONG:
             # Round robin over the running turn count i: turn i of consumer 0 follows the last
             # consumer's turn i - 1, turn i of consumer c > 0 follows consumer c - 1's turn i (a
             # fresh barrier reads as having completed the phase before 0, so consumer 0 starts).
-            mbarrier.wait(turns.index(WG), ((i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))
-        k_j = k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+            mbarrier.wait(bufs.turns.index(WG), ((i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))
+        k_j = bufs.k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
         s_tok = warpgroup_mma(q, k_j, s_zero, use_acc=False, is_async=True)
-        v_prev = v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
+        v_prev = bufs.v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
         acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
         if PINGPONG:
-            mbarrier.arrive(turns.index((WG + 1) % NC))
+            mbarrier.arrive(bufs.turns.index((WG + 1) % NC))
         if MASK_KIND != 0:  # this block's values came an iteration ago; the next block's now
             mv = mv_next
             mv_next = _key_mask(m_base, (j + 1) * BLOCK_N, hi, s_layout, BLOCK_N)
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        mbarrier.arrive(k_empty.index(st))
+        mbarrier.arrive(bufs.k_empty.index(st))
         if MASK_KIND != 0:
             p, alpha, m_i, l_i = _softmax_bias(s, mv, m_i, l_i, j * BLOCK_N, mask_from, lim, qk_scale,
                                                s_layout, BLOCK_N, MASK_KIND)
@@ -163,35 +159,35 @@ def _consumer_rows(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_
                 # exponentials, so that the softmax runs after this consumer's P V, not under it
                 # (perf-notes v6). The other branch differs so that LLVM cannot merge the two.
                 acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
-                mbarrier.arrive(v_empty.index(prev))
+                mbarrier.arrive(bufs.v_empty.index(prev))
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             else:
                 acc = warpgroup_mma_wait(0, deps=[acc_tok])
-                mbarrier.arrive(v_empty.index(prev))
+                mbarrier.arrive(bufs.v_empty.index(prev))
                 p16 = gl.zeros([WG_M, BLOCK_N], dtype, p_layout)
             p = p16
         else:
             acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
-            mbarrier.arrive(v_empty.index(prev))
+            mbarrier.arrive(bufs.v_empty.index(prev))
             p = gl.convert_layout(p.to(dtype), p_layout)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
 
     c_last = c0 + n_blocks - 1
     last = c_last % NUM_STAGES
-    mbarrier.wait(v_ready.index(last), (c_last // NUM_STAGES) & 1)
-    v_last = v_ring.index(last).reshape([BLOCK_N, BLOCK_D])
+    mbarrier.wait(bufs.v_ready.index(last), (c_last // NUM_STAGES) & 1)
+    v_last = bufs.v_ring.index(last).reshape([BLOCK_N, BLOCK_D])
     acc = warpgroup_mma(p, v_last, acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc])
     if QB > 1:  # the next tile's blocks come through this slot
-        mbarrier.arrive(v_empty.index(last))
+        mbarrier.arrive(bufs.v_empty.index(last))
 
-    _epilogue(Y, Lse, q, q_slot, q_empty, q_idx, acc, m_i, l_i, b, h, r0, rows, pid_bh, Sq, store_lse,
+    _epilogue(Y, Lse, q, q_slot, bufs.q_empty, q_idx, acc, m_i, l_i, b, h, r0, rows, pid_bh, Sq, store_lse,
               o_layout, QB)
 
 
 @gluon.jit
-def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns,
+def _consumer(Y, Lse, bufs,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
               m_base, lim_smem, lim_bar, ids, grp,
               WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
@@ -211,24 +207,21 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
         if lo >= 0:
             c0 = lo * 0
             if lo > 0:
-                mbarrier.wait(k_ready.index(0), 0)
-                mbarrier.wait(v_ready.index(0), 0)
-                mbarrier.arrive(k_empty.index(0))
-                mbarrier.arrive(v_empty.index(0))
+                mbarrier.wait(bufs.k_ready.index(0), 0)
+                mbarrier.wait(bufs.v_ready.index(0), 0)
+                mbarrier.arrive(bufs.k_empty.index(0))
+                mbarrier.arrive(bufs.v_empty.index(0))
                 c0 = c0 + 1
             n_run = end - lo
-            _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                           turns, b, h, pid_bh, m0, Sq, n_run, offset, causal, gl.maximum(gl.cdiv(n_run, BLOCK_N), 1),
+            _consumer_tile(Y, Lse, bufs, b, h, pid_bh, m0, Sq, n_run, offset, causal, gl.maximum(gl.cdiv(n_run, BLOCK_N), 1),
                            n_run, qk_scale, store_lse, 0, c0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES,
                            PINGPONG, NC, 1, 0, OVERLAP, SKIP)
         else:
-            _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                           turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+            _consumer_tile(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                            0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
                            MASK_KIND, OVERLAP, SKIP)
     elif TILES == 1:
-        _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                       turns, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+        _consumer_tile(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                        0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
                        MASK_KIND, OVERLAP, SKIP)
     elif DYNAMIC:
@@ -236,17 +229,16 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
         n_m = gl.cdiv(Sq, WG_M * NC)
         c0 = Sq * 0
         tt = Sq * 0
-        tid = _read_tile(ids, q_ready, tt, WG, NC)
+        tid = _read_tile(ids, bufs.q_ready, tt, WG, NC)
         while tid >= 0:
             m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, bh_all, grp, Hq, 1)
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                           turns, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
+            _consumer_tile(Y, Lse, bufs, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
                            tt, c0, c0 - tt, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
                            NC, 2, MASK_KIND, OVERLAP, SKIP)
             c0 += nb_t
             tt += 1
-            tid = _read_tile(ids, q_ready, tt, WG, NC)
+            tid = _read_tile(ids, bufs.q_ready, tt, WG, NC)
     else:
         # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
         # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
@@ -255,8 +247,7 @@ def _consumer(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready
             m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, 0, b, h, 0, pid_bh, WG_M * NC,
                                                   PERSISTENT)
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _consumer_tile(Y, Lse, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                           turns, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
+            _consumer_tile(Y, Lse, bufs, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
                            t, c0, c0 - t, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
                            NC, 2, MASK_KIND, OVERLAP, SKIP)
             c0 += nb_t
