@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .flash_fwd_gluon import LOG2E, desc_layout, desc_signature  # noqa: F401 (aot/build.py's descriptor types)
 from .gluon_ws.mainloop import _consumer
-from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS, Buffers
+from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS, Buffers, ConsumerConfig
 from .gluon_ws.producer import _producer
 from .gluon_ws.scheduler import _cta_coords, _cta_tiles, _head_group, _tile_span
 
@@ -142,18 +142,18 @@ def flash_fwd_gluon_ws(
         use_ctr = False
     fence_async_shared()
     bufs = Buffers(q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns)
+    cfg = ConsumerConfig(WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP, PREFIX, PERSISTENT,
+                         DYN, SKIP)
 
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
     if NC == 2:
         gl.warp_specialize([
             (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
-                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
+                         m_base, lim_smem, lim_bar, ids, grp, 0, cfg)),
             (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
-                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
+                         m_base, lim_smem, lim_bar, ids, grp, 1, cfg)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
                          ids, TileCounter, use_ctr, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
@@ -163,16 +163,13 @@ def flash_fwd_gluon_ws(
         gl.warp_specialize([
             (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 0, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
-                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
+                         m_base, lim_smem, lim_bar, ids, grp, 0, cfg)),
             (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 1, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
-                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
+                         m_base, lim_smem, lim_bar, ids, grp, 1, cfg)),
             (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 2, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC,
-                         TILES, MASKED, OVERLAP, PREFIX, PERSISTENT, DYN, SKIP)),
+                         m_base, lim_smem, lim_bar, ids, grp, 2, cfg)),
             (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
                          ids, TileCounter, use_ctr, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,

@@ -189,13 +189,22 @@ def _consumer_rows(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_bl
 @gluon.jit
 def _consumer(Y, Lse, bufs,
               b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-              m_base, lim_smem, lim_bar, ids, grp,
-              WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, TILES: gl.constexpr,
-              MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, PREFIX: gl.constexpr,
-              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr, SKIP: gl.constexpr):
+              m_base, lim_smem, lim_bar, ids, grp, WG: gl.constexpr, cfg):
     """Consumer warpgroup WG: its rows of the tiles the scheduler gives the CTA, over each tile's
-    keys (under a key-vector mask, over its visible run where it has one)."""
+    keys (under a key-vector mask, over its visible run where it has one); cfg a ConsumerConfig."""
+    WG_M: gl.constexpr = cfg.WG_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    BLOCK_D: gl.constexpr = cfg.BLOCK_D
+    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
+    PINGPONG: gl.constexpr = cfg.PINGPONG
+    NC: gl.constexpr = cfg.NC
+    TILES: gl.constexpr = cfg.TILES
+    MASK_KIND: gl.constexpr = cfg.MASK_KIND
+    OVERLAP: gl.constexpr = cfg.OVERLAP
+    PREFIX: gl.constexpr = cfg.PREFIX
+    PERSISTENT: gl.constexpr = cfg.PERSISTENT
+    DYNAMIC: gl.constexpr = cfg.DYNAMIC
+    SKIP: gl.constexpr = cfg.SKIP
     if PREFIX:
         # Every consumer checks the keys its tile sees ([0, hi)) itself; the first one tells the
         # producer. A visible run [lo, end) runs unmasked over end - lo keys from lo (where lo > 0

@@ -38,3 +38,40 @@ class Buffers:
         self.k_empty = k_empty
         self.v_empty = v_empty
         self.turns = turns
+
+
+@aggregate
+class ConsumerConfig:
+    """A consumer's compile-time configuration (constexprs only: nothing of it reaches the IR as a
+    value): rows per consumer, key block, head dim, ring depth, the turns, consumers per CTA,
+    tiles per CTA, the key-vector mask kind and the kernel's options."""
+    WG_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    BLOCK_D: gl.constexpr
+    NUM_STAGES: gl.constexpr
+    PINGPONG: gl.constexpr
+    NC: gl.constexpr
+    TILES: gl.constexpr
+    MASK_KIND: gl.constexpr
+    OVERLAP: gl.constexpr
+    PREFIX: gl.constexpr
+    PERSISTENT: gl.constexpr
+    DYNAMIC: gl.constexpr
+    SKIP: gl.constexpr
+
+    @constexpr_function
+    def __init__(self, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASK_KIND, OVERLAP, PREFIX,
+                 PERSISTENT, DYNAMIC, SKIP):
+        self.WG_M = gl.constexpr(WG_M)
+        self.BLOCK_N = gl.constexpr(BLOCK_N)
+        self.BLOCK_D = gl.constexpr(BLOCK_D)
+        self.NUM_STAGES = gl.constexpr(NUM_STAGES)
+        self.PINGPONG = gl.constexpr(PINGPONG)
+        self.NC = gl.constexpr(NC)
+        self.TILES = gl.constexpr(TILES)
+        self.MASK_KIND = gl.constexpr(MASK_KIND)
+        self.OVERLAP = gl.constexpr(OVERLAP)
+        self.PREFIX = gl.constexpr(PREFIX)
+        self.PERSISTENT = gl.constexpr(PERSISTENT)
+        self.DYNAMIC = gl.constexpr(DYNAMIC)
+        self.SKIP = gl.constexpr(SKIP)
