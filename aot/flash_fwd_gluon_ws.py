@@ -154,10 +154,9 @@ def flash_fwd_gluon_ws(
             (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 1, cfg)),
-            (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+            (_producer, (Q, K, V, bufs,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         ids, TileCounter, use_ctr, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
-                         DYN)),
+                         ids, TileCounter, use_ctr, grp, cfg)),
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -170,10 +169,9 @@ def flash_fwd_gluon_ws(
             (_consumer, (Y, Lse, bufs,
                          b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
                          m_base, lim_smem, lim_bar, ids, grp, 2, cfg)),
-            (_producer, (Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+            (_producer, (Q, K, V, bufs,
                          b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         ids, TileCounter, use_ctr, grp, WG_M, BLOCK_N, NUM_STAGES, NC, TILES, PREFIX, PERSISTENT,
-                         DYN)),
+                         ids, TileCounter, use_ctr, grp, cfg)),
         ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     for i in gl.static_range(NC):

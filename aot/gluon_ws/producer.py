@@ -12,20 +12,20 @@ from .scheduler import _claim, _cta_tile, _publish_tile, _tile_of, _tile_span
 
 
 @gluon.jit
-def _producer_q(Q, q_smem, q_ready, q_empty, b, h, m0, t,
+def _producer_q(Q, bufs, b, h, m0, t,
                 WG_M: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr):
     """A tile's Q into Q buffer t % QB, one box per consumer."""
     qb = t % QB
     for w in gl.static_range(NC):
         if QB > 1:  # the buffer's last tile has been stored (a fresh barrier passes phase 1)
-            mbarrier.wait(q_empty.index(qb * NC + w), ((t // QB) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(qb * NC + w), Q.block_type.nbytes)
-        tma.async_copy_global_to_shared(Q, [b, h, m0 + w * WG_M, 0], q_ready.index(qb * NC + w),
-                                        q_smem.index(qb * NC + w))
+            mbarrier.wait(bufs.q_empty.index(qb * NC + w), ((t // QB) & 1) ^ 1)
+        mbarrier.expect(bufs.q_ready.index(qb * NC + w), Q.block_type.nbytes)
+        tma.async_copy_global_to_shared(Q, [b, h, m0 + w * WG_M, 0], bufs.q_ready.index(qb * NC + w),
+                                        bufs.q_smem.index(qb * NC + w))
 
 
 @gluon.jit
-def _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk, j_lo, j_hi, c0, row0,
+def _producer_kv(K, V, bufs, b, hk, j_lo, j_hi, c0, row0,
                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
     """K/V blocks j_lo .. j_hi - 1 of a tile (keys from row0 + j * BLOCK_N) through the ring (ring
     blocks c0 + j)."""
@@ -34,39 +34,46 @@ def _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk
         st = c % NUM_STAGES
         phase = (c // NUM_STAGES) & 1
         # A fresh barrier counts as having completed the phase before 0: the first round passes.
-        mbarrier.wait(k_empty.index(st), phase ^ 1)
-        mbarrier.expect(k_ready.index(st), K.block_type.nbytes)
-        tma.async_copy_global_to_shared(K, [b, hk, row0 + j * BLOCK_N, 0], k_ready.index(st), k_ring.index(st))
-        mbarrier.wait(v_empty.index(st), phase ^ 1)
-        mbarrier.expect(v_ready.index(st), V.block_type.nbytes)
-        tma.async_copy_global_to_shared(V, [b, hk, row0 + j * BLOCK_N, 0], v_ready.index(st), v_ring.index(st))
+        mbarrier.wait(bufs.k_empty.index(st), phase ^ 1)
+        mbarrier.expect(bufs.k_ready.index(st), K.block_type.nbytes)
+        tma.async_copy_global_to_shared(K, [b, hk, row0 + j * BLOCK_N, 0], bufs.k_ready.index(st), bufs.k_ring.index(st))
+        mbarrier.wait(bufs.v_empty.index(st), phase ^ 1)
+        mbarrier.expect(bufs.v_ready.index(st), V.block_type.nbytes)
+        tma.async_copy_global_to_shared(V, [b, hk, row0 + j * BLOCK_N, 0], bufs.v_ready.index(st), bufs.v_ring.index(st))
 
 
 @gluon.jit
-def _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+def _producer_tile(Q, K, V, bufs,
                    b, h, hk, m0, n_blocks, t, c0,
                    WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
                    QB: gl.constexpr):
     """Loads of one tile: its Q into Q buffer t % QB, then its K/V blocks, ring blocks c0 + j."""
-    _producer_q(Q, q_smem, q_ready, q_empty, b, h, m0, t, WG_M, NC, QB)
-    _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk, 0, n_blocks, c0, 0,
+    _producer_q(Q, bufs, b, h, m0, t, WG_M, NC, QB)
+    _producer_kv(K, V, bufs, b, hk, 0, n_blocks, c0, 0,
                  BLOCK_N, NUM_STAGES)
 
 
 @gluon.jit
-def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+def _producer(Q, K, V, bufs,
               b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-              ids, ctr, use_ctr, grp,
-              WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
-              TILES: gl.constexpr, PREFIX: gl.constexpr, PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr):
-    """The producer warp: the tiles' Q and K/V blocks, in the scheduler's order, through the ring."""
+              ids, ctr, use_ctr, grp, cfg):
+    """The producer warp: the tiles' Q and K/V blocks, in the scheduler's order, through the ring
+    (bufs a Buffers, cfg the consumers' ConsumerConfig)."""
+    WG_M: gl.constexpr = cfg.WG_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
+    NC: gl.constexpr = cfg.NC
+    TILES: gl.constexpr = cfg.TILES
+    PREFIX: gl.constexpr = cfg.PREFIX
+    PERSISTENT: gl.constexpr = cfg.PERSISTENT
+    DYNAMIC: gl.constexpr = cfg.DYNAMIC
     if PREFIX:
         # Q and block 0 before the first consumer's range check is in (every tile runs block 0
         # but a left-padded one, whose consumers drop it), then the tile's blocks over its
         # visible run (after block 0, or from ring block 1 where the run starts later), or all
         # of them where it has none.
-        _producer_q(Q, q_smem, q_ready, q_empty, b, h, m0, 0, WG_M, NC, 1)
-        _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk, 0, 1, 0, 0,
+        _producer_q(Q, bufs, b, h, m0, 0, WG_M, NC, 1)
+        _producer_kv(K, V, bufs, b, hk, 0, 1, 0, 0,
                      BLOCK_N, NUM_STAGES)
         lo, end = _read_range(lim_smem, lim_bar)
         n_run = n_blocks
@@ -77,10 +84,10 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
             if lo > 0:
                 j_lo = 0
                 c0 = c0 + 1
-        _producer_kv(K, V, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, b, hk, j_lo, n_run, c0,
+        _producer_kv(K, V, bufs, b, hk, j_lo, n_run, c0,
                      gl.maximum(lo, 0), BLOCK_N, NUM_STAGES)
     elif TILES == 1:
-        _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+        _producer_tile(Q, K, V, bufs,
                        b, h, hk, m0, n_blocks, 0, 0, WG_M, BLOCK_N, NUM_STAGES, NC, 1)
     elif DYNAMIC:
         # Tiles as the counter hands them out (_claim, one claim ahead so that its latency hides
@@ -96,15 +103,15 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
         while tid < total:
             m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, bh_all, grp, Hq, group)
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _publish_tile(ids, q_ready, q_empty, tid, tt, NC, False)
-            _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+            _publish_tile(ids, bufs.q_ready, bufs.q_empty, tid, tt, NC, False)
+            _producer_tile(Q, K, V, bufs,
                            b_t, h_t, hk_t, m0_t, nb_t, tt, c0, WG_M, BLOCK_N, NUM_STAGES, NC, 2)
             c0 += nb_t
             tt += 1
             tid = nxt
             if tid < total:
                 nxt = _claim(ctr, use_ctr, tid)
-        _publish_tile(ids, q_ready, q_empty, -1, tt, NC, True)
+        _publish_tile(ids, bufs.q_ready, bufs.q_empty, -1, tt, NC, True)
         if use_ctr:
             done = gl.atomic_add(ctr + 1, 1, sem="acq_rel")
             if done == gl.num_programs(0) - 1:
@@ -117,6 +124,6 @@ def _producer(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_read
             m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, group, b, h, hk, 0, WG_M * NC,
                                                   PERSISTENT)
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _producer_tile(Q, K, V, q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+            _producer_tile(Q, K, V, bufs,
                            b_t, h_t, hk_t, m0_t, nb_t, t, c0, WG_M, BLOCK_N, NUM_STAGES, NC, 2)
             c0 += nb_t
