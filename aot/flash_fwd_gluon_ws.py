@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .flash_fwd_gluon import LOG2E, desc_layout, desc_signature  # noqa: F401 (aot/build.py's descriptor types)
 from .gluon_ws.mainloop import _consumer
-from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS, Buffers, ConsumerConfig
+from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS, Buffers, ConsumerConfig, Work
 from .gluon_ws.producer import _producer
 from .gluon_ws.scheduler import _cta_coords, _cta_tiles, _head_group, _tile_span
 
@@ -144,34 +144,22 @@ def flash_fwd_gluon_ws(
     bufs = Buffers(q_smem, k_ring, v_ring, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns)
     cfg = ConsumerConfig(WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP, PREFIX, PERSISTENT,
                          DYN, SKIP)
+    work = Work(b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all,
+                Hq, m_base, lim_smem, lim_bar, ids, grp, hk, group, TileCounter, use_ctr)
 
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
     if NC == 2:
         gl.warp_specialize([
-            (_consumer, (Y, Lse, bufs,
-                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 0, cfg)),
-            (_consumer, (Y, Lse, bufs,
-                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 1, cfg)),
-            (_producer, (Q, K, V, bufs,
-                         b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         ids, TileCounter, use_ctr, grp, cfg)),
+            (_consumer, (Y, Lse, bufs, work, 0, cfg)),
+            (_consumer, (Y, Lse, bufs, work, 1, cfg)),
+            (_producer, (Q, K, V, bufs, work, cfg)),
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (Y, Lse, bufs,
-                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 0, cfg)),
-            (_consumer, (Y, Lse, bufs,
-                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 1, cfg)),
-            (_consumer, (Y, Lse, bufs,
-                         b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-                         m_base, lim_smem, lim_bar, ids, grp, 2, cfg)),
-            (_producer, (Q, K, V, bufs,
-                         b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-                         ids, TileCounter, use_ctr, grp, cfg)),
+            (_consumer, (Y, Lse, bufs, work, 0, cfg)),
+            (_consumer, (Y, Lse, bufs, work, 1, cfg)),
+            (_consumer, (Y, Lse, bufs, work, 2, cfg)),
+            (_producer, (Q, K, V, bufs, work, cfg)),
         ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     for i in gl.static_range(NC):

@@ -187,11 +187,31 @@ def _consumer_rows(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_bl
 
 
 @gluon.jit
-def _consumer(Y, Lse, bufs,
-              b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all, Hq,
-              m_base, lim_smem, lim_bar, ids, grp, WG: gl.constexpr, cfg):
+def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
     """Consumer warpgroup WG: its rows of the tiles the scheduler gives the CTA, over each tile's
-    keys (under a key-vector mask, over its visible run where it has one); cfg a ConsumerConfig."""
+    keys (under a key-vector mask, over its visible run where it has one); bufs, work and cfg the
+    structs of gluon_ws/params.py."""
+    b = work.b
+    h = work.h
+    pid_bh = work.pid_bh
+    m0 = work.m0
+    Sq = work.Sq
+    Skv = work.Skv
+    offset = work.offset
+    causal = work.causal
+    n_blocks = work.n_blocks
+    hi = work.hi
+    qk_scale = work.qk_scale
+    store_lse = work.store_lse
+    g0 = work.g0
+    n_valid = work.n_valid
+    bh_all = work.bh_all
+    Hq = work.Hq
+    m_base = work.m_base
+    lim_smem = work.lim_smem
+    lim_bar = work.lim_bar
+    ids = work.ids
+    grp = work.grp
     WG_M: gl.constexpr = cfg.WG_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     BLOCK_D: gl.constexpr = cfg.BLOCK_D

@@ -3,6 +3,7 @@ from aot/tiles.py: the variant table reads the same numbers) and the structs its
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import constexpr_function
 from triton.language.core import _aggregate as aggregate
+from triton.language.core import base_value
 
 from ..tiles import WS_CONSUMER_WARPS, WS_PRODUCER_REGS
 
@@ -75,3 +76,77 @@ class ConsumerConfig:
         self.PERSISTENT = gl.constexpr(PERSISTENT)
         self.DYNAMIC = gl.constexpr(DYNAMIC)
         self.SKIP = gl.constexpr(SKIP)
+
+
+@constexpr_function
+def _value(x):
+    """A field's value: a Gluon value as it is, a Python constant as a constexpr."""
+    return x if isinstance(x, base_value) else gl.constexpr(x)
+
+
+@aggregate
+class Work:
+    """The scalars every partition reads, in the order the consumers took them as arguments (their
+    flattened order is the kernel's capture order, which the machine code follows), then the
+    producer's own. The CTA's (batch, head) and (batch, head) index, its first tile's rows; the
+    query and key lengths, the queries' offset among the keys, causal; the tile's key blocks and
+    key bound; the softmax scale (log2 units) and whether the log-sum-exp is stored; the span of
+    tiles the scheduler gives the CTA (g0, n_valid of bh_all (batch, head) pairs) and the heads per
+    batch; the key-vector mask row, the visible range the first consumer publishes for the producer
+    (lim_smem, lim_bar), the dynamic tiles' ids and head grouping; then the KV head, the query
+    heads per KV head and the dynamic tiles' counter (ctr, use_ctr)."""
+    b: base_value
+    h: base_value
+    pid_bh: base_value
+    m0: base_value
+    Sq: base_value
+    Skv: base_value
+    offset: base_value
+    causal: base_value
+    n_blocks: base_value
+    hi: base_value
+    qk_scale: base_value
+    store_lse: base_value
+    g0: base_value
+    n_valid: base_value
+    bh_all: base_value
+    Hq: base_value
+    m_base: base_value
+    lim_smem: base_value
+    lim_bar: base_value
+    ids: base_value
+    grp: base_value
+    hk: base_value
+    group: base_value
+    ctr: base_value
+    use_ctr: base_value
+
+    @constexpr_function
+    def __init__(self, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
+                 g0, n_valid, bh_all, Hq, m_base, lim_smem, lim_bar, ids, grp, hk, group, ctr,
+                 use_ctr):
+        self.b = _value(b)
+        self.h = _value(h)
+        self.pid_bh = _value(pid_bh)
+        self.m0 = _value(m0)
+        self.Sq = _value(Sq)
+        self.Skv = _value(Skv)
+        self.offset = _value(offset)
+        self.causal = _value(causal)
+        self.n_blocks = _value(n_blocks)
+        self.hi = _value(hi)
+        self.qk_scale = _value(qk_scale)
+        self.store_lse = _value(store_lse)
+        self.g0 = _value(g0)
+        self.n_valid = _value(n_valid)
+        self.bh_all = _value(bh_all)
+        self.Hq = _value(Hq)
+        self.m_base = _value(m_base)
+        self.lim_smem = _value(lim_smem)
+        self.lim_bar = _value(lim_bar)
+        self.ids = _value(ids)
+        self.grp = _value(grp)
+        self.hk = _value(hk)
+        self.group = _value(group)
+        self.ctr = _value(ctr)
+        self.use_ctr = _value(use_ctr)

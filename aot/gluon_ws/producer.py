@@ -54,11 +54,29 @@ def _producer_tile(Q, K, V, bufs,
 
 
 @gluon.jit
-def _producer(Q, K, V, bufs,
-              b, h, hk, m0, n_blocks, g0, n_valid, bh_all, Hq, group, Sq, Skv, offset, causal, lim_smem, lim_bar,
-              ids, ctr, use_ctr, grp, cfg):
+def _producer(Q, K, V, bufs, work, cfg):
     """The producer warp: the tiles' Q and K/V blocks, in the scheduler's order, through the ring
-    (bufs a Buffers, cfg the consumers' ConsumerConfig)."""
+    (bufs, work and cfg the structs of gluon_ws/params.py)."""
+    b = work.b
+    h = work.h
+    hk = work.hk
+    m0 = work.m0
+    n_blocks = work.n_blocks
+    g0 = work.g0
+    n_valid = work.n_valid
+    bh_all = work.bh_all
+    Hq = work.Hq
+    group = work.group
+    Sq = work.Sq
+    Skv = work.Skv
+    offset = work.offset
+    causal = work.causal
+    lim_smem = work.lim_smem
+    lim_bar = work.lim_bar
+    ids = work.ids
+    ctr = work.ctr
+    use_ctr = work.use_ctr
+    grp = work.grp
     WG_M: gl.constexpr = cfg.WG_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
