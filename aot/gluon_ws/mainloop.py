@@ -10,6 +10,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .epilogue import _epilogue
+from .params import Call, Tile
 from .mask_prefix import _publish_range, _visible_range
 from .scheduler import _cta_tile, _read_tile, _tile_of, _tile_span
 from .softmax import _key_mask, _softmax, _softmax_bias, _softmax_lim
@@ -47,35 +48,52 @@ def _consumer_pass(bufs, n_blocks, t, c0, i0,
 
 
 @gluon.jit
-def _consumer_tile(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                   t, c0, i0, m_base,
-                   WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr,
-                   MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr, SKIP: gl.constexpr):
+def _consumer_tile(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.constexpr, MASK_KIND: gl.constexpr):
     """_consumer_rows, or with SKIP, for a consumer (not the first) whose rows all lie past Sq,
-    _consumer_pass."""
+    _consumer_pass (call a Call, tile a Tile, cfg a ConsumerConfig)."""
+    WG_M: gl.constexpr = cfg.WG_M
+    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
+    PINGPONG: gl.constexpr = cfg.PINGPONG
+    NC: gl.constexpr = cfg.NC
+    SKIP: gl.constexpr = cfg.SKIP
     if SKIP & (WG > 0):
-        if m0 + WG * WG_M >= Sq:
-            _consumer_pass(bufs, n_blocks, t, c0, i0,
+        if tile.m0 + WG * WG_M >= call.Sq:
+            _consumer_pass(bufs, tile.n_blocks, tile.t, tile.c0, tile.i0,
                            WG, NUM_STAGES, PINGPONG, NC, QB)
         else:
-            _consumer_rows(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                           t, c0, i0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, QB,
-                           MASK_KIND, OVERLAP)
+            _consumer_rows(Y, Lse, bufs, call, tile, WG, cfg, QB, MASK_KIND)
     else:
-        _consumer_rows(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                       t, c0, i0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, QB,
-                       MASK_KIND, OVERLAP)
+        _consumer_rows(Y, Lse, bufs, call, tile, WG, cfg, QB, MASK_KIND)
 
 
 @gluon.jit
-def _consumer_rows(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                   t, c0, i0, m_base,
-                   WG: gl.constexpr, WG_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                   NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr, NC: gl.constexpr, QB: gl.constexpr,
-                   MASK_KIND: gl.constexpr, OVERLAP: gl.constexpr):
+def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.constexpr, MASK_KIND: gl.constexpr):
     """One consumer's rows of one tile: Q from buffer t % QB, ring blocks c0 + j, turns i0 + j - 1;
-    with MASK_KIND the key-vector mask at m_base (Skv is then min(Skv, mask_len))."""
+    with MASK_KIND the key-vector mask at m_base (Skv is then min(Skv, mask_len)). call a Call,
+    tile a Tile, cfg a ConsumerConfig."""
+    WG_M: gl.constexpr = cfg.WG_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    BLOCK_D: gl.constexpr = cfg.BLOCK_D
+    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
+    PINGPONG: gl.constexpr = cfg.PINGPONG
+    NC: gl.constexpr = cfg.NC
+    OVERLAP: gl.constexpr = cfg.OVERLAP
+    Sq = call.Sq
+    Skv = call.Skv
+    offset = call.offset
+    causal = call.causal
+    qk_scale = call.qk_scale
+    store_lse = call.store_lse
+    m_base = call.m_base
+    b = tile.b
+    h = tile.h
+    pid_bh = tile.pid_bh
+    m0 = tile.m0
+    n_blocks = tile.n_blocks
+    hi = tile.hi
+    t = tile.t
+    c0 = tile.c0
+    i0 = tile.i0
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = bufs.q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -242,17 +260,15 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
                 mbarrier.arrive(bufs.v_empty.index(0))
                 c0 = c0 + 1
             n_run = end - lo
-            _consumer_tile(Y, Lse, bufs, b, h, pid_bh, m0, Sq, n_run, offset, causal, gl.maximum(gl.cdiv(n_run, BLOCK_N), 1),
-                           n_run, qk_scale, store_lse, 0, c0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES,
-                           PINGPONG, NC, 1, 0, OVERLAP, SKIP)
+            _consumer_tile(Y, Lse, bufs, Call(Sq, n_run, offset, causal, qk_scale, store_lse, m_base),
+                           Tile(b, h, pid_bh, m0, gl.maximum(gl.cdiv(n_run, BLOCK_N), 1), n_run, 0, c0, 0),
+                           WG, cfg, 1, 0)
         else:
-            _consumer_tile(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                           0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
-                           MASK_KIND, OVERLAP, SKIP)
+            _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
+                           Tile(b, h, pid_bh, m0, n_blocks, hi, 0, 0, 0), WG, cfg, 1, MASK_KIND)
     elif TILES == 1:
-        _consumer_tile(Y, Lse, bufs, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
-                       0, 0, 0, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, 1,
-                       MASK_KIND, OVERLAP, SKIP)
+        _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
+                       Tile(b, h, pid_bh, m0, n_blocks, hi, 0, 0, 0), WG, cfg, 1, MASK_KIND)
     elif DYNAMIC:
         # The producer's tiles in its order, each id read once its Q buffer is in; -1 ends.
         n_m = gl.cdiv(Sq, WG_M * NC)
@@ -262,9 +278,8 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
         while tid >= 0:
             m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, bh_all, grp, Hq, 1)
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _consumer_tile(Y, Lse, bufs, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
-                           tt, c0, c0 - tt, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
-                           NC, 2, MASK_KIND, OVERLAP, SKIP)
+            _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
+                           Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, tt, c0, c0 - tt), WG, cfg, 2, MASK_KIND)
             c0 += nb_t
             tt += 1
             tid = _read_tile(ids, bufs.q_ready, tt, WG, NC)
@@ -276,7 +291,6 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
             m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, 0, b, h, 0, pid_bh, WG_M * NC,
                                                   PERSISTENT)
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _consumer_tile(Y, Lse, bufs, b_t, h_t, bh_t, m0_t, Sq, Skv, offset, causal, nb_t, hi_t, qk_scale, store_lse,
-                           t, c0, c0 - t, m_base, WG, WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG,
-                           NC, 2, MASK_KIND, OVERLAP, SKIP)
+            _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
+                           Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, t, c0, c0 - t), WG, cfg, 2, MASK_KIND)
             c0 += nb_t

@@ -150,3 +150,55 @@ class Work:
         self.group = _value(group)
         self.ctr = _value(ctr)
         self.use_ctr = _value(use_ctr)
+
+
+@aggregate
+class Call:
+    """One consumer tile's view of the call: query and key lengths (the key length may be a
+    visible run's), the queries' offset among the keys, causal, the softmax scale (log2 units),
+    whether the log-sum-exp is stored, and the key-vector mask row."""
+    Sq: base_value
+    Skv: base_value
+    offset: base_value
+    causal: base_value
+    qk_scale: base_value
+    store_lse: base_value
+    m_base: base_value
+
+    @constexpr_function
+    def __init__(self, Sq, Skv, offset, causal, qk_scale, store_lse, m_base):
+        self.Sq = _value(Sq)
+        self.Skv = _value(Skv)
+        self.offset = _value(offset)
+        self.causal = _value(causal)
+        self.qk_scale = _value(qk_scale)
+        self.store_lse = _value(store_lse)
+        self.m_base = _value(m_base)
+
+
+@aggregate
+class Tile:
+    """One query tile of a consumer: its (batch, head), (batch, head) index and first row, its
+    key blocks and key bound, and the running counts it starts from (its Q buffer t, ring block
+    c0, turn i0)."""
+    b: base_value
+    h: base_value
+    pid_bh: base_value
+    m0: base_value
+    n_blocks: base_value
+    hi: base_value
+    t: base_value
+    c0: base_value
+    i0: base_value
+
+    @constexpr_function
+    def __init__(self, b, h, pid_bh, m0, n_blocks, hi, t, c0, i0):
+        self.b = _value(b)
+        self.h = _value(h)
+        self.pid_bh = _value(pid_bh)
+        self.m0 = _value(m0)
+        self.n_blocks = _value(n_blocks)
+        self.hi = _value(hi)
+        self.t = _value(t)
+        self.c0 = _value(c0)
+        self.i0 = _value(i0)
