@@ -10,7 +10,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .epilogue import _epilogue
-from .params import Call, Tile
+from .params import Acc, Call, Tile
 from .mask_prefix import _publish_range, _visible_range
 from .scheduler import _cta_tile, _read_tile, _tile_of, _tile_span
 from .softmax import _key_mask, _softmax, _softmax_bias, _softmax_lim
@@ -83,11 +83,7 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
     offset = call.offset
     causal = call.causal
     qk_scale = call.qk_scale
-    store_lse = call.store_lse
     m_base = call.m_base
-    b = tile.b
-    h = tile.h
-    pid_bh = tile.pid_bh
     m0 = tile.m0
     n_blocks = tile.n_blocks
     hi = tile.hi
@@ -200,8 +196,7 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
     if QB > 1:  # the next tile's blocks come through this slot
         mbarrier.arrive(bufs.v_empty.index(last))
 
-    _epilogue(Y, Lse, q, q_slot, bufs.q_empty, q_idx, acc, m_i, l_i, b, h, r0, rows, pid_bh, Sq, store_lse,
-              o_layout, QB)
+    _epilogue(Y, Lse, bufs, call, tile, q_slot, q_idx, Acc(acc, m_i, l_i), r0, rows, o_layout, QB)
 
 
 @gluon.jit
@@ -221,7 +216,6 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
     hi = work.hi
     qk_scale = work.qk_scale
     store_lse = work.store_lse
-    g0 = work.g0
     n_valid = work.n_valid
     bh_all = work.bh_all
     Hq = work.Hq
@@ -232,17 +226,12 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
     grp = work.grp
     WG_M: gl.constexpr = cfg.WG_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    BLOCK_D: gl.constexpr = cfg.BLOCK_D
-    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
-    PINGPONG: gl.constexpr = cfg.PINGPONG
     NC: gl.constexpr = cfg.NC
     TILES: gl.constexpr = cfg.TILES
     MASK_KIND: gl.constexpr = cfg.MASK_KIND
-    OVERLAP: gl.constexpr = cfg.OVERLAP
     PREFIX: gl.constexpr = cfg.PREFIX
     PERSISTENT: gl.constexpr = cfg.PERSISTENT
     DYNAMIC: gl.constexpr = cfg.DYNAMIC
-    SKIP: gl.constexpr = cfg.SKIP
     if PREFIX:
         # Every consumer checks the keys its tile sees ([0, hi)) itself; the first one tells the
         # producer. A visible run [lo, end) runs unmasked over end - lo keys from lo (where lo > 0
@@ -288,8 +277,7 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
         # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
         c0 = n_valid * 0
         for t in range(n_valid):
-            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, 0, b, h, 0, pid_bh, WG_M * NC,
-                                                  PERSISTENT)
+            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, work, WG_M * NC, PERSISTENT)
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
             _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
                            Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, t, c0, c0 - t), WG, cfg, 2, MASK_KIND)

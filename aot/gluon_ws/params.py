@@ -202,3 +202,18 @@ class Tile:
         self.t = _value(t)
         self.c0 = _value(c0)
         self.i0 = _value(i0)
+
+
+@aggregate
+class Acc:
+    """A consumer tile's running result: the unnormalized output (fp32 accumulator) and each row's
+    running max and sum of the softmax."""
+    acc: base_value
+    m_i: base_value
+    l_i: base_value
+
+    @constexpr_function
+    def __init__(self, acc, m_i, l_i):
+        self.acc = _value(acc)
+        self.m_i = _value(m_i)
+        self.l_i = _value(l_i)

@@ -43,11 +43,14 @@ def _producer_kv(K, V, bufs, b, hk, j_lo, j_hi, c0, row0,
 
 
 @gluon.jit
-def _producer_tile(Q, K, V, bufs,
-                   b, h, hk, m0, n_blocks, t, c0,
-                   WG_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NC: gl.constexpr,
-                   QB: gl.constexpr):
-    """Loads of one tile: its Q into Q buffer t % QB, then its K/V blocks, ring blocks c0 + j."""
+def _producer_tile(Q, K, V, bufs, b, h, hk, m0, n_blocks, t, c0, cfg):
+    """Loads of one tile: its Q into Q buffer t % QB, then its K/V blocks, ring blocks c0 + j (cfg
+    a params.ConsumerConfig; QB the Q buffers its TILES give)."""
+    WG_M: gl.constexpr = cfg.WG_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
+    NC: gl.constexpr = cfg.NC
+    QB: gl.constexpr = 1 if cfg.TILES == 1 else 2
     _producer_q(Q, bufs, b, h, m0, t, WG_M, NC, QB)
     _producer_kv(K, V, bufs, b, hk, 0, n_blocks, c0, 0,
                  BLOCK_N, NUM_STAGES)
@@ -62,7 +65,6 @@ def _producer(Q, K, V, bufs, work, cfg):
     hk = work.hk
     m0 = work.m0
     n_blocks = work.n_blocks
-    g0 = work.g0
     n_valid = work.n_valid
     bh_all = work.bh_all
     Hq = work.Hq
@@ -106,7 +108,7 @@ def _producer(Q, K, V, bufs, work, cfg):
                      gl.maximum(lo, 0), BLOCK_N, NUM_STAGES)
     elif TILES == 1:
         _producer_tile(Q, K, V, bufs,
-                       b, h, hk, m0, n_blocks, 0, 0, WG_M, BLOCK_N, NUM_STAGES, NC, 1)
+                       b, h, hk, m0, n_blocks, 0, 0, cfg)
     elif DYNAMIC:
         # Tiles as the counter hands them out (_claim, one claim ahead so that its latency hides
         # under a tile's loads), each tile's id to the consumers with its Q (_publish_tile), then
@@ -123,7 +125,7 @@ def _producer(Q, K, V, bufs, work, cfg):
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
             _publish_tile(ids, bufs.q_ready, bufs.q_empty, tid, tt, NC, False)
             _producer_tile(Q, K, V, bufs,
-                           b_t, h_t, hk_t, m0_t, nb_t, tt, c0, WG_M, BLOCK_N, NUM_STAGES, NC, 2)
+                           b_t, h_t, hk_t, m0_t, nb_t, tt, c0, cfg)
             c0 += nb_t
             tt += 1
             tid = nxt
@@ -139,9 +141,8 @@ def _producer(Q, K, V, bufs, work, cfg):
         # Runs ahead into the next tile: its Q into the other buffer, its blocks through the ring.
         c0 = n_valid * 0
         for t in range(n_valid):
-            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, group, b, h, hk, 0, WG_M * NC,
-                                                  PERSISTENT)
+            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, work, WG_M * NC, PERSISTENT)
             m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
             _producer_tile(Q, K, V, bufs,
-                           b_t, h_t, hk_t, m0_t, nb_t, t, c0, WG_M, BLOCK_N, NUM_STAGES, NC, 2)
+                           b_t, h_t, hk_t, m0_t, nb_t, t, c0, cfg)
             c0 += nb_t

@@ -67,13 +67,23 @@ def _heads_of(bh, Hq, group):
 
 
 @gluon.jit
-def _cta_tile(t, g0, n_valid, Sq, causal, bh_all, Hq, group, b, h, hk, pid_bh, BLOCK_M: gl.constexpr,
-              PERSISTENT: gl.constexpr):
-    """The CTA's t-th tile: (query tile, b, h, hk, pid_bh). Without PERSISTENT tiles g0 + n_valid - 1
-    down to g0 of the CTA's (b, h). With PERSISTENT the grid's CTAs take the bh_all * cdiv(Sq,
-    BLOCK_M) tiles of the call in turn, tile g0 + t * (CTAs): without causal each head's tiles
-    together (a head's K/V in L2 for its tiles at once), under causal every head's longest tile
-    first, then the next longest (longest-processing-time order over the CTAs)."""
+def _cta_tile(t, work, BLOCK_M: gl.constexpr, PERSISTENT: gl.constexpr):
+    """The CTA's t-th tile: (query tile, b, h, hk, pid_bh), work a params.Work. Without PERSISTENT
+    tiles g0 + n_valid - 1 down to g0 of the CTA's (b, h). With PERSISTENT the grid's CTAs take the
+    bh_all * cdiv(Sq, BLOCK_M) tiles of the call in turn, tile g0 + t * (CTAs): without causal each
+    head's tiles together (a head's K/V in L2 for its tiles at once), under causal every head's
+    longest tile first, then the next longest (longest-processing-time order over the CTAs)."""
+    g0 = work.g0
+    n_valid = work.n_valid
+    Sq = work.Sq
+    causal = work.causal
+    bh_all = work.bh_all
+    Hq = work.Hq
+    group = work.group
+    b = work.b
+    h = work.h
+    hk = work.hk
+    pid_bh = work.pid_bh
     if PERSISTENT:
         n_m = gl.cdiv(Sq, BLOCK_M)
         tid = g0 + t * gl.num_programs(0)
