@@ -257,12 +257,14 @@ def _tma_boxes(v: Variant, md) -> list[dict]:
 
 
 def gluon_sources() -> list[str]:
-    """The Gluon kernels' modules: the one-partition kernel's and, where it takes calls, the
-    warp-specialized kernel's entry and its role modules (aot/gluon_ws/)."""
+    """The Gluon kernels' modules: the one-partition kernel's, the warp-specialized kernel's entry
+    where it takes calls, and the role modules (aot/gluon_ws/), whose structs both kernels use."""
     mods = [gluon_module().__file__]
     if variants.GLUON_WS_LENGTHS:
         mods.append(gluon_module(ws=True).__file__)
-        mods += [str(f) for f in sorted((Path(__file__).resolve().parent / "gluon_ws").glob("*.py"))]
+    # The role modules: the warp-specialized kernel's, and the structs the one-partition kernel's
+    # epilogue takes too.
+    mods += [str(f) for f in sorted((Path(__file__).resolve().parent / "gluon_ws").glob("*.py"))]
     return mods
 
 

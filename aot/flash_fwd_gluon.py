@@ -21,8 +21,11 @@ OVERLAP_PV the softmax also runs under P V in the SASS (see the comment at the w
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from .gluon_ws.params import Acc, Call, Tile
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -37,6 +40,55 @@ def desc_layout() -> gl.NVMMASharedLayout:
 def desc_signature(dtype: str, rows: int, head_dim: int) -> str:
     """The ASTSource signature of one descriptor argument, e.g. for aot/build.py."""
     return f"tensordesc<{dtype}[1,1,{rows},{head_dim}],{desc_layout()!r}>"
+
+
+# The wgmma layouts of both Gluon kernels (this one and the warp-specialized one): S = Q K^T of
+# a (rows, BLOCK_N) block, the (rows, BLOCK_D) output, P as the A operand of P V, and a row vector.
+@constexpr_function
+def s_layout_of(num_warps, block_n):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
+
+
+@constexpr_function
+def o_layout_of(num_warps, block_d):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_d, 16])
+
+
+@constexpr_function
+def p_layout_of(o_layout):
+    return gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+
+@constexpr_function
+def row_layout_of(s_layout):
+    return gl.SliceLayout(1, s_layout)
+
+
+@gluon.jit
+def _epilogue(Y, Lse, q_empty, call, tile, q_slot, q_idx, state, r0, rows, o_layout: gl.constexpr,
+              QB: gl.constexpr):
+    """Rows of a tile out (both kernels): O / l into their Q slot, from there to Y by TMA (clipped
+    past Sq), the log-sum-exp (natural log; -inf and O = 0 for a row that saw no key) where asked;
+    with two Q buffers the slot (q_empty's barrier q_idx) is freed for a later tile's Q once the
+    store has read it. call, tile and state (the accumulator, running max and sum) are
+    gluon_ws/params.py's Call, Tile and Acc."""
+    dtype: gl.constexpr = q_slot.dtype
+    acc = state.acc
+    m_i = state.m_i
+    l_i = state.l_i
+    q = q_slot.reshape([q_slot.shape[2], q_slot.shape[3]])
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+    q.store(out.to(dtype))  # the Q slot holds the output rows; TMA clips past Sq
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(Y, [tile.b, tile.h, r0, 0], q_slot)
+    if call.store_lse != 0:
+        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+        gl.store(Lse + tile.pid_bh.to(gl.int64) * call.Sq + rows, lse, mask=rows < call.Sq)
+    tma.store_wait(0)
+    if QB > 1:  # the store has read the slot: the producer may load a later tile's Q there
+        mbarrier.arrive(q_empty.index(q_idx))
 
 
 @gluon.jit
@@ -84,12 +136,10 @@ def flash_fwd_gluon(
     gl.static_assert(NUM_STAGES >= 3, "the K/V ring needs at least 3 slots")
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                       instr_shape=[16, BLOCK_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_layout: gl.constexpr = s_layout_of(NW, BLOCK_N)
+    o_layout: gl.constexpr = o_layout_of(NW, BLOCK_D)
+    p_layout: gl.constexpr = p_layout_of(o_layout)
+    row_layout: gl.constexpr = row_layout_of(s_layout)
 
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     pid_bh = gl.program_id(1)
@@ -196,13 +246,5 @@ def flash_fwd_gluon(
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
 
-    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
-    q.store(out.to(dtype))  # Q's slot holds the output tile; rows past Sq are clipped by TMA
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(Y, [b, h, m0, 0], q_smem)
-    if store_lse != 0:
-        lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
-        gl.store(Lse + pid_bh.to(gl.int64) * Sq + rows, lse, mask=rows < Sq)
-    tma.store_wait(0)
+    _epilogue(Y, Lse, q_bar, Call(Sq, Skv, offset, causal, qk_scale, store_lse, Mask),
+              Tile(b, h, pid_bh, m0, n_blocks, hi, 0, 0, 0), q_smem, 0, Acc(acc, m_i, l_i), m0, rows, o_layout, 1)

@@ -9,7 +9,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from .epilogue import _epilogue
+from ..flash_fwd_gluon import _epilogue, o_layout_of, p_layout_of, row_layout_of, s_layout_of
 from .params import Acc, Call, Tile
 from .mask_prefix import _publish_range, _visible_range
 from .scheduler import _cta_tile, _read_tile, _tile_of, _tile_span
@@ -92,12 +92,10 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
     i0 = tile.i0
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = bufs.q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                       instr_shape=[16, BLOCK_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_layout: gl.constexpr = s_layout_of(NW, BLOCK_N)
+    o_layout: gl.constexpr = o_layout_of(NW, BLOCK_D)
+    p_layout: gl.constexpr = p_layout_of(o_layout)
+    row_layout: gl.constexpr = row_layout_of(s_layout)
 
     r0 = m0 + WG * WG_M
     rows = r0 + gl.arange(0, WG_M, layout=row_layout)
@@ -196,7 +194,7 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
     if QB > 1:  # the next tile's blocks come through this slot
         mbarrier.arrive(bufs.v_empty.index(last))
 
-    _epilogue(Y, Lse, bufs, call, tile, q_slot, q_idx, Acc(acc, m_i, l_i), r0, rows, o_layout, QB)
+    _epilogue(Y, Lse, bufs.q_empty, call, tile, q_slot, q_idx, Acc(acc, m_i, l_i), r0, rows, o_layout, QB)
 
 
 @gluon.jit
