@@ -21,6 +21,7 @@ a floating-point tensor, a layout or a descriptor is an Inert, and branching on 
 so a host run never silently follows a value it does not model."""
 from __future__ import annotations
 
+import inspect
 import threading
 import types
 
@@ -315,12 +316,14 @@ class HostGl:
                 fn, args = partitions[i]
                 fn(*args)
             return
-        for fn, args in partitions:  # name each allocation by its parameter
+        for fn, args in partitions:  # name each allocation by its parameter, or its field of a struct
             code = fn.__code__
             for name, a in zip(code.co_varnames[:code.co_argcount], args):
-                if isinstance(a, Smem) and a.name is None:
-                    a.name = name
-                    self.smem[name] = a
+                named = [(f, getattr(a, f)) for f in a.__slots__] if getattr(type(a), "host_struct", False) is True else [(name, a)]
+                for n, v in named:
+                    if isinstance(v, Smem) and v.name is None:
+                        v.name = n
+                        self.smem[n] = v
         run = self.threads
         cta = ".".join(str(p) for p in self.pid)
         workers = [run.spawn(lambda fn=fn, args=args: fn(*args), f"CTA {cta} {fn.__name__}")
@@ -341,10 +344,29 @@ class Around:
         self.wrap = wrap
 
 
+def _host_struct(aggregate):
+    """A Gluon aggregate (a struct the kernel's functions take) on the host: a plain object holding
+    its constructor's arguments under its field names, untyped (the host stand-ins are no Gluon
+    values) and unconverted (a constant stays as given)."""
+    fields = list(inspect.signature(aggregate.hash_attrs[0].fn).parameters)[1:]
+
+    class HostStruct:
+        __slots__ = fields
+        host_struct = True
+
+        def __init__(self, *args):
+            for name, value in zip(fields, args, strict=True):
+                setattr(self, name, value)
+
+    HostStruct.__name__ = aggregate.__name__
+    return HostStruct
+
+
 def host(jit_fn, gl: HostGl, _seen=None, **stubs):
     """`jit_fn`'s Python function with `gl` for gluon.language; the @gluon.jit functions it names run
-    on the host too, and `stubs` replace globals of any of them by name (a callee, `mbarrier`, ...;
-    an Around wraps the callee instead)."""
+    on the host too, the structs (Gluon aggregates) it builds are plain host objects, and `stubs`
+    replace globals of any of them by name (a callee, `mbarrier`, ...; an Around wraps the callee
+    instead)."""
     from triton.runtime.jit import JITFunction
 
     seen = {} if _seen is None else _seen
@@ -365,6 +387,11 @@ def host(jit_fn, gl: HostGl, _seen=None, **stubs):
             env[name] = stub
         elif isinstance(env.get(name), JITFunction):  # a @gluon.jit callee
             env[name] = host(env[name], gl, seen, **stubs)
+        elif getattr(env.get(name), "__triton_aggregate__", False):  # a struct
+            key = ("struct", id(env[name]))
+            if key not in seen:
+                seen[key] = _host_struct(env[name])
+            env[name] = seen[key]
     env["gl"] = gl
     return out
 

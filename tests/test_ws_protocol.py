@@ -25,8 +25,8 @@ formulas (tests/test_ws_scheduler.py holds them to the launcher's).
 
 Stubbed, because the host run cannot execute them as written: mask_prefix._visible_range (it
 reduces the mask's values; its stand-in picks a visible run at random: none, from key 0, or, without
-causal, from a later key); and an integer divided by zero, undefined on the GPU, is an Inert here
-(the consumers pass `group` 0 to the scheduler's _cta_tile, whose unused hk is then h // 0).
+causal, from a later key); and an integer divided by zero, undefined on the GPU, is an Inert here.
+The kernel's structs (aot/gluon_ws/params.py) run as plain host objects (_gluon_host.host).
 """
 from __future__ import annotations
 
@@ -103,10 +103,11 @@ class Launch:
     def consumer_tile(self, real, cta):
         def tile(*args):
             a = dict(zip(_TILE_ARGS, args))
+            t = a["tile"]  # the tile's struct (params.Tile)
             me = self.run_.me()
             lo, end = self.ranges.get(cta, (-1, -1))
-            self.ctx[me] = c = dict(b=int(a["b"]), h=int(a["h"]), r0=int(a["m0"]) + int(a["WG"]) * self.wg_m,
-                                   m0=int(a["m0"]), row0=max(lo, 0), K=0, V=0, out=None)
+            self.ctx[me] = c = dict(b=int(t.b), h=int(t.h), r0=int(t.m0) + int(a["WG"]) * self.wg_m,
+                                   m0=int(t.m0), row0=max(lo, 0), K=0, V=0, out=None)
             real(*args)
             blocks = max(_cdiv(end - lo, self.block_n), 1) if lo >= 0 else self.key_blocks(c["m0"])
             want = blocks if c["out"] else 0

@@ -51,8 +51,8 @@ def _ctas(*, b, hq, sq, skv, causal, head_dim, tiles_per_cta=1, persistent=False
     def cta(gx, gy):
         mine = loads.setdefault((gx, gy), [])
 
-        def producer_tile(*a):  # _producer_tile(Q, ..., v_empty, b, h, hk, m0, n_blocks, t, c0, consts...)
-            b_t, h_t, _, m0, n_blocks = a[12:17]
+        def producer_tile(*a):  # _producer_tile(Q, K, V, bufs, b, h, hk, m0, n_blocks, t, c0, cfg)
+            b_t, h_t, _, m0, n_blocks = a[4:9]
             assert m0 % block_m == 0
             mine.append((int(b_t), int(h_t), int(m0) // block_m, int(n_blocks)))
 
