@@ -6,24 +6,36 @@ On the CPU EP with GenAI builder families; the check must pass on the rewritten 
 and a padded batch of two, and must fail on a rewritten folder whose new tokens get the wrong
 rotary position (a decode-path error that leaves the prompt's logits alone). On CUDA (marked gpu):
 a float16 and a bfloat16 LLaMA-shaped model at head sizes 64 and 128, built by GenAI's builder.
+Without GenAI: the arithmetic of the comparison, and the GenAI drivers' teacher-forced stepping
+(genai_e2e.Runner's) over a stand-in for onnxruntime_genai that records every call.
 """
 from __future__ import annotations
 
 import json
 import shutil
+import sys
+import types
 
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime_genai", reason="onnxruntime_genai (onnxruntime-genai) is not installed")
+from ort_flash import genai
+from ort_flash.bench import genai_e2e, genai_fidelity as fid
 
-from models.genai_family import build  # noqa: E402
-from ort_flash import genai  # noqa: E402
-from ort_flash.bench import genai_e2e, genai_fidelity as fid  # noqa: E402
-
-pytestmark = pytest.mark.slow  # GenAI builder runs on a cold cache
+try:
+    import onnxruntime_genai  # noqa: F401
+    HAS_GENAI = True
+except ImportError:
+    HAS_GENAI = False
 
 STEPS = 24
+
+
+def _genai(test):
+    """A test of real GenAI folders: needs onnxruntime-genai; slow (GenAI builder runs on a cold
+    cache)."""
+    skip = pytest.mark.skipif(not HAS_GENAI, reason="onnxruntime_genai (onnxruntime-genai) is not installed")
+    return pytest.mark.slow(skip(test))
 
 
 def _rewritten(folder, tmp_path_factory, name):
@@ -36,6 +48,8 @@ def _rewritten(folder, tmp_path_factory, name):
 
 @pytest.fixture(scope="module", params=["llama", "phi3", "gemma2-fullkv"])
 def pair(request, tmp_path_factory):
+    from models.genai_family import build
+
     folder = build(request.param)
     return request.param, folder, _rewritten(folder, tmp_path_factory, request.param)
 
@@ -44,6 +58,7 @@ def _drivers(kind, original, rewritten):
     return {v: fid.DRIVERS[kind](f, "cpu") for v, f in (("original", original), ("ort_flash", rewritten))}
 
 
+@_genai
 @pytest.mark.parametrize("batch,driver", [(1, "genai"), (1, "genai_rewind"), (1, "session"), (2, "session")])
 def test_rewritten_folder_within_rounding_every_step(pair, batch, driver):
     _, original, rewritten = pair
@@ -56,6 +71,7 @@ def test_rewritten_folder_within_rounding_every_step(pair, batch, driver):
     assert s["min_bound"] > 0
 
 
+@_genai
 def test_session_driver_feeds_as_genai_does(pair):
     """The session driver is GenAI's feeding: batch 1 through it gives GenAI's own logits at every
     step, and row b of a padded batch gives what its prompt alone gives."""
@@ -70,10 +86,13 @@ def test_session_driver_feeds_as_genai_does(pair):
     np.testing.assert_allclose(both["original"][:, 1], alone["original"][:, 0], rtol=0, atol=1e-5)
 
 
+@_genai
 def test_check_fails_on_a_wrong_rotary_position_of_new_tokens(tmp_path_factory):
     """A decode-path error the prompt never sees: in the rewritten folder, the rotary tables' rows
     from the prompt's length on are the row before them, so every fed token is rotated as if it
     sat at the prompt's last position. The prompt step passes, later steps leave the bound."""
+    from models.genai_family import build
+
     original = build("llama")
     rewritten = _rewritten(original, tmp_path_factory, "llama-bad-rotary")
     prompt = 31
@@ -112,6 +131,118 @@ def test_compare_defines_ties_and_unexplained_flips():
     assert steps[1]["noise"] == [pytest.approx(0.01)]
 
 
+VOCAB = 40
+
+
+def _fake_logits(tokens: list[int]) -> np.ndarray:
+    """The stand-in model's logits after ``tokens``: a function of the whole sequence."""
+    return np.cos(np.arange(VOCAB) * 0.37 + len(tokens) * 1.3 + sum(tokens) * 0.11).astype(np.float32)
+
+
+@pytest.fixture
+def fake_og(monkeypatch, tmp_path):
+    """onnxruntime_genai as far as the GenAI drivers use it, over _fake_logits, recording the
+    models loaded and every generator's calls; and a folder whose genai_config.json the drivers
+    read. Returns (the module, the folder)."""
+    og = types.SimpleNamespace(models=[], generators=[])
+
+    class Model:
+        def __init__(self, path):
+            self.path = path
+            og.models.append(self)
+
+    class GeneratorParams:
+        def __init__(self, model):
+            self.model, self.options = model, None
+
+        def set_search_options(self, **options):
+            self.options = options
+
+    class Generator:
+        def __init__(self, model, params):
+            self.model, self.options, self.tokens, self.calls = model, params.options, [], []
+            og.generators.append(self)
+
+        def append_tokens(self, ids):
+            ids = np.asarray(ids)
+            self.calls.append(("append", ids.shape, ids.dtype, ids.ravel().tolist()))
+            self.tokens += ids.ravel().tolist()
+
+        def rewind_to(self, n):
+            self.calls.append(("rewind", n))
+            self.tokens = self.tokens[:n]
+
+        def get_logits(self):
+            return _fake_logits(self.tokens).reshape(1, 1, -1)
+
+    og.Model, og.GeneratorParams, og.Generator = Model, GeneratorParams, Generator
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", og)
+    folder = tmp_path / "genai"
+    folder.mkdir()
+    io = {"input_ids": "input_ids", "attention_mask": "attention_mask", "past_key_names": "past_key_values.%d.key",
+          "past_value_names": "past_key_values.%d.value"}
+    out = {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+    decoder = {"filename": "model.onnx", "num_hidden_layers": 1, "num_key_value_heads": 1, "head_size": 8,
+               "inputs": io, "outputs": out}
+    config = {"model": {"decoder": decoder, "vocab_size": VOCAB, "pad_token_id": 0}}
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    return og, folder
+
+
+def test_genai_drivers_step_through_the_e2e_runner(fake_og):
+    """GenAIDriver and GenAIRewindDriver step through genai_e2e.Runner (start_forced, feed), one
+    og.Model per folder shared by the rewind driver: a generator of one row and the teacher-forced
+    length, the prompt as one (1, P) int32 append, each fed token as one (1, 1) append, the logits
+    of the whole sequence after each; the rewind driver appends a stale chunk, rewinds to the
+    prompt less its last token and appends that token."""
+    og, folder = fake_og
+    prompt = np.arange(3, 12, dtype=np.int32)
+    steps = 5
+    plain = fid.GenAIDriver(folder, "cpu")
+    rewind = fid.GenAIRewindDriver(folder, "cpu", plain)
+    assert len(og.models) == 1 and og.models[0].path == str(folder)
+    assert plain.runner is rewind.runner and isinstance(plain.runner, genai_e2e.Runner)
+    logits, fed = fid.teacher_forced({"original": plain, "ort_flash": rewind}, [prompt], steps)
+    assert logits["original"].shape == (steps + 1, 1, VOCAB) and fed.shape == (steps, 1)
+    tokens = prompt.tolist()
+    for k in range(steps + 1):
+        for v in ("original", "ort_flash"):
+            np.testing.assert_array_equal(logits[v][k, 0], _fake_logits(tokens))
+        if k < steps:
+            assert int(fed[k, 0]) == int(_fake_logits(tokens).argmax())
+            tokens.append(int(fed[k, 0]))
+    g_plain, g_rewind = og.generators
+    max_length = len(prompt) + steps + 1
+    assert g_plain.options == {"max_length": max_length, "do_sample": False, "batch_size": 1}
+    assert g_rewind.options == {"max_length": max_length + rewind.STALE, "do_sample": False, "batch_size": 1}
+    feeds = [("append", (1, 1), np.int32, [t]) for t in fed[:, 0].tolist()]
+    assert g_plain.calls == [("append", (1, len(prompt)), np.int32, prompt.tolist())] + feeds
+    stale = g_rewind.calls[1]
+    assert stale[:3] == ("append", (1, rewind.STALE), np.int32)
+    assert g_rewind.calls[0] == g_plain.calls[0] and g_rewind.calls[2:4] == [
+        ("rewind", len(prompt) - 1), ("append", (1, 1), np.int32, prompt[-1:].tolist())]
+    assert g_rewind.calls[4:] == feeds
+    assert g_plain.tokens == g_rewind.tokens == tokens
+    with pytest.raises(ValueError, match="more than one row"):
+        plain.start([prompt, prompt], max_length)
+
+
+def test_first_flip_through_the_runner(fake_og):
+    """genai_e2e.first_flip over two Runners of the same stand-in model: the original's greedy
+    tokens fed to both (one (1, 1) append a step, after a (1, P) prompt), no flip."""
+    og, folder = fake_og
+    runners = {v: genai_e2e.Runner(folder) for v in genai_e2e.VARIANTS}
+    prompt = np.arange(5, 9, dtype=np.int32)
+    d = genai_e2e.first_flip(runners, prompt, 4)
+    assert d == {"step": None, "steps": 4, "noise": 0.0}
+    assert [g.options for g in og.generators] == [{"max_length": len(prompt) + 5, "do_sample": False,
+                                                   "batch_size": 1}] * 2
+    calls = og.generators[0].calls
+    assert calls == og.generators[1].calls and len(calls) == 5
+    assert calls[0] == ("append", (1, len(prompt)), np.int32, prompt.tolist())
+    assert all(c[:3] == ("append", (1, 1), np.int32) for c in calls[1:])
+
+
 def _corrupt_rotary_from(folder, position: int) -> None:
     """cos_cache / sin_cache rows >= position replaced by row position - 1, in the rewritten decoder."""
     import onnx
@@ -137,6 +268,7 @@ def _corrupt_rotary_from(folder, position: int) -> None:
               location=path.name + ".data", size_threshold=0)
 
 
+@_genai
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("model", [[2, 1024, 16, 4], [2, 2048, 16, 4]], ids=["d64", "d128"])

@@ -154,7 +154,8 @@ def _gqa_nodes(folder: pathlib.Path) -> dict:
 
 
 class Runner:
-    """One variant's og.Model; the calls the suite times."""
+    """One variant's og.Model; the calls the suite times, and the teacher-forced stepping
+    (``start_forced``, ``feed``) that ``first_flip`` and ``genai_fidelity.GenAIDriver`` run."""
 
     def __init__(self, folder: pathlib.Path):
         import onnxruntime_genai as og
@@ -162,9 +163,9 @@ class Runner:
         self.og = og
         self.model = og.Model(str(folder))
 
-    def _generator(self, max_length: int):
+    def _generator(self, max_length: int, **options):
         params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=max_length, do_sample=False)
+        params.set_search_options(max_length=max_length, do_sample=False, **options)
         return self.og.Generator(self.model, params)
 
     def first_token(self, ids: np.ndarray) -> tuple[float, int]:
@@ -194,19 +195,21 @@ class Runner:
         return step_s, [int(t) for t in gen.get_sequence(0)[-steps:]]
 
     def start_forced(self, ids: np.ndarray, steps: int):
-        """A fresh generator with the prompt appended, for ``steps`` tokens fed after it; and the
-        prompt's logits (float32, vocabulary)."""
-        gen = self._generator(len(ids) + steps + 1)
-        gen.append_tokens(ids)
-        return gen, self._logits(gen)
+        """A fresh generator of one row with the prompt ``ids`` appended, for ``steps`` tokens fed
+        after it; and the prompt's logits (float32, vocabulary)."""
+        gen = self._generator(len(ids) + steps + 1, batch_size=1)
+        gen.append_tokens(ids.reshape(1, -1))
+        return gen, self.logits(gen)
 
-    def feed(self, gen, token: int) -> np.ndarray:
-        """One given token appended (a decode step), and the logits after it."""
-        gen.append_tokens(np.array([[token]], dtype=np.int32))
-        return self._logits(gen)
+    def feed(self, gen, token) -> np.ndarray:
+        """One given token (an int, or an array of one) appended (a decode step), and the logits
+        after it."""
+        gen.append_tokens(np.asarray(token, dtype=np.int32).reshape(1, 1))
+        return self.logits(gen)
 
     @staticmethod
-    def _logits(gen) -> np.ndarray:
+    def logits(gen) -> np.ndarray:
+        """The logits of the generator's last step (float32, vocabulary)."""
         return np.asarray(gen.get_logits(), dtype=np.float32).reshape(-1)
 
 

@@ -86,34 +86,30 @@ def prompt_rows(rng: np.random.Generator, tokens: int, batch: int, vocab: int) -
 
 class GenAIDriver:
     """A GenAI folder through ``onnxruntime_genai`` itself, as deployed: ``append_tokens`` of the
-    prompt, then of one token a step. GenAI takes a second ``append_tokens`` of a batch of more
-    than one row only after a rewind to zero, so this driver feeds batch 1 only."""
+    prompt, then of one token a step (``genai_e2e.Runner``'s teacher-forced stepping, over the
+    og.Model of ``shared``, a GenAIDriver of the same folder, where one is given). GenAI takes a
+    second ``append_tokens`` of a batch of more than one row only after a rewind to zero, so this
+    driver feeds batch 1 only."""
 
     name = "genai"
 
     def __init__(self, folder: pathlib.Path, device: str, shared=None):
-        import onnxruntime_genai as og
-
-        self.og = og
-        self.model = shared.model if isinstance(shared, GenAIDriver) else og.Model(str(folder))
+        self.runner = shared.runner if isinstance(shared, GenAIDriver) else genai_e2e.Runner(folder)
         self.pad = folder_config(folder)["pad"]
         self.gen = None
 
     def start(self, rows: list[np.ndarray], max_length: int) -> np.ndarray:
         if len(rows) != 1:
             raise ValueError("GenAI appends tokens to a batch of more than one row only once")
-        params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=max_length, do_sample=False, batch_size=1)
-        self.gen = self.og.Generator(self.model, params)
-        self.gen.append_tokens(rows[0].reshape(1, -1))
-        return self._logits()
+        prompt = rows[0]
+        self.gen, logits = self.runner.start_forced(prompt, max_length - len(prompt) - 1)
+        return logits.reshape(1, -1)
 
     def feed(self, tokens: np.ndarray) -> np.ndarray:
-        self.gen.append_tokens(tokens.reshape(-1, 1).astype(np.int32))
-        return self._logits()
+        return self.runner.feed(self.gen, tokens).reshape(1, -1)
 
     def _logits(self) -> np.ndarray:
-        return np.asarray(self.gen.get_logits(), dtype=np.float32).reshape(1, -1)
+        return self.runner.logits(self.gen).reshape(1, -1)
 
     def close(self) -> None:
         self.gen = None
