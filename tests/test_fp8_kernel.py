@@ -186,12 +186,11 @@ def _exact_fp8():
     interp._patch_lang_tensor = patched
 
 
-def run_fp8(q, k, v, causal: bool, bm: int, bn: int, tamper=None):
-    """Prepare + attention under the interpreter on torch tensors q, k, v (logical [B, H, N, D],
-    any strides with a contiguous head dim); every buffer poisoned first. Returns (y, lse, bufs)."""
+def prepare_fp8(q, k, v, bm: int, bn: int) -> dict:
+    """aot/fp8_prepare.py's two kernels under the interpreter on torch tensors q, k, v (logical
+    [B, H, N, D], any strides with a contiguous head dim), every buffer poisoned first."""
     import torch
 
-    from aot.flash_fwd_fp8 import flash_fwd_fp8
     from aot.fp8_prepare import buffer_specs, fp8_quantize, fp8_stats, padded_len, stats_splits
 
     b, h, n, d = q.shape
@@ -202,21 +201,30 @@ def run_fp8(q, k, v, causal: bool, bm: int, bn: int, tamper=None):
             bufs[name] = torch.full(shape, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn)
         else:
             bufs[name] = torch.full(shape, float("nan"), dtype=torch.float32)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     fp8_stats[(splits, b * h)](k, v, bufs["Part"], h, n, splits, *k.stride()[:3], *v.stride()[:3],
                                BLOCK_N=bn, HEAD_DIM=d)
-    np_ = padded_len(n, bm, bn)
-    fp8_quantize[(np_ // min(bm, bn), b * h, 2)](
+    fp8_quantize[(padded_len(n, bm, bn) // min(bm, bn), b * h, 2)](
         q, k, v, bufs["Part"], bufs["Q8"], bufs["K8"], bufs["V8t"], bufs["ScaleQ"], bufs["ScaleK"],
-        bufs["ScaleV"], bufs["QBias"], h, n, splits, *strides, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d)
-    if tamper:
-        tamper(bufs)
-    y = torch.full((b, n, h, d), float("nan"), dtype=q.dtype).permute(0, 2, 1, 3)
+        bufs["ScaleV"], bufs["QBias"], h, n, splits, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d)
+    return bufs
+
+
+def attend_fp8(bufs: dict, n: int, causal: bool, bm: int, bn: int, dtype, bshd: bool):
+    """aot/flash_fwd_fp8.py under the interpreter; y (logical [B, H, N, D], stored BSHD or BHSD)
+    and the log-sum-exp poisoned first."""
+    import torch
+
+    from aot.flash_fwd_fp8 import flash_fwd_fp8
+
+    b, h, _, d = bufs["Q8"].shape
+    y = torch.full((b, n, h, d) if bshd else (b, h, n, d), float("nan"), dtype=dtype)
+    y = y.permute(0, 2, 1, 3) if bshd else y
     lse = torch.full((b, h, n), float("nan"))
     flash_fwd_fp8[(math.ceil(n / bm), b * h)](
         bufs["Q8"], bufs["K8"], bufs["V8t"], bufs["ScaleQ"], bufs["ScaleK"], bufs["ScaleV"], bufs["QBias"],
         y, lse, 1 / math.sqrt(d), h, n, 1, *y.stride()[:3], BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, CAUSAL=causal)
-    return y, lse, bufs
+    return y, lse
 
 
 def check_cases():
@@ -242,20 +250,21 @@ def check_cases():
         emus = [[emulate(qn[i, j], kn[i, j], vn[i, j], c["causal"], bm, bn) for j in range(h)] for i in range(b)]
         emu = np.stack([[e[0] for e in row] for row in emus])
         emu_lse = np.stack([[e[1] for e in row] for row in emus])
-        y, lse, bufs = run_fp8(q, k, v, c["causal"], bm, bn)
+        bufs = prepare_fp8(q, k, v, bm, bn)
+        y, lse = attend_fp8(bufs, n, c["causal"], bm, bn, dt, c["layout"] == "bshd")
         got = y.double().numpy()
         written = {name: not torch.isnan(t.float()).any().item() for name, t in bufs.items()}
         np_ = bufs["Q8"].shape[2]
         pad_zero = all(bool((t.float() == 0).all()) for t in (
             bufs["Q8"][:, :, n:], bufs["K8"][:, :, n:], bufs["V8t"][..., n:]))
 
-        def scaled(name, factor=None, perm=None):
-            def tamper(bf):
-                if factor is not None:
-                    bf[name].mul_(factor)
-                if perm is not None:
-                    bf[name].copy_(bf[name][..., perm])
-            return rmse(run_fp8(q, k, v, c["causal"], bm, bn, tamper)[0].double().numpy(), ref)
+        def mutated(name, factor=None, perm=None):
+            wrong = {key: t.clone() for key, t in bufs.items()}
+            if factor is not None:
+                wrong[name].mul_(factor)
+            if perm is not None:
+                wrong[name].copy_(wrong[name][..., perm])
+            return rmse(attend_fp8(wrong, n, c["causal"], bm, bn, dt, False)[0].double().numpy(), ref)
 
         out = dict(case=case, nan=bool(np.isnan(got).any()), written=written, pad_zero=pad_zero, np=np_,
                    rmse=rmse(got, ref), rmse_emulated=rmse(emu, ref), rmse_vs_emulated=rmse(got, emu),
@@ -264,8 +273,8 @@ def check_cases():
                    lse_vs_emulated=float(np.abs(lse.double().numpy() - emu_lse).max()),
                    round_floor=rmse(torch.from_numpy(ref).to(dt).double().numpy(), ref))
         if case is CASES[0] or case is CASES[4]:
-            out["mutated_scale_k"] = scaled("ScaleK", factor=1.25)
-            out["mutated_scale_v"] = scaled("ScaleV", perm=torch.randperm(d, generator=torch.Generator().manual_seed(0)))
+            out["mutated_scale_k"] = mutated("ScaleK", factor=1.25)
+            out["mutated_scale_v"] = mutated("ScaleV", perm=torch.randperm(d, generator=torch.Generator().manual_seed(0)))
         print(json.dumps(out), flush=True)
 
 
@@ -290,6 +299,106 @@ def test_fp8_kernels_match_reference_under_interpreter():
               f"(emulated {r['rmse_emulated']:.3e}, kernel vs emulation {r['rmse_vs_emulated']:.1e})")
     assert mutated == 4
 
+
+# ---------------------------------------------------------------- AOT for sm_90
+
+def _signature(kernel: str, dtype: str) -> dict:
+    """The kernel's runtime parameters typed as a launcher would pass them."""
+    strides = {f"stride_{t}{d}": "i32" for t in ("qkv" if kernel == "quantize" else "kv")
+               for d in ("b", "h", "m" if t == "q" else "n")}
+    if kernel == "attention":
+        return {**{n: "*fp8e4nv" for n in ("Q8", "K8", "V8t")},
+                **{n: "*fp32" for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias")},
+                "Y": f"*{dtype}", "Lse": "*fp32", "softmax_scale": "fp32", "H": "i32", "N": "i32",
+                "store_lse": "i32", "stride_yb": "i32", "stride_yh": "i32", "stride_ym": "i32"}
+    if kernel == "stats":
+        return {"K": f"*{dtype}", "V": f"*{dtype}", "Part": "*fp32", "H": "i32", "N": "i32", "splits": "i32",
+                **strides}
+    return {**{n: f"*{dtype}" for n in "QKV"}, "Part": "*fp32", **{n: "*fp8e4nv" for n in ("Q8", "K8", "V8t")},
+            **{n: "*fp32" for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias")}, "H": "i32", "N": "i32",
+            "splits": "i32", **strides}
+
+
+def compile_sm90(job: tuple) -> dict:
+    """One kernel compiled for sm_90 as aot/build.py compiles (ASTSource, GPUTarget, no GPU);
+    its PTX's wgmma instructions and ptxas's register, spill and shared-memory figures."""
+    import contextlib
+    import io
+    import re
+
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from aot import flash_fwd_fp8, fp8_prepare
+
+    kernel, d, causal, dtype = job
+    bm, bn, warps, stages = flash_fwd_fp8.SM90_TILES[d]
+    fn = {"attention": flash_fwd_fp8.flash_fwd_fp8, "stats": fp8_prepare.fp8_stats,
+          "quantize": fp8_prepare.fp8_quantize}[kernel]
+    sig = _signature(kernel, dtype)
+    constexprs = {"BLOCK_N": bn, "HEAD_DIM": d}
+    if kernel != "stats":
+        constexprs["BLOCK_M"] = bm
+    if kernel == "attention":
+        constexprs["CAUSAL"] = causal
+    names = list(fn.arg_names)
+    sig.update({n: "constexpr" for n in constexprs})
+    assert set(sig) == set(names), (kernel, set(sig) ^ set(names))
+    # Pointers and strides 16-aligned (D 64 / 128 and contiguous buffers), as build.py's even variants.
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
+             if sig[n].startswith("*") or n.startswith("stride_")}
+    if kernel != "attention":
+        warps, stages = 4 if kernel == "stats" else 8, 2
+    src = ASTSource(fn=fn, signature={n: sig[n] for n in names}, constexprs=constexprs, attrs=attrs)
+    log = io.StringIO()
+    knobs.nvidia.dump_ptxas_log = True
+    with contextlib.redirect_stdout(log):
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": warps, "num_stages": stages})
+    text = log.getvalue()
+    spills = [int(x) for pair in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+              for x in pair]
+    return dict(kernel=kernel, d=d, causal=causal, dtype=dtype, warps=warps, stages=stages,
+                wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.\w+\.\w+\.\w+\.\w+",
+                                            compiled.asm["ptx"]))),
+                wgmma_count=len(re.findall(r"wgmma\.mma_async", compiled.asm["ptx"])),
+                registers=int(re.search(r"Used (\d+) registers", text).group(1)),
+                spill_bytes=sum(spills), shared=compiled.metadata.shared)
+
+
+def test_fp8_kernels_compile_for_sm90_with_fp8_wgmma(tmp_path):
+    """Both products of the attention run on e4m3 tensor cores (every wgmma of its PTX is
+    .e4m3.e4m3, and there are at least D/32 + BLOCK_N/32 of them: Q·Kᵀ and P·V over k32 steps);
+    nothing spills; shared memory within sm_90's 227 KB."""
+    pytest.importorskip("triton", reason="the AOT compile needs Triton (and its ptxas)")
+    from aot.flash_fwd_fp8 import SM90_TILES
+
+    jobs = [("attention", d, causal, dt) for d in (64, 128) for causal in (False, True)
+            for dt in ("fp16", "bf16")]
+    jobs += [(k, d, False, dt) for k in ("quantize", "stats") for d in (64, 128) for dt in ("fp16", "bf16")]
+    env = {"TRITON_CACHE_DIR": str(tmp_path)}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with ProcessPoolExecutor(max_workers=2) as pool:
+            facts = list(pool.map(compile_sm90, jobs, timeout=300))
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    for f in facts:
+        print(f"{f['kernel']:9} d{f['d']:<3} {'causal' if f['causal'] else 'full':6} {f['dtype']}: "
+              f"{f['warps']} warps {f['stages']} stages, {f['registers']} registers, spills "
+              f"{f['spill_bytes']} B, shared {f['shared']} B, {f['wgmma_count']} x {f['wgmma']}")
+        assert f["spill_bytes"] == 0, f
+        assert f["shared"] <= 227 * 1024, f
+        if f["kernel"] == "attention":
+            bn = SM90_TILES[f["d"]][1]
+            assert f["wgmma"] and all(w.endswith(".f32.e4m3.e4m3") for w in f["wgmma"]), f
+            assert f["wgmma_count"] >= f["d"] // 32 + bn // 32, f
+        elif f["kernel"] == "quantize":  # the rotation: one fp16 / bf16 wgmma per row block
+            assert f["wgmma"], f
 
 if __name__ == "__main__":
     if sys.argv[1] == "cases":
