@@ -17,8 +17,8 @@ What is quantized, and why (the error budget is FlashAttention-3's outlier input
 - V has one scale per (b, h, channel), max over all keys: the attention applies it once to its
   fp32 accumulator in the epilogue, at no cost in the key loop. Per-block scales of V (which the
   loop would have to fold into its rescaling) give the same error: e4m3 is a floating-point format,
-  so the scale only has to keep values out of the subnormal range, and the emulated RMSE of the
-  two choices agrees to 1 % (tests/test_fp8_kernel.py's emulation, d64/d128, N 512-2048).
+  so a scale only has to keep values out of the subnormal range (an emulation of both on the
+  outlier inputs, d64 and d128, N 512 and 2048, causal or not, agreed to 1 %).
 - V is stored transposed, [B, H, D, Np]: FP8 wgmma reads both operands K-major, and P·V's
   reduction dimension is the key, so the keys of a channel must be contiguous.
 

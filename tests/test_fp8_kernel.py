@@ -31,6 +31,9 @@
 2. AOT: both kernels compiled for sm_90 (triton.compile with a GPUTarget, no GPU), D 64/128 x
    causal/not x fp16/bf16; the attention's PTX must hold FP8 wgmma (wgmma.mma_async ... e4m3) for
    both products, with no spills and shared memory under sm_90's limit.
+
+3. The GPU benchmark (lab/experiments/fp8_kernel_bench.py) answers --help and, without CUDA,
+   exits 1 with a one-line reason.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
-from _paths import child_env
+from _paths import ROOT, child_env
 
 E4M3_MAX = 448.0
 P_SCALE = 256.0
@@ -399,6 +402,18 @@ def test_fp8_kernels_compile_for_sm90_with_fp8_wgmma(tmp_path):
             assert f["wgmma_count"] >= f["d"] // 32 + bn // 32, f
         elif f["kernel"] == "quantize":  # the rotation: one fp16 / bf16 wgmma per row block
             assert f["wgmma"], f
+
+def test_bench_exits_in_one_line_without_cuda():
+    """lab/experiments/fp8_kernel_bench.py answers --help anywhere, and on a machine without CUDA
+    says so in one line and exits 1 (it runs on an H100 only)."""
+    torch = pytest.importorskip("torch", reason="the benchmark needs torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the benchmark would run")
+    script = str(ROOT / "lab" / "experiments" / "fp8_kernel_bench.py")
+    assert subprocess.run([sys.executable, script, "--help"], capture_output=True, timeout=60).returncode == 0
+    r = subprocess.run([sys.executable, script, "--json", os.devnull], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "needs" in r.stderr, r.stderr
 
 if __name__ == "__main__":
     if sys.argv[1] == "cases":
