@@ -8,9 +8,10 @@ the most keys, so they start first). Per key block:
 
     S  = (Q8 · K8ᵀ) · (scale_q · scale_k · softmax_scale · log2 e)      fp32, base-2 units
     m  = running row max;  P = exp2(S - m) in [0, 1];  l += rowsum(P) (fp32, unquantized)
-    P8 = e4m3(P · 256)     256 = 2^8: an exact scaling that puts P's largest values at the top of
-                           e4m3's range (448) and moves its normal range down to 2^-14, so only
-                           terms below about 2^-17 of the row max are lost (flushed or subnormal)
+    P8 = e4m3(P · 256)     256 = 2^8: an exact scaling that puts P = 1 at 256 (e4m3 saturates at
+                           448) and moves e4m3's normal range down to P >= 2^-14; terms below
+                           about 2^-18 of the row max flush to zero (448 instead of 256 gave the
+                           same emulated error)
     acc = acc · exp2(m_old - m) + P8 · V8
 
 and at the end  O = acc · scale_v / (256 · l). Causal is top-left (query i sees keys j <= i; the
