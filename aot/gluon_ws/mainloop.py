@@ -51,15 +51,10 @@ def _consumer_pass(bufs, n_blocks, t, c0, i0,
 def _consumer_tile(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.constexpr, MASK_KIND: gl.constexpr):
     """_consumer_rows, or with SKIP, for a consumer (not the first) whose rows all lie past Sq,
     _consumer_pass (call a Call, tile a Tile, cfg a ConsumerConfig)."""
-    WG_M: gl.constexpr = cfg.WG_M
-    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
-    PINGPONG: gl.constexpr = cfg.PINGPONG
-    NC: gl.constexpr = cfg.NC
-    SKIP: gl.constexpr = cfg.SKIP
-    if SKIP & (WG > 0):
-        if tile.m0 + WG * WG_M >= call.Sq:
+    if cfg.SKIP & (WG > 0):
+        if tile.m0 + WG * cfg.WG_M >= call.Sq:
             _consumer_pass(bufs, tile.n_blocks, tile.t, tile.c0, tile.i0,
-                           WG, NUM_STAGES, PINGPONG, NC, QB)
+                           WG, cfg.NUM_STAGES, cfg.PINGPONG, cfg.NC, QB)
         else:
             _consumer_rows(Y, Lse, bufs, call, tile, WG, cfg, QB, MASK_KIND)
     else:
@@ -71,102 +66,83 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
     """One consumer's rows of one tile: Q from buffer t % QB, ring blocks c0 + j, turns i0 + j - 1;
     with MASK_KIND the key-vector mask at m_base (Skv is then min(Skv, mask_len)). call a Call,
     tile a Tile, cfg a ConsumerConfig."""
-    WG_M: gl.constexpr = cfg.WG_M
-    BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    BLOCK_D: gl.constexpr = cfg.BLOCK_D
-    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
-    PINGPONG: gl.constexpr = cfg.PINGPONG
-    NC: gl.constexpr = cfg.NC
-    OVERLAP: gl.constexpr = cfg.OVERLAP
-    Sq = call.Sq
-    Skv = call.Skv
-    offset = call.offset
-    causal = call.causal
-    qk_scale = call.qk_scale
-    m_base = call.m_base
-    m0 = tile.m0
-    n_blocks = tile.n_blocks
-    hi = tile.hi
-    t = tile.t
-    c0 = tile.c0
-    i0 = tile.i0
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = bufs.q_smem.dtype
-    s_layout: gl.constexpr = s_layout_of(NW, BLOCK_N)
-    o_layout: gl.constexpr = o_layout_of(NW, BLOCK_D)
+    s_layout: gl.constexpr = s_layout_of(NW, cfg.BLOCK_N)
+    o_layout: gl.constexpr = o_layout_of(NW, cfg.BLOCK_D)
     p_layout: gl.constexpr = p_layout_of(o_layout)
     row_layout: gl.constexpr = row_layout_of(s_layout)
 
-    r0 = m0 + WG * WG_M
-    rows = r0 + gl.arange(0, WG_M, layout=row_layout)
-    pos = rows + offset
-    mask_from = Skv
-    if causal != 0:
-        mask_from = gl.minimum(Skv, r0 + offset + 1)
+    r0 = tile.m0 + WG * cfg.WG_M
+    rows = r0 + gl.arange(0, cfg.WG_M, layout=row_layout)
+    pos = rows + call.offset
+    mask_from = call.Skv
+    if call.causal != 0:
+        mask_from = gl.minimum(call.Skv, r0 + call.offset + 1)
     else:
-        pos = rows * 0 + Skv
-    q_idx = (t % QB) * NC + WG
+        pos = rows * 0 + call.Skv
+    q_idx = (tile.t % QB) * cfg.NC + WG
     q_slot = bufs.q_smem.index(q_idx)
-    q = q_slot.reshape([WG_M, BLOCK_D])
-    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
+    q = q_slot.reshape([cfg.WG_M, cfg.BLOCK_D])
+    s_zero = gl.zeros([cfg.WG_M, cfg.BLOCK_N], gl.float32, s_layout)
 
-    mbarrier.wait(bufs.q_ready.index(q_idx), (t // QB) & 1)
-    st0 = c0 % NUM_STAGES
-    mbarrier.wait(bufs.k_ready.index(st0), (c0 // NUM_STAGES) & 1)
-    k0 = bufs.k_ring.index(st0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+    mbarrier.wait(bufs.q_ready.index(q_idx), (tile.t // QB) & 1)
+    st0 = tile.c0 % cfg.NUM_STAGES
+    mbarrier.wait(bufs.k_ready.index(st0), (tile.c0 // cfg.NUM_STAGES) & 1)
+    k0 = bufs.k_ring.index(st0).reshape([cfg.BLOCK_N, cfg.BLOCK_D]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     if MASK_KIND != 0:
-        mv = _key_mask(m_base, 0, hi, s_layout, BLOCK_N)
-        mv_next = _key_mask(m_base, BLOCK_N, hi, s_layout, BLOCK_N)
+        mv = _key_mask(call.m_base, 0, tile.hi, s_layout, cfg.BLOCK_N)
+        mv_next = _key_mask(call.m_base, cfg.BLOCK_N, tile.hi, s_layout, cfg.BLOCK_N)
     s = warpgroup_mma_wait(0, deps=[s])
     mbarrier.arrive(bufs.k_empty.index(st0))
-    m_i = gl.full([WG_M], float("-inf"), gl.float32, row_layout)
-    l_i = gl.zeros([WG_M], gl.float32, row_layout)
+    m_i = gl.full([cfg.WG_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([cfg.WG_M], gl.float32, row_layout)
     if MASK_KIND != 0:
-        lim = gl.minimum(pos, hi - 1)
-        p, alpha, m_i, l_i = _softmax_bias(s, mv, m_i, l_i, 0, mask_from, lim, qk_scale,
-                                           s_layout, BLOCK_N, MASK_KIND)
+        lim = gl.minimum(pos, tile.hi - 1)
+        p, alpha, m_i, l_i = _softmax_bias(s, mv, m_i, l_i, 0, mask_from, lim, call.qk_scale,
+                                           s_layout, cfg.BLOCK_N, MASK_KIND)
     elif QB > 1:
-        lim = gl.minimum(pos, hi - 1)
-        p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, 0, mask_from, lim, qk_scale, s_layout, BLOCK_N)
+        lim = gl.minimum(pos, tile.hi - 1)
+        p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, 0, mask_from, lim, call.qk_scale, s_layout, cfg.BLOCK_N)
     else:
-        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, mask_from, hi, pos, qk_scale, s_layout, BLOCK_N)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, mask_from, tile.hi, pos, call.qk_scale, s_layout, cfg.BLOCK_N)
     p = gl.convert_layout(p.to(dtype), p_layout)
 
-    acc = gl.zeros([WG_M, BLOCK_D], gl.float32, o_layout)
-    for j in range(1, n_blocks):
-        c = c0 + j
-        st = c % NUM_STAGES
-        prev = (c - 1) % NUM_STAGES
-        mbarrier.wait(bufs.k_ready.index(st), (c // NUM_STAGES) & 1)
-        mbarrier.wait(bufs.v_ready.index(prev), ((c - 1) // NUM_STAGES) & 1)
-        if PINGPONG:
+    acc = gl.zeros([cfg.WG_M, cfg.BLOCK_D], gl.float32, o_layout)
+    for j in range(1, tile.n_blocks):
+        c = tile.c0 + j
+        st = c % cfg.NUM_STAGES
+        prev = (c - 1) % cfg.NUM_STAGES
+        mbarrier.wait(bufs.k_ready.index(st), (c // cfg.NUM_STAGES) & 1)
+        mbarrier.wait(bufs.v_ready.index(prev), ((c - 1) // cfg.NUM_STAGES) & 1)
+        if cfg.PINGPONG:
             # Round robin over the running turn count i: turn i of consumer 0 follows the last
             # consumer's turn i - 1, turn i of consumer c > 0 follows consumer c - 1's turn i (a
             # fresh barrier reads as having completed the phase before 0, so consumer 0 starts).
-            mbarrier.wait(bufs.turns.index(WG), ((i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))
-        k_j = bufs.k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
+            mbarrier.wait(bufs.turns.index(WG), ((tile.i0 + j - 1) & 1) ^ (1 if WG == 0 else 0))
+        k_j = bufs.k_ring.index(st).reshape([cfg.BLOCK_N, cfg.BLOCK_D]).permute((1, 0))
         s_tok = warpgroup_mma(q, k_j, s_zero, use_acc=False, is_async=True)
-        v_prev = bufs.v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
+        v_prev = bufs.v_ring.index(prev).reshape([cfg.BLOCK_N, cfg.BLOCK_D])
         acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(bufs.turns.index((WG + 1) % NC))
+        if cfg.PINGPONG:
+            mbarrier.arrive(bufs.turns.index((WG + 1) % cfg.NC))
         if MASK_KIND != 0:  # this block's values came an iteration ago; the next block's now
             mv = mv_next
-            mv_next = _key_mask(m_base, (j + 1) * BLOCK_N, hi, s_layout, BLOCK_N)
+            mv_next = _key_mask(call.m_base, (j + 1) * cfg.BLOCK_N, tile.hi, s_layout, cfg.BLOCK_N)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(bufs.k_empty.index(st))
         if MASK_KIND != 0:
-            p, alpha, m_i, l_i = _softmax_bias(s, mv, m_i, l_i, j * BLOCK_N, mask_from, lim, qk_scale,
-                                               s_layout, BLOCK_N, MASK_KIND)
+            p, alpha, m_i, l_i = _softmax_bias(s, mv, m_i, l_i, j * cfg.BLOCK_N, mask_from, lim, call.qk_scale,
+                                               s_layout, cfg.BLOCK_N, MASK_KIND)
         elif QB > 1:
-            p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, j * BLOCK_N, mask_from, lim, qk_scale,
-                                              s_layout, BLOCK_N)
+            p, alpha, m_i, l_i = _softmax_lim(s, m_i, l_i, j * cfg.BLOCK_N, mask_from, lim, call.qk_scale,
+                                              s_layout, cfg.BLOCK_N)
         else:
-            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, mask_from, hi, pos, qk_scale,
-                                          s_layout, BLOCK_N)
-        if OVERLAP:
-            if Sq > 0:
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * cfg.BLOCK_N, mask_from, tile.hi, pos, call.qk_scale,
+                                          s_layout, cfg.BLOCK_N)
+        if cfg.OVERLAP:
+            if call.Sq > 0:
                 # Always true, but opaque to ptxas, which otherwise hoists this wait above the
                 # exponentials, so that the softmax runs after this consumer's P V, not under it
                 # (perf-notes v6). The other branch differs so that LLVM cannot merge the two.
@@ -177,7 +153,7 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
             else:
                 acc = warpgroup_mma_wait(0, deps=[acc_tok])
                 mbarrier.arrive(bufs.v_empty.index(prev))
-                p16 = gl.zeros([WG_M, BLOCK_N], dtype, p_layout)
+                p16 = gl.zeros([cfg.WG_M, cfg.BLOCK_N], dtype, p_layout)
             p = p16
         else:
             acc, p = warpgroup_mma_wait(0, deps=[acc_tok, p])
@@ -185,10 +161,10 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
             p = gl.convert_layout(p.to(dtype), p_layout)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
 
-    c_last = c0 + n_blocks - 1
-    last = c_last % NUM_STAGES
-    mbarrier.wait(bufs.v_ready.index(last), (c_last // NUM_STAGES) & 1)
-    v_last = bufs.v_ring.index(last).reshape([BLOCK_N, BLOCK_D])
+    c_last = tile.c0 + tile.n_blocks - 1
+    last = c_last % cfg.NUM_STAGES
+    mbarrier.wait(bufs.v_ready.index(last), (c_last // cfg.NUM_STAGES) & 1)
+    v_last = bufs.v_ring.index(last).reshape([cfg.BLOCK_N, cfg.BLOCK_D])
     acc = warpgroup_mma(p, v_last, acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc])
     if QB > 1:  # the next tile's blocks come through this slot
@@ -202,42 +178,16 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
     """Consumer warpgroup WG: its rows of the tiles the scheduler gives the CTA, over each tile's
     keys (under a key-vector mask, over its visible run where it has one); bufs, work and cfg the
     structs of gluon_ws/params.py."""
-    b = work.b
-    h = work.h
-    pid_bh = work.pid_bh
-    m0 = work.m0
-    Sq = work.Sq
-    Skv = work.Skv
-    offset = work.offset
-    causal = work.causal
-    n_blocks = work.n_blocks
-    hi = work.hi
-    qk_scale = work.qk_scale
-    store_lse = work.store_lse
-    n_valid = work.n_valid
-    bh_all = work.bh_all
-    Hq = work.Hq
-    m_base = work.m_base
-    lim_smem = work.lim_smem
-    lim_bar = work.lim_bar
-    ids = work.ids
-    grp = work.grp
-    WG_M: gl.constexpr = cfg.WG_M
-    BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    NC: gl.constexpr = cfg.NC
-    TILES: gl.constexpr = cfg.TILES
-    MASK_KIND: gl.constexpr = cfg.MASK_KIND
-    PREFIX: gl.constexpr = cfg.PREFIX
-    PERSISTENT: gl.constexpr = cfg.PERSISTENT
-    DYNAMIC: gl.constexpr = cfg.DYNAMIC
-    if PREFIX:
+    call = Call(work.Sq, work.Skv, work.offset, work.causal, work.qk_scale, work.store_lse, work.m_base)
+    BLOCK_M: gl.constexpr = cfg.WG_M * cfg.NC  # a tile's rows: every consumer's
+    if cfg.PREFIX:
         # Every consumer checks the keys its tile sees ([0, hi)) itself; the first one tells the
         # producer. A visible run [lo, end) runs unmasked over end - lo keys from lo (where lo > 0
         # from ring block 1: block 0, loaded before the check, is dropped); any other mask (holes,
         # other values, a wholly padded row, left padding under causal) runs the masked loop.
-        lo, end = _visible_range(m_base, hi, causal, MASK_KIND, gl.num_warps())
+        lo, end = _visible_range(work.m_base, work.hi, work.causal, cfg.MASK_KIND, gl.num_warps())
         if WG == 0:
-            _publish_range(lim_smem, lim_bar, lo, end, gl.num_warps())
+            _publish_range(work.lim_smem, work.lim_bar, lo, end, gl.num_warps())
         if lo >= 0:
             c0 = lo * 0
             if lo > 0:
@@ -247,36 +197,40 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
                 mbarrier.arrive(bufs.v_empty.index(0))
                 c0 = c0 + 1
             n_run = end - lo
-            _consumer_tile(Y, Lse, bufs, Call(Sq, n_run, offset, causal, qk_scale, store_lse, m_base),
-                           Tile(b, h, pid_bh, m0, gl.maximum(gl.cdiv(n_run, BLOCK_N), 1), n_run, 0, c0, 0),
+            _consumer_tile(Y, Lse, bufs,
+                           Call(work.Sq, n_run, work.offset, work.causal, work.qk_scale, work.store_lse, work.m_base),
+                           Tile(work.b, work.h, work.pid_bh, work.m0, gl.maximum(gl.cdiv(n_run, cfg.BLOCK_N), 1),
+                                n_run, 0, c0, 0),
                            WG, cfg, 1, 0)
         else:
-            _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
-                           Tile(b, h, pid_bh, m0, n_blocks, hi, 0, 0, 0), WG, cfg, 1, MASK_KIND)
-    elif TILES == 1:
-        _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
-                       Tile(b, h, pid_bh, m0, n_blocks, hi, 0, 0, 0), WG, cfg, 1, MASK_KIND)
-    elif DYNAMIC:
+            _consumer_tile(Y, Lse, bufs, call,
+                           Tile(work.b, work.h, work.pid_bh, work.m0, work.n_blocks, work.hi, 0, 0, 0),
+                           WG, cfg, 1, cfg.MASK_KIND)
+    elif cfg.TILES == 1:
+        _consumer_tile(Y, Lse, bufs, call,
+                       Tile(work.b, work.h, work.pid_bh, work.m0, work.n_blocks, work.hi, 0, 0, 0),
+                       WG, cfg, 1, cfg.MASK_KIND)
+    elif cfg.DYNAMIC:
         # The producer's tiles in its order, each id read once its Q buffer is in; -1 ends.
-        n_m = gl.cdiv(Sq, WG_M * NC)
-        c0 = Sq * 0
-        tt = Sq * 0
-        tid = _read_tile(ids, bufs.q_ready, tt, WG, NC)
+        n_m = gl.cdiv(work.Sq, BLOCK_M)
+        c0 = work.Sq * 0
+        tt = work.Sq * 0
+        tid = _read_tile(work.ids, bufs.q_ready, tt, WG, cfg.NC)
         while tid >= 0:
-            m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, bh_all, grp, Hq, 1)
-            m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
-                           Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, tt, c0, c0 - tt), WG, cfg, 2, MASK_KIND)
+            m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, work.bh_all, work.grp, work.Hq, 1)
+            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, work.Skv, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
+            _consumer_tile(Y, Lse, bufs, call, Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, tt, c0, c0 - tt),
+                           WG, cfg, 2, cfg.MASK_KIND)
             c0 += nb_t
             tt += 1
-            tid = _read_tile(ids, bufs.q_ready, tt, WG, NC)
+            tid = _read_tile(work.ids, bufs.q_ready, tt, WG, cfg.NC)
     else:
         # Running counts over the CTA's tiles: ring blocks consumed and turns taken.
         # (A tile of n blocks takes n - 1 turns, so t tiles in, c0 - t turns have been taken.)
-        c0 = n_valid * 0
-        for t in range(n_valid):
-            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, work, WG_M * NC, PERSISTENT)
-            m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _consumer_tile(Y, Lse, bufs, Call(Sq, Skv, offset, causal, qk_scale, store_lse, m_base),
-                           Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, t, c0, c0 - t), WG, cfg, 2, MASK_KIND)
+        c0 = work.n_valid * 0
+        for t in range(work.n_valid):
+            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, work, BLOCK_M, cfg.PERSISTENT)
+            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, work.Skv, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
+            _consumer_tile(Y, Lse, bufs, call, Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, t, c0, c0 - t),
+                           WG, cfg, 2, cfg.MASK_KIND)
             c0 += nb_t

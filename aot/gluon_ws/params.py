@@ -15,7 +15,7 @@ PRODUCER_REGS = gl.constexpr(WS_PRODUCER_REGS)
 class Buffers:
     """The CTA's shared memory as the consumers see it: the Q buffers, the K/V ring, their `ready`
     and `empty` barriers, and the consumers' turns (one mbarrier each). Its fields flatten in this
-    order, the order the partitions' arguments had before they were a struct."""
+    order, the kernel's capture order for them, which the machine code follows."""
     q_smem: gl.shared_memory_descriptor
     k_ring: gl.shared_memory_descriptor
     v_ring: gl.shared_memory_descriptor
@@ -86,15 +86,15 @@ def _value(x):
 
 @aggregate
 class Work:
-    """The scalars every partition reads, in the order the consumers took them as arguments (their
-    flattened order is the kernel's capture order, which the machine code follows), then the
-    producer's own. The CTA's (batch, head) and (batch, head) index, its first tile's rows; the
-    query and key lengths, the queries' offset among the keys, causal; the tile's key blocks and
-    key bound; the softmax scale (log2 units) and whether the log-sum-exp is stored; the span of
-    tiles the scheduler gives the CTA (g0, n_valid of bh_all (batch, head) pairs) and the heads per
-    batch; the key-vector mask row, the visible range the first consumer publishes for the producer
-    (lim_smem, lim_bar), the dynamic tiles' ids and head grouping; then the KV head, the query
-    heads per KV head and the dynamic tiles' counter (ctr, use_ctr)."""
+    """The scalars every partition reads, then the producer's own, in the kernel's capture order
+    (their flattened order, which the machine code follows: keep it). The CTA's (batch, head) and
+    (batch, head) index, its first tile's rows; the query and key lengths, the queries' offset among
+    the keys, causal; the tile's key blocks and key bound; the softmax scale (log2 units) and
+    whether the log-sum-exp is stored; the span of tiles the scheduler gives the CTA (g0, n_valid of
+    bh_all (batch, head) pairs) and the heads per batch; the key-vector mask row, the visible range
+    the first consumer publishes for the producer (lim_smem, lim_bar), the dynamic tiles' ids and
+    head grouping; then the KV head, the query heads per KV head and the dynamic tiles' counter
+    (ctr, use_ctr)."""
     b: base_value
     h: base_value
     pid_bh: base_value

@@ -46,103 +46,73 @@ def _producer_kv(K, V, bufs, b, hk, j_lo, j_hi, c0, row0,
 def _producer_tile(Q, K, V, bufs, b, h, hk, m0, n_blocks, t, c0, cfg):
     """Loads of one tile: its Q into Q buffer t % QB, then its K/V blocks, ring blocks c0 + j (cfg
     a params.ConsumerConfig; QB the Q buffers its TILES give)."""
-    WG_M: gl.constexpr = cfg.WG_M
-    BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
-    NC: gl.constexpr = cfg.NC
     QB: gl.constexpr = 1 if cfg.TILES == 1 else 2
-    _producer_q(Q, bufs, b, h, m0, t, WG_M, NC, QB)
+    _producer_q(Q, bufs, b, h, m0, t, cfg.WG_M, cfg.NC, QB)
     _producer_kv(K, V, bufs, b, hk, 0, n_blocks, c0, 0,
-                 BLOCK_N, NUM_STAGES)
+                 cfg.BLOCK_N, cfg.NUM_STAGES)
 
 
 @gluon.jit
 def _producer(Q, K, V, bufs, work, cfg):
     """The producer warp: the tiles' Q and K/V blocks, in the scheduler's order, through the ring
     (bufs, work and cfg the structs of gluon_ws/params.py)."""
-    b = work.b
-    h = work.h
-    hk = work.hk
-    m0 = work.m0
-    n_blocks = work.n_blocks
-    n_valid = work.n_valid
-    bh_all = work.bh_all
-    Hq = work.Hq
-    group = work.group
-    Sq = work.Sq
-    Skv = work.Skv
-    offset = work.offset
-    causal = work.causal
-    lim_smem = work.lim_smem
-    lim_bar = work.lim_bar
-    ids = work.ids
-    ctr = work.ctr
-    use_ctr = work.use_ctr
-    grp = work.grp
-    WG_M: gl.constexpr = cfg.WG_M
-    BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    NUM_STAGES: gl.constexpr = cfg.NUM_STAGES
-    NC: gl.constexpr = cfg.NC
-    TILES: gl.constexpr = cfg.TILES
-    PREFIX: gl.constexpr = cfg.PREFIX
-    PERSISTENT: gl.constexpr = cfg.PERSISTENT
-    DYNAMIC: gl.constexpr = cfg.DYNAMIC
-    if PREFIX:
+    BLOCK_M: gl.constexpr = cfg.WG_M * cfg.NC  # a tile's rows: every consumer's
+    if cfg.PREFIX:
         # Q and block 0 before the first consumer's range check is in (every tile runs block 0
         # but a left-padded one, whose consumers drop it), then the tile's blocks over its
         # visible run (after block 0, or from ring block 1 where the run starts later), or all
         # of them where it has none.
-        _producer_q(Q, bufs, b, h, m0, 0, WG_M, NC, 1)
-        _producer_kv(K, V, bufs, b, hk, 0, 1, 0, 0,
-                     BLOCK_N, NUM_STAGES)
-        lo, end = _read_range(lim_smem, lim_bar)
-        n_run = n_blocks
+        _producer_q(Q, bufs, work.b, work.h, work.m0, 0, cfg.WG_M, cfg.NC, 1)
+        _producer_kv(K, V, bufs, work.b, work.hk, 0, 1, 0, 0,
+                     cfg.BLOCK_N, cfg.NUM_STAGES)
+        lo, end = _read_range(work.lim_smem, work.lim_bar)
+        n_run = work.n_blocks
         j_lo = 1
         c0 = lo * 0
         if lo >= 0:
-            n_run = gl.maximum(gl.cdiv(end - lo, BLOCK_N), 1)
+            n_run = gl.maximum(gl.cdiv(end - lo, cfg.BLOCK_N), 1)
             if lo > 0:
                 j_lo = 0
                 c0 = c0 + 1
-        _producer_kv(K, V, bufs, b, hk, j_lo, n_run, c0,
-                     gl.maximum(lo, 0), BLOCK_N, NUM_STAGES)
-    elif TILES == 1:
+        _producer_kv(K, V, bufs, work.b, work.hk, j_lo, n_run, c0,
+                     gl.maximum(lo, 0), cfg.BLOCK_N, cfg.NUM_STAGES)
+    elif cfg.TILES == 1:
         _producer_tile(Q, K, V, bufs,
-                       b, h, hk, m0, n_blocks, 0, 0, cfg)
-    elif DYNAMIC:
+                       work.b, work.h, work.hk, work.m0, work.n_blocks, 0, 0, cfg)
+    elif cfg.DYNAMIC:
         # Tiles as the counter hands them out (_claim, one claim ahead so that its latency hides
         # under a tile's loads), each tile's id to the consumers with its Q (_publish_tile), then
         # -1. Every CTA makes exactly one claim past the last tile; the last CTA to get there
         # zeroes the counter for the next launch on this stream.
-        n_m = gl.cdiv(Sq, WG_M * NC)
-        total = n_m * bh_all
+        n_m = gl.cdiv(work.Sq, BLOCK_M)
+        total = n_m * work.bh_all
         tid = gl.program_id(0)
-        nxt = _claim(ctr, use_ctr, tid)
+        nxt = _claim(work.ctr, work.use_ctr, tid)
         c0 = tid * 0
         tt = tid * 0
         while tid < total:
-            m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, bh_all, grp, Hq, group)
-            m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
-            _publish_tile(ids, bufs.q_ready, bufs.q_empty, tid, tt, NC, False)
+            m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, work.bh_all, work.grp, work.Hq, work.group)
+            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, work.Skv, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
+            _publish_tile(work.ids, bufs.q_ready, bufs.q_empty, tid, tt, cfg.NC, False)
             _producer_tile(Q, K, V, bufs,
                            b_t, h_t, hk_t, m0_t, nb_t, tt, c0, cfg)
             c0 += nb_t
             tt += 1
             tid = nxt
             if tid < total:
-                nxt = _claim(ctr, use_ctr, tid)
-        _publish_tile(ids, bufs.q_ready, bufs.q_empty, -1, tt, NC, True)
-        if use_ctr:
-            done = gl.atomic_add(ctr + 1, 1, sem="acq_rel")
+                nxt = _claim(work.ctr, work.use_ctr, tid)
+        _publish_tile(work.ids, bufs.q_ready, bufs.q_empty, -1, tt, cfg.NC, True)
+        if work.use_ctr:
+            done = gl.atomic_add(work.ctr + 1, 1, sem="acq_rel")
             if done == gl.num_programs(0) - 1:
-                gl.atomic_xchg(ctr, 0, sem="relaxed")
-                gl.atomic_xchg(ctr + 1, 0, sem="relaxed")
+                gl.atomic_xchg(work.ctr, 0, sem="relaxed")
+                gl.atomic_xchg(work.ctr + 1, 0, sem="relaxed")
     else:
         # Runs ahead into the next tile: its Q into the other buffer, its blocks through the ring.
-        c0 = n_valid * 0
-        for t in range(n_valid):
-            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, work, WG_M * NC, PERSISTENT)
-            m0_t, hi_t, nb_t = _tile_span(m_t, Sq, Skv, offset, causal, WG_M * NC, BLOCK_N)
+        c0 = work.n_valid * 0
+        for t in range(work.n_valid):
+            m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, work, BLOCK_M, cfg.PERSISTENT)
+            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, work.Skv, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
             _producer_tile(Q, K, V, bufs,
                            b_t, h_t, hk_t, m0_t, nb_t, t, c0, cfg)
             c0 += nb_t

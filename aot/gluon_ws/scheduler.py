@@ -73,29 +73,18 @@ def _cta_tile(t, work, BLOCK_M: gl.constexpr, PERSISTENT: gl.constexpr):
     bh_all * cdiv(Sq, BLOCK_M) tiles of the call in turn, tile g0 + t * (CTAs): without causal each
     head's tiles together (a head's K/V in L2 for its tiles at once), under causal every head's
     longest tile first, then the next longest (longest-processing-time order over the CTAs)."""
-    g0 = work.g0
-    n_valid = work.n_valid
-    Sq = work.Sq
-    causal = work.causal
-    bh_all = work.bh_all
-    Hq = work.Hq
-    group = work.group
-    b = work.b
-    h = work.h
-    hk = work.hk
-    pid_bh = work.pid_bh
     if PERSISTENT:
-        n_m = gl.cdiv(Sq, BLOCK_M)
-        tid = g0 + t * gl.num_programs(0)
+        n_m = gl.cdiv(work.Sq, BLOCK_M)
+        tid = work.g0 + t * gl.num_programs(0)
         bh = tid // n_m
         m_t = n_m - 1 - tid % n_m
-        if causal != 0:  # every head's longest tile first, then the next longest, ...
-            bh = tid % bh_all
-            m_t = n_m - 1 - tid // bh_all
-        b_t, h_t, hk_t = _heads_of(bh, Hq, group)
+        if work.causal != 0:  # every head's longest tile first, then the next longest, ...
+            bh = tid % work.bh_all
+            m_t = n_m - 1 - tid // work.bh_all
+        b_t, h_t, hk_t = _heads_of(bh, work.Hq, work.group)
         return m_t, b_t, h_t, hk_t, bh
     else:
-        return g0 + n_valid - 1 - t, b, h, hk, pid_bh
+        return work.g0 + work.n_valid - 1 - t, work.b, work.h, work.hk, work.pid_bh
 
 
 @gluon.jit
