@@ -10,8 +10,9 @@ Two ways to run it. Sequentially: `HostGl(partitions=...)` runs the chosen parti
 warp_specialize one after another (tests/test_ws_scheduler.py, with the barriers stubbed inert).
 On threads: `HostGl(threads=Interleaving(...))` runs each partition of each CTA on a thread of its
 own, one at a time in a random order, and `Hopper(...)`'s stand-ins for mbarrier, TMA and wgmma
-make them wait for each other as the hardware would, checking every hazard on the way
-(tests/test_ws_protocol.py).
+make them wait for each other as the hardware would, checking every hazard on the way and, by
+vector clocks, that the words partitions hand each other (a tile id) are stored and loaded in an
+order their barriers give (tests/test_ws_protocol.py).
 
 The host's model of the values: a kernel integer is an HInt; a uniform integer tensor
 (gl.full of an int, its reductions) is its one value as an HInt; gl.arange gives an integer vector
@@ -102,6 +103,10 @@ class Deadlock(ProtocolError):
     """Every live thread waits and nothing is in flight."""
 
 
+class Unordered(ProtocolError):
+    """Two accesses to a hand-off word, one of them a store, that no barrier orders (a data race)."""
+
+
 class Desc:
     """A TMA descriptor: its name (what a load puts into a slot is (name, *coordinates)), its box's
     bytes and, where given, its tensor's shape (the dims the launch passes with it)."""
@@ -122,6 +127,7 @@ class Smem:
 
     def __init__(self, n: int, gl: "HostGl"):
         self.gl, self.name, self.content = gl, None, None
+        self.hb = [None, {}]  # a hand-off word's accesses (Hopper.words): the last store, the reads since
         self.slots = [Slot(self, i) for i in range(n)]
 
     def index(self, i):
@@ -130,11 +136,15 @@ class Smem:
     def store(self, value):  # the whole allocation (a small vector)
         if self.gl.threads is not None:
             self.gl.threads.point()
+        if self.gl.hopper is not None:
+            self.gl.hopper.stored(self)
         self.content = value
 
     def load(self, *_a, **_kw):
         if self.content is None:
             raise ProtocolError(f"a read of {self}, which nothing has stored yet")
+        if self.gl.hopper is not None:
+            self.gl.hopper.loaded(self)
         return self.content
 
     def __getattr__(self, _name):  # dtype, layout
@@ -156,6 +166,7 @@ class Slot:
         self.loading = None
         self.holders: dict = {}
         self.bar = None
+        self.hb = [None, {}]  # a hand-off word's accesses (Hopper.words): the last store, the reads since
 
     def __repr__(self):
         return f"{self.smem}[{self.i}]"
@@ -175,6 +186,8 @@ class Slot:
     def load(self, *_a, **_kw):
         if self.content is None and self.smem.gl.threads is not None:
             raise ProtocolError(f"a read of {self!r}, which nothing has stored yet")
+        if self.smem.gl.hopper is not None:
+            self.smem.gl.hopper.loaded(self)
         return HInt(self.content) if isinstance(self.content, int) else Inert()
 
     def __getattr__(self, _name):  # dtype, shape
@@ -284,6 +297,10 @@ class HostGl:
 
     def num_warps(self):
         return self._warps
+
+    def thread_barrier(self):
+        if self.hopper is not None:
+            self.hopper.thread_barrier()
 
     @staticmethod
     def static_assert(cond, msg=""):
@@ -542,14 +559,34 @@ class Hopper:
     into a slot another thread holds or a load fills; a barrier invalidated mid-phase. `on_read`
     and `on_store` (thread, slot, what it holds / descriptor, coordinates) let a test check what
     was read and written; `shift(thread, slot)` (0 by default) makes a wait mean an earlier phase
-    (a test of the checks)."""
+    (a test of the checks).
 
-    def __init__(self, run: Interleaving, guards=None, on_read=None, on_store=None, shift=None):
+    The hand-off words (the allocations `words` names: a value one partition stores from registers
+    and another loads, such as a tile id) are checked for order, not by what a read happens to
+    see: each thread keeps a vector clock (what it has synchronized with, a count per thread); an
+    arrival (arrive, expect) adds the arriving thread's clock to its barrier's current phase and
+    then advances the thread's own count; a wait that passes on phase k takes in phase k's clock.
+    A register store into a word is published by an arrival only once a thread barrier
+    (gl.thread_barrier) follows it: a partition is one host thread standing for many GPU threads,
+    and the kernel's one-thread arrive orders only the stores of threads that a thread barrier
+    brought in before it. Each Unordered: a load of a word whose last store no barrier orders
+    before it (a read that may see the value before, or one in flight), and a store into a word
+    that a read or store of another thread may not have finished (an overwrite of a value a reader
+    may not have read). A race is caught whether or not the schedule at hand makes the read see
+    the wrong value. `drop_barrier(thread)` (False by default) makes that thread's thread barriers
+    no-ops (a test of the checks)."""
+
+    def __init__(self, run: Interleaving, guards=None, on_read=None, on_store=None, shift=None,
+                 words=(), drop_barrier=None):
         self.run = run
         self.guards = guards or {}
         self.on_read = on_read or (lambda *a: None)
         self.on_store = on_store or (lambda *a: None)
         self.shift = shift or (lambda *a: 0)
+        self.words = set(words)
+        self.drop_barrier = drop_barrier or (lambda *a: False)
+        self._vc: dict = {}       # thread -> its vector clock {thread: count}
+        self._unfenced: dict = {}  # thread -> the word records it stored into since its thread barrier
         self._intent: dict = {}   # (thread, barrier slot) -> the phase its last wait meant
         self._mma: dict = {}      # thread -> [group: [(slot, content)]] in flight, oldest first
         self._stores: dict = {}   # thread -> [(slot, content)] TMA stores in flight
@@ -572,12 +609,13 @@ class Hopper:
             raise ProtocolError(f"{slot!r} used as an mbarrier before its init")
         return slot.bar
 
-    # mbarriers: the state is [arrivals pending, bytes pending, phases completed, count]
+    # mbarriers: the state is [arrivals pending, bytes pending, phases completed, count, the clock
+    # the current phase's arrivals release, the clock the last completed phase released]
     def init(self, slot, count):
-        slot.bar = [int(count), 0, 0, int(count)]
+        slot.bar = [int(count), 0, 0, int(count), {}, {}]
 
     def invalidate(self, slot):
-        pending, tx, _, count = self._bar(slot)
+        pending, tx, _, count = self._bar(slot)[:4]
         if pending != count or tx != 0:
             raise ProtocolError(f"{slot!r} invalidated mid-phase ({count - pending} of {count} arrivals, "
                                 f"{tx} bytes pending)")
@@ -587,11 +625,13 @@ class Hopper:
         if bar[0] == 0 and bar[1] == 0:
             bar[2] += 1
             bar[0] = bar[3]
+            bar[4], bar[5] = {}, bar[4]
 
     def _arrive(self, slot):
         bar = self._bar(slot)
         if bar[0] == 0:
             raise ProtocolError(f"{self._who()}: an arrival on {slot!r}, whose phase has all its arrivals")
+        self._release(bar)
         bar[0] -= 1
         self._complete(bar)
 
@@ -624,6 +664,7 @@ class Hopper:
         self.run.point(lambda: bar[2] & 1 != q, f"wait {slot!r} parity {q}")
         if bar[2] != k + 1:
             raise ProtocolError(f"{self._who()}: a wait on {slot!r} for phase {k} passed at phase {bar[2]} (aliased)")
+        self._join(self._clock(me), bar[5])  # phase k's arrivals happened before this wait's return
 
     def _free(self, slot):
         """An arrive on a barrier that guards a slot: the arriving thread is done with that slot."""
@@ -709,6 +750,62 @@ class Hopper:
             raise ProtocolError(f"{self._who()}: {slot!r} changed from {content} to {slot.content} "
                                 f"(load in flight: {slot.loading}) under an async read")
 
+    # the hand-off words' order (happens-before by vector clocks)
+    def _clock(self, me):
+        return self._vc.setdefault(me, {me: 1})
+
+    @staticmethod
+    def _join(into, other):
+        for t, n in other.items():
+            if into.get(t, 0) < n:
+                into[t] = n
+
+    def _release(self, bar):
+        """An arrival of this thread: its clock joins the phase's; the word stores it has not yet
+        put behind a thread barrier stay after this arrival (their epoch moves on with the count)."""
+        me = self.run.me()
+        vc = self._clock(me)
+        self._join(bar[4], vc)
+        vc[me] += 1
+        for hb in self._unfenced.get(me, ()):
+            if hb[0] is not None and hb[0][0] == me:
+                hb[0] = (me, vc[me])
+
+    def thread_barrier(self):
+        if not self.drop_barrier(self._who()):
+            self._unfenced.pop(self.run.me(), None)
+
+    def _ordered(self, me, access):
+        t, n = access
+        return t == me or self._clock(me).get(t, 0) >= n
+
+    def stored(self, word):
+        """A register store into `word` (a Slot or Smem) by this thread."""
+        if (word.smem.name if isinstance(word, Slot) else word.name) not in self.words:
+            return
+        me = self.run.me()
+        hb = word.hb
+        late = [(a, "store") for a in [hb[0]] if a is not None and not self._ordered(me, a)]
+        late += [((t, n), "read") for t, n in hb[1].items() if not self._ordered(me, (t, n))]
+        if late:
+            who = sorted({f"{self.run.name(a[0])}'s {k}" for a, k in late})
+            raise Unordered(f"{self._who()} stores into {word!r} (holding {word.content}) with no barrier it "
+                            f"waited on ordering {' and '.join(who)} of it before this store")
+        hb[0], hb[1] = (me, self._clock(me)[me]), {}
+        self._unfenced.setdefault(me, []).append(hb)
+
+    def loaded(self, word):
+        """A load of `word` (a Slot or Smem) by this thread."""
+        if (word.smem.name if isinstance(word, Slot) else word.name) not in self.words:
+            return
+        me = self.run.me()
+        hb = word.hb
+        if hb[0] is not None and not self._ordered(me, hb[0]):
+            raise Unordered(f"{self._who()} reads {word!r} (holding {word.content}), whose store by "
+                            f"{self.run.name(hb[0][0])} no barrier it waited on orders before the read: "
+                            f"it may see the value before, or one in flight")
+        hb[1][me] = self._clock(me)[me]
+
     # register stores into shared memory
     def write(self, slot, value):
         self.run.point()
@@ -716,6 +813,7 @@ class Hopper:
         others = [self.run.name(t) for t in slot.holders if t != me]
         if others or slot.loading is not None:
             raise ProtocolError(f"{self._who()} stores into {slot!r}, held by {others} or loading {slot.loading}")
+        self.stored(slot)
         if isinstance(value, int):
             slot.content = value
         else:

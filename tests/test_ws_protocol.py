@@ -18,10 +18,24 @@ or store has retired; every read of a slot holds the reading consumer's own tile
 rows; K and V: the tile's key blocks in order, all of those its rows see); every (batch x head,
 tile, consumer) row block written exactly once (with SKIP_PAST_ROWS none of a consumer whose rows
 all lie past Sq), from what that consumer stored; every barrier quiescent when the entry
-invalidates it; the dynamic tile counter back at [0, 0]. Over the per-tile grid (one and two tiles
-per CTA), the persistent grid with static and dynamic tiles, MASK_PREFIX, with and without
-SKIP_PAST_ROWS, two and three consumers, two to four ring slots. The grids are the scheduler's
-formulas (tests/test_ws_scheduler.py holds them to the launcher's).
+invalidates it; the dynamic tile counter back at [0, 0]; and the hand-off words (the dynamic tiles'
+id per Q buffer, `ids`; MASK_PREFIX's visible run, `lim_smem`: a value one partition stores from
+registers and another loads) accessed in an order the barriers give: by vector clocks that each
+arrival releases to its barrier's phase and each wait takes in, every load of a word must come
+after its last store (the store behind a thread barrier before the arrival that publishes it), and
+every store after the other threads' last reads and stores of it; a race fails the run
+(Unordered) whether or not the schedule at hand makes a read see the wrong value. Over the
+per-tile grid (one and two tiles per CTA), the persistent grid with static and dynamic tiles,
+MASK_PREFIX, with and without SKIP_PAST_ROWS, two and three consumers, two to four ring slots.
+The grids are the scheduler's formulas (tests/test_ws_scheduler.py holds them to the launcher's).
+
+The checks are themselves tested by mutations injected through the host run's hooks (the kernel's
+source untouched): a producer waiting one phase early on the K/V rings
+(test_the_checks_catch_a_wrong_phase); the tile-id hand-off with the producer storing the next id
+before its wait on q_empty, a consumer loading the id before its wait on q_ready, or the producer's
+thread barrier dropped (test_the_checks_catch_a_tile_id_race, on shapes where only the Q buffers'
+barriers order the id: tiles of one or two key blocks, the producer two tiles ahead); the visible
+run's store not behind its thread barrier (test_the_checks_catch_a_visible_range_race).
 
 Stubbed, because the host run cannot execute them as written: mask_prefix._visible_range (it
 reduces the mask's values; its stand-in picks a visible run at random: none, from key 0, or, without
@@ -39,7 +53,7 @@ import pytest
 pytest.importorskip("triton.experimental.gluon", reason="the kernel's source is Gluon")
 
 from _gluon_host import (Around, Deadlock, Desc, HInt, Hopper, HostGl, Inert, Interleaving,  # noqa: E402
-                         ProtocolError, Ptr, host)
+                         ProtocolError, Ptr, Unordered, host)
 
 from aot import contract  # noqa: E402
 from aot import flash_fwd_gluon_ws as entry  # noqa: E402
@@ -47,6 +61,7 @@ from aot.gluon_ws import mainloop  # noqa: E402
 
 D = 64  # head dim: the box sizes; the protocol does not depend on it
 GUARDS = {"k_empty": "k_ring", "v_empty": "v_ring", "q_empty": "q_smem"}  # a slot is freed on its empty barrier
+WORDS = ("ids", "lim_smem")  # the hand-off words: the dynamic tiles' ids, MASK_PREFIX's visible run
 SKEW = 4  # threads' speeds from 1/16 to 16: one partition may lag far behind the others
 _TILE_ARGS = list(inspect.signature(mainloop._consumer_tile.fn).parameters)
 
@@ -59,7 +74,8 @@ class Launch:
     """One launch of the kernel on the host: its grid's CTAs, their partitions on threads."""
 
     def __init__(self, *, mode, b, hq, group, sq, skv, offset, causal, nc, stages, wg_m, block_n, skip,
-                 ctas=0, seed=0, shift=None, counter=True, pingpong=True, overlap=False, mask_len=None):
+                 ctas=0, seed=0, shift=None, counter=True, pingpong=True, overlap=False, mask_len=None,
+                 stubs=None, drop_barrier=None):
         self.b, self.hq, self.group, self.sq, self.skv, self.offset, self.causal = b, hq, group, sq, skv, offset, causal
         self.nc, self.stages, self.wg_m, self.block_n, self.skip = nc, stages, wg_m, block_n, skip
         self.block_m = wg_m * nc
@@ -80,7 +96,8 @@ class Launch:
         self.written = collections.Counter()
         self.ctx: dict = {}  # thread -> the consumer tile it runs: args, key blocks read
         self.run_ = Interleaving(random.Random(seed), skew=SKEW)
-        self.hopper = Hopper(self.run_, GUARDS, self.on_read, self.on_store, shift)
+        self.hopper = Hopper(self.run_, GUARDS, self.on_read, self.on_store, shift, WORDS, drop_barrier)
+        self.stubs = stubs or {}  # more stubs for host(): a test's mutation of the protocol
 
     # What each consumer must read and write: its own tile's rows and key blocks.
     def key_blocks(self, m0):
@@ -142,7 +159,7 @@ class Launch:
     def cta(self, gx, gy):
         gl = HostGl((*self.grid, 1), (gx, gy, 0), point=self.run_.point, threads=self.run_, hopper=self.hopper)
         kernel = host(entry.flash_fwd_gluon_ws, gl, _consumer_tile=Around(lambda real: self.consumer_tile(real, (gx, gy))),
-                      _visible_range=self.visible_range((gx, gy)), **self.hopper.stubs())
+                      _visible_range=self.visible_range((gx, gy)), **self.hopper.stubs(), **self.stubs)
         i = HInt
         wg, bn = self.wg_m * D * 2, self.block_n * D * 2
         args = dict(Q=Desc("Q", wg, (self.b, self.hq, self.sq, D)), K=Desc("K", bn), V=Desc("V", bn), Y=Desc("Y", wg),
@@ -251,3 +268,77 @@ def test_the_checks_catch_a_wrong_phase(mode):
             launch.play()
         caught.append(e.value)
     assert not all(isinstance(e, Deadlock) for e in caught), caught
+
+
+def _publish_early(real):
+    """_publish_tile storing the tile's id before its waits on q_empty (then running as written):
+    the id of tile tt over that of tile tt - 2, which a consumer may not have read yet."""
+    def publish(ids, q_ready, q_empty, tid, tt, NC, SENTINEL):
+        ids.index(tt % 2).store(HInt(0) + tid)
+        return real(ids, q_ready, q_empty, tid, tt, NC, SENTINEL)
+    return publish
+
+
+def _read_early(real):
+    """_read_tile loading the id before its wait on q_ready (then waiting as written), from the
+    consumer's third tile on (before it, a read that comes before the producer's first store finds
+    the word empty, which any run catches): the id of tile tt - 2, or the one being stored."""
+    def read(ids, q_ready, tt, WG, NC):
+        if tt < 2:
+            return real(ids, q_ready, tt, WG, NC)
+        early = ids.index(tt % 2).load(Inert())
+        real(ids, q_ready, tt, WG, NC)
+        return early
+    return read
+
+
+# The mutations of the tile-id hand-off, on shapes where the producer runs two tiles ahead of a
+# consumer (tiles of one or two key blocks on two to four ring slots: only the Q buffers' barriers
+# order the id's store after the consumers' reads of the id it replaces).
+HANDOFF_SHAPES = [SHAPES[9], (2, 4, 300, 300, 0, 1, 3, 1, True, 2, 128), (3, 4, 400, 100, 0, 1, 2, 1, False, 2, 64)]
+HANDOFF_SEEDS = 5
+MUTATIONS = {
+    "publish-before-q_empty": dict(stubs=dict(_publish_tile=Around(_publish_early))),
+    "read-before-q_ready": dict(stubs=dict(_read_tile=Around(_read_early))),
+    "no-thread-barrier": dict(drop_barrier=lambda who: "_producer" in who),
+}
+
+
+@pytest.mark.parametrize("counter", [True, False], ids=["counter", "no-counter"])
+def test_the_tile_id_shapes_pass_as_written(counter):
+    """The control of the next test: its shapes and seeds, the kernel as written, every check on."""
+    for shape in HANDOFF_SHAPES:
+        _play(shape, seeds=HANDOFF_SEEDS, mode="dynamic", skip=True, counter=counter)
+
+
+@pytest.mark.parametrize("counter", [True, False], ids=["counter", "no-counter"])
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_the_checks_catch_a_tile_id_race(mutation, counter):
+    """The dynamic tiles' hand-off of the tile id (_publish_tile, _read_tile), each mutation injected
+    through the host run's hooks: the producer storing the next id before its wait on q_empty, a
+    consumer loading the id before its wait on q_ready, the producer's store not put behind a
+    thread barrier before its arrive. Every seed of every shape fails with Unordered, the order
+    check on the word: a race is caught by the order the barriers give, whether or not the
+    schedule makes a read see the wrong id (without the check, the Q and K/V blocks read
+    downstream catch the first two in some schedules only, the third in none). Only DYNAMIC_TILES
+    hands tile ids through shared memory (the static persistent grid and the per-tile grids derive
+    each tile in every partition)."""
+    for shape in HANDOFF_SHAPES:
+        nc, stages, sq, skv, offset, b, hq, group, causal, ctas, block_n = shape
+        for seed in range(HANDOFF_SEEDS):
+            launch = Launch(mode="dynamic", b=b, hq=hq, group=group, sq=sq, skv=skv, offset=offset, causal=causal,
+                            nc=nc, stages=stages, wg_m=64, block_n=block_n, skip=True, ctas=ctas, seed=seed,
+                            counter=counter, **MUTATIONS[mutation])
+            with pytest.raises(Unordered, match=r"ids\["):
+                launch.play()
+
+
+def test_the_checks_catch_a_visible_range_race():
+    """MASK_PREFIX's hand-off word, lim_smem, under the same check: the first consumer's store of
+    its visible run not put behind a thread barrier before its arrive on lim_bar is caught at the
+    producer's read, in every seed."""
+    for seed in range(3):
+        launch = Launch(mode="prefix", b=1, hq=3, group=1, sq=300, skv=300, offset=0, causal=True, nc=2, stages=2,
+                        wg_m=64, block_n=64, skip=False, seed=seed, drop_barrier=lambda who: "_consumer" in who)
+        with pytest.raises(Unordered, match="lim_smem"):
+            launch.play()
