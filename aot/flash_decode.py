@@ -48,7 +48,7 @@ def flash_decode_split(
     # (griddepcontrol.wait) before touching memory, so the launcher may start this grid while
     # that one drains (the AOT build's level on sm_90+, aot/build.py decode_pdl; the wait returns
     # at once when not launched so); 2 also lets the next PDL grid launch at once (tried in
-    # experiments/decode_floor.py, not built: its waiting CTAs hold SM slots; perf-notes decode v7).
+    # lab/experiments/decode_floor.py, not built: its waiting CTAs hold SM slots; perf-notes decode v7).
     if PDL >= 1:
         tl.extra.cuda.gdc_wait()
     if PDL >= 2:
@@ -121,7 +121,7 @@ def flash_decode_split(
     else:
         # The boundary blocks (a window's edges, the ragged end) only where this chunk has them: an
         # empty pipelined loop still runs its prologue and drain, ~0.7 us each at one CTA per SM
-        # (experiments/decode_floor.py: B1 4k 10.2 -> 8.6 us without them).
+        # (lab/experiments/decode_floor.py: B1 4k 10.2 -> 8.6 us without them).
         if f_lo > c_lo:
             acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, m_base, c_lo, f_lo, c_hi, pos, row_ok,
                                     offs_n, offs_d, offs_dv, D, Dv, stride_kn, stride_vn,

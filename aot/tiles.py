@@ -2,8 +2,8 @@
 get_fwd_config) and the kernels that need a number of them. Plain data and lookups: it imports
 neither Triton nor a kernel module, so the table reads it without the kernels.
 
-Tiles are for the pinned Triton and tuned offline on the H200 (experiments/tune.py,
-experiments/gluon_attn.py, experiments/gluon_mask.py); docs/perf-notes.md has the measurements,
+Tiles are for the pinned Triton and tuned offline on the H200 (lab/experiments/tune.py,
+lab/experiments/gluon_attn.py, lab/experiments/gluon_mask.py); docs/perf-notes.md has the measurements,
 cited here by version. Nothing is autotuned at run time.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ class WsGrid:
 # The unmasked TMA kernels' tiles per head dim: (causal, min length, (BLOCK_M, BLOCK_N, warps,
 # stages)). An entry serves calls with that causal flag (-1: either) and min(Sq, Skv) from its min
 # length up to the next matching entry's (the shorter side, so a short chunk against a long cache
-# keeps the small-BLOCK_M tile and its larger grid). experiments/tune.py --tma (perf-notes v5). The
+# keeps the small-BLOCK_M tile and its larger grid). lab/experiments/tune.py --tma (perf-notes v5). The
 # C++ dispatcher reads the ranges from the generated table (KernelEntry::tile_causal, tile_min_len).
 TMA_TILES = {
     64: ((0, 0, (128, 64, 8, 3)), (1, 0, (64, 64, 4, 2)), (-1, 8192, (64, 128, 4, 2))),

@@ -213,7 +213,7 @@ def get_fwd_config(arch: int, v: Variant, grids: dict | None = None) -> TileConf
     if v.kind == "decode":
         # Streams K/V: a small row tile, deep enough pipelining to keep loads in flight. On sm_90
         # 4 stages (102 KB of shared memory) for the one CTA per SM per wave the launcher's split
-        # count plans for (experiments/tune_decode.py, perf-notes decode v3).
+        # count plans for (lab/experiments/tune_decode.py, perf-notes decode v3).
         if v.dtype == "fp32" or v.head_dim >= 256:
             return TileConfig(DECODE_BLOCK_M, 32, 4, 2)
         if v.tile_min_len >= DECODE_WIDE_WAVES:
@@ -235,7 +235,7 @@ def get_fwd_config(arch: int, v: Variant, grids: dict | None = None) -> TileConf
         return TileConfig(64, 32, warps, 2 if v.head_dim <= 64 else 1)
     if v.head_dim >= 256:
         return TileConfig(64, 32, 4, 1 if arch < 90 else 2)
-    if v.kind == "fwd_tma":  # experiments/tune.py --tma / --masked (perf-notes v5)
+    if v.kind == "fwd_tma":  # lab/experiments/tune.py --tma / --masked (perf-notes v5)
         if v.mask == "none":
             if v.extras:
                 return tma_tile(v.head_dim, False, 0)
@@ -247,7 +247,7 @@ def get_fwd_config(arch: int, v: Variant, grids: dict | None = None) -> TileConf
         return TileConfig(64, 64, 4, 2) if v.head_dim <= 64 else TileConfig(64, 64, 4, 3)
     if spilling_full_mask(v):
         return TileConfig(128, 64, 8, 3)
-    if arch >= 90:  # experiments/tune.py (perf-notes v2)
+    if arch >= 90:  # lab/experiments/tune.py (perf-notes v2)
         if v.head_dim <= 64:
             return TileConfig(128, 64, 4, 3)
         return TileConfig(128, 64, 8, 3)
@@ -379,7 +379,7 @@ def kept_exact(v: Variant) -> bool:
     """Rare-class prefill variants compiled one per combination all the same, with no superset
     serving them: fp16/bf16 without extras, unmasked at every head dim and masked at head dim 256
     (Gemma): their superset ran clearly slower, the other merged calls about as fast
-    (experiments/merged_variants.py, docs/build-time.md)."""
+    (lab/experiments/merged_variants.py, docs/build-time.md)."""
     return (v.kind == "fwd" and v.dtype != "fp32" and not v.extras and not v.mask_keys
             and (v.mask == "none" or (v.head_dim == 256 and v.even_d)))
 
@@ -427,7 +427,7 @@ def all_combinations(grids: dict | None = None) -> list[Variant]:
             MASK_KEYS_DTYPES, MASK_KEYS_HEAD_DIMS, (True, False), ("bool", "add"), (False, True)):
         out.append(Variant(dtype, hd, even, mask, extras, "tf32", "fwd", True))
     # Full masks stay on the pointer kernels: with a mask tile both kinds spill registers, and the
-    # TMA cubins ran slower than the pointer ones (experiments/ab_tma.py, perf-notes v3).
+    # TMA cubins ran slower than the pointer ones (lab/experiments/ab_tma.py, perf-notes v3).
     for dtype, hd, extras in itertools.product(TMA_DTYPES, TMA_HEAD_DIMS, (False, True)):
         for causal, min_len, _ in (((-1, 0, None),) if extras else TMA_TILES[hd]):
             out.append(Variant(dtype, hd, True, "none", extras, "tf32", "fwd_tma",

@@ -8,7 +8,7 @@ namespace {
 size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 
 // Decode streams K/V, and one SM's read rate, not its resident CTAs, bounds it: a second CTA on an
-// SM that already has one adds little (experiments/tune_decode.py, perf-notes). So time goes by
+// SM that already has one adds little (lab/experiments/tune_decode.py, perf-notes). So time goes by
 // waves of one CTA per SM, each as long as the key tiles a CTA reads plus its fill and epilogue;
 // take the fewest splits that minimize it (a split past cdiv(key_blocks, tiles) would get no keys).
 int64_t splits_by_cost(int64_t ctas, int64_t key_blocks, int64_t skv, int64_t sms) {

@@ -1,6 +1,6 @@
 // The split-KV decode cost model: when the decode kernel takes a call, into how many KV splits it
 // cuts the keys, and which kernel merges them. Pure functions of plain numbers (no driver, no
-// table), so they read and test easily (experiments/tune_decode.py choose_splits; the merge's
+// table), so they read and test easily (lab/experiments/tune_decode.py choose_splits; the merge's
 // tiles: aot/flash_decode.py merge_round_trips, which tests/test_aot_table.py holds fuse_combine to).
 #pragma once
 

@@ -1,6 +1,6 @@
 """`ort-flash demo`: rewrite the bundled GPT-2-style model, verify it, time it against the original.
 
-The bundled models (ort_flash/data, built by models/build_demo.py) are a 2-layer GPT-2 with
+The bundled models (ort_flash/data, built by lab/models/build_demo.py) are a 2-layer GPT-2 with
 random weights: fp32 for the CPU, fp16 for CUDA.
 """
 from __future__ import annotations

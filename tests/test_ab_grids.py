@@ -1,4 +1,4 @@
-"""experiments/ab_grids.py: the comparison of the shipped table's op-suite rows against a candidate
+"""lab/experiments/ab_grids.py: the comparison of the shipped table's op-suite rows against a candidate
 grid's, medians over rounds, through ONNX Runtime and for the kernel alone."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("ab_grids", ROOT / "experiments" / "ab_grids.py")
+_spec = importlib.util.spec_from_file_location("ab_grids", ROOT / "lab" / "experiments" / "ab_grids.py")
 ab_grids = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ab_grids)
 

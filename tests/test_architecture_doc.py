@@ -3,7 +3,7 @@ code that reads them, and every file path and code symbol it names against the f
 
 Every ``ORT_FLASH_*`` name the sources read from the environment (C/C++ ``getenv``, Python
 ``os.environ`` / ``os.getenv``, CMake ``$ENV{}``, scikit-build-core's ``env =`` in pyproject.toml,
-``$NAME`` / ``${NAME...}`` in the shell scripts of tools/ and .ci/) must have a row in the table,
+``$NAME`` / ``${NAME...}`` in the shell scripts of tools/, lab/ and .ci/) must have a row in the table,
 and every row must name a variable something reads, in the files its "read by" cell names.
 
 Every path in backticks outside the fenced drawings must exist, relative to the repository root
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
-SCANNED = ("aot", "cpp", "cmake", "ort_flash", "tools", "models", "tests", ".ci", "CMakeLists.txt",
+SCANNED = ("aot", "cpp", "cmake", "ort_flash", "tools", "lab", "tests", ".ci", "CMakeLists.txt",
            "pyproject.toml")
 SUFFIXES = {".py", ".cc", ".h", ".inc", ".c", ".cmake", ".txt", ".toml", ".sh"}
 
@@ -124,7 +124,7 @@ def test_not_yet_merged_rows_exist():
 
 # Where a symbol the page names must occur (as a whole word), read as text: the sources and the
 # build files, not the docs, and not this file.
-SYMBOL_SOURCES = ("aot", "cpp", "cmake", "ort_flash", "models", "tools", "experiments", "tests", "examples",
+SYMBOL_SOURCES = ("aot", "cpp", "cmake", "ort_flash", "lab", "tools", "tests", "examples",
                   ".ci", "CMakeLists.txt", "pyproject.toml")
 SYMBOL_SUFFIXES = {".py", ".h", ".cc", ".c", ".inc", ".cmake", ".txt", ".toml", ".sh", ".lds"}
 FILE_SUFFIX = re.compile(r"\.(?:py|cc|h|c|inc|cmake|sh|toml|txt|md|lds|S|json|so(?:\.\d+)?)$")

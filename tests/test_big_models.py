@@ -1,7 +1,7 @@
 """Models of any size: external data in and out, past protobuf's 2 GB, with bounded memory;
 and models with ONNX Runtime's own ops in the ONNX domain (GenAI's builder).
 
-The big model is models/big_model.py's decoder, built with onnx helpers in seconds. Each command
+The big model is lab/models/big_model.py's decoder, built with onnx helpers in seconds. Each command
 runs in a child process that reports its own peak RSS (``resource.getrusage``), so the figure is
 the command's, not pytest's.
 """
@@ -23,7 +23,7 @@ from ort_flash.cli import main
 from ort_flash.rewriter import external_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models import big_model  # noqa: E402
+from lab.models import big_model  # noqa: E402
 
 try:
     import ort_flash

@@ -1,4 +1,4 @@
-"""The launches the JIT experiments make (experiments/gluon_attn.py run_gluon and run_ws,
+"""The launches the JIT experiments make (lab/experiments/gluon_attn.py run_gluon and run_ws,
 gluon_mask.py run_ws_masked, tune.py launch), recorded on CPU tensors instead of run: each passes
 one argument per runtime parameter of the kernel it launches, and read by the kernel's own
 parameter names (its `params`, not aot/contract.py, which builds the lists) each argument is what
@@ -22,7 +22,7 @@ pytest.importorskip("triton", reason="the experiments JIT-compile Triton and Glu
 
 @pytest.fixture(scope="module")
 def exp():
-    sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
+    sys.path[:0] = [str(ROOT / "lab" / "experiments"), str(ROOT)]
     import gluon_attn
     import gluon_mask
     import tune

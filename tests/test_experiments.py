@@ -1,4 +1,4 @@
-"""The measurement scripts in experiments/ stay runnable: each one's imports (its sibling scripts
+"""The measurement scripts in lab/experiments/ stay runnable: each one's imports (its sibling scripts
 and the kernels in aot/) resolve from any working folder and its argument parser answers --help.
 They time kernels on a GPU, so CI, which has none, checks only this much of them (their floor and
 equal-work kernels run under Triton's interpreter in test_kernel_interpreter.py)."""
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("tune", "tune_decode", "levers", "decode_floor", "decode_flat", "gluon_attn", "merged_variants",
            "ws_profile", "tile_schedule", "genai_case", "fp8_error", "e2e_kernels", "ab_tma", "ab_grids",
-           "profile_model", "bench_big_models")
+           "profile_model", "bench_big_models", "fp8_kernel_bench")
 
 # One interpreter for all five (torch and triton load once); each script runs as __main__ with
 # --help, which must end in exit status 0 after its module-level imports ran.
@@ -35,7 +35,7 @@ for path in sys.argv[1:]:
 def test_experiment_scripts_import_and_answer_help(tmp_path):
     pytest.importorskip("torch", reason="the experiments time torch tensors")
     pytest.importorskip("triton", reason="the experiments JIT-compile Triton kernels")
-    paths = [str(ROOT / "experiments" / f"{name}.py") for name in SCRIPTS]
+    paths = [str(ROOT / "lab" / "experiments" / f"{name}.py") for name in SCRIPTS]
     assert all(Path(p).is_file() for p in paths), paths
     # Run from an unrelated folder so only the scripts' own sys.path set-up can find aot/.
     proc = subprocess.run([sys.executable, "-c", _RUN_ALL, *paths], cwd=tmp_path,
@@ -46,17 +46,17 @@ def test_experiment_scripts_import_and_answer_help(tmp_path):
 
 def test_aot_holds_only_what_the_build_compiles():
     """aot/ is the product: the kernels, the variant table and the build. Measurement scripts
-    live in experiments/."""
+    live in lab/experiments/."""
     names = {p.name for p in (ROOT / "aot").glob("*.py")}
     assert not names & {f"{s}.py" for s in SCRIPTS + ("gluon_sass", "merged_pairs")}, names
     assert {"build.py", "variants.py", "flash_fwd.py", "flash_decode.py"} <= names
 
 
 def test_fp8_error_emulation_orders_the_schemes():
-    """experiments/fp8_error.py: the fp16 emulation sits at fp16's rounding of the float64
+    """lab/experiments/fp8_error.py: the fp16 emulation sits at fp16's rounding of the float64
     reference, a Hadamard rotation leaves Q·Kᵀ unchanged, and on outlier inputs per-tensor e4m3
     is the worst scheme and block scales with the rotation beat it."""
-    sys.path.insert(0, str(ROOT / "experiments"))
+    sys.path.insert(0, str(ROOT / "lab" / "experiments"))
     import fp8_error as f
 
     rng = np.random.default_rng(0)

@@ -19,14 +19,14 @@ import pytest
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime_genai (onnxruntime-genai) is not installed")
 
 from _genai import generate_greedy, write_identity  # noqa: E402
-from models.genai_family import FAMILIES, WINDOWED_KV, build  # noqa: E402
+from lab.models.genai_family import FAMILIES, WINDOWED_KV, build  # noqa: E402
 from ort_flash import genai  # noqa: E402
 from ort_flash._library import LIBRARY_NAME  # noqa: E402
 
 pytestmark = pytest.mark.slow  # seven builder runs (about 20-40 s each) on a cold cache
 
 STEPS = 32
-# Longer than the sliding windows (models.genai_family.WINDOW) before generation starts.
+# Longer than the sliding windows (lab.models.genai_family.WINDOW) before generation starts.
 PROMPT = "the red cat runs under the big green tree near the river and sees a small bird"
 SHORT = "one old dog"
 

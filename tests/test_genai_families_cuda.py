@@ -1,4 +1,4 @@
-"""Every GenAI builder family of models/genai_family.py as a CUDA user builds it (GenAI's builder,
+"""Every GenAI builder family of lab/models/genai_family.py as a CUDA user builds it (GenAI's builder,
 ``-p fp16 -e cuda``: Qwen3's Q/K norms fused into GroupQueryAttention, Gemma 2's softcap, the
 windows), rewritten by ``ort-flash rewrite`` with every node ort_flash's CUDA op computes mapped
 (``gqa_cuda="all"``: these tiny families have heads of 32, which the default leaves to ONNX
@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime_genai (onnxruntime-genai-cuda) is not installed")
 
-from models.families import ExportFailure  # noqa: E402
-from models.genai_family import FAMILIES, build  # noqa: E402
+from lab.models.families import ExportFailure  # noqa: E402
+from lab.models.genai_family import FAMILIES, build  # noqa: E402
 from ort_flash.bench import genai_e2e, genai_fidelity as fid  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

@@ -48,7 +48,7 @@ def _rewritten(folder, tmp_path_factory, name):
 
 @pytest.fixture(scope="module", params=["llama", "phi3", "gemma2-fullkv"])
 def pair(request, tmp_path_factory):
-    from models.genai_family import build
+    from lab.models.genai_family import build
 
     folder = build(request.param)
     return request.param, folder, _rewritten(folder, tmp_path_factory, request.param)
@@ -91,7 +91,7 @@ def test_check_fails_on_a_wrong_rotary_position_of_new_tokens(tmp_path_factory):
     """A decode-path error the prompt never sees: in the rewritten folder, the rotary tables' rows
     from the prompt's length on are the row before them, so every fed token is rotated as if it
     sat at the prompt's last position. The prompt step passes, later steps leave the bound."""
-    from models.genai_family import build
+    from lab.models.genai_family import build
 
     original = build("llama")
     rewritten = _rewritten(original, tmp_path_factory, "llama-bad-rotary")

@@ -290,7 +290,7 @@ def check_merge_tiles():
 
 
 def test_decode_floor_kernels_match_reference():
-    """experiments/decode_floor.py's floor kernels (the figures under the decode kernel in
+    """lab/experiments/decode_floor.py's floor kernels (the figures under the decode kernel in
     docs/perf-notes.md) compute what they claim: the chunk sums, the dots without softmax, the
     online softmax with and without the 4-replica block-diagonal stack, with and without TMA."""
     _interpreted("floor")
@@ -300,7 +300,7 @@ def check_floor():
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    sys.path.insert(0, str(ROOT / "experiments"))
+    sys.path.insert(0, str(ROOT / "lab" / "experiments"))
     _patch_interpreter()
     from decode_floor import floor_attn, floor_read
 
@@ -332,7 +332,7 @@ def check_floor():
 
 
 def test_decode_flat_kernel_matches_reference():
-    """experiments/decode_flat.py's equal-work attention (one loop over the flattened (KV head, key tile)
+    """lab/experiments/decode_flat.py's equal-work attention (one loop over the flattened (KV head, key tile)
     space, a partial per head per CTA) merges to attention, over grids where a CTA holds part of
     one head, a head's end and the next's start, several whole heads, or everything."""
     _interpreted("flat")
@@ -341,7 +341,7 @@ def test_decode_flat_kernel_matches_reference():
 def check_flat():
     import torch
 
-    sys.path.insert(0, str(ROOT / "experiments"))
+    sys.path.insert(0, str(ROOT / "lab" / "experiments"))
     _patch_interpreter()
     from decode_flat import BLOCK_M, GROUP, flat_grid, floor_attn_flat, merge_flat
 

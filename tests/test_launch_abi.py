@@ -476,7 +476,7 @@ def switched_table():
             entries.append(dict(src, variant=r["variant"], cubin_of=r["cubin_of"], block_m=r["block_m"],
                                 tile_causal=r["tile_causal"], tile_min_len=r["tile_min_len"],
                                 tile_max_len=r["tile_max_len"], persistent=r["persistent"], dynamic=r["dynamic"]))
-    if all(e["variant"] == e["cubin_of"] for e in entries):  # a build with these candidates (gpu_release.sh try)
+    if all(e["variant"] == e["cubin_of"] for e in entries):  # a build with these candidates (lab/gpu/gpu_release.sh try)
         pytest.skip(f"this build's table has the {CANDIDATES} entries itself: the tests above launch them")
     assert any(e["variant"] != e["cubin_of"] and e["persistent"] for e in entries)
     return rows, entries

@@ -235,3 +235,56 @@ def test_the_long_exceptions_still_exist():
         assert path.is_file(), f"{rel} is gone: delete it from LONG_ALLOWED"
         assert len(path.read_text(encoding="utf-8").splitlines()) > MAX_LINES, (
             f"{rel} is {MAX_LINES} lines or fewer now: delete it from LONG_ALLOWED")
+
+
+# The developer area and the project's scripts: the product (ort_flash/, aot/) never loads them,
+# by an import or by a path in its code (a string that starts with one of these folders, or the bare
+# name of the developer area). Docstrings and comments may name them.
+OUTSIDE_THE_PRODUCT = ("lab", "tests", "tools", "experiments", "models")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def product_reaches_outside(text: str) -> list[str]:
+    """Imports of, and code strings naming, a folder of OUTSIDE_THE_PRODUCT in one source."""
+    tree = ast.parse(text)
+    docs = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            parts = node.value.replace("\\", "/").split("/")
+            if len(parts) > 1 and parts[0] in OUTSIDE_THE_PRODUCT or node.value == "lab":
+                found.append(f"line {node.lineno}: the path {node.value!r}")
+            continue
+        else:
+            continue
+        found += [f"line {node.lineno}: import {n}" for n in names if n.split(".")[0] in OUTSIDE_THE_PRODUCT]
+    return found
+
+
+def test_the_product_never_reaches_into_the_lab():
+    """ort_flash/ and aot/ are what ships and builds; lab/ (experiments, the tests' model builders,
+    the GPU release check), tools/ and tests/ use them, never the other way (lab/README.md)."""
+    bad = [f"{p.relative_to(ROOT)} {what}" for top in ("ort_flash", "aot") for p in sorted((ROOT / top).rglob("*.py"))
+           for what in product_reaches_outside(p.read_text(encoding="utf-8"))]
+    assert not bad, "the product reaches outside itself:\n" + "\n".join(bad)
+
+
+def test_the_outside_check_sees_imports_and_paths():
+    assert product_reaches_outside('"""see lab/models/x.py"""\nimport os\n') == []
+    assert product_reaches_outside("from lab.models import families\n") == ["line 1: import lab.models"]
+    assert product_reaches_outside("import tools.sass_hashes\n") == ["line 1: import tools.sass_hashes"]
+    assert product_reaches_outside("p = ROOT / 'lab'\n") == ["line 1: the path 'lab'"]
+    assert product_reaches_outside("p = 'models/big_model.py'\n") == ["line 1: the path 'models/big_model.py'"]

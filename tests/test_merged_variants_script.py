@@ -1,4 +1,4 @@
-"""experiments/merged_variants.py (its pairs in merged_pairs.py) times each rare-class call through the variant an unmerged build
+"""lab/experiments/merged_variants.py (its pairs in merged_pairs.py) times each rare-class call through the variant an unmerged build
 (aot/build.py --unmerged) compiles and the superset variant the merged build compiles. It runs on a GPU machine;
 here, without one, its pairs are checked: the dry run passes, each pair is what the C++ dispatcher
 picks from the unmerged and from today's table (with its KV splits), and each variant is compiled
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "merged_variants.py"
+SCRIPT = ROOT / "lab" / "experiments" / "merged_variants.py"
 
 pytest.importorskip("torch", reason="the script times torch tensors")
 pytest.importorskip("triton", reason="the script compiles the Triton kernels")
@@ -21,7 +21,7 @@ pytest.importorskip("triton", reason="the script compiles the Triton kernels")
 
 @pytest.fixture(scope="module")
 def mv():
-    sys.path.insert(0, str(ROOT / "experiments"))
+    sys.path.insert(0, str(ROOT / "lab" / "experiments"))
     import merged_variants
     return merged_variants
 

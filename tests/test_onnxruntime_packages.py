@@ -2,7 +2,7 @@
 packages of it, are installed, or CUDA is asked of the CPU package.
 
 The environments are faked (the packages found, a `None` in sys.modules for "not importable",
-a dist-info folder on PYTHONPATH for a second package), so no scratch venvs are built here; CI's wheel job (tools/wheel_check.sh) installs the real `[cpu]` extra.
+a dist-info folder on PYTHONPATH for a second package), so no scratch venvs are built here; CI's wheel job (tools/check_wheel.sh) installs the real `[cpu]` extra.
 """
 from __future__ import annotations
 

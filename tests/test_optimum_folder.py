@@ -104,7 +104,7 @@ def test_cli_refuses_a_folder_of_no_known_kind(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-# The Optimum family's float32 exports (models/optimum_family.py) with the ORTModel class that
+# The Optimum family's float32 exports (lab/models/optimum_family.py) with the ORTModel class that
 # loads each and what the check runs.
 _CLASSES = {"feature-extraction": ("ORTModelForFeatureExtraction", "forward"),
             "automatic-speech-recognition": ("ORTModelForSpeechSeq2Seq", "speech"),
@@ -117,7 +117,7 @@ _CLASSES = {"feature-extraction": ("ORTModelForFeatureExtraction", "forward"),
 
 def _ort_models() -> list[tuple[str, str, str, str]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from models.optimum_family import FAMILIES
+    from lab.models.optimum_family import FAMILIES
 
     out = []
     for family, (*_, tasks) in FAMILIES.items():
@@ -183,7 +183,7 @@ def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
     """The rewritten folder, loaded by Optimum's own class with the library registered in its
     session options, gives the original folder's outputs (float32 rounding) and greedy tokens."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from models.optimum_family import OptimumSpec, attention_sites, export, venv_python
+    from lab.models.optimum_family import OptimumSpec, attention_sites, export, venv_python
 
     import ort_flash
 

@@ -171,7 +171,7 @@ def _bert_export() -> str:
     pytest.importorskip("torch", reason="torch exports the model family (test dependency)")
     pytest.importorskip("transformers", reason="transformers builds the model family")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
-    from models.families import ExportFailure, export, specs
+    from lab.models.families import ExportFailure, export, specs
 
     spec = next(s for s in specs() if s.family == "bert" and s.exporter == "torchscript"
                 and s.attn == "eager" and s.dtype == "float32")

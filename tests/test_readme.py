@@ -155,7 +155,7 @@ def test_readme_genai_blocks_run(tmp_path):
     GenAI's builder, ``ort-flash rewrite`` of its folder, generation through onnxruntime_genai."""
     pytest.importorskip("onnxruntime_genai", reason="onnxruntime_genai (onnxruntime-genai) is not installed")
     sys.path.insert(0, str(ROOT))
-    from models.genai_family import save_hf_folder
+    from lab.models.genai_family import save_hf_folder
 
     save_hf_folder("llama", tmp_path / "llama-hf")
     (commands,) = [t for s, lang, t in readme_blocks() if lang == "sh genai"]
@@ -207,7 +207,7 @@ def test_readme_optimum_blocks_run(tmp_path):
     the folder, then the Python block in the pinned Optimum environment, ort_flash's
     session_options() standing in by a shim that registers this build's library."""
     sys.path.insert(0, str(ROOT))
-    from models.optimum_family import OptimumSpec, export, venv_python
+    from lab.models.optimum_family import OptimumSpec, export, venv_python
 
     spec = OptimumSpec("gpt2", "text-generation-with-past")
     shutil.copytree(export(spec, "model").parent, tmp_path / "gpt2-onnx")

@@ -1,6 +1,6 @@
 """Real exporters: every attention of every model family fused, and the same function after.
 
-For each family × exporter × attn_implementation × dtype of ``models/families.py`` (tiny random
+For each family × exporter × attn_implementation × dtype of ``lab/models/families.py`` (tiny random
 models, exported once into the model cache), with and without a KV cache: every attention
 Softmax or ONNX Attention node (self and cross) becomes one FlashAttention node, the causal
 self-attentions become ``is_causal`` (no (S × S) mask is left except T5's relative position
@@ -10,7 +10,7 @@ tolerance.
 
 One configuration per family × exporter (× cache) runs by default (the whole file stays within a
 few minutes with a cold cache on 2 cores); the rest are marked ``slow``. A configuration the
-exporter cannot export (recorded by ``models.families``) is skipped with the exporter's message.
+exporter cannot export (recorded by ``lab.models.families``) is skipped with the exporter's message.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ pytest.importorskip("torch", reason="torch builds the model families (test depen
 pytest.importorskip("transformers", reason="transformers builds the model families")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
-from models.families import ExportFailure, ExportSpec, export, specs  # noqa: E402
+from lab.models.families import ExportFailure, ExportSpec, export, specs  # noqa: E402
 from ort_flash.rewriter import rewrite  # noqa: E402
 from ort_flash.verify import verify  # noqa: E402
 
@@ -161,7 +161,7 @@ def test_rewritten_family_on_cuda(spec):
     """Every fp16 export (each family, exporter and attn_implementation; the KV-cache steps with
     past/present on the op; the opset-23 ONNX Attention exports), rewritten both ways, in a CUDA
     session against the original on CUDA. On a GPU machine without this torch/transformers,
-    ``ORT_FLASH_MODEL_PREBUILT`` points at the exports CI made (models.families._prebuilt)."""
+    ``ORT_FLASH_MODEL_PREBUILT`` points at the exports CI made (lab.models.families._prebuilt)."""
     _check_on_cuda(spec)
 
 
@@ -185,7 +185,7 @@ def test_cached_step_passes_its_past_to_the_model_kv(family):
     hold past + new positions. Regression: 5.17 put ``cache=`` in **kwargs unread."""
     import torch
 
-    from models.families import PAST_LEN, _build_cached
+    from lab.models.families import PAST_LEN, _build_cached
 
     module, inputs, _ = _build_cached(ExportSpec(family, "torchscript", "eager", "float32", cache=True))
     with torch.no_grad():

@@ -16,7 +16,7 @@ from ort_flash.rewriter import RewriteReport, rewrite
 from ort_flash.verify import make_inputs
 
 DEMOS = ["gpt2_tiny.onnx", "gpt2_tiny_fp16.onnx"]
-CONFIG_KEY = "ort_flash.demo.gpt2_config"  # written by models/build_demo.py
+CONFIG_KEY = "ort_flash.demo.gpt2_config"  # written by lab/models/build_demo.py
 
 
 def demo_path(name: str) -> str:

@@ -1,7 +1,7 @@
 """Hugging Face Optimum's exports: every attention site fused, every rewritten file loads and
 verifies.
 
-For each family × task × dtype × attention of ``models/optimum_family.py`` (tiny random models
+For each family × task × dtype × attention of ``lab/models/optimum_family.py`` (tiny random models
 exported with ``optimum-onnx`` in its pinned environment, cached in the model cache) and each
 file Optimum writes (``model``; ``encoder_model``, ``decoder_model``, ``decoder_with_past_model``,
 ``decoder_model_merged``), ``ort_flash.rewrite`` (the fast mask mapping, as
@@ -22,7 +22,7 @@ picks (sdpa where it has it) run by default; eager attention and float16 on the 
 the float16 files run on CUDA in the GPU suite (``gpu``), on exports cached, prebuilt
 (``ORT_FLASH_MODEL_PREBUILT``) or made by the exporter's environment already built, and skip
 naming what is missing where there is none. The export failures Optimum itself has are skipped
-with its message (recorded by ``models.optimum_family``). ``verify`` runs a merged
+with its message (recorded by ``lab.models.optimum_family``). ``verify`` runs a merged
 decoder once per ``use_cache_branch`` value, and ViT/CLIP with their (B, 3, 32, 32) pixel_values
 (``shapes``). The first run builds the pinned environment and
 exports what the model cache lacks (minutes); the cache makes later runs quick.
@@ -39,10 +39,10 @@ import onnx
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
-from models.optimum_coverage import (  # noqa: E402
+from lab.models.optimum_coverage import (  # noqa: E402
     branches, compact, count_sites, load_error, verify_options,
 )
-from models.optimum_family import (  # noqa: E402
+from lab.models.optimum_family import (  # noqa: E402
     ExportFailure, OptimumSpec, attention_sites, export, export_all, missing_export, specs,
 )
 
@@ -191,7 +191,7 @@ def test_rewritten_on_cuda(spec, name):
 def test_a_failed_export_is_recorded_and_not_retried(tmp_path, monkeypatch):
     """Optimum's failure becomes the spec's ``.failed`` record: raised with the message, and the
     next call reads it instead of starting the exporter again."""
-    from models import optimum_family
+    from lab.models import optimum_family
 
     monkeypatch.setenv("ORT_FLASH_MODEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ORT_FLASH_MODEL_PREBUILT", raising=False)
@@ -207,7 +207,7 @@ def test_a_failed_export_is_recorded_and_not_retried(tmp_path, monkeypatch):
 
 def test_a_file_onnxruntime_cannot_load_is_recorded_beside_the_others(tmp_path, monkeypatch):
     """One broken file of a seq2seq export raises for that file only; the others load."""
-    from models import optimum_family
+    from lab.models import optimum_family
 
     monkeypatch.setenv("ORT_FLASH_MODEL_CACHE", str(tmp_path))
     monkeypatch.delenv("ORT_FLASH_MODEL_PREBUILT", raising=False)
@@ -238,7 +238,7 @@ FP16 = OptimumSpec("gpt2", "text-generation", "float16")
 def bare_machine(tmp_path, monkeypatch):
     """A machine with no cached export, no prebuilt ones and no exporter environment, which must
     not build one."""
-    from models import optimum_family
+    from lab.models import optimum_family
 
     monkeypatch.setenv("ORT_FLASH_MODEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ORT_FLASH_OPTIMUM_VENV", str(tmp_path / "venv"))
@@ -292,7 +292,7 @@ def test_cuda_export_skips_with_optimums_own_failure(bare_machine, monkeypatch):
 def test_an_exporter_environment_already_built_is_used(bare_machine, monkeypatch):
     """With the environment built, the export is made (here: its worker run fails, and that
     failure is the skip's reason, in one line)."""
-    from models import optimum_family
+    from lab.models import optimum_family
 
     venv = bare_machine / "venv"
     (venv / "bin").mkdir(parents=True)

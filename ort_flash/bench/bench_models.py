@@ -21,7 +21,7 @@ for ``ort-flash bench --suite decode_e2e``: inputs ``input_ids`` (B, S), ``atten
 (B, "past_sequence + sequence") and per layer ``past_key_i`` / ``past_value_i`` (B, Hkv,
 "past_sequence", D) in the model's dtype; outputs ``last_hidden_state`` (B, S, hidden) and
 ``present_key_i`` / ``present_value_i`` (B, Hkv, "past_sequence + sequence", D). The wrapper
-that hands the flat tensors to transformers as a Cache is ``cached_step`` here (``models/families.py``
+that hands the flat tensors to transformers as a Cache is ``cached_step`` here (``lab/models/families.py``
 exports the rewriter's tiny cached family tests through it too).
 
 ``layers`` can be cut (``--e2e-layers``) to fit a time budget: per-layer cost and the attention

@@ -33,7 +33,7 @@ REPRODUCE_PAGE = """\
 # this page, from those files (later files override earlier ones suite by suite):
 python -m ort_flash.bench.report bench-cpu.json bench-op.json bench-decode.json bench-e2e.json \\
     bench-decode_e2e.json bench-gqa.json bench-gqa-qk.json bench-genai.json bench-fid.json -o PERFORMANCE.md
-# tools/README.md: the GPU release check, on any CUDA machine with onnxruntime-gpu."""
+# lab/gpu/README.md: the GPU release check, on any CUDA machine with onnxruntime-gpu."""
 METHOD = """\
 - **Same run, same machine.** Every peer is timed beside the fused op in one process per suite;
   ratios compare numbers from the same run only.

@@ -1,0 +1,185 @@
+"""Tiny random Hugging Face LLMs built into ONNX Runtime GenAI folders by GenAI's model builder.
+
+    from lab.models.genai_family import FAMILIES, build
+    folder = build("llama")      # a GenAI folder: model.onnx(.data), genai_config.json, tokenizer
+
+Each family is a config written here (two layers, hidden 128, 4 query / 2 KV heads, a small
+vocabulary), random weights from ``torch.manual_seed(0)``, and a ``tokenizers`` byte-level BPE
+tokenizer trained on the words of ``WORDS``; ``save_pretrained`` writes the Hugging Face folder and
+``python -m onnxruntime_genai.models.builder -i HF -o OUT -p fp32 -e cpu`` builds it, with no
+network. Every attention layer of the result is one ``com.microsoft.GroupQueryAttention``.
+
+Built folders are cached beside the other model exports (``lab.models.families.cache_dir()/genai``)
+in one folder per family, keyed by the config and the versions of the builder's inputs, and
+written atomically (built in a scratch folder, then renamed).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from lab.models.families import ExportFailure, cache_dir  # noqa: E402
+
+SEED = 0
+REVISION = 1  # bump when the folder this file writes changes in a way the key does not show
+TIMEOUT = 900  # seconds for one builder run
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0..3
+# The tokenizer's training text: each word becomes one token.
+WORDS = ("the a an one two three red green blue cat dog bird fish tree house river stone cloud "
+         "runs sees eats likes finds makes big small old new fast slow and or but with on in "
+         "under over near far up down left right day night sun moon rain snow wind fire water "
+         "earth light dark warm cold happy sad loud quiet").split()
+UNK, BOS, EOS, PAD = 0, 1, 2, 3
+
+# Shared by every family: GQA with 4 query and 2 KV heads of dim 32.
+_COMMON = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+               rope_theta=10000.0, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+               tie_word_embeddings=False)
+
+# Mistral's and Gemma 2's windows are shorter than the tests' prompts plus 32 generated tokens,
+# so the window changes the result.
+WINDOW = 8
+
+# family -> (transformers config class, model class, architecture, config arguments,
+#            builder --extra_options)
+FAMILIES: dict[str, tuple[str, str, str, dict, tuple[str, ...]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "LlamaForCausalLM", dict(_COMMON), ()),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2ForCausalLM",
+              dict(_COMMON, use_sliding_window=False), ()),
+    # GenAI's builder (0.18.0) windows only the layers that layer_types marks: without it every
+    # Mistral layer gets local_window_size -1 although Hugging Face's Mistral slides them all.
+    "mistral": ("MistralConfig", "MistralForCausalLM", "MistralForCausalLM",
+                dict(_COMMON, sliding_window=WINDOW, layer_types=["sliding_attention"] * 2), ()),
+    # The builder takes Phi3ForCausalLM without LongRoPE only when the two lengths agree.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", "Phi3ForCausalLM",
+             dict(_COMMON, original_max_position_embeddings=256, sliding_window=None), ()),
+    # Gemma 2: soft-capped attention logits and final logits, a window on alternate layers.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "Gemma2ForCausalLM",
+               dict(_COMMON, head_dim=32, query_pre_attn_scalar=32, attn_logit_softcapping=50.0,
+                    final_logit_softcapping=30.0, sliding_window=WINDOW,
+                    layer_types=["sliding_attention", "full_attention"],
+                    tie_word_embeddings=True), ()),
+    # Qwen3: per-head RMS norms of Q and K before the rotary (a CUDA build fuses them into
+    # GroupQueryAttention as q_norm_weight / k_norm_weight).
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "Qwen3ForCausalLM", dict(_COMMON, head_dim=32), ()),
+}
+# By default the builder gives a windowed layer a window-sized KV cache (GQA attribute
+# sliding_window_cache=1); these variants keep the max_length-sized cache of the other layers.
+for _name in ("mistral", "gemma2"):
+    FAMILIES[f"{_name}-fullkv"] = FAMILIES[_name][:4] + (("windowed_kv_cache=false",),)
+# Families whose windowed layers have window-sized KV caches.
+WINDOWED_KV = ("mistral", "gemma2")
+
+
+def cache_key(family: str, precision: str = "fp32", ep: str = "cpu") -> str:
+    import onnxruntime_genai
+    import tokenizers
+    import torch
+    import transformers
+
+    recipe = dict(family=family, config=FAMILIES[family], words=WORDS, seed=SEED, revision=REVISION,
+                  builder=onnxruntime_genai.__version__, torch=torch.__version__,
+                  transformers=transformers.__version__, tokenizers=tokenizers.__version__)
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    build_kind = "" if (precision, ep) == ("fp32", "cpu") else f"-{precision}-{ep}"
+    return f"genai-{family}{build_kind}-{digest}"
+
+
+def build(family: str, *, precision: str = "fp32", ep: str = "cpu", refresh: bool = False) -> pathlib.Path:
+    """The GenAI folder of ``family``, built by GenAI's model builder unless the cache holds it:
+    ``-p precision -e ep`` (fp32 for the CPU EP by default; fp16 / bf16 with ``ep="cuda"`` build
+    what a CUDA user deploys, which needs onnxruntime-genai-cuda and a GPU).
+
+    Raises ExportFailure (cached as a ``.failed`` file with the builder's message) when the
+    builder refuses the family, so a refusal is not retried on every run."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; one of {sorted(FAMILIES)}")
+    root = cache_dir() / "genai"
+    key = cache_key(family, precision, ep)
+    target, failed = root / key, root / f"{key}.failed"
+    if not refresh:
+        if (target / "genai_config.json").is_file():
+            return target
+        if failed.is_file():
+            raise ExportFailure(failed.read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=f".{key}-") as scratch:
+        scratch = pathlib.Path(scratch)
+        hf = scratch / "hf"
+        save_hf_folder(family, hf)
+        out = scratch / "out"
+        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
+               "-p", precision, "-e", ep, "-c", str(scratch / "cache")]
+        if FAMILIES[family][4]:
+            cmd += ["--extra_options", *FAMILIES[family][4]]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=scratch)
+        if run.returncode != 0 or not (out / "genai_config.json").is_file():
+            message = f"builder failed for {family} (rc {run.returncode}):\n{run.stderr[-4000:]}"
+            failed.write_text(message)
+            raise ExportFailure(message)
+        if refresh and target.exists():
+            shutil.rmtree(target)
+        try:
+            os.rename(out, target)
+        except OSError:  # another process built it first
+            if not (target / "genai_config.json").is_file():
+                raise
+    failed.unlink(missing_ok=True)
+    return target
+
+
+def save_hf_folder(family: str, folder: pathlib.Path) -> None:
+    """Write ``family``'s random model and the tokenizer as a Hugging Face folder."""
+    import torch
+    import transformers
+
+    config_class, model_class, arch, kwargs, _ = FAMILIES[family]
+    vocab_size = save_tokenizer(folder)
+    config = getattr(transformers, config_class)(**kwargs, vocab_size=vocab_size)
+    config.architectures = [arch]
+    torch.manual_seed(SEED)
+    model = getattr(transformers, model_class)(config).eval()
+    model.save_pretrained(folder)
+
+
+def save_tokenizer(folder: pathlib.Path) -> int:
+    """A byte-level BPE tokenizer trained on WORDS (a word is one token, with or without its
+    leading space), saved as tokenizer.json and tokenizer_config.json; returns its vocabulary
+    size. GenAI's tokenizer reads BPE (vocabulary and merges), not a WordLevel model: one fails
+    with "Cannot know how to parse line"."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = tokenizers.Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=SPECIALS, show_progress=False)
+    tok.train_from_iterator([" ".join(WORDS)] * 4 + [" " + w for w in WORDS], trainer)
+    assert [tok.token_to_id(t) for t in SPECIALS] == [UNK, BOS, EOS, PAD]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(folder)
+    # transformers 5 writes "TokenizersBackend", a class name GenAI's tokenizer does not know.
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2))
+    return tok.get_vocab_size()
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or FAMILIES:
+        try:
+            print(name, build(name))
+        except ExportFailure as e:
+            print(name, "FAILED", str(e).splitlines()[-1])
