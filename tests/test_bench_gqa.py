@@ -15,6 +15,18 @@ from ort_flash.bench.measure import Context
 TINY = ["--quick", "--seqlens", "64", "--caches", "128", "--batches", "1", "2"]
 
 
+def _cpu_suite(tmp_path, *flags):
+    """The gqa suite on the CPU at the tiny grid with `flags`: its suite JSON and, per config,
+    (config, {peer: row})."""
+    from ort_flash.cli import main
+
+    out = tmp_path / "gqa.json"
+    assert main(["bench", "--suite", "gqa", "--device", "cpu", *TINY, *flags, "--out", str(out)]) == 0
+    suite = json.loads(out.read_text())["suites"]["gqa"]
+    assert suite["status"] == "complete"
+    return suite, [(cfg, {r["peer"]: r for r in group}) for cfg, group in results.group_by_config(suite["rows"])]
+
+
 def test_gqa_suite_end_to_end_on_cpu(tmp_path, capsys):
     from ort_flash.cli import main
 
@@ -53,15 +65,10 @@ def test_gqa_suite_with_attention_sinks_on_cpu(tmp_path):
     """--sinks (gpt-oss's head_sink on every node): both ops checked against the float64 reference
     with the sinks in the softmax denominator (a reference without them is off by tens of percent),
     and against each other."""
-    from ort_flash.cli import main
-
-    out = tmp_path / "gqa-sinks.json"
-    assert main(["bench", "--suite", "gqa", "--device", "cpu", *TINY, "--sinks", "--out", str(out)]) == 0
-    suite = json.loads(out.read_text())["suites"]["gqa"]
-    assert suite["status"] == "complete" and suite["grid"]["sinks"]
-    for cfg, group in results.group_by_config(suite["rows"]):
+    suite, configs = _cpu_suite(tmp_path, "--sinks")
+    assert suite["grid"]["sinks"]
+    for cfg, by in configs:
         assert cfg["sinks"]
-        by = {r["peer"]: r for r in group}
         plain = by.pop("ort_flash_fa")
         assert plain["status"] == "unsupported", plain  # FlashAttention has no sinks
         for r in by.values():
@@ -73,15 +80,10 @@ def test_gqa_suite_with_qk_norms_on_cpu(tmp_path):
     """--qk-norm (Qwen3's per-head RMS norms on every node): ort_flash checked against the float64
     reference with the norms before the rotary; ONNX Runtime's CPU op refuses them (its schema:
     CUDA and WebGPU), a row that says so. Without the norms the reference is far off."""
-    from ort_flash.cli import main
-
-    out = tmp_path / "gqa-qk.json"
-    assert main(["bench", "--suite", "gqa", "--device", "cpu", *TINY, "--qk-norm", "--out", str(out)]) == 0
-    suite = json.loads(out.read_text())["suites"]["gqa"]
-    assert suite["status"] == "complete" and suite["grid"]["qk_norm"]
-    for cfg, group in results.group_by_config(suite["rows"]):
+    suite, configs = _cpu_suite(tmp_path, "--qk-norm")
+    assert suite["grid"]["qk_norm"]
+    for cfg, by in configs:
         assert cfg["qk_norm"]
-        by = {r["peer"]: r for r in group}
         assert by["ort_flash"]["status"] == "ok" and by["ort_flash"]["ref_err"] < 1e-4, by["ort_flash"]
         assert by["ort_gqa"]["status"] == "unsupported" and "q_norm_weight" in by["ort_gqa"]["reason"]
     cfg = dict(dtype="float32", hq=4, hkv=2, d=16, phase="prefill", batch=1, seqlen=8, cache=8, buffer=16, qk_norm=True)
@@ -98,14 +100,9 @@ def test_gqa_suite_in_bfloat16_on_cpu(tmp_path):
     inputs, rotary tables and reference in bfloat16 (the tables numpy's ml_dtypes on the CPU);
     ort_flash's rows checked against the float64 reference, ONNX Runtime's CPU op, which has no
     bfloat16 kernel, a row that says so."""
-    from ort_flash.cli import main
-
-    out = tmp_path / "gqa-bf16.json"
-    assert main(["bench", "--suite", "gqa", "--device", "cpu", *TINY, "--dtypes", "bfloat16", "--out", str(out)]) == 0
-    suite = json.loads(out.read_text())["suites"]["gqa"]
-    assert suite["status"] == "complete" and suite["grid"]["dtype"] == "bfloat16"
-    for cfg, group in results.group_by_config(suite["rows"]):
-        by = {r["peer"]: r for r in group}
+    suite, configs = _cpu_suite(tmp_path, "--dtypes", "bfloat16")
+    assert suite["grid"]["dtype"] == "bfloat16"
+    for cfg, by in configs:
         assert cfg["dtype"] == "bfloat16"
         assert by["ort_flash"]["status"] == "ok" and by["ort_flash"]["ref_err"] < 3e-2, by["ort_flash"]
         assert by["ort_gqa"]["status"] == "unsupported" and "GroupQueryAttention" in by["ort_gqa"]["reason"]
