@@ -135,37 +135,47 @@ _ORTMODEL_CHECK = textwrap.dedent('''
     import json, sys
     import numpy as np, onnxruntime as ort, torch
     import optimum.onnxruntime as om
-    original, rewritten, cls, what, library, past = sys.argv[1:7]
+    original, rewritten, cls, what, library, past, provider = sys.argv[1:8]
+    if provider not in ort.get_available_providers():
+        print(json.dumps({"error": "provider", "message": f"this environment's onnxruntime "
+                          f"{ort.__version__} has no {provider}"}))
+        sys.exit(0)
     so = ort.SessionOptions()
     so.register_custom_ops_library(library)
     kw = {"use_cache": past == "1"} if what in ("generate", "speech") else {}
-    models = {"original": getattr(om, cls).from_pretrained(original, provider="CPUExecutionProvider", **kw),
-              "rewritten": getattr(om, cls).from_pretrained(rewritten, provider="CPUExecutionProvider",
+    if provider == "CUDAExecutionProvider":  # float32 in full precision on both sides, no TF32
+        kw["provider_options"] = {"use_tf32": "0"}
+    models = {"original": getattr(om, cls).from_pretrained(original, provider=provider, **kw),
+              "rewritten": getattr(om, cls).from_pretrained(rewritten, provider=provider,
                                                              session_options=so, **kw)}
+    dev = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
     torch.manual_seed(0)
     ids = torch.randint(4, 100, (2, 13))
     mask = torch.ones_like(ids)
     mask[1, :4] = 0  # a left-padded row, as a batch of prompts gets
     out = {}
+    host = lambda t: t.detach().cpu().numpy()
     for k, m in models.items():
       try:
         if what == "generate":
-            gen = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
-                             min_new_tokens=12, output_scores=True, return_dict_in_generate=True)
-            out[k] = (gen.sequences.tolist(), torch.stack(gen.scores).numpy())
+            gen = m.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=12,
+                             do_sample=False, min_new_tokens=12, output_scores=True,
+                             return_dict_in_generate=True)
+            out[k] = (gen.sequences.tolist(), host(torch.stack(gen.scores)))
         elif what == "speech":  # Whisper: log-mel frames in, tokens out (its scores are not kept)
             c = m.config
             feats = torch.randn(2, c.num_mel_bins, 2 * c.max_source_positions, generator=torch.Generator().manual_seed(0))
-            gen = m.generate(input_features=feats, max_new_tokens=8, do_sample=False)
+            gen = m.generate(input_features=feats.to(dev), max_new_tokens=8, do_sample=False)
             out[k] = (gen.tolist(), np.zeros(1))
         elif what == "clip":
             pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-            out[k] = (None, m(input_ids=ids, attention_mask=mask, pixel_values=pixels).logits_per_image.detach().numpy())
+            out[k] = (None, host(m(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                                   pixel_values=pixels.to(dev)).logits_per_image))
         elif what == "pixels":
-            out[k] = (None, m(pixel_values=torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
-                      .last_hidden_state.detach().numpy())
+            pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+            out[k] = (None, host(m(pixel_values=pixels.to(dev)).last_hidden_state))
         else:
-            out[k] = (None, m(input_ids=ids, attention_mask=mask).last_hidden_state.detach().numpy())
+            out[k] = (None, host(m(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state))
       except Exception as e:  # the original failing in Optimum itself is the test's skip
         print(json.dumps({"error": k, "message": " ".join(str(e).split())[:300]}))
         sys.exit(0)
@@ -177,11 +187,7 @@ _ORTMODEL_CHECK = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family,task,cls,what", ORT_MODELS, ids=[f"{f}-{t}" for f, t, *_ in ORT_MODELS])
-def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
-    """The rewritten folder, loaded by Optimum's own class with the library registered in its
-    session options, gives the original folder's outputs (float32 rounding) and greedy tokens."""
+def _ortmodel_check(tmp_path, family, task, cls, what, provider):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from lab.models.optimum_family import OptimumSpec, attention_sites, export, venv_python
 
@@ -194,16 +200,37 @@ def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
     fused = {name: r.total_fused for name, r in reports.items()}
     assert fused == {f"{n}.onnx": attention_sites(spec, n)["sites"] for n in spec.files}, fused
     run = subprocess.run([str(venv_python()), "-c", _ORTMODEL_CHECK, str(src), str(out), cls, what,
-                          ort_flash.library_path(), str(int(spec.past))], capture_output=True, text=True,
-                         timeout=600)
+                          ort_flash.library_path(), str(int(spec.past)), provider], capture_output=True,
+                         text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     if result.get("error") == "original":
         pytest.skip(f"Optimum's {cls} cannot run the original folder: {result['message']}")
+    if result.get("error") == "provider":
+        pytest.skip(f"the Optimum environment ({venv_python()}) cannot run {provider}: {result['message']}")
     assert "error" not in result, result
     if what in ("generate", "speech"):
         assert result["tokens_equal"], result
     assert result["max_diff"] < 1e-3, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,task,cls,what", ORT_MODELS, ids=[f"{f}-{t}" for f, t, *_ in ORT_MODELS])
+def test_ortmodel_loads_the_rewritten_folder(tmp_path, family, task, cls, what):
+    """The rewritten folder, loaded by Optimum's own class with the library registered in its
+    session options, gives the original folder's outputs (float32 rounding) and greedy tokens."""
+    _ortmodel_check(tmp_path, family, task, cls, what, "CPUExecutionProvider")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("family,task,cls,what", ORT_MODELS, ids=[f"{f}-{t}" for f, t, *_ in ORT_MODELS])
+def test_ortmodel_loads_the_rewritten_folder_on_cuda(tmp_path, family, task, cls, what):
+    """The same on CUDA: Optimum's class with provider="CUDAExecutionProvider" (TF32 off on both
+    sides) runs the rewritten folder's attention on the library's CUDA kernels. Needs the Optimum
+    environment (lab/models/optimum_family.py) with onnxruntime-gpu in it; skips naming what is
+    missing otherwise."""
+    _ortmodel_check(tmp_path, family, task, cls, what, "CUDAExecutionProvider")
 
 
 def test_cli_folder_with_nothing_to_fuse(tmp_path, capsys):
