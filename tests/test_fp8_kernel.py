@@ -180,13 +180,9 @@ def _exact_fp8():
         return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     interp.InterpreterBuilder.create_dot = exact_dot
-    patch_tensor = interp._patch_lang_tensor
+    from test_kernel_interpreter import _patch_interpreter
 
-    def patched(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-
-    interp._patch_lang_tensor = patched
+    _patch_interpreter()
 
 
 def prepare_fp8(q, k, v, bm: int, bn: int) -> dict:
