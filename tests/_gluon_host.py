@@ -779,9 +779,13 @@ class Hopper:
         t, n = access
         return t == me or self._clock(me).get(t, 0) >= n
 
+    def _tracked(self, word) -> bool:
+        """Whether `word` (a Slot or Smem) belongs to an allocation `words` names."""
+        return (word.smem.name if isinstance(word, Slot) else word.name) in self.words
+
     def stored(self, word):
         """A register store into `word` (a Slot or Smem) by this thread."""
-        if (word.smem.name if isinstance(word, Slot) else word.name) not in self.words:
+        if not self._tracked(word):
             return
         me = self.run.me()
         hb = word.hb
@@ -796,7 +800,7 @@ class Hopper:
 
     def loaded(self, word):
         """A load of `word` (a Slot or Smem) by this thread."""
-        if (word.smem.name if isinstance(word, Slot) else word.name) not in self.words:
+        if not self._tracked(word):
             return
         me = self.run.me()
         hb = word.hb
