@@ -62,7 +62,7 @@ def test_fp8_error_emulation_orders_the_schemes():
     rng = np.random.default_rng(0)
     m = f.hadamard(64, rng)
     assert np.allclose(m @ m.T, np.eye(64))
-    q, k, v = (f.outlier_inputs(rng, 256, 64) for _ in range(3))
+    q, k, v = (f.outlier_inputs(rng, (256, 64)) for _ in range(3))
     assert np.allclose((q @ m) @ (k @ m).T, q @ k.T)
     want = f.reference(q, k, v, causal=True)
     err = {s: f.rmse(f.emulate(q, k, v, s, True, np.random.default_rng(1)), want) for s in f.SCHEMES}

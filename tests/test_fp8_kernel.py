@@ -49,7 +49,9 @@ import numpy as np
 import pytest
 from _paths import ROOT, child_env
 
-E4M3_MAX = 448.0
+# The FP8 error study's inputs, rounding and error measure (its scheme emulation is this file's own).
+from lab.experiments.fp8_error import E4M3_MAX, e4m3, outlier_inputs, rmse
+
 P_SCALE = 256.0
 ABS_BOUND = {64: 2.45e-2, 128: 2.4e-2}
 LSE_BOUND = 0.6
@@ -67,20 +69,6 @@ CASES = [
 
 
 # ---------------------------------------------------------------- the scheme, emulated in float64
-
-def outlier_inputs(rng: np.random.Generator, shape, frac: float = 1e-3) -> np.ndarray:
-    x = rng.standard_normal(shape)
-    hit = rng.random(shape) < frac
-    x[hit] = 10.0 * rng.standard_normal(int(hit.sum()))
-    return x
-
-
-def e4m3(x: np.ndarray) -> np.ndarray:
-    """x rounded to e4m3 (saturating at ±448), as float64."""
-    import ml_dtypes
-
-    return np.clip(x, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
-
 
 def rotation(d: int) -> np.ndarray:
     """aot/fp8_prepare.py's R (orthonormal): diag(s) H / sqrt(d)."""
@@ -127,10 +115,6 @@ def emulate(q, k, v, causal: bool, bm: int, bn: int) -> tuple[np.ndarray, np.nda
         m = m_new
     lse = m + np.log(l) + q @ k.mean(0) / math.sqrt(d)
     return acc * (vmax / E4M3_MAX) / (P_SCALE * l[:, None]), lse
-
-
-def rmse(a, b) -> float:
-    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)))
 
 
 # ---------------------------------------------------------------- the interpreter run

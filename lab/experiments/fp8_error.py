@@ -43,10 +43,10 @@ SCHEMES = ("fp16", "fp8-tensor", "fp8-block", "fp8-block-hadamard", "fp8-block-h
            "fp8-qk-block-hadamard", "fp8-pv-block", "fp8-token-hadamard")
 
 
-def outlier_inputs(rng: np.random.Generator, n: int, d: int, frac: float = 1e-3) -> np.ndarray:
-    """(n, d) N(0, 1) entries, a fraction ``frac`` of them N(0, 10) instead."""
-    x = rng.standard_normal((n, d))
-    hit = rng.random((n, d)) < frac
+def outlier_inputs(rng: np.random.Generator, shape, frac: float = 1e-3) -> np.ndarray:
+    """N(0, 1) entries of `shape`, a fraction ``frac`` of them N(0, 10) instead."""
+    x = rng.standard_normal(shape)
+    hit = rng.random(shape) < frac
     x[hit] = 10.0 * rng.standard_normal(int(hit.sum()))
     return x
 
@@ -122,8 +122,9 @@ def emulate(q, k, v, scheme: str, causal: bool, rng: np.random.Generator, block:
     return (pq.astype(np.float32) @ vq.astype(np.float32)) / p.sum(1, keepdims=True).astype(np.float32)
 
 
-def rmse(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((a - b) ** 2)))
+def rmse(a, b) -> float:
+    """The root-mean-square difference, in float64."""
+    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)))
 
 
 def run(head_dims, seqlens, heads: int, causal_modes, seed: int) -> list[dict]:
@@ -134,7 +135,7 @@ def run(head_dims, seqlens, heads: int, causal_modes, seed: int) -> list[dict]:
                 errs = {sch: [] for sch in SCHEMES}
                 for h in range(heads):
                     rng = np.random.default_rng([seed, d, n, h])
-                    q, k, v = (outlier_inputs(rng, n, d) for _ in range(3))
+                    q, k, v = (outlier_inputs(rng, (n, d)) for _ in range(3))
                     want = reference(q, k, v, causal)
                     for sch in SCHEMES:
                         errs[sch].append(rmse(emulate(q, k, v, sch, causal, np.random.default_rng([seed, h])), want))
