@@ -75,8 +75,11 @@ inline bool gqa_q_copied(const GqaCall& c) { return c.attrs.do_rotary != 0 || c.
 // contiguous, else c.query.
 FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q, const GqaKeys& keys);
 
-// Whether a causal first prompt needs the key mask (its rows shorter than S keep their own
-// positions, so the kernel's bottom-right alignment on T_b cannot stand in for it).
+// Whether a causal first prompt may need the key mask (its rows shorter than S keep their own
+// positions, so the kernel's bottom-right alignment on T_b cannot stand in for it). A first prompt
+// whose rows all hold S tokens needs none: it is a plain causal call over the first S keys. The
+// CPU knows the rows' lengths; on CUDA they live on the device, but a batch of one row holds
+// total_sequence_length = S tokens by the op's contract (the maximum over the batch's rows).
 inline bool gqa_needs_key_mask(const GqaCall& c, bool first_prompt) { return first_prompt && c.attrs.causal != 0; }
 
 // Runs the call on the host: the new K and V (K rotated) written into the present buffers at

@@ -87,7 +87,8 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   if (rows + block_rows > std::numeric_limits<int32_t>::max()) {
     return fail(std::to_string(rows) + " (token, head) rows of a batch row exceed int32");
   }
-  const bool mask = gqa_needs_key_mask(c, first);
+  // A batch of one row holds S tokens (gqa_needs_key_mask): no mask, the plain causal kernels.
+  const bool mask = gqa_needs_key_mask(c, first) && d.batch > 1;
   const size_t q_bytes = q_copy ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
   const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
   const size_t mask_bytes = mask ? static_cast<size_t>(d.batch * plen) : 0;
