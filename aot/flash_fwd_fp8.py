@@ -1,9 +1,9 @@
 """FP8 (e4m3) FlashAttention forward for sm_90: Q·Kᵀ and P·V on e4m3 tensor cores (wgmma), fp32
 accumulation, over the buffers aot/fp8_prepare.py writes (rotated and block-scaled Q8 and K8, V8
 transposed with one scale per channel). The output is written in the input's dtype (fp16 / bf16)
-at [B, H, N, D] element strides; the log-sum-exp, when asked, in natural units of the true scores.
+at [B, Hq, N, D] element strides (query head h reads key head h // group of the Hq / group); the log-sum-exp, when asked, in natural units of the true scores.
 
-Program grid: (cdiv(N, BLOCK_M), B * H), query blocks in reverse (under CAUSAL the last blocks see
+Program grid: (cdiv(N, BLOCK_M), B * Hq), query blocks in reverse (under CAUSAL the last blocks see
 the most keys, so they start first). Per key block:
 
     S  = (Q8 · K8ᵀ) · (scale_q · scale_k · softmax_scale · log2 e)      fp32, base-2 units
@@ -65,7 +65,7 @@ def _attend_fp8(acc, l_i, m_i, q8, k_ptrs, vt_ptrs, sk_ptr, qk_scale, start, end
 
 @triton.jit
 def flash_fwd_fp8(Q8, K8, V8t, ScaleQ, ScaleK, ScaleV, QBias, Y, Lse,
-                  softmax_scale, H, N, store_lse,
+                  softmax_scale, Hq, group, N, store_lse,
                   stride_yb, stride_yh, stride_ym,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                   CAUSAL: tl.constexpr):
@@ -74,16 +74,17 @@ def flash_fwd_fp8(Q8, K8, V8t, ScaleQ, ScaleK, ScaleV, QBias, Y, Lse,
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     bh64 = bh.to(tl.int64)
-    b = bh // H
-    h = bh % H
+    b = bh // Hq
+    h = bh % Hq
+    kv = b.to(tl.int64) * (Hq // group) + h // group  # the key head (grouped-query attention)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q8 = tl.load(Q8 + (bh64 * n_pad + rows[:, None]) * HEAD_DIM + offs_d[None, :])
     qk_scale = tl.load(ScaleQ + bh64 * (n_pad // BLOCK_M) + pid_m) * (softmax_scale * 1.4426950408889634)
-    k_ptrs = K8 + bh64 * n_pad * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    vt_ptrs = V8t + bh64 * HEAD_DIM * n_pad + offs_d[:, None] * n_pad + offs_n[None, :]
-    sk_ptr = ScaleK + bh64 * (n_pad // BLOCK_N)
+    k_ptrs = K8 + kv * n_pad * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    vt_ptrs = V8t + kv * HEAD_DIM * n_pad + offs_d[:, None] * n_pad + offs_n[None, :]
+    sk_ptr = ScaleK + kv * (n_pad // BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -99,7 +100,7 @@ def flash_fwd_fp8(Q8, K8, V8t, ScaleQ, ScaleK, ScaleV, QBias, Y, Lse,
     acc, l_i, m_i = _attend_fp8(acc, l_i, m_i, q8, k_ptrs, vt_ptrs, sk_ptr, qk_scale, full_end, hi, N, rows,
                                 BLOCK_N, HEAD_DIM, CAUSAL, True)
 
-    sv = tl.load(ScaleV + bh64 * HEAD_DIM + offs_d)
+    sv = tl.load(ScaleV + kv * HEAD_DIM + offs_d)
     out = acc * (sv[None, :] / P_SCALE) / l_i[:, None]
     row_ok = rows < N
     y_ptrs = (Y + b.to(tl.int64) * stride_yb + h.to(tl.int64) * stride_yh

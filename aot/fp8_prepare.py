@@ -1,6 +1,7 @@
 """The FP8 (e4m3) operands of the FP8 attention kernel (aot/flash_fwd_fp8.py), made from fp16 / bf16
 Q, K, V of logical layout [B, H, N, D] (element strides passed; the head dim contiguous, so BSHD
-storage works as it is).
+storage works as it is). Q has Hq heads, K and V Hkv = Hq / group (grouped-query attention: query
+head h reads key head h // group; group 1 is multi-head attention).
 
 What is quantized, and why (the error budget is FlashAttention-3's outlier inputs: N(0, 1) entries,
 0.1 % of them N(0, 10)):
@@ -24,25 +25,26 @@ What is quantized, and why (the error budget is FlashAttention-3's outlier input
 
 Two launches per call:
 
-1. `fp8_stats`, grid (splits, B * H): split s reads key blocks s, s + splits, ... (BLOCK_N rows
-   each) and writes K's column sums and V's column max |v| of its blocks to `Part`. Splits (see
+1. `fp8_stats`, grid (splits, B * Hkv) (its H is Hkv): split s reads key blocks s, s + splits, ...
+   (BLOCK_N rows each) and writes K's column sums and V's column max |v| of its blocks to `Part`. Splits (see
    `stats_splits`) let a call with few heads fill the GPU; the partials make the result
    independent of timing (no atomics), so the quantized buffers are deterministic.
-2. `fp8_quantize`, grid (Np // min(BLOCK_M, BLOCK_N), B * H, 2): axis 2 picks the role, 0 a query
-   block, 1 a key block (K and V); each program reduces the (splits x D) partials of its (b, h)
-   in the same order, so every block subtracts the same mean.
+2. `fp8_quantize`, grid (Np // min(BLOCK_M, BLOCK_N), B * Hq, 2): axis 2 picks the role, 0 a query
+   block of (b, h), 1 a key block (K and V) of key head (b, h) for h < Hkv (the programs of
+   h >= Hkv have no key head and return); each program reduces the (splits x D) partials of its key
+   head in the same order, so every block subtracts the same mean.
 
 Buffers the caller allocates (all contiguous; Np = cdiv(N, PAD) * PAD with PAD = max(BLOCK_M,
 BLOCK_N); every element, padding included, is written: padded rows and columns hold zeros):
 
-    Part    fp32  [B, H, splits, 2, D]   workspace (stats partials)
-    Q8      e4m3  [B, H, Np, D]          rotated Q / scale_q
-    K8      e4m3  [B, H, Np, D]          rotated, smoothed K / scale_k
-    V8t     e4m3  [B, H, D, Np]          V / scale_v, transposed
-    ScaleQ  fp32  [B, H, Np // BLOCK_M]
-    ScaleK  fp32  [B, H, Np // BLOCK_N]
-    ScaleV  fp32  [B, H, D]
-    QBias   fp32  [B, H, Np]             q · mean(K) per query row (for the log-sum-exp)
+    Part    fp32  [B, Hkv, splits, 2, D] workspace (stats partials)
+    Q8      e4m3  [B, Hq, Np, D]         rotated Q / scale_q
+    K8      e4m3  [B, Hkv, Np, D]        rotated, smoothed K / scale_k
+    V8t     e4m3  [B, Hkv, D, Np]        V / scale_v, transposed
+    ScaleQ  fp32  [B, Hq, Np // BLOCK_M]
+    ScaleK  fp32  [B, Hkv, Np // BLOCK_N]
+    ScaleV  fp32  [B, Hkv, D]
+    QBias   fp32  [B, Hq, Np]            q · mean(K of its key head) per query row (for the log-sum-exp)
 
 `buffer_specs` gives these shapes. The attention must be compiled with the same BLOCK_M, BLOCK_N.
 """
@@ -65,14 +67,15 @@ def stats_splits(b: int, h: int, n: int, block_n: int, sms: int = 132) -> int:
     return max(1, min(blocks, (2 * sms + b * h - 1) // (b * h)))
 
 
-def buffer_specs(b: int, h: int, n: int, d: int, block_m: int, block_n: int, splits: int) -> dict:
-    """{name: (shape, dtype)} of every buffer the two kernels take besides Q, K, V."""
+def buffer_specs(b: int, hq: int, hkv: int, n: int, d: int, block_m: int, block_n: int, splits: int) -> dict:
+    """{name: (shape, dtype)} of every buffer the two kernels take besides Q, K, V (Hq query heads,
+    Hkv key heads)."""
     np_ = padded_len(n, block_m, block_n)
-    return {"Part": ((b, h, splits, 2, d), "fp32"),
-            "Q8": ((b, h, np_, d), "fp8e4nv"), "K8": ((b, h, np_, d), "fp8e4nv"),
-            "V8t": ((b, h, d, np_), "fp8e4nv"),
-            "ScaleQ": ((b, h, np_ // block_m), "fp32"), "ScaleK": ((b, h, np_ // block_n), "fp32"),
-            "ScaleV": ((b, h, d), "fp32"), "QBias": ((b, h, np_), "fp32")}
+    return {"Part": ((b, hkv, splits, 2, d), "fp32"),
+            "Q8": ((b, hq, np_, d), "fp8e4nv"), "K8": ((b, hkv, np_, d), "fp8e4nv"),
+            "V8t": ((b, hkv, d, np_), "fp8e4nv"),
+            "ScaleQ": ((b, hq, np_ // block_m), "fp32"), "ScaleK": ((b, hkv, np_ // block_n), "fp32"),
+            "ScaleV": ((b, hkv, d), "fp32"), "QBias": ((b, hq, np_), "fp32")}
 
 
 @triton.jit
@@ -130,7 +133,7 @@ def _to_e4m3(x, amax):
 
 @triton.jit
 def fp8_quantize(Q, K, V, Part, Q8, K8, V8t, ScaleQ, ScaleK, ScaleV, QBias,
-                 H, N, splits,
+                 Hq, group, N, splits,
                  stride_qb, stride_qh, stride_qm,
                  stride_kb, stride_kh, stride_kn,
                  stride_vb, stride_vh, stride_vn,
@@ -140,14 +143,21 @@ def fp8_quantize(Q, K, V, Part, Q8, K8, V8t, ScaleQ, ScaleK, ScaleV, QBias,
     role = tl.program_id(2)
     PAD: tl.constexpr = BLOCK_M if BLOCK_M > BLOCK_N else BLOCK_N
     n_pad = tl.cdiv(N, PAD) * PAD
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
+    hkv = Hq // group
+    if role == 0:  # query head (b, h) of Hq, its key head (b, h // group)
+        b = (bh // Hq).to(tl.int64)
+        h = (bh % Hq).to(tl.int64)
+        kv = b * hkv + h // group
+    else:  # key head (b, h) of Hkv; programs past the last key head read the last one's and store nothing
+        kv = tl.minimum(bh, tl.num_programs(1) // group - 1).to(tl.int64)
+        b = kv // hkv
+        h = kv % hkv
     bh64 = bh.to(tl.int64)
     offs_d = tl.arange(0, HEAD_DIM)
     inv_sqrt_d = 1.0 / tl.sqrt(HEAD_DIM * 1.0)
 
-    # K's mean over the keys, the same sum in the same order in every program of this (b, h).
-    part = Part + bh64 * splits * 2 * HEAD_DIM
+    # K's mean over the keys, the same sum in the same order in every program of this key head.
+    part = Part + kv * splits * 2 * HEAD_DIM
     ksum = tl.zeros([HEAD_DIM], dtype=tl.float32)
     vmax = tl.zeros([HEAD_DIM], dtype=tl.float32)
     for s in range(0, splits):
@@ -167,7 +177,7 @@ def fp8_quantize(Q, K, V, Part, Q8, K8, V8t, ScaleQ, ScaleK, ScaleV, QBias,
             tl.store(ScaleQ + bh64 * (n_pad // BLOCK_M) + i, scale)
             tl.store(QBias + bh64 * n_pad + rows, tl.sum(q.to(tl.float32) * mean[None, :], 1))
     else:
-        if i * BLOCK_N < n_pad:
+        if i * BLOCK_N < n_pad and bh < tl.num_programs(1) // group:
             rows = i * BLOCK_N + tl.arange(0, BLOCK_N)
             ok = (rows < N)[:, None]
             k = tl.load(K + b * stride_kb + h * stride_kh + rows[:, None].to(tl.int64) * stride_kn
@@ -177,14 +187,14 @@ def fp8_quantize(Q, K, V, Part, Q8, K8, V8t, ScaleQ, ScaleK, ScaleV, QBias,
             mean_r = tl.sum(mean[:, None] * rot.to(tl.float32), 0) * inv_sqrt_d
             kr = tl.where(ok, tl.dot(k, rot) * inv_sqrt_d - mean_r[None, :], 0.0)
             k8, scale = _to_e4m3(kr, tl.max(tl.max(tl.abs(kr), 1), 0))
-            tl.store(K8 + (bh64 * n_pad + rows[:, None]) * HEAD_DIM + offs_d[None, :], k8)
-            tl.store(ScaleK + bh64 * (n_pad // BLOCK_N) + i, scale)
+            tl.store(K8 + (kv * n_pad + rows[:, None]) * HEAD_DIM + offs_d[None, :], k8)
+            tl.store(ScaleK + kv * (n_pad // BLOCK_N) + i, scale)
 
             vscale = tl.maximum(vmax, 1e-30) / 448.0
             v = tl.load(V + b * stride_vb + h * stride_vh + rows[:, None].to(tl.int64) * stride_vn
                         + offs_d[None, :], mask=ok, other=0.0)
             v8 = tl.clamp(v.to(tl.float32) * (448.0 / tl.maximum(vmax, 1e-30))[None, :], -448.0, 448.0)
             v8 = tl.trans(v8.to(tl.float8e4nv))
-            tl.store(V8t + (bh64 * HEAD_DIM + offs_d[:, None]) * n_pad + rows[None, :], v8)
+            tl.store(V8t + (kv * HEAD_DIM + offs_d[:, None]) * n_pad + rows[None, :], v8)
             if i == 0:
-                tl.store(ScaleV + bh64 * HEAD_DIM + offs_d, vscale)
+                tl.store(ScaleV + kv * HEAD_DIM + offs_d, vscale)

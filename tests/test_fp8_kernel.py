@@ -2,7 +2,8 @@
 
 1. Under Triton's interpreter (a subprocess with TRITON_INTERPRET=1), prepare + attention on odd
    shapes (N 200 and 77, not multiples of the tiles), head dims 64 and 128, causal and not, fp16
-   and bf16, BHSD and BSHD inputs, every output buffer poisoned with NaN first, against the float64
+   and bf16, BHSD and BSHD inputs, multi-head and grouped-query (6 query heads over 2 key heads,
+   4 over 1), every output buffer poisoned with NaN first, against the float64
    reference (ort_flash.reference) on FlashAttention-3's outlier inputs (N(0, 1), 0.1 % N(0, 10)).
 
    The interpreter's own float8 conversion is wrong (it truncates the mantissa and loses the carry
@@ -65,6 +66,9 @@ CASES = [
     dict(n=77, d=128, causal=False, dtype="float16", bm=32, bn=32, layout="bshd"),
     dict(n=200, d=128, causal=False, dtype="bfloat16", bm=128, bn=128, layout="bshd"),
     dict(n=77, d=128, causal=True, dtype="bfloat16", bm=64, bn=32),
+    # Grouped-query attention: 6 query heads over 2 key heads, 2 batch rows.
+    dict(n=77, d=64, causal=True, dtype="float16", bm=32, bn=32, b=2, h=6, hkv=2, layout="bshd"),
+    dict(n=200, d=128, causal=False, dtype="bfloat16", bm=64, bn=32, b=2, h=4, hkv=1),
 ]
 
 
@@ -177,18 +181,19 @@ def prepare_fp8(q, k, v, bm: int, bn: int) -> dict:
     from aot.fp8_prepare import buffer_specs, fp8_quantize, fp8_stats, padded_len, stats_splits
 
     b, h, n, d = q.shape
-    splits = stats_splits(b, h, n, bn, sms=2)
+    hkv = k.shape[1]
+    splits = stats_splits(b, hkv, n, bn, sms=2)
     bufs = {}
-    for name, (shape, dt) in buffer_specs(b, h, n, d, bm, bn, splits).items():
+    for name, (shape, dt) in buffer_specs(b, h, hkv, n, d, bm, bn, splits).items():
         if dt == "fp8e4nv":  # 0x7F: e4m3's NaN
             bufs[name] = torch.full(shape, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn)
         else:
             bufs[name] = torch.full(shape, float("nan"), dtype=torch.float32)
-    fp8_stats[(splits, b * h)](k, v, bufs["Part"], h, n, splits, *k.stride()[:3], *v.stride()[:3],
-                               BLOCK_N=bn, HEAD_DIM=d)
+    fp8_stats[(splits, b * hkv)](k, v, bufs["Part"], hkv, n, splits, *k.stride()[:3], *v.stride()[:3],
+                                 BLOCK_N=bn, HEAD_DIM=d)
     fp8_quantize[(padded_len(n, bm, bn) // min(bm, bn), b * h, 2)](
         q, k, v, bufs["Part"], bufs["Q8"], bufs["K8"], bufs["V8t"], bufs["ScaleQ"], bufs["ScaleK"],
-        bufs["ScaleV"], bufs["QBias"], h, n, splits, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        bufs["ScaleV"], bufs["QBias"], h, h // hkv, n, splits, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d)
     return bufs
 
@@ -201,12 +206,13 @@ def attend_fp8(bufs: dict, n: int, causal: bool, bm: int, bn: int, dtype, bshd: 
     from aot.flash_fwd_fp8 import flash_fwd_fp8
 
     b, h, _, d = bufs["Q8"].shape
+    group = h // bufs["K8"].shape[1]
     y = torch.full((b, n, h, d) if bshd else (b, h, n, d), float("nan"), dtype=dtype)
     y = y.permute(0, 2, 1, 3) if bshd else y
     lse = torch.full((b, h, n), float("nan"))
     flash_fwd_fp8[(math.ceil(n / bm), b * h)](
         bufs["Q8"], bufs["K8"], bufs["V8t"], bufs["ScaleQ"], bufs["ScaleK"], bufs["ScaleV"], bufs["QBias"],
-        y, lse, 1 / math.sqrt(d), h, n, 1, *y.stride()[:3], BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, CAUSAL=causal)
+        y, lse, 1 / math.sqrt(d), h, group, n, 1, *y.stride()[:3], BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, CAUSAL=causal)
     return y, lse
 
 
@@ -219,18 +225,21 @@ def check_cases():
     for case in CASES:
         c = dict(dict(b=1, h=3, layout="bhsd"), **case)
         b, h, n, d, bm, bn = c["b"], c["h"], c["n"], c["d"], c["bm"], c["bn"]
+        hkv = c.get("hkv", h)
         rng = np.random.default_rng([11, n, d, int(c["causal"]), len(c["dtype"])])
         dt = getattr(torch, c["dtype"])
         qkv = []
-        for _ in range(3):
-            x = torch.from_numpy(outlier_inputs(rng, (b, h, n, d))).to(dt)
+        for heads in (h, hkv, hkv):
+            x = torch.from_numpy(outlier_inputs(rng, (b, heads, n, d))).to(dt)
             if c["layout"] == "bshd":
                 x = x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
             qkv.append(x)
         q, k, v = qkv
         qn, kn, vn = (x.double().numpy() for x in qkv)  # the rounded inputs both sides see
         ref, _, _, ref_lse = attention_reference(qn, kn, vn, scale=1 / math.sqrt(d), is_causal=c["causal"])
-        emus = [[emulate(qn[i, j], kn[i, j], vn[i, j], c["causal"], bm, bn) for j in range(h)] for i in range(b)]
+        group = h // hkv
+        emus = [[emulate(qn[i, j], kn[i, j // group], vn[i, j // group], c["causal"], bm, bn) for j in range(h)]
+                for i in range(b)]
         emu = np.stack([[e[0] for e in row] for row in emus])
         emu_lse = np.stack([[e[1] for e in row] for row in emus])
         bufs = prepare_fp8(q, k, v, bm, bn)
@@ -292,14 +301,14 @@ def _signature(kernel: str, dtype: str) -> dict:
     if kernel == "attention":
         return {**{n: "*fp8e4nv" for n in ("Q8", "K8", "V8t")},
                 **{n: "*fp32" for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias")},
-                "Y": f"*{dtype}", "Lse": "*fp32", "softmax_scale": "fp32", "H": "i32", "N": "i32",
+                "Y": f"*{dtype}", "Lse": "*fp32", "softmax_scale": "fp32", "Hq": "i32", "group": "i32", "N": "i32",
                 "store_lse": "i32", "stride_yb": "i32", "stride_yh": "i32", "stride_ym": "i32"}
     if kernel == "stats":
         return {"K": f"*{dtype}", "V": f"*{dtype}", "Part": "*fp32", "H": "i32", "N": "i32", "splits": "i32",
                 **strides}
     return {**{n: f"*{dtype}" for n in "QKV"}, "Part": "*fp32", **{n: "*fp8e4nv" for n in ("Q8", "K8", "V8t")},
-            **{n: "*fp32" for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias")}, "H": "i32", "N": "i32",
-            "splits": "i32", **strides}
+            **{n: "*fp32" for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias")}, "Hq": "i32", "group": "i32",
+            "N": "i32", "splits": "i32", **strides}
 
 
 def compile_sm90(job: tuple) -> dict:

@@ -72,11 +72,11 @@ class Fp8Path:
         self.b, self.h, self.n, self.d, self.causal = b, h, n, d, causal
         self.bm, self.bn, self.warps, self.stages = tile
         sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 2
-        self.splits = stats_splits(b, h, n, self.bn, sms)
+        self.splits = stats_splits(b, h, n, self.bn, sms)  # multi-head: Hkv = Hq = h
         self.grid_q = padded_len(n, self.bm, self.bn) // min(self.bm, self.bn)
         dtypes = {"fp32": torch.float32, "fp8e4nv": torch.float8_e4m3fn}
         self.bufs = {name: torch.empty(shape, dtype=dtypes[dt], device=device)
-                     for name, (shape, dt) in buffer_specs(b, h, n, d, self.bm, self.bn, self.splits).items()}
+                     for name, (shape, dt) in buffer_specs(b, h, h, n, d, self.bm, self.bn, self.splits).items()}
         self.lse = torch.empty((b, h, n), device=device)
 
     def prepare(self, q, k, v):
@@ -88,7 +88,7 @@ class Fp8Path:
             BLOCK_N=self.bn, HEAD_DIM=self.d, num_warps=4)
         fp8_quantize[(self.grid_q, self.b * self.h, 2)](
             q, k, v, f["Part"], f["Q8"], f["K8"], f["V8t"], f["ScaleQ"], f["ScaleK"], f["ScaleV"], f["QBias"],
-            self.h, self.n, self.splits, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            self.h, 1, self.n, self.splits, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             BLOCK_M=self.bm, BLOCK_N=self.bn, HEAD_DIM=self.d, num_warps=8)
 
     def attend(self, y, store_lse=False):
@@ -97,7 +97,7 @@ class Fp8Path:
         f = self.bufs
         flash_fwd_fp8[(triton_cdiv(self.n, self.bm), self.b * self.h)](
             f["Q8"], f["K8"], f["V8t"], f["ScaleQ"], f["ScaleK"], f["ScaleV"], f["QBias"], y, self.lse,
-            1 / math.sqrt(self.d), self.h, self.n, int(store_lse), *y.stride()[:3],
+            1 / math.sqrt(self.d), self.h, 1, self.n, int(store_lse), *y.stride()[:3],
             BLOCK_M=self.bm, BLOCK_N=self.bn, HEAD_DIM=self.d, CAUSAL=self.causal,
             num_warps=self.warps, num_stages=self.stages)
 
