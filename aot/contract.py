@@ -18,7 +18,8 @@ ENUMS = {
     "Fp32Precision": (("ieee", "kIeee"), ("tf32x3", "kTf32x3"), ("tf32", "kTf32")),
     # Which kernel of the family (aot/variants.py says what each is).
     "KernelKind": (("fwd", "kFwd"), ("decode", "kDecode"), ("combine", "kCombine"), ("fwd_tma", "kFwdTma"),
-                   ("fwd_gluon", "kFwdGluon"), ("gqa_prepare", "kGqaPrepare"), ("gqa_past", "kGqaPast")),
+                   ("fwd_gluon", "kFwdGluon"), ("gqa_prepare", "kGqaPrepare"), ("gqa_past", "kGqaPast"),
+                   ("fp8_stats", "kFp8Stats"), ("fp8_quantize", "kFp8Quantize"), ("fwd_fp8", "kFwdFp8")),
 }
 
 
@@ -39,7 +40,7 @@ def _stride_names(tensor: str) -> tuple[str, ...]:
 
 # A parameter's type: "ptr:<element>" a device pointer to the call's dtype ("ptr:dtype"), to the
 # mask's element ("ptr:mask": bytes for a bool mask or none, the dtype for an additive one) or to
-# f32 / i64 / i32 / i8; else the scalar "f32", "i32" or "i64".
+# f32 / i64 / i32 / i8 / fp8 (e4m3); else the scalar "f32", "i32" or "i64".
 _STRIDES = tuple((n, "i64") for t in "qkvym" for n in _stride_names(t))
 _TENSORS = (("Q", "ptr:dtype"), ("K", "ptr:dtype"), ("V", "ptr:dtype"), ("Y", "ptr:dtype"), ("Lse", "ptr:f32"),
             ("Mask", "ptr:mask"), ("SeqlensK", "ptr:i64"))
@@ -73,9 +74,23 @@ ABIS = {
                                  "past_len", "qk_norm"))
     + (("qk_eps", "f32"),)
     + tuple((f"stride_{t}{d}", "i64") for t in "qkv" for d in "bs"),
+    # The FP8 prefill path (aot/fp8_prepare.py, aot/flash_fwd_fp8.py): K's column sums and V's
+    # column maxima per key head, then the e4m3 operands and their scales, then the attention.
+    "Fp8Stats": (("K", "ptr:dtype"), ("V", "ptr:dtype"), ("Part", "ptr:f32"), ("H", "i32"), ("N", "i32"),
+                 ("splits", "i32")) + tuple((n, "i64") for t in "kv" for n in _stride_names(t)),
+    "Fp8Quantize": tuple((n, "ptr:dtype") for n in "QKV") + (("Part", "ptr:f32"),)
+    + tuple((n, "ptr:fp8") for n in ("Q8", "K8", "V8t"))
+    + tuple((n, "ptr:f32") for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias"))
+    + tuple((n, "i32") for n in ("Hq", "group", "N", "splits"))
+    + tuple((n, "i64") for t in "qkv" for n in _stride_names(t)),
+    "FwdFp8": tuple((n, "ptr:fp8") for n in ("Q8", "K8", "V8t"))
+    + tuple((n, "ptr:f32") for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias"))
+    + (("Y", "ptr:dtype"), ("Lse", "ptr:f32"), ("softmax_scale", "f32"))
+    + tuple((n, "i32") for n in ("Hq", "group", "N", "store_lse")) + tuple((n, "i64") for n in _stride_names("y")),
 }
 KIND_ABIS = {"fwd": "Fwd", "fwd_tma": "Fwd", "fwd_gluon": "FwdGluon", "decode": "Decode", "combine": "Combine",
-             "gqa_prepare": "GqaPrepare", "gqa_past": "GqaPrepare"}
+             "gqa_prepare": "GqaPrepare", "gqa_past": "GqaPrepare", "fp8_stats": "Fp8Stats",
+             "fp8_quantize": "Fp8Quantize", "fwd_fp8": "FwdFp8"}
 # fwd_tma, fwd_gluon: these are (B, H, S, D) TMA descriptors. Each is, in the launch, the
 # CUtensorMap (128 bytes, by value), its TMA_RANK dims (i32), then its TMA_RANK strides (i64).
 TMA_KINDS = ("fwd_tma", "fwd_gluon")
@@ -130,7 +145,7 @@ def triton_type(kind: str, dtype: str, mask: str) -> str:
         elem = kind[4:]
         if elem == "mask":
             elem = dtype if mask == "add" else "i8"
-        return "*" + {"dtype": dtype, "f32": "fp32"}.get(elem, elem)
+        return "*" + {"dtype": dtype, "f32": "fp32", "fp8": "fp8e4nv"}.get(elem, elem)
     return {"f32": "fp32"}.get(kind, kind)
 
 

@@ -19,7 +19,7 @@ FP8 path assumes Nq == Nk). Interior key blocks run without per-element checks; 
 diagonal and the ragged tail (N not a multiple of BLOCK_N: the buffers are zero-padded to Np, the
 padded keys' scores masked to -inf) with them. BLOCK_M must be a multiple of BLOCK_N.
 
-Tiles for sm_90 (`SM90_TILES`): 128 x 128 for both head sizes, 8 warps (two warpgroups of 64 query
+Tiles for sm_90 (aot/variants.py `FP8_TILES`): 128 x 128 for both head sizes, 8 warps (two warpgroups of 64 query
 rows each, one wgmma m64 per warpgroup), 3 pipeline stages of K8 and V8 tiles (16 KB each at
 d128); the GPU benchmark lab/experiments/fp8_kernel_bench.py measures them.
 """
@@ -27,9 +27,6 @@ import triton
 import triton.language as tl
 
 P_SCALE = tl.constexpr(256.0)
-
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim on sm_90.
-SM90_TILES = {64: (128, 128, 8, 3), 128: (128, 128, 8, 3)}
 
 
 @triton.jit

@@ -7,7 +7,9 @@ warp-specialized aot/gluon_ws/, with the same arguments and descriptors: sm_90, 
 below allow), "decode" (aot/flash_decode.py's split-KV kernel, few query rows against a long cache)
 and "combine" (its merge step); and outside attention "gqa_prepare" and "gqa_past"
 (aot/gqa_prepare.py: GroupQueryAttention's rotary, KV-cache writes and lengths before its
-attention; one per dtype). Forward variants with `mask_keys` read a mask whose query stride is 0
+attention; one per dtype). The opt-in FP8 prefill path (sm_90, fp16/bf16 in and out, head dims 64
+and 128) adds "fp8_stats" and "fp8_quantize" (aot/fp8_prepare.py: the e4m3 operands and their
+scales) and "fwd_fp8" (aot/flash_fwd_fp8.py: the attention on e4m3 tensor cores). Forward variants with `mask_keys` read a mask whose query stride is 0
 (a (B, 1, 1, S) padding mask) as one key vector per (batch, head) instead of a BLOCK_M x BLOCK_N
 tile (the full-mask kernels spill registers).
 
@@ -153,6 +155,18 @@ DECODE_WIDE_MIN_ARCH = 90
 GQA_KINDS = ("gqa_prepare", "gqa_past")
 GQA_DTYPES = ("fp16", "bf16", "fp32")
 GQA_HEAD_DIMS = (64, 128, 256)
+# The FP8 prefill path's kernels (aot/fp8_prepare.py, aot/flash_fwd_fp8.py): sm_90 (e4m3 wgmma),
+# fp16/bf16 inputs and output, exact head dims 64 and 128; the attention one cubin per causal flag.
+# All three kinds of a (dtype, head dim) share BLOCK_M and BLOCK_N (the FP8 buffers' padding and
+# blocks of scales), (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim; the attention's
+# measured by lab/experiments/fp8_kernel_bench.py.
+FP8_KINDS = ("fp8_stats", "fp8_quantize", "fwd_fp8")
+FP8_MIN_ARCH = 90
+FP8_DTYPES = ("fp16", "bf16")
+FP8_HEAD_DIMS = (64, 128)
+FP8_TILES = {64: (128, 128, 8, 3), 128: (128, 128, 8, 3)}
+# (num_warps, num_stages) of the two prepare kernels.
+FP8_PREPARE_WARPS = {"fp8_stats": (4, 2), "fp8_quantize": (8, 2)}
 # Key-vector mask variants (MASK_KEYS) of the forward kinds.
 MASK_KEYS_DTYPES = ("fp16", "bf16")
 MASK_KEYS_HEAD_DIMS = (64, 128)
@@ -185,12 +199,15 @@ class Variant:
             return DECODE_WIDE_MIN_ARCH
         if self.kind == "fwd_gluon":
             return GLUON_MIN_ARCH
+        if self.kind in FP8_KINDS:
+            return FP8_MIN_ARCH
         return TMA_MIN_ARCH if self.kind == "fwd_tma" else 0
 
     @property
     def name(self) -> str:
-        if self.kind in GQA_KINDS:
-            return f"{self.kind}_{self.dtype}_d{self.head_dim}"
+        if self.kind in GQA_KINDS or self.kind in FP8_KINDS:
+            causal = "" if self.tile_causal < 0 else ("_c" if self.tile_causal else "_nc")
+            return f"{'flash_' if self.kind == 'fwd_fp8' else ''}{self.kind}_{self.dtype}_d{self.head_dim}{causal}"
         if self.kind == "combine":
             return f"flash_combine_{self.dtype}_d{self.head_dim}"
         prec = f"_{self.precision}" if self.dtype == "fp32" and self.kind == "fwd" else ""
@@ -208,6 +225,11 @@ def get_fwd_config(arch: int, v: Variant, grids: dict | None = None) -> TileConf
     None, the shipped GLUON_WS_GRIDS)."""
     if v.kind in GQA_KINDS:
         return TileConfig(*gqa_tile(v.head_dim, v.kind))
+    if v.kind in FP8_KINDS:
+        block_m, block_n, warps, stages = FP8_TILES[v.head_dim]
+        if v.kind != "fwd_fp8":
+            warps, stages = FP8_PREPARE_WARPS[v.kind]
+        return TileConfig(block_m, block_n, warps, stages)
     if v.kind == "combine":
         return TileConfig(1, 16, 4 if v.head_dim >= 128 else 2, 1)  # block_n: splits per step
     if v.kind == "decode":
@@ -394,7 +416,7 @@ def edge_loop(v: Variant) -> bool:
 
 def _merged(v: Variant) -> bool:
     """Whether a superset variant serves v's calls (so v is not compiled)."""
-    if kept_exact(v) or v.kind in GQA_KINDS:
+    if kept_exact(v) or v.kind in GQA_KINDS or v.kind in FP8_KINDS:
         return False
     only_extras, only_masked = superset_only(v.kind, v.dtype, v.head_dim, v.even_d)
     return (only_extras and not v.extras) or (only_masked and v.even_d)
@@ -439,7 +461,7 @@ def all_combinations(grids: dict | None = None) -> list[Variant]:
                            "combine"))
     if GLUON_ENABLED:
         out += gluon_variants(grids)
-    return out + gqa_variants()
+    return out + gqa_variants() + fp8_variants()
 
 
 def gqa_variants() -> list[Variant]:
@@ -447,3 +469,14 @@ def gqa_variants() -> list[Variant]:
     their defaults)."""
     return [Variant(dtype, hd, False, "none", False, "ieee" if dtype == "fp32" else "tf32", kind)
             for kind in GQA_KINDS for dtype in GQA_DTYPES for hd in GQA_HEAD_DIMS]
+
+
+def fp8_variants() -> list[Variant]:
+    """The FP8 prefill path's kernels (FP8_KINDS): per dtype and head dim the two prepare kernels and
+    the attention for causal and non-causal calls (tile_causal 0 / 1)."""
+    out = []
+    for dtype, hd in itertools.product(FP8_DTYPES, FP8_HEAD_DIMS):
+        for kind in FP8_KINDS:
+            for causal in ((0, 1) if kind == "fwd_fp8" else (-1,)):
+                out.append(Variant(dtype, hd, True, "none", False, "tf32", kind, tile_causal=causal))
+    return out

@@ -35,6 +35,7 @@ struct Attributes {
   int64_t left_window = -1, right_window = -1;
   int64_t q_num_heads = 0, kv_num_heads = 0;  // 0: not given
   Fp32Precision fp32_precision = Fp32Precision::kIeee;
+  bool fp8 = false;  // attention_precision="fp8"
 };
 
 // Dimensions after validation; -1 where unknown (only before Compute).

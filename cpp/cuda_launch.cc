@@ -7,8 +7,10 @@
 #include <utility>
 #include <vector>
 
+#include "fp8_launch.h"
 #include "kernel_select.h"
 #include "launch_plan.h"
+#include "notice.h"
 #include "tma_desc.h"
 
 namespace ort_flash {
@@ -174,6 +176,12 @@ Status launch(const FlashParams& p, const DeviceKernels* dk, CUstream stream, co
   ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&d));
   if (p.sq > INT32_MAX || p.skv > INT32_MAX) {
     return Status::Error("sequence lengths above 2^31 - 1 are not supported");
+  }
+  if (p.fp8) {
+    const std::string why = workspace ? fp8_declines(p, *dk) : std::string("calls without scratch memory");
+    if (why.empty()) return launch_fp8(p, *dk, stream, workspace);
+    notice_once(std::string("attention_precision=fp8: attention runs in ") + dtype_name(p.dtype) +
+                " here, not FP8: " + why);
   }
   const LaunchPlan plan = plan_launch(p, key, *dk, launch_switches(), static_cast<bool>(workspace));
   if (plan.kind == KernelKind::kDecode) return run_decode(*d, p, *dk, plan, stream, workspace);

@@ -9,8 +9,9 @@
 
 #include "cpu_flash.h"
 #include "cuda_launch.h"
-#include "kv_cache.h"
+#include "fp8_launch.h"
 #include "kernel_registry.h"
+#include "kv_cache.h"
 #include "op_io.h"
 #include "run_scratch.h"
 
@@ -85,6 +86,9 @@ Status FlashAttentionKernel::init(const OrtKernelInfo* info) {
     api_.ReleaseStatus(st);
     return Status::Error("FlashAttention node '" + node_ + "': no allocator from the execution provider: " + msg);
   }
+  if (attrs_.fp8 && !cuda_) {
+    notice_fp8_on_cpu(dims.dtype);
+  }
   if (cuda_) {
     int device = 0;
     if (OrtStatus* st = api_.MemoryInfoGetId(allocator_->Info(allocator_), &device)) api_.ReleaseStatus(st);
@@ -152,6 +156,7 @@ Status FlashAttentionKernel::plan_run(const ScratchFn& scratch, Run* run) const 
   p.window_left = attrs_.left_window;
   p.window_right = attrs_.right_window;
   p.fp32_precision = attrs_.fp32_precision;
+  p.fp8 = attrs_.fp8;
   p.seqlens_k = static_cast<const int64_t*>(data[kNonpad]);
   if (dims.packed) {
     packed_strides(dims, p.q_stride);
@@ -230,7 +235,9 @@ Status FlashAttentionKernel::launch_run(OrtKernelContext* ctx, const ScratchFn& 
   }
   if (is_empty_call(run.p)) return Status::Ok();
   if (cuda_) {
-    auto workspace = [&](size_t bytes, void** ptr) { return scratch(bytes, "split-KV partials", ptr); };
+    auto workspace = [&](size_t bytes, void** ptr) {
+      return scratch(bytes, run.p.fp8 ? "the attention's scratch (split-KV partials or FP8 operands)" : "split-KV partials", ptr);
+    };
     return launch_flash_cuda(run.p, run.stream, workspace);
   }
   try {

@@ -55,6 +55,9 @@ struct FlashParams {
   int64_t offset = 0;  // position of query 0 among the keys (past length); see seqlens_k
 
   Fp32Precision fp32_precision = Fp32Precision::kIeee;
+  // attention_precision="fp8": on CUDA the FP8 prefill path (cpp/fp8_launch.h) where it takes the
+  // call, else the call's dtype and a notice once (cpp/notice.h). The CPU kernel ignores it.
+  bool fp8 = false;
 };
 
 // A call with nothing to compute (no query rows, batches or query heads): nothing is read or

@@ -291,6 +291,7 @@ FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q,
   p.scale = c.attrs.scale > 0.0f ? c.attrs.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.d)));
   p.softcap = c.attrs.softcap;
   p.causal = c.attrs.causal != 0;
+  p.fp8 = c.attrs.fp8;  // on CUDA where the FP8 path takes the call (a first prompt), else a notice
   // A window of W keys: the query's own and the W - 1 before it (W = 0: gqa_attends_nothing).
   const int64_t window = c.attrs.local_window_size;
   p.window_left = window > 0 ? window - 1 : -1;

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "fp8_launch.h"
 #include "gqa_call.h"
 #include "gqa_launch.h"
 #include "op_io.h"
@@ -51,12 +52,16 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   a.k_quant_type = string_attribute(api_, info, "k_quant_type", "NONE");
   a.v_quant_type = string_attribute(api_, info, "v_quant_type", "NONE");
   a.qk_norm_epsilon = float_attribute(api_, info, "qk_norm_epsilon", 1e-6f);
+  ORT_FLASH_RETURN_IF_ERROR(read_attention_precision(api_, info, "GroupQueryAttention node '" + node_ + "'", &a.fp8));
   InputDesc in[kGqaNumInputs];
   ORT_FLASH_RETURN_IF_ERROR(describe_kernel_io(api_, info, in, kGqaNumInputs, has_output_, kGqaNumOutputs));
   GqaDims dims;
   ORT_FLASH_RETURN_IF_ERROR(validate_gqa(node_, attrs_, in, has_output_, cuda_, &dims));
   if (!has_output_[kGqaPresentKey] || !has_output_[kGqaPresentValue]) {
     return Status::Error("GroupQueryAttention node '" + node_ + "': outputs 'present_key' and 'present_value' are required");
+  }
+  if (a.fp8 && !cuda_) {
+    notice_fp8_on_cpu(dims.dtype);
   }
   if (!cuda_) return Status::Ok();
   auto prefix = [&](Status s) {

@@ -40,6 +40,7 @@ struct GqaAttributes {
   std::string k_quant_type = "NONE", v_quant_type = "NONE";
   // The per-head RMS norm of Q and the new K (q_norm_weight / k_norm_weight) before the rotary.
   float qk_norm_epsilon = 1e-6f;
+  bool fp8 = false;  // attention_precision="fp8" (cpp/fp8_launch.h: a first prompt on sm_90)
 };
 
 // Dimensions after validation; -1 where unknown (at kernel creation).

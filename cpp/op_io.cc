@@ -98,6 +98,15 @@ Status read_attributes(const OrtApi& api, const OrtKernelInfo* info, const std::
   if (s == "ieee") a->fp32_precision = Fp32Precision::kIeee;
   else if (s == "tf32") a->fp32_precision = Fp32Precision::kTf32;
   else return Status::Error("FlashAttention node '" + node + "': attribute fp32_precision is '" + s + "'; expected 'ieee' or 'tf32'");
+  return read_attention_precision(api, info, "FlashAttention node '" + node + "'", &a->fp8);
+}
+
+Status read_attention_precision(const OrtApi& api, const OrtKernelInfo* info, const std::string& what, bool* fp8) {
+  const std::string s = string_attribute(api, info, "attention_precision", "model");
+  if (s != "model" && s != "fp8") {
+    return Status::Error(what + ": attribute attention_precision is '" + s + "'; expected 'model' or 'fp8'");
+  }
+  *fp8 = s == "fp8";
   return Status::Ok();
 }
 

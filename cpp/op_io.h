@@ -25,6 +25,10 @@ std::string string_attribute(const OrtApi& api, const OrtKernelInfo* info, const
 // Reads the node's attributes; unknown values (e.g. fp32_precision="fast") fail clearly.
 Status read_attributes(const OrtApi& api, const OrtKernelInfo* info, const std::string& node, Attributes* out);
 
+// The node's attention_precision: absent or "model" (false), "fp8" (true); anything else fails,
+// naming `what` (e.g. "FlashAttention node 'x'").
+Status read_attention_precision(const OrtApi& api, const OrtKernelInfo* info, const std::string& what, bool* fp8);
+
 // Input types and static shapes (-1 for symbolic dims) and which outputs the node has.
 Status describe_kernel_io(const OrtApi& api, const OrtKernelInfo* info, InputDesc (&in)[kNumInputs],
                           bool (&has_output)[kNumOutputs]);

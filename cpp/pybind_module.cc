@@ -294,7 +294,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("causal", &FlashParams::causal)
       .def_readwrite("window_left", &FlashParams::window_left).def_readwrite("window_right", &FlashParams::window_right)
       .def_readwrite("offset", &FlashParams::offset)
-      .def_readwrite("fp32_precision", &FlashParams::fp32_precision);
+      .def_readwrite("fp32_precision", &FlashParams::fp32_precision)
+      .def_readwrite("fp8", &FlashParams::fp8);
 
   m.def("run_cpu", [](const FlashParams& p) {
     py::gil_scoped_release release;

@@ -44,6 +44,7 @@ def format_info() -> str:
     decode = collections.defaultdict(set)
     tma = collections.defaultdict(set)
     keys = collections.defaultdict(set)
+    fp8 = collections.defaultdict(set)
     for k in kernels:
         if k.get("mask_keys"):
             keys[k["dtype"]].add(k["head_dim"])
@@ -52,6 +53,8 @@ def format_info() -> str:
                 decode[k["dtype"]].add(k["head_dim"])
             elif k["kind"] == "fwd_tma" and not k.get("mask_keys"):
                 tma[(k["dtype"], k["arch"])].add(k["head_dim"])
+            elif k["kind"] == "fwd_fp8":
+                fp8[(k["dtype"], k["arch"])].add(k["head_dim"])
             continue
         name = k["dtype"] + (f" ({k['precision']} dots)" if k["dtype"] == "float32" else "")
         groups[name].add(k["head_dim"])
@@ -62,6 +65,9 @@ def format_info() -> str:
         lines.append(f"  {name:22s} TMA tensor descriptors on sm_{arch} for head dims "
                      f"{', '.join(map(str, sorted(dims)))}, a tile per causal flag and sequence length "
                      "(16-byte aligned views; ORT_FLASH_TMA=0 turns them off)")
+    for (name, arch), dims in sorted(fp8.items()):
+        lines.append(f"  {name:22s} FP8 (e4m3) prefill on sm_{arch} for head dims {', '.join(map(str, sorted(dims)))}, "
+                     "opt-in (rewrite --attention-precision fp8): no KV cache, mask, window or softcap")
     for name, dims in sorted(keys.items()):
         lines.append(f"  {name:22s} key-vector masks ((B, 1, 1, S) padding: query stride 0) read once per key "
                      f"block for head dims {', '.join(map(str, sorted(dims)))} (TMA too on sm_90)")

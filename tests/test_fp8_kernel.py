@@ -29,8 +29,8 @@
    their e4m3 error). A wrong scale (every K block scale 1.25x, or V's channel scales permuted)
    must fail both RMSE checks.
 
-2. AOT: both kernels compiled for sm_90 (triton.compile with a GPUTarget, no GPU), D 64/128 x
-   causal/not x fp16/bf16; the attention's PTX must hold FP8 wgmma (wgmma.mma_async ... e4m3) for
+2. AOT: the build's FP8 variants (aot/variants.py fp8_variants) compiled for sm_90 as aot/build.py
+   compiles them (no GPU), D 64/128 x causal/not x fp16/bf16; the attention's PTX must hold FP8 wgmma (wgmma.mma_async ... e4m3) for
    both products, with no spills and shared memory under sm_90's limit.
 
 3. The GPU benchmark (lab/experiments/fp8_kernel_bench.py) answers --help and, without CUDA,
@@ -294,26 +294,10 @@ def test_fp8_kernels_match_reference_under_interpreter():
 
 # ---------------------------------------------------------------- AOT for sm_90
 
-def _signature(kernel: str, dtype: str) -> dict:
-    """The kernel's runtime parameters typed as a launcher would pass them."""
-    strides = {f"stride_{t}{d}": "i32" for t in ("qkv" if kernel == "quantize" else "kv")
-               for d in ("b", "h", "m" if t == "q" else "n")}
-    if kernel == "attention":
-        return {**{n: "*fp8e4nv" for n in ("Q8", "K8", "V8t")},
-                **{n: "*fp32" for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias")},
-                "Y": f"*{dtype}", "Lse": "*fp32", "softmax_scale": "fp32", "Hq": "i32", "group": "i32", "N": "i32",
-                "store_lse": "i32", "stride_yb": "i32", "stride_yh": "i32", "stride_ym": "i32"}
-    if kernel == "stats":
-        return {"K": f"*{dtype}", "V": f"*{dtype}", "Part": "*fp32", "H": "i32", "N": "i32", "splits": "i32",
-                **strides}
-    return {**{n: f"*{dtype}" for n in "QKV"}, "Part": "*fp32", **{n: "*fp8e4nv" for n in ("Q8", "K8", "V8t")},
-            **{n: "*fp32" for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias")}, "Hq": "i32", "group": "i32",
-            "N": "i32", "splits": "i32", **strides}
-
-
-def compile_sm90(job: tuple) -> dict:
-    """One kernel compiled for sm_90 as aot/build.py compiles (ASTSource, GPUTarget, no GPU);
-    its PTX's wgmma instructions and ptxas's register, spill and shared-memory figures."""
+def compile_sm90(name: str) -> dict:
+    """The build's variant `name` (aot/variants.py fp8_variants) compiled for sm_90 as aot/build.py
+    compiles it (its triton_source: the contract's signature, the table's tile; no GPU); its PTX's
+    wgmma instructions and ptxas's register, spill and shared-memory figures."""
     import contextlib
     import io
     import re
@@ -321,38 +305,21 @@ def compile_sm90(job: tuple) -> dict:
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from aot import flash_fwd_fp8, fp8_prepare
+    from aot import build, variants
 
-    kernel, d, causal, dtype = job
-    bm, bn, warps, stages = flash_fwd_fp8.SM90_TILES[d]
-    fn = {"attention": flash_fwd_fp8.flash_fwd_fp8, "stats": fp8_prepare.fp8_stats,
-          "quantize": fp8_prepare.fp8_quantize}[kernel]
-    sig = _signature(kernel, dtype)
-    constexprs = {"BLOCK_N": bn, "HEAD_DIM": d}
-    if kernel != "stats":
-        constexprs["BLOCK_M"] = bm
-    if kernel == "attention":
-        constexprs["CAUSAL"] = causal
-    names = list(fn.arg_names)
-    sig.update({n: "constexpr" for n in constexprs})
-    assert set(sig) == set(names), (kernel, set(sig) ^ set(names))
-    # Pointers and strides 16-aligned (D 64 / 128 and contiguous buffers), as build.py's even variants.
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names
-             if sig[n].startswith("*") or n.startswith("stride_")}
-    if kernel != "attention":
-        warps, stages = 4 if kernel == "stats" else 8, 2
-    src = ASTSource(fn=fn, signature={n: sig[n] for n in names}, constexprs=constexprs, attrs=attrs)
+    v = {x.name: x for x in variants.fp8_variants()}[name]
+    cfg = variants.get_fwd_config(90, v)
+    src, options = build.triton_source(v, 90, cfg)[:2]
     log = io.StringIO()
     knobs.nvidia.dump_ptxas_log = True
     with contextlib.redirect_stdout(log):
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": warps, "num_stages": stages})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     text = log.getvalue()
     spills = [int(x) for pair in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
               for x in pair]
-    return dict(kernel=kernel, d=d, causal=causal, dtype=dtype, warps=warps, stages=stages,
+    return dict(kernel=v.kind, name=name, d=v.head_dim, block_n=cfg.block_n, warps=cfg.num_warps,
+                stages=cfg.num_stages,
                 wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.\w+\.\w+\.\w+\.\w+",
                                             compiled.asm["ptx"]))),
                 wgmma_count=len(re.findall(r"wgmma\.mma_async", compiled.asm["ptx"])),
@@ -365,11 +332,10 @@ def test_fp8_kernels_compile_for_sm90_with_fp8_wgmma(tmp_path):
     .e4m3.e4m3, and there are at least D/32 + BLOCK_N/32 of them: Q·Kᵀ and P·V over k32 steps);
     nothing spills; shared memory within sm_90's 227 KB."""
     pytest.importorskip("triton", reason="the AOT compile needs Triton (and its ptxas)")
-    from aot.flash_fwd_fp8 import SM90_TILES
+    from aot.variants import fp8_variants
 
-    jobs = [("attention", d, causal, dt) for d in (64, 128) for causal in (False, True)
-            for dt in ("fp16", "bf16")]
-    jobs += [(k, d, False, dt) for k in ("quantize", "stats") for d in (64, 128) for dt in ("fp16", "bf16")]
+    jobs = [v.name for v in fp8_variants()]
+    assert len(jobs) == 16  # 2 dtypes x 2 head dims x (stats, quantize, attention causal and not)
     env = {"TRITON_CACHE_DIR": str(tmp_path)}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -380,16 +346,14 @@ def test_fp8_kernels_compile_for_sm90_with_fp8_wgmma(tmp_path):
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     for f in facts:
-        print(f"{f['kernel']:9} d{f['d']:<3} {'causal' if f['causal'] else 'full':6} {f['dtype']}: "
-              f"{f['warps']} warps {f['stages']} stages, {f['registers']} registers, spills "
+        print(f"{f['name']:28}: {f['warps']} warps {f['stages']} stages, {f['registers']} registers, spills "
               f"{f['spill_bytes']} B, shared {f['shared']} B, {f['wgmma_count']} x {f['wgmma']}")
         assert f["spill_bytes"] == 0, f
         assert f["shared"] <= 227 * 1024, f
-        if f["kernel"] == "attention":
-            bn = SM90_TILES[f["d"]][1]
+        if f["kernel"] == "fwd_fp8":
             assert f["wgmma"] and all(w.endswith(".f32.e4m3.e4m3") for w in f["wgmma"]), f
-            assert f["wgmma_count"] >= f["d"] // 32 + bn // 32, f
-        elif f["kernel"] == "quantize":  # the rotation: one fp16 / bf16 wgmma per row block
+            assert f["wgmma_count"] >= f["d"] // 32 + f["block_n"] // 32, f
+        elif f["kernel"] == "fp8_quantize":  # the rotation: one fp16 / bf16 wgmma per row block
             assert f["wgmma"], f
 
 def test_bench_exits_in_one_line_without_cuda():

@@ -534,3 +534,114 @@ def test_persistent_tile_numbers_fit_int32(driver, tmp_path):
     log = Log(events)
     assert not log.launches(0) and results[1]["error"] is None
     check_fwd_launch(under, log, 1, stream=51)
+
+
+# ---------------------------------------------------------------- the FP8 prefill path
+
+# (what the call is, its FlashParams with fp8 set): calls the FP8 path takes on sm_90.
+FP8_CALLS = [
+    ("gqa d128 causal bshd", params(sq=1000, skv=1000, causal=True, layout="bshd", fp8=True)),
+    ("mha d64 bhsd", params(b=3, hq=4, hkv=4, sq=300, skv=300, d=64, fp8=True)),
+    ("bf16 mqa d128 no lse", params(b=1, hq=6, hkv=1, sq=4096, skv=4096, dtype="bfloat16", causal=True, lse=0,
+                                    fp8=True)),
+]
+
+
+def _fp8_expected(p: dict, rows: dict, sms: int, scratch: int) -> dict:
+    """The three launches' parameters and grids by kind: aot/fp8_prepare.py's buffers, in its
+    buffer_specs order, each 256-byte aligned in the one scratch block."""
+    from aot.fp8_prepare import buffer_specs, padded_len, stats_splits
+
+    b, hq, hkv, n, d = p["batch"], p["hq"], p["hkv"], p["sq"], p["d"]
+    bm, bn = rows["fwd_fp8"]["block_m"], rows["fwd_fp8"]["block_n"]
+    splits = stats_splits(b, hkv, n, bn, sms)
+    at, buf = scratch, {}
+    for name, (shape, dt) in buffer_specs(b, hq, hkv, n, d, bm, bn, splits).items():
+        buf[name] = at
+        at += (math.prod(shape) * (1 if dt == "fp8e4nv" else 4) + 255) // 256 * 256
+    strides = {f"stride_{t}{x}": p[f"{t}_stride"][i] for t in "qkvy" for i, x in enumerate(
+        ("b", "h", "m" if t in "qy" else "n"))}
+    group = hq // hkv
+    stats = dict(K=p["k"], V=p["v"], Part=buf["Part"], H=hkv, N=n, splits=splits,
+                 **{k: v for k, v in strides.items() if k[7] in "kv"})
+    quant = dict(Q=p["q"], K=p["k"], V=p["v"], **{k: buf[k] for k in buf}, Hq=hq, group=group, N=n, splits=splits,
+                 **{k: v for k, v in strides.items() if k[7] in "qkv"})
+    attn = dict(**{k: buf[k] for k in buf if k != "Part"}, Y=p["y"], Lse=p["lse"], softmax_scale=f32(p["scale"]),
+                Hq=hq, group=group, N=n, store_lse=int(p["lse"] != 0), **{k: v for k, v in strides.items() if k[7] == "y"})
+    for a in (stats, quant, attn):
+        a.update(global_scratch=0, profile_scratch=0)
+    np_ = padded_len(n, bm, bn)
+    grids = {"fp8_stats": [splits, b * hkv, 1], "fp8_quantize": [np_ // min(bm, bn), b * hq, 2],
+             "fwd_fp8": [math.ceil(n / bm), b * hq, 1]}
+    return {"fp8_stats": stats, "fp8_quantize": quant, "fwd_fp8": attn}, grids
+
+
+@pytest.mark.skipif(ARCH != 90, reason="the FP8 kernels are built for sm_90 only")
+def test_fp8_launch_arguments(driver, tmp_path):
+    """A call with fp8 set that the FP8 path takes launches its three kernels on the call's stream,
+    in order (statistics, quantization, attention), the attention's cubin of the call's causal
+    flag, with every parameter as the call and aot/fp8_prepare.py's buffer layout ask: the one
+    scratch block the launcher asks for holds every FP8 buffer."""
+    pytest.importorskip("triton", reason="aot/fp8_prepare.py's buffer layout imports Triton")
+    calls = [{"params": p, "stream": CALLS_STREAM, "plan": False} for _, p in FP8_CALLS]
+    results, events = _run(driver, tmp_path, calls)
+    log = Log(events)
+    for i, (what, p) in enumerate(FP8_CALLS):
+        assert results[i]["error"] is None, (what, results[i]["error"])
+        # The stream-ordered scratch (the first call also allocates the counters as the kernels load).
+        allocs = [e for e in log.calls[i] if e["ev"] == "alloc" and e["stream"] is not None]
+        assert len(allocs) == 1 and allocs[0]["stream"] == CALLS_STREAM, (what, allocs)
+        launches = log.launches(i)
+        assert [e["kind"] for _, e, _ in launches] == ["fp8_stats", "fp8_quantize", "fwd_fp8"], what
+        rows = {e["kind"]: e for _, e, _ in launches}
+        want, grids = _fp8_expected(p, rows, SMS, allocs[0]["ptr"])
+        for ev, e, got in launches:
+            assert e["dtype"] == p["dtype"] and e["head_dim"] == p["d"], (what, e["variant"])
+            assert got == want[e["kind"]], (what, e["variant"], {k: (v, want[e["kind"]].get(k)) for k, v in got.items()
+                                                                 if v != want[e["kind"]].get(k)})
+            assert ev["grid"] == grids[e["kind"]] and ev["block"] == [32 * e["num_warps"], 1, 1], (what, e["variant"])
+            assert ev["shared"] == e["shared"] and ev["stream"] == CALLS_STREAM
+        assert rows["fwd_fp8"]["tile_causal"] == int(bool(p.get("causal"))), what
+
+
+# Calls the FP8 path declines: (what, FlashParams, the reason the notice gives, env).
+FP8_DECLINED = [
+    ("key mask", key_mask(params(fp8=True), "bool"), "calls with a mask or key lengths", {}),
+    ("kv cache", params(sq=16, skv=1016, offset=1000, causal=True, fp8=True),
+     "calls with a KV cache (decode, continued prompts): the FP8 path is for prefill", {}),
+    ("head dim 80", params(d=80, fp8=True), "head sizes other than 64 and 128", {}),
+    ("window", params(window_left=64, window_right=0, fp8=True), "calls with a window, softcap or attention sinks", {}),
+    ("fp32", params(dtype="float32", fp8=True), "float32 attention (the FP8 path takes float16 and bfloat16)", {}),
+    ("sm_80", params(fp8=True), "this GPU is sm_80; the FP8 kernels run on sm_90 (H100, H200)",
+     {"FAKE_CUDA_ARCH": "80", "FAKE_CUDA_SMS": "108"}),
+]
+
+
+@pytest.mark.parametrize("i", range(len(FP8_DECLINED)), ids=[c[0] for c in FP8_DECLINED])
+def test_fp8_declined_calls_run_in_their_dtype_and_say_so_once(driver, tmp_path, i):
+    """A call the FP8 path does not take runs the kernel it runs without fp8 (the same launch as
+    the same call without it), and the process says why on standard error once, however many such
+    calls run: here the same call three times, one notice line."""
+    what, p, reason, env = FP8_DECLINED[i]
+    if env.get("FAKE_CUDA_ARCH") == "80" and 80 not in ARCHS:
+        pytest.skip("no sm_80 kernels in this build")
+    if not env and ARCH != 90:
+        pytest.skip("the FP8 kernels are built for sm_90 only")
+    plain = {k: v for k, v in p.items() if k != "fp8"}
+    calls = [{"params": x, "stream": CALLS_STREAM, "plan": False} for x in (p, p, p, plain)]
+    code = _fake_cuda._CHILD
+    log = tmp_path / "cuda.log"
+    full_env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), **env}
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps({"calls": calls, "rows": None}),
+                       env=_fake_cuda.child_env(driver, log, full_env), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout.strip().splitlines()[-1])
+    assert all(x["error"] is None for x in results), results
+    notices = [line for line in r.stderr.splitlines() if line.startswith("ort_flash: ")]
+    dtype = p["dtype"]
+    assert notices == [f"ort_flash: attention_precision=fp8: attention runs in {dtype} here, not FP8: {reason}"], notices
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    calls_ev = _fake_cuda.per_call(events)
+    functions = {e["function"]: e for e in events if e["ev"] == "function"}
+    ran = [[functions[e["function"]]["module"] for e in calls_ev[k] if e["ev"] == "launch"] for k in range(4)]
+    assert ran[0] == ran[1] == ran[2] == ran[3] and ran[0], (what, ran)

@@ -192,9 +192,9 @@ def bench_shape(d, n, causal, tile, rmse_heads, gen) -> dict:
 
 
 def parse_tiles(specs) -> dict:
-    from aot.flash_fwd_fp8 import SM90_TILES
+    from aot.variants import FP8_TILES
 
-    tiles = dict(SM90_TILES)
+    tiles = dict(FP8_TILES)
     for spec in specs or []:
         d, rest = spec.split(":")
         tiles[int(d)] = tuple(int(x) for x in rest.split(","))
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--tile", action="append", metavar="D:BM,BN,WARPS,STAGES",
-                    help="the attention's tile for a head dim (default aot/flash_fwd_fp8.SM90_TILES)")
+                    help="the attention's tile for a head dim (default aot/variants.FP8_TILES)")
     ap.add_argument("--rmse-heads", type=int, default=2, help="heads per shape for the RMSE (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, metavar="PATH")
