@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="float16/bfloat16 GroupQueryAttention nodes (CUDA): map those at head sizes where "
              "ort_flash's op was measured faster than ONNX Runtime's (measured, the default unless "
              "ORT_FLASH_GQA_CUDA=1 (all) or 0 (none) says otherwise), all, or none")
+    parser.add_argument(
+        "--attention-precision", choices=("model", "fp8"), default="model",
+        help="model (the default): attention computes in each node's dtype; fp8: opt-in FP8 (e4m3) "
+             "attention on Hopper: float16/bfloat16 nodes run their prefill on FP8 tensor cores on "
+             "sm_90 GPUs (H100/H200), every other call in the node's dtype; measure its error with "
+             "`ort-flash verify`. Never a default")
     parser.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
     parser.add_argument(
         "--require-fusion", action="store_true",
@@ -187,7 +193,8 @@ def _rewrite_file(source: str, args: argparse.Namespace, model_type: str, progre
 
     options = dict(exact_masked_rows=not getattr(args, "fast_padded_rows", False),
                    fp32_precision=getattr(args, "fp32_precision", "ieee"),
-                   gqa_cuda=getattr(args, "gqa_cuda", None), progress=progress)
+                   gqa_cuda=getattr(args, "gqa_cuda", None),
+                   attention_precision=getattr(args, "attention_precision", "model"), progress=progress)
     with _optimizer_messages_in_our_terms(model_type):
         return ort_fusions.rewrite_default(source, model_type, float16=getattr(args, "float16", False), **options)
 

@@ -38,7 +38,9 @@ each on its own (``subgraphs``). Last, ``output_check`` gates the output: it mus
 onnx.checker (full check) and load in an ONNX Runtime CPU session, else ``rewrite`` raises
 ``RewriteRefusedError`` with the reason and returns nothing. The report
 counts what each rule did, describes every fused node, and gives the reason for every Softmax
-(or attention node) left unfused and every refinement declined.
+(or attention node) left unfused and every refinement declined. With
+``attention_precision="fp8"`` the fused float16 / bfloat16 nodes are stamped for FP8 attention
+before the gate, and the report names them.
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ REFINEMENTS = (repeat_kv, kv_cache, causal_mask, layout_3d, packed_qkv, bias_fol
 _EXACT_OPTION = (matmul_softmax_attention, causal_mask)
 # ORT_FLASH_GQA_CUDA's values, the default of rewrite's gqa_cuda.
 _GQA_CUDA_ENV = {"1": "all", "0": "none"}
+# rewrite's attention_precision: "fp8" stamps the attribute of that name on the fused nodes whose
+# attention runs in one of FP8_DTYPES (the op's FP8 prefill kernels take those).
+ATTENTION_PRECISIONS = ("model", "fp8")
+PRECISION_ATTRIBUTE = "attention_precision"
+FP8_DTYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+# The ort_flash op types an attention_precision applies to.
+_PRECISION_OPS = (flash_op.OP_TYPE, group_query_attention.OP_TYPE)
 
 
 def _family_rules(family, exact_masked_rows: bool, gqa_cuda: str = "measured") -> list:
@@ -112,8 +121,8 @@ class RewriteResult:
 
 def rewrite(
     model_or_path: onnx.ModelProto | str | os.PathLike | bytes, *, exact_masked_rows: bool = True,
-    fp32_precision: str = "ieee", gqa_cuda: str | None = None, base_dir: str | os.PathLike | None = None,
-    progress=None,
+    fp32_precision: str = "ieee", gqa_cuda: str | None = None, attention_precision: str = "model",
+    base_dir: str | os.PathLike | None = None, progress=None,
 ) -> RewriteResult:
     """Fuse every provable attention of the model; see the module docstring.
 
@@ -134,6 +143,12 @@ def rewrite(
     ONNX Runtime's), "all" or "none"; None takes ``ORT_FLASH_GQA_CUDA`` (1: all, 0: none, unset:
     measured). float32 nodes (the CPU EP) are mapped whatever it says.
 
+    ``attention_precision``: "model" (default) computes attention in each node's dtype; "fp8" opts
+    in to FP8 (e4m3) attention, stamped as the op's ``attention_precision`` attribute on every
+    fused FlashAttention and GroupQueryAttention node whose attention runs in float16 or bfloat16
+    (the op runs them on its FP8 kernels for prefill on sm_90 GPUs, elsewhere in the node's dtype);
+    the report names those nodes and says how many float32 nodes keep their dtype.
+
     ``base_dir``: where a given ModelProto's external data lies (default: the model file's
     folder for a path, else the current directory). ``progress``: called as
     ``progress(stage, done, total)`` as the work goes (stage "shapes", "fusing", "refining",
@@ -144,6 +159,9 @@ def rewrite(
     """
     if fp32_precision not in ("ieee", "tf32"):
         raise ValueError(f"fp32_precision must be 'ieee' or 'tf32', not {fp32_precision!r}")
+    if attention_precision not in ATTENTION_PRECISIONS:
+        raise ValueError(f"attention_precision must be one of {', '.join(ATTENTION_PRECISIONS)}, "
+                         f"not {attention_precision!r}")
     if gqa_cuda is None:
         gqa_cuda = _GQA_CUDA_ENV.get(os.environ.get("ORT_FLASH_GQA_CUDA", ""), "measured")
     if gqa_cuda not in group_query_attention.CUDA_POLICIES:
@@ -199,6 +217,8 @@ def rewrite(
     report = _report(model, fusions, refinements, where)
     report.shape_inference = shape_inference
     assert report.total_fused == count, (report.total_fused, count)
+    if attention_precision != "model":
+        _stamp_precision(model, attention_precision, report, where)
     out = ir.to_proto(model)
     for value in (v for g in graphs for v in g.initializers.values()):
         if isinstance(value.const_value, ir.ExternalTensor):
@@ -314,6 +334,31 @@ def _report(model: ir.Model, fusions: list, refinements: list, where: _Where) ->
                                                  graph=where.label(node.graph)))
         node.metadata_props.pop(RULE_NAME_TAG, None)
     return report
+
+
+def _stamp_precision(model: ir.Model, precision: str, report: RewriteReport, where: _Where) -> None:
+    """``attention_precision=precision`` on every ort_flash attention node of every graph (the
+    nodes fp32_precision is stamped on, and GroupQueryAttention's) whose attention runs in
+    FP8_DTYPES; the report names them and says how many others keep their dtype. A node's
+    attention dtype is Q's (or the packed QKV's), else Y's."""
+    report.attention_precision = precision
+    others: dict[str, int] = {}
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.domain != flash_op.DOMAIN or node.op_type not in _PRECISION_OPS:
+            continue
+        dtype = node.inputs[0].dtype if node.inputs and node.inputs[0] is not None else None
+        if dtype is None and node.outputs:
+            dtype = node.outputs[0].dtype
+        if dtype not in FP8_DTYPES:
+            name = "float32" if dtype == ir.DataType.FLOAT else dtype.name.lower() if dtype else "unknown-dtype"
+            others[name] = others.get(name, 0) + 1
+            continue
+        node.attributes[PRECISION_ATTRIBUTE] = ir.AttrString(PRECISION_ATTRIBUTE, precision)
+        report.fp8_nodes.append(qualified(where.label(node.graph), node.name))
+    if others:
+        counted = ", ".join(f"{n} {name}" for name, n in others.items())
+        report.notes.append(f"{counted} attention node(s) not stamped for FP8 keep their dtype: the FP8 "
+                            "path takes float16 / bfloat16 attention")
 
 
 _ATTENTION_NODES = {("", "Attention"), ("ai.onnx", "Attention"),

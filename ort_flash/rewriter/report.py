@@ -40,6 +40,8 @@ class FusedSubgraph:
 
 
 GRAPH_MAIN = "main"  # how the table names the main graph where some entry is in a subgraph
+# Where a node stamped attention_precision="fp8" runs FP8 (the op decides at each call).
+FP8_SCOPE = "opt-in; on sm_90 GPUs (H100/H200) only, prefill only; elsewhere in the node's dtype"
 
 
 @dataclasses.dataclass
@@ -62,6 +64,11 @@ class RewriteReport:
     # Refinements declined, with the reason: fused node -> rule -> reason (a node in a subgraph
     # as "<graph> > <node>", subgraphs.qualified).
     declined: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    # rewrite's attention_precision, and the nodes stamped attention_precision="fp8" (as
+    # ``declined`` names them): those run FP8 attention where FP8_SCOPE allows.
+    attention_precision: str = "model"
+    fp8_nodes: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # on the whole rewrite, one line each
 
     @property
     def total_fused(self) -> int:
@@ -81,6 +88,9 @@ class RewriteReport:
             unfused=[UnfusedSoftmax(**u) for u in data.get("unfused", [])],
             shape_inference=str(data.get("shape_inference", "")),
             declined={str(k): dict(v) for k, v in data.get("declined", {}).items()},
+            attention_precision=str(data.get("attention_precision", "model")),
+            fp8_nodes=[str(n) for n in data.get("fp8_nodes", [])],
+            notes=[str(n) for n in data.get("notes", [])],
         )
 
     @classmethod
@@ -115,6 +125,12 @@ class RewriteReport:
         if self.unfused:
             lines += _with_graph(("node", "reason"), [(u.node, _cli_words(u.reason)) for u in self.unfused],
                                  [u.graph for u in self.unfused])
+        if self.attention_precision == "fp8":
+            lines += textwrap.wrap(f"FP8 attention ({FP8_SCOPE}): {len(self.fp8_nodes)} node(s)"
+                                   + (": " + ", ".join(self.fp8_nodes) if self.fp8_nodes else ""),
+                                   WIDTH, subsequent_indent="  ")
+        for n in self.notes:
+            lines += textwrap.wrap(f"note: {n}", WIDTH, subsequent_indent="  ")
         return "\n".join(lines)
 
 
