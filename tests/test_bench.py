@@ -67,6 +67,26 @@ def test_op_peers_compute_attention_on_cpu():
     assert "vs_best_peer" in by["ort_flash"]
 
 
+def test_op_fp8_peer_runs_the_opt_in_and_has_a_column():
+    """The CUDA op suite's FP8 peer is ort_flash's node with attention_precision="fp8" and the FP8
+    error limit (run here on the CPU, where the node computes in its dtype: within the fp32 limit,
+    so the limit is the only difference); the summary gives it a column and a ratio to the best
+    competitor."""
+    assert "ort_flash_fp8" in op_peers.peers_for("cuda") and "ort_flash_fp8" not in op_peers.peers_for("cpu")
+    cfg = dict(dtype="float32", d=32, heads=2, batch=1, seqlen=40, causal=True)
+    peers = {"ort_flash_fp8": op_peers.ort_flash_fp8, "unfused": op_peers.unfused}
+    rows = op_suite.run_config(_ctx(), cfg, peers, CEILINGS)
+    by = {r["peer"]: r for r in rows}
+    assert by["ort_flash_fp8"]["status"] == "ok" and by["ort_flash_fp8"]["ref_err"] < 1e-4, by["ort_flash_fp8"]
+    assert "vs_best_peer" in by["ort_flash_fp8"]
+    built = op_peers.ort_flash_fp8(_ctx(), cfg, [{n: _ctx().tensors.randn((1, 2, 40, 32), "float32")
+                                                   for n in ("q", "k", "v")}])
+    assert built.error_limit == op_peers.FP8_LIMIT
+    header, table = op_suite.summary({"rows": rows})
+    assert "ort_flash_fp8" in header and "fp8/best" in header
+    assert table[0][header.index("fp8/best")] == op_suite.verdict(by["ort_flash_fp8"]["vs_best_peer"])
+
+
 def test_op_layered_peers_time_one_node_of_a_multi_node_run(monkeypatch):
     """With CUDA graphs (the op suite's default on CUDA) the four ONNX Runtime peers run a model of
     several copies of their node, as a model's layers, and report a node's share: forced here on

@@ -6,6 +6,7 @@
 |------------------|----------------------------------------------------------------------------|
 | ort_flash        | ort_flash.FlashAttention (4-D BNSH) in an ORT session, IOBinding            |
 | ort_flash_kernel | the same kernel alone, launched through ort_flash._C (no ORT)               |
+| ort_flash_fp8    | ort_flash.FlashAttention with attention_precision="fp8" (CUDA): on sm_90 the FP8 path (prepare kernels and e4m3 attention), its error checked against FP8_LIMIT |
 | ort_mha          | com.microsoft.MultiHeadAttention, 3-D BSH inputs (its native layout), unidirectional=causal |
 | onnx_attention   | ONNX Attention-23 (4-D BNSH, is_causal) run by ORT                         |
 | unfused          | MatMul-Softmax-MatMul (+ additive causal mask input) with ORT graph optimizations off |
@@ -53,14 +54,28 @@ def _bsh_from_bnsh(x):
     return x.reshape(b, s, h * d)
 
 
-def ort_flash(ctx: Context, cfg: dict, sets: list[dict]):
+# The FP8 peer's limit on the spot check's relative L2 error (the fp16/bf16 peers keep
+# spot_check.LIMITS): e4m3 keeps 3 mantissa bits, so P and V carry a few percent of rounding each,
+# which the output's average over keys keeps at a few percent; a wrong head, scale or layout
+# gives tens of percent.
+FP8_LIMIT = 0.1
+
+
+def ort_flash(ctx: Context, cfg: dict, sets: list[dict], **attrs):
     t = ctx.tensors
     ys = [t.empty(s["q"].shape, cfg["dtype"]) for s in sets]
     model = onnx_graphs.flash_attention(cfg["dtype"], {"Q": 4, "K": 4, "V": 4}, {"Y": 4},
-                                        is_causal=int(cfg["causal"]))
+                                        is_causal=int(cfg["causal"]), **attrs)
     run = _session(ctx, cfg, model, [{"Q": s["q"], "K": s["k"], "V": s["v"]} for s in sets],
                    [{"Y": y} for y in ys], custom_ops=True)
     run.output = lambda: ys[0].data
+    return run
+
+
+def ort_flash_fp8(ctx: Context, cfg: dict, sets: list[dict]):
+    """ort_flash with the FP8 opt-in (on a GPU without FP8 kernels it runs in the dtype and says so)."""
+    run = ort_flash(ctx, cfg, sets, attention_precision="fp8")
+    run.error_limit = FP8_LIMIT
     return run
 
 
@@ -145,7 +160,7 @@ def peers_for(device: str) -> dict:
     peers = {"ort_flash": ort_flash, "ort_flash_kernel": kernel, "ort_mha": ort_mha,
              "onnx_attention": onnx_attention, "unfused": unfused}
     if device == "cuda":
-        peers.update(sdpa_cudnn=sdpa("cudnn"), sdpa_flash=sdpa("flash"))
+        peers.update(ort_flash_fp8=ort_flash_fp8, sdpa_cudnn=sdpa("cudnn"), sdpa_flash=sdpa("flash"))
     else:
         peers.update(sdpa=sdpa("default"))
     return peers

@@ -19,7 +19,7 @@ from ort_flash.bench.tables import text_table
 from ort_flash.bench.tensors import rotation_sets
 from ort_flash.bench.workload import attention_flops, io_bytes, tflops
 
-PEER_ORDER = ("ort_flash", "ort_flash_kernel", "ort_mha", "onnx_attention", "unfused",
+PEER_ORDER = ("ort_flash", "ort_flash_kernel", "ort_flash_fp8", "ort_mha", "onnx_attention", "unfused",
               "sdpa_cudnn", "sdpa_flash", "sdpa")
 
 
@@ -93,7 +93,9 @@ def run_config(ctx: Context, cfg: dict, builders: dict, ceilings: dict, bar=None
 def summary(suite: dict) -> tuple[list[str], list[list]]:
     """One line per configuration: TFLOP/s per peer, ours against the best competitor."""
     peers = [p for p in PEER_ORDER if any(r["peer"] == p for r in suite["rows"])]
-    header = ["dtype", "d", "N", "B×H", "causal"] + peers + ["best peer", "ours/best", "kernel/best", "of ceiling"]
+    fp8 = "ort_flash_fp8" in peers
+    header = (["dtype", "d", "N", "B×H", "causal"] + peers + ["best peer", "ours/best", "kernel/best"]
+              + (["fp8/best"] if fp8 else []) + ["of ceiling"])
     rows = []
     for cfg, group in results.group_by_config(suite["rows"]):
         by = {r["peer"]: r for r in group}
@@ -102,8 +104,10 @@ def summary(suite: dict) -> tuple[list[str], list[list]]:
             cells.append(cell(by.get(p), "tflops"))
         ours, kern = by.get("ort_flash", {}), by.get("ort_flash_kernel", {})
         ref = ours if "best_peer" in ours else kern
-        cells += [ref.get("best_peer"), verdict(ours.get("vs_best_peer")), verdict(kern.get("vs_best_peer")),
-                  percent(ours.get("ceiling_fraction"))]
+        cells += [ref.get("best_peer"), verdict(ours.get("vs_best_peer")), verdict(kern.get("vs_best_peer"))]
+        if fp8:
+            cells.append(verdict(by.get("ort_flash_fp8", {}).get("vs_best_peer")))
+        cells.append(percent(ours.get("ceiling_fraction")))
         rows.append(cells)
     return header, rows
 
