@@ -19,6 +19,11 @@
 #                                     # are mapped), then lab/experiments/gqa_profile.py
 #   bash lab/gpu/gpu_release.sh tune    # the tile sweeps: lab/experiments/tune.py --tma, lab/experiments/tune_decode.py
 #   bash lab/gpu/gpu_release.sh gqa-bf16 # `bench --suite gqa --dtypes bfloat16` (after `gqa`: its build)
+#   bash lab/gpu/gpu_release.sh fp8     # the FP8 prefill path: its GPU tests (alone first, under a
+#                                     # timeout of their own), the kernels against cuDNN
+#                                     # (lab/experiments/fp8_kernel_bench.py), then the op suite's FP8
+#                                     # column beside ort_flash, ORT MultiHeadAttention and cuDNN
+#                                     # (N 2k-16k, fp16; FP8_OP_S)
 #   bash lab/gpu/gpu_release.sh ab      # a candidate grid against the shipped table through ONNX
 #                                     # Runtime: lab/experiments/ab_grids.py (two non-editable builds, the op
 #                                     # suite's AB_ARGS rows ROUNDS times each, alternating; the
@@ -130,6 +135,14 @@ case "${1:-}" in
       ${AB_ARGS:---head-dims 128 --seqlens 2048 4096 8192 16384 --dtypes float16 bfloat16} 2>&1 | tail -40
     build_ort_flash  # the editable install back, for the steps after (op, gqa, ... run from the tree)
     ;;
+  fp8)
+    . lab/gpu/gpu_env.sh
+    timeout "${FP8_TEST_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 4 \
+      tests/test_cuda_op.py -k fp8 2>&1 | tee "$OUT/pytest-fp8.log" | grep -v "^\." | tail -15
+    timeout "${FP8_BENCH_S:-300}" python3 lab/experiments/fp8_kernel_bench.py --json "$OUT/fp8-kernel.json" 2>&1 | tail -30
+    bench --suite op --dtypes float16 --seqlens 2048 4096 8192 16384 \
+      --peers ort_flash ort_flash_fp8 ort_mha sdpa_cudnn --budget-s "${FP8_OP_S:-200}" --out "$OUT/bench-op-fp8.json" | tail -24
+    ;;
   gqa-bf16)
     # bfloat16 GroupQueryAttention against ONNX Runtime's (the rewriter maps bfloat16 nodes only
     # with ORT_FLASH_GQA_CUDA=1 until this is measured ahead).
@@ -183,5 +196,5 @@ f.prepare(g, 'cuda', pathlib.Path('/tmp/ort_flash_bench/genai'), [g['models'][$i
     bench --suite genai_fidelity --budget-s "${FIDELITY_S:-500}" ${FIDELITY_ARGS:-} \
       --out "$OUT/bench-genai-fidelity.json" | tail -50
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|ab|start|part|genai-models|fidelity"; exit 2 ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|fp8|ab|start|part|genai-models|fidelity"; exit 2 ;;
 esac
