@@ -23,8 +23,14 @@ PROVIDERS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ort_flash.verify import FP8_FACTOR, parse_shape
+
     parser.epilog = ("an output passes where |rewritten - original| <= atol + rtol * |original| at "
-                     "every element. exit status: 0 pass; 1 outputs differ; 2 a user error, or "
+                     "every element. A rewritten model with FP8 attention (rewrite --attention-precision fp8) "
+                     "also runs with that attribute removed (its dtype) and against a float32 copy of the "
+                     "original (CPU EP); it passes where its dtype run passes that rule and its FP8 run "
+                     f"stays within max({FP8_FACTOR:g} x the dtype run's error, atol + rtol * |reference|) of "
+                     "the float32 reference. exit status: 0 pass; 1 outputs differ; 2 a user error, or "
                      "--provider cuda where the fused op did not run on CUDA")
     parser.add_argument("original", help="the model before rewriting (or an Optimum export folder: each of "
                                          "its ONNX files against the same file of the rewritten folder)")
@@ -34,7 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--past-len", type=positive_int, default=None,
                         help="size of dynamic dims named like a KV cache's ('past...'; default 12)")
     parser.add_argument("--batch", type=positive_int, default=2, help="size of dynamic batch dims")
-    from ort_flash.verify import parse_shape
     parser.add_argument("--shape", type=parse_shape, action="append", default=None,
                         metavar="NAME=d0,d1,...",
                         help="the shape of one input, e.g. pixel_values=2,3,224,224 (repeatable); "
