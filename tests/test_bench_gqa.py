@@ -276,3 +276,26 @@ def test_genai_decode_mismatch_row_carries_the_flip():
     _, table = genai_e2e.summary({"rows": rows, "device": "cpu"}, "decode")
     assert table[0][5] == "no (a tie)", table
     assert ours["vs_original"] == 1.0  # timed all the same: the same steps over the same lengths
+
+
+def test_genai_fp8_variant_rows_and_columns():
+    """--with-fp8's third variant: timed in the same rounds, its row gives ours over the original
+    and over the fp16 rewrite, its tokens compared without marking the row (FP8 may move a near
+    tie), and the summary adds its columns."""
+    from ort_flash.bench import genai_e2e
+
+    logits = np.zeros((9, 9), np.float32)
+    timed = {"original": [1, 2, 3], "ort_flash": [1, 2, 3], genai_e2e.FP8_VARIANT: [1, 5, 3]}
+    runners = {v: _ForcedRunner(logits, timed[v]) for v in timed}
+    rows = genai_e2e.time_decode(runners, np.zeros(4, np.int32), dict(rounds=2, steps=3), {"kind": "decode", "tokens": 4})
+    by = {r["peer"]: r for r in rows}
+    assert list(by) == ["original", "ort_flash", genai_e2e.FP8_VARIANT]
+    assert by["ort_flash"]["status"] == "ok" and by["ort_flash"]["identical"]
+    f = by[genai_e2e.FP8_VARIANT]
+    assert f["status"] == "ok" and f["identical"] is False and f["vs_original"] == 1.0 and f["vs_rewrite"] == 1.0, f
+    header, table = genai_e2e.summary({"rows": rows, "device": "cpu"}, "decode")
+    assert header[-4:] == ["fp8 tok/s", "fp8/original", "fp8/ort_flash", "fp8 tokens identical"]
+    assert table[0][-3:] == ["1.00x", "1.00x", False]
+    plain = genai_e2e.summary({"rows": [r for r in rows if r["peer"] != genai_e2e.FP8_VARIANT], "device": "cpu"},
+                              "decode")[0]
+    assert "fp8/original" not in plain

@@ -18,6 +18,11 @@ built by GenAI's own model builder, generating with ``og.Generator``, original a
    difference marks the row (its ratio stands: both ran the same steps over the same lengths),
    and ``first_flip`` feeds both the original's tokens from the prompt on to say whether the
    first different choice is a tie within rounding (``genai_fidelity`` checks every step).
+5. ``--with-fp8``: a third variant, ``ort_flash_fp8``, the folder rewritten with
+   ``--attention-precision fp8`` (on sm_90 its first prompts run the FP8 prefill path, decode stays
+   in the model's dtype), timed in the same rounds; its rows give ours/original and ours over the
+   fp16 rewrite. Its tokens are compared but never mark the row (FP8 is expected to move near ties;
+   ``genai_fidelity --with-fp8`` measures by how much).
 
 CUDA grid: 16 layers, hidden 2048, 32/8 heads (head dim 64), vocabulary 32000, fp16; prompts
 128 … 16k, contexts 1k … 32k. CPU grid: 2 layers, hidden 256, 8/2 heads, fp32; prompts 64 … 512,
@@ -41,6 +46,7 @@ from ort_flash.bench.op_suite import verdict
 from ort_flash.bench.tables import text_table
 
 VARIANTS = ("original", "ort_flash")
+FP8_VARIANT = "ort_flash_fp8"  # --with-fp8: the rewrite with --attention-precision fp8
 # A timed decode token k is the (k + 2)-th after the prompt (GenAI's first step after a rewind adds
 # two tokens); the teacher-forced check feeds that many and one more.
 FLIP_SLACK = 3
@@ -128,15 +134,16 @@ def genai_folder(g: dict, device: str, cache: pathlib.Path) -> pathlib.Path:
     return out
 
 
-def rewrite_folder(src: pathlib.Path, dst: pathlib.Path, gqa_cuda: str | None = None) -> dict:
+def rewrite_folder(src: pathlib.Path, dst: pathlib.Path, gqa_cuda: str | None = None,
+                   attention_precision: str = "model") -> dict:
     """dst = src rewritten as ``ort-flash rewrite SRC -o DST`` writes it (ort_flash.genai: the
-    decoder rewritten, genai_config.json naming the library copied beside it; ``gqa_cuda`` as
-    ``ort_flash.rewrite`` takes it). Returns the rewrite's counts."""
+    decoder rewritten, genai_config.json naming the library copied beside it; ``gqa_cuda`` and
+    ``attention_precision`` as ``ort_flash.rewrite`` takes them). Returns the rewrite's counts."""
     import ort_flash
     from ort_flash import genai
 
     folder = genai.open_folder(src)
-    result = ort_flash.rewrite(folder.decoder, gqa_cuda=gqa_cuda)
+    result = ort_flash.rewrite(folder.decoder, gqa_cuda=gqa_cuda, attention_precision=attention_precision)
     genai.write_folder(folder.folder, dst, lambda path: result.save(path), overwrite=True)
     counts = {k: v for k, v in result.report.counts.items() if v}
     return {"counts": counts, "fused": counts.get("group_query_attention", 0)}
@@ -278,6 +285,11 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
         suite["notes"].append("the rewrite swapped no GroupQueryAttention node: both variants run ONNX Runtime's op")
     save()
     runners = {"original": Runner(original), "ort_flash": Runner(rewritten)}
+    if getattr(args, "with_fp8", False):
+        fp8 = original.with_name(original.name + "-ort_flash-fp8")
+        info["rewrite_fp8"] = rewrite_folder(original, fp8, attention_precision="fp8")
+        info["fp8"] = str(fp8)
+        runners[FP8_VARIANT] = Runner(fp8)
     info["onnxruntime_genai"] = getattr(runners["original"].og, "__version__", None)
     rng = np.random.default_rng(getattr(args, "seed", 0))
     todo = [("ttft", p) for p in g["prompts"]] + [("decode", c) for c in g["contexts"]]
@@ -300,7 +312,7 @@ def _config(g: dict, kind: str, n: int) -> dict:
 
 def _rows(cfg: dict, per: dict, tokens: dict, value_key: str) -> list[dict]:
     rows = []
-    for v in VARIANTS:
+    for v in per:
         if isinstance(per[v], str):
             rows.append({"config": cfg, "peer": v, "status": "error", "reason": per[v]})
             continue
@@ -318,14 +330,20 @@ def _rows(cfg: dict, per: dict, tokens: dict, value_key: str) -> list[dict]:
         if not ours["identical"]:
             first = first_difference(ours["tokens"], orig["tokens"])
             ours.update(status="mismatch", reason=f"tokens differ from the original's (first at step {first})")
+    fp8 = by.get(FP8_VARIANT)
+    if fp8 and fp8["status"] == "ok" and orig["status"] == "ok":
+        fp8["identical"] = fp8["tokens"] == orig["tokens"]
+        fp8["vs_original"] = orig["ms"] / fp8["ms"]
+        if ours["status"] in ("ok", "mismatch"):
+            fp8["vs_rewrite"] = ours["ms"] / fp8["ms"]
     return rows
 
 
 def time_ttft(runners: dict, ids: np.ndarray, g: dict, cfg: dict) -> list[dict]:
-    per = {v: [] for v in VARIANTS}
+    per = {v: [] for v in runners}
     tokens = {}
     for r in range(g["rounds"] + 1):  # round 0 warms up (session arenas, kernels)
-        for v in VARIANTS:
+        for v in runners:
             if isinstance(per[v], str):
                 continue
             try:
@@ -340,8 +358,8 @@ def time_ttft(runners: dict, ids: np.ndarray, g: dict, cfg: dict) -> list[dict]:
 
 
 def time_decode(runners: dict, ids: np.ndarray, g: dict, cfg: dict) -> list[dict]:
-    per, tokens, gens = {v: [] for v in VARIANTS}, {}, {}
-    for v in VARIANTS:
+    per, tokens, gens = {v: [] for v in runners}, {}, {}
+    for v in runners:
         try:
             gens[v] = runners[v].start_decode(ids, g["steps"])
         except Exception as e:  # noqa: BLE001
@@ -359,7 +377,7 @@ def time_decode(runners: dict, ids: np.ndarray, g: dict, cfg: dict) -> list[dict
             if r:
                 per[v].append(step_s)
     rows = _rows(cfg, per, tokens, "tok_s")
-    ours = rows[-1]
+    ours = rows[1]
     if ours["status"] == "mismatch":
         # Untimed: the two fed the same tokens, to say whether the first different choice is a tie.
         first = first_difference(tokens["original"], tokens["ort_flash"])
@@ -386,8 +404,10 @@ def goal(cfg: dict) -> str | None:
 
 def summary(suite: dict, kind: str) -> tuple[list[str], list[list]]:
     what = "ms to first token" if kind == "ttft" else "tok/s"
-    header = ["prompt" if kind == "ttft" else "context", f"original {what}", f"ort_flash {what}",
-              "spread (orig/ours)", "ours/original", "tokens identical", "goal (H200)"]
+    fp8 = any(r["peer"] == FP8_VARIANT for r in suite["rows"])
+    header = (["prompt" if kind == "ttft" else "context", f"original {what}", f"ort_flash {what}",
+               "spread (orig/ours)", "ours/original", "tokens identical", "goal (H200)"]
+              + ([f"fp8 {what}", "fp8/original", "fp8/ort_flash", "fp8 tokens identical"] if fp8 else []))
     rows = []
     for cfg, group in results.group_by_config(suite["rows"]):
         if cfg["kind"] != kind:
@@ -397,8 +417,13 @@ def summary(suite: dict, kind: str) -> tuple[list[str], list[list]]:
         vals = [by[v].get(key) if by[v]["status"] in ("ok", "mismatch") else by[v]["status"] for v in VARIANTS]
         spread = "/".join(f"{100 * by[v]['spread']:.0f}%" if "spread" in by[v] else "–" for v in VARIANTS)
         ours = by["ort_flash"]
-        rows.append([cfg["tokens"], *vals, spread, verdict(ours.get("vs_original")), _identical(ours),
-                     goal(cfg) if suite["device"] == "cuda" else None])
+        row = [cfg["tokens"], *vals, spread, verdict(ours.get("vs_original")), _identical(ours),
+               goal(cfg) if suite["device"] == "cuda" else None]
+        if fp8:
+            f = by.get(FP8_VARIANT, {"status": "not run"})
+            row += [f.get(key) if f["status"] == "ok" else f["status"], verdict(f.get("vs_original")),
+                    verdict(f.get("vs_rewrite")), f.get("identical")]
+        rows.append(row)
     return header, rows
 
 

@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gqa: every node with attention sinks (head_sink, as gpt-oss); the CPU EP computes them")
     p.add_argument("--qk-norm", action="store_true",
                    help="gqa: every node with fused Q/K norms (q_norm_weight, k_norm_weight, as Qwen3's CUDA builds)")
+    p.add_argument("--with-fp8", action="store_true",
+                   help="genai and genai_fidelity suites: also the rewrite with --attention-precision fp8 "
+                        "(a third variant, ort_flash_fp8)")
     p.add_argument("--steps", type=int, default=None,
                    help="genai_fidelity: decode steps fed after the prompt (default 128 on CUDA)")
     p.add_argument("--e2e-layers", type=int, default=None,
