@@ -131,6 +131,55 @@ def test_compare_defines_ties_and_unexplained_flips():
     assert steps[1]["noise"] == [pytest.approx(0.01)]
 
 
+
+class _TableDriver:
+    """A driver whose logits are a table (steps x B x vocabulary): each feed moves one step."""
+
+    def __init__(self, table):
+        self.table, self.k = table, 0
+
+    def start(self, rows, max_length):
+        self.k = 0
+        return self.table[0]
+
+    def feed(self, tokens):
+        self.k += 1
+        return self.table[self.k]
+
+    def close(self):
+        pass
+
+    def prefill(self, sequence, last):
+        return self.table[:last, 0]
+
+
+def test_fp8_variant_rows_report_the_difference():
+    """--with-fp8: the FP8 folder is fed the same tokens as the others; its row has the same figures
+    against the same bound (measured: its status says only whether its logits are finite), beside
+    ort_flash's own row, and the summary names the variant."""
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal((5, 1, 7)).astype(np.float32)
+    ours = base + np.float32(1e-4)
+    fp8 = base + np.float32(0.05) * rng.standard_normal(base.shape).astype(np.float32)
+    drivers = {"original": _TableDriver(base), "ort_flash": _TableDriver(ours), fid.FP8_VARIANT: _TableDriver(fp8)}
+    reference = _TableDriver(base + np.float32(1e-4))
+    cfg = {"kind": "teacher_forced", "tokens": 3, "batch": 1, "driver": "session", "layers": 1, "hidden": 8,
+           "heads": 2, "kv_heads": 1, "head_dim": 4, "dtype": "float16"}
+    rows = fid._row(drivers, reference, cfg, [np.arange(3, dtype=np.int32)], 4)
+    assert [r["peer"] for r in rows] == ["ort_flash", fid.FP8_VARIANT]
+    ours_row, fp8_row = rows
+    assert ours_row["status"] == "ok" and ours_row["passed"]
+    assert fp8_row["status"] == "ok" and fp8_row["max_diff"] == pytest.approx(float(np.abs(fp8 - base).max()))
+    assert fp8_row["worst_diff_over_bound"] > ours_row["worst_diff_over_bound"]
+    header, table = fid.summary({"rows": rows})
+    col = header.index("variant")
+    assert [t[col] for t in table] == ["fp16/bf16", "fp8"] and table[1][-1] == "measured"
+    bad = fp8.copy()
+    bad[2, 0, 3] = np.nan
+    drivers = {"original": _TableDriver(base), "ort_flash": _TableDriver(ours), fid.FP8_VARIANT: _TableDriver(bad)}
+    assert fid._row(drivers, reference, cfg, [np.arange(3, dtype=np.int32)], 4)[1]["status"] == "mismatch"
+
+
 VOCAB = 40
 
 

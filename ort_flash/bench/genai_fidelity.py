@@ -22,6 +22,11 @@ from ONNX Runtime's other kernels. At step k, over the vocabulary, per row:
 A step passes where ``diff <= bound``. A step where the two argmaxes differ is a tie within
 rounding where the original's margin there is below the bound; otherwise it is unexplained.
 Folders and models come from ``genai_e2e`` (GenAI's own builder, random LLaMA-shaped weights).
+
+``--with-fp8``: a third folder, rewritten with ``--attention-precision fp8``, fed the same tokens
+in the same run; its rows (peer ``ort_flash_fp8``) report the same figures against the same
+bound, as the difference FP8 makes: measured, not judged by the fp16 bound (a row fails only where
+a step's logits are not finite).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from ort_flash.bench.measure import Budget, Context
 from ort_flash.bench.tables import text_table
 
 VARIANTS = genai_e2e.VARIANTS
+FP8_VARIANT = genai_e2e.FP8_VARIANT
 # One unit of rounding (2^-mantissa bits) at the largest logit: the floor of the bound.
 EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}
 TARGET_S = {False: 0.0, True: 0.0}  # nothing is timed
@@ -275,10 +281,11 @@ def prefill(session, rows: list[np.ndarray], fed: np.ndarray) -> np.ndarray:
     return np.stack([session.prefill(np.concatenate([row, fed[:, b]]), steps + 1) for b, row in enumerate(rows)], axis=1)
 
 
-def compare(decode: dict, prefill: np.ndarray, dtype: str) -> list[dict]:
+def compare(decode: dict, prefill: np.ndarray, dtype: str, variant: str = "ort_flash") -> list[dict]:
     """Per step and row: diff, noise, bound, the original's margin, argmax agreement (the module's
-    docstring defines them). ``prefill``: the original's logits of every step from its prefill."""
-    do, df = decode["original"], decode["ort_flash"]
+    docstring defines them) of ``variant`` against the original. ``prefill``: the original's
+    logits of every step from its prefill."""
+    do, df = decode["original"], decode[variant]
     at_prompt = np.abs(df[0] - do[0]).max(-1)
     out = []
     for k in range(do.shape[0]):
@@ -312,16 +319,22 @@ def summarize(steps: list[dict]) -> dict:
 
 
 def check(drivers: dict, reference, rows: list[np.ndarray], steps: int, dtype: str) -> dict:
-    """The whole check for one prompt batch, decoding through ``drivers`` (original and ort_flash)
-    and prefilling the original through ``reference`` (a SessionDriver): the row's summary, with
-    every step's figures."""
+    """The whole check for one prompt batch, decoding through ``drivers`` (original and ort_flash,
+    and ort_flash_fp8 where given) and prefilling the original through ``reference`` (a
+    SessionDriver): the row's summary, with every step's figures; an FP8 variant's own under
+    ``fp8``."""
     t0 = time.monotonic()
     decode, fed = teacher_forced(drivers, rows, steps)
-    per_step = compare(decode, prefill(reference, rows, fed), dtype)
+    ref = prefill(reference, rows, fed)
+    per_step = compare(decode, ref, dtype)
     s = summarize(per_step)
     s.update(per_step=per_step, seconds=time.monotonic() - t0, prompt_lengths=[len(r) for r in rows],
              fed=fed.T.tolist())
     s["passed"] = not s["steps_over_bound"] and not s["unexplained"]
+    if FP8_VARIANT in decode:
+        fp8_steps = compare(decode, ref, dtype, FP8_VARIANT)
+        s["fp8"] = dict(summarize(fp8_steps), per_step=fp8_steps,
+                        finite=bool(np.isfinite(decode[FP8_VARIANT]).all()))
     return s
 
 
@@ -343,8 +356,12 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
                 rewritten = original.with_name(original.name + "-ort_flash-all")
                 info = {"original": str(original), "rewritten": str(rewritten), "dtype": dtype,
                         "model": model, "rewrite": _rewrite_all(original, rewritten)}
-                suite["models"].append(info)
                 folders = {"original": original, "ort_flash": rewritten}
+                if getattr(args, "with_fp8", False):
+                    fp8 = original.with_name(original.name + "-ort_flash-all-fp8")
+                    info["rewrite_fp8"] = _rewrite_all(original, fp8, "fp8")
+                    folders[FP8_VARIANT] = fp8
+                suite["models"].append(info)
                 drivers: dict = {}
                 for name, cls in DRIVERS.items():  # the GenAI drivers share one og.Model per folder
                     drivers[name] = {v: cls(f, ctx.device, drivers.get("genai", {}).get(v)) for v, f in folders.items()}
@@ -359,7 +376,7 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
                     suite["not_run"].extend(_config(mg, q, c, e) for q, c, e in todo[i:])
                     break
                 rows = prompt_rows(rng, p, b, mg["vocab"])
-                suite["rows"].append(_row(drivers[d], drivers["session"]["original"], _config(mg, p, b, d), rows, g["steps"]))
+                suite["rows"].extend(_row(drivers[d], drivers["session"]["original"], _config(mg, p, b, d), rows, g["steps"]))
                 suite["elapsed_s"] = budget.elapsed
                 save()
             drivers.clear()
@@ -376,10 +393,10 @@ def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
 
 
-def _rewrite_all(original: pathlib.Path, rewritten: pathlib.Path) -> dict:
+def _rewrite_all(original: pathlib.Path, rewritten: pathlib.Path, attention_precision: str = "model") -> dict:
     """Every GroupQueryAttention of the folder mapped (every head size too): the check covers what
     the rewriter may map, not only what it maps by default."""
-    return genai_e2e.rewrite_folder(original, rewritten, gqa_cuda="all")
+    return genai_e2e.rewrite_folder(original, rewritten, gqa_cuda="all", attention_precision=attention_precision)
 
 
 def _config(mg: dict, prompt: int, batch: int, driver: str) -> dict:
@@ -388,32 +405,44 @@ def _config(mg: dict, prompt: int, batch: int, driver: str) -> dict:
             "head_dim": mg["hidden"] // mg["heads"], "dtype": mg["dtype"]}
 
 
-def _row(drivers: dict, reference, cfg: dict, rows: list[np.ndarray], steps: int) -> dict:
+def _row(drivers: dict, reference, cfg: dict, rows: list[np.ndarray], steps: int) -> list[dict]:
+    """The configuration's rows: ort_flash's, and ort_flash_fp8's where the drivers have it."""
     try:
         s = check(drivers, reference, rows, steps, cfg["dtype"])
     except Exception as e:  # noqa: BLE001 - one configuration's failure is its row
-        return {"config": cfg, "peer": "ort_flash", "status": "error", "reason": _error(e)}
+        return [{"config": cfg, "peer": "ort_flash", "status": "error", "reason": _error(e)}]
+    fp8 = s.pop("fp8", None)
     row = {"config": cfg, "peer": "ort_flash", "status": "ok" if s["passed"] else "mismatch", **s}
     if not s["passed"]:
         row["reason"] = (f"steps {s['steps_over_bound'][:8]} over the rounding bound, argmax differences "
                          f"unexplained by a tie at {s['unexplained'][:8]}")
-    return row
+    out = [row]
+    if fp8 is not None:
+        r8 = {"config": cfg, "peer": FP8_VARIANT, "status": "ok" if fp8["finite"] else "mismatch",
+              "prompt_lengths": s["prompt_lengths"], **fp8}
+        if not fp8["finite"]:
+            r8["reason"] = "logits not finite"
+        out.append(r8)
+    return out
 
 
 def summary(suite: dict) -> tuple[list[str], list[list]]:
-    header = ["model", "dtype", "driver", "batch", "prompt", "steps", "max diff", "bound (min-max)", "worst diff/bound",
-              "argmax differs (steps)", "ties", "unexplained", "passed"]
+    header = ["model", "dtype", "driver", "batch", "prompt", "variant", "steps", "max diff", "bound (min-max)",
+              "worst diff/bound", "argmax differs (steps)", "ties", "unexplained", "passed"]
     rows = []
     for r in suite["rows"]:
         c = r["config"]
         name = f"L{c['layers']} d{c['head_dim']}"
+        variant = "fp8" if r["peer"] == FP8_VARIANT else "fp16/bf16"
         if r["status"] == "error":
-            rows.append([name, c["dtype"], c["driver"], c["batch"], c["tokens"], "error", r["reason"][:60], "", "", "", "", "", False])
+            rows.append([name, c["dtype"], c["driver"], c["batch"], c["tokens"], variant, "error", r["reason"][:60],
+                         "", "", "", "", "", False])
             continue
-        rows.append([name, c["dtype"], c["driver"], c["batch"], "/".join(map(str, r["prompt_lengths"])), r["steps"],
-                     f"{r['max_diff']:.3g}", f"{r['min_bound']:.3g}-{r['max_bound']:.3g}",
+        passed = r["passed"] if r["peer"] != FP8_VARIANT else "measured"
+        rows.append([name, c["dtype"], c["driver"], c["batch"], "/".join(map(str, r["prompt_lengths"])), variant,
+                     r["steps"], f"{r['max_diff']:.3g}", f"{r['min_bound']:.3g}-{r['max_bound']:.3g}",
                      f"{r['worst_diff_over_bound']:.2f} @{r['worst_step']}", len(r["argmax_differs_at"]),
-                     len(r["ties"]), r["unexplained"][:4] or 0, r["passed"]])
+                     len(r["ties"]), r["unexplained"][:4] or 0, passed])
     return header, rows
 
 
