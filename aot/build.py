@@ -30,10 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import compile_pool, contract, flash_decode, flash_fwd, flash_fwd_fp8, fp8_prepare, gqa_prepare, variants
+from . import (compile_pool, contract, flash_decode, flash_fwd, flash_fwd_fp8, fp8_prepare, gqa_prepare, sink_rescale,
+               variants)
 from .contract import TMA_ARGS, TMA_KINDS, TMA_RANK
-from .variants import (DTYPE_CODES, FP8_KINDS, GQA_KINDS, KIND_CODES, MASK_KINDS, PRECISION_CODES, TRITON_VERSION,
-                       TileConfig, Variant, all_combinations, all_variants, edge_loop, get_fwd_config,
+from .variants import (DTYPE_CODES, FP8_KINDS, GQA_KINDS, KIND_CODES, MASK_KINDS, PRECISION_CODES, SINK_KINDS,
+                       TRITON_VERSION, TileConfig, Variant, all_combinations, all_variants, edge_loop, get_fwd_config,
                        with_candidates)
 
 # The kernel each variant kind compiles.
@@ -41,7 +42,7 @@ KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
            "decode": flash_decode.flash_decode_split, "combine": flash_decode.flash_decode_combine,
            "gqa_prepare": gqa_prepare.gqa_prepare, "gqa_past": gqa_prepare.gqa_prepare,
            "fp8_stats": fp8_prepare.fp8_stats, "fp8_quantize": fp8_prepare.fp8_quantize,
-           "fwd_fp8": flash_fwd_fp8.flash_fwd_fp8}
+           "fwd_fp8": flash_fwd_fp8.flash_fwd_fp8, "sink_rescale": sink_rescale.sink_rescale}
 
 # Largest dynamic shared memory a block may use, per arch (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -88,10 +89,11 @@ def signature(v: Variant, cfg: TileConfig) -> tuple[dict, dict, list]:
         else:
             sig[name] = contract.triton_type(types[name], v.dtype, v.mask)
     attrs = {}
-    # The GQA kernels' K and V may point into packed QKV: no alignment promised.
+    # The GQA kernels' K and V may point into packed QKV: no alignment promised; nor for the sink
+    # rescale, which reads rows of any head size in place.
     # The FP8 kinds: every pointer (the op's tensors and its 256-byte-aligned scratch) and stride.
     aligned = [n for n in names if sig[n].startswith("*")] if v.kind in FP8_KINDS else (
-        () if v.kind in GQA_KINDS else ("Q", "K", "V", "Y", "Lse", "OPart", "LsePart"))
+        () if v.kind in GQA_KINDS or v.kind in SINK_KINDS else ("Q", "K", "V", "Y", "Lse", "OPart", "LsePart"))
     for name in aligned:
         if name in names and sig[name].startswith("*"):
             attrs[(names.index(name),)] = [["tt.divisibility", 16]]
@@ -141,6 +143,8 @@ def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
     elif v.kind in GQA_KINDS:
         constexprs = {"BLOCK_ROWS": cfg.block_m, "BLOCK_D": v.head_dim, "GATHER_ROWS": cfg.block_n,
                       "COPY_PAST": v.kind == "gqa_past"}
+    elif v.kind in SINK_KINDS:
+        constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_D": v.head_dim}
     elif v.kind in FP8_KINDS:
         constexprs = {"BLOCK_N": cfg.block_n, "HEAD_DIM": v.head_dim}
         if v.kind != "fp8_stats":
@@ -290,12 +294,14 @@ def source_hash(kind: str | None = None, script: bool = True) -> str:
         sources = [gqa_prepare.__file__]
     elif kind in FP8_KINDS:
         sources = [fp8_prepare.__file__, flash_fwd_fp8.__file__]
+    elif kind in SINK_KINDS:
+        sources = [sink_rescale.__file__]
     elif kind in ("fwd", "fwd_tma"):
         sources = [flash_fwd.__file__]
     else:
         sources = [flash_fwd.__file__, flash_decode.__file__]
         if kind is None:
-            sources += [gqa_prepare.__file__, fp8_prepare.__file__, flash_fwd_fp8.__file__] + (
+            sources += [gqa_prepare.__file__, fp8_prepare.__file__, flash_fwd_fp8.__file__, sink_rescale.__file__] + (
                 gluon_sources() if variants.GLUON_ENABLED else [])
     h = hashlib.sha256()
     for f in sources + ([__file__] if script else []):

@@ -19,7 +19,8 @@ ENUMS = {
     # Which kernel of the family (aot/variants.py says what each is).
     "KernelKind": (("fwd", "kFwd"), ("decode", "kDecode"), ("combine", "kCombine"), ("fwd_tma", "kFwdTma"),
                    ("fwd_gluon", "kFwdGluon"), ("gqa_prepare", "kGqaPrepare"), ("gqa_past", "kGqaPast"),
-                   ("fp8_stats", "kFp8Stats"), ("fp8_quantize", "kFp8Quantize"), ("fwd_fp8", "kFwdFp8")),
+                   ("fp8_stats", "kFp8Stats"), ("fp8_quantize", "kFp8Quantize"), ("fwd_fp8", "kFwdFp8"),
+                   ("sink_rescale", "kSinkRescale")),
 }
 
 
@@ -87,10 +88,14 @@ ABIS = {
     + tuple((n, "ptr:f32") for n in ("ScaleQ", "ScaleK", "ScaleV", "QBias"))
     + (("Y", "ptr:dtype"), ("Lse", "ptr:f32"), ("softmax_scale", "f32"))
     + tuple((n, "i32") for n in ("Hq", "group", "N", "store_lse")) + tuple((n, "i64") for n in _stride_names("y")),
+    # sink_rescale (aot/sink_rescale.py): GroupQueryAttention's attention sinks, applied to the
+    # attention's output in place from its log-sum-exp. Sinks (Hq,) is read only where has_sinks.
+    "SinkRescale": (("Y", "ptr:dtype"), ("Lse", "ptr:f32"), ("Sinks", "ptr:dtype"))
+    + tuple((n, "i32") for n in ("has_sinks", "Hq", "Sq", "D")) + tuple((n, "i64") for n in _stride_names("y")),
 }
 KIND_ABIS = {"fwd": "Fwd", "fwd_tma": "Fwd", "fwd_gluon": "FwdGluon", "decode": "Decode", "combine": "Combine",
              "gqa_prepare": "GqaPrepare", "gqa_past": "GqaPrepare", "fp8_stats": "Fp8Stats",
-             "fp8_quantize": "Fp8Quantize", "fwd_fp8": "FwdFp8"}
+             "fp8_quantize": "Fp8Quantize", "fwd_fp8": "FwdFp8", "sink_rescale": "SinkRescale"}
 # fwd_tma, fwd_gluon: these are (B, H, S, D) TMA descriptors. Each is, in the launch, the
 # CUtensorMap (128 bytes, by value), its TMA_RANK dims (i32), then its TMA_RANK strides (i64).
 TMA_KINDS = ("fwd_tma", "fwd_gluon")

@@ -1,6 +1,6 @@
 """The variant table: which specializations of the kernels get compiled, and their tiles.
 
-Seven kernel kinds (KIND_CODES): "fwd" (aot/flash_fwd.py, every shape), "fwd_tma" (the same kernel
+The kernel kinds (KIND_CODES): "fwd" (aot/flash_fwd.py, every shape), "fwd_tma" (the same kernel
 with Q/K/V/Y as TMA tensor descriptors: sm_90+, fp16/bf16, exact head dims 64 and 128, no mask or a
 key-vector mask), "fwd_gluon" (the Gluon Hopper kernels, aot/flash_fwd_gluon.py and the
 warp-specialized aot/gluon_ws/, with the same arguments and descriptors: sm_90, the calls GLUON_*
@@ -9,7 +9,9 @@ and "combine" (its merge step); and outside attention "gqa_prepare" and "gqa_pas
 (aot/gqa_prepare.py: GroupQueryAttention's rotary, KV-cache writes and lengths before its
 attention; one per dtype). The opt-in FP8 prefill path (sm_90, fp16/bf16 in and out, head dims 64
 and 128) adds "fp8_stats" and "fp8_quantize" (aot/fp8_prepare.py: the e4m3 operands and their
-scales) and "fwd_fp8" (aot/flash_fwd_fp8.py: the attention on e4m3 tensor cores). Forward variants with `mask_keys` read a mask whose query stride is 0
+scales) and "fwd_fp8" (aot/flash_fwd_fp8.py: the attention on e4m3 tensor cores). "sink_rescale"
+(aot/sink_rescale.py) applies GroupQueryAttention's attention sinks to the attention's output from
+its log-sum-exp. Forward variants with `mask_keys` read a mask whose query stride is 0
 (a (B, 1, 1, S) padding mask) as one key vector per (batch, head) instead of a BLOCK_M x BLOCK_N
 tile (the full-mask kernels spill registers).
 
@@ -167,6 +169,13 @@ FP8_HEAD_DIMS = (64, 128)
 FP8_TILES = {64: (128, 128, 8, 3), 128: (128, 128, 8, 3)}
 # (num_warps, num_stages) of the two prepare kernels.
 FP8_PREPARE_WARPS = {"fp8_stats": (4, 2), "fp8_quantize": (8, 2)}
+# GroupQueryAttention's attention sinks (aot/sink_rescale.py): one cubin per (dtype, BLOCK_D), every
+# arch; the launcher takes the smallest BLOCK_D that holds the head size, as for GQA_KINDS. A
+# program rescales SINK_ELEMENTS // BLOCK_D query rows of one head.
+SINK_KINDS = ("sink_rescale",)
+SINK_DTYPES = ("fp16", "bf16", "fp32")
+SINK_HEAD_DIMS = (64, 128, 256)
+SINK_ELEMENTS = 2048
 # Key-vector mask variants (MASK_KEYS) of the forward kinds.
 MASK_KEYS_DTYPES = ("fp16", "bf16")
 MASK_KEYS_HEAD_DIMS = (64, 128)
@@ -205,7 +214,7 @@ class Variant:
 
     @property
     def name(self) -> str:
-        if self.kind in GQA_KINDS or self.kind in FP8_KINDS:
+        if self.kind in GQA_KINDS or self.kind in FP8_KINDS or self.kind in SINK_KINDS:
             causal = "" if self.tile_causal < 0 else ("_c" if self.tile_causal else "_nc")
             return f"{'flash_' if self.kind == 'fwd_fp8' else ''}{self.kind}_{self.dtype}_d{self.head_dim}{causal}"
         if self.kind == "combine":
@@ -225,6 +234,8 @@ def get_fwd_config(arch: int, v: Variant, grids: dict | None = None) -> TileConf
     None, the shipped GLUON_WS_GRIDS)."""
     if v.kind in GQA_KINDS:
         return TileConfig(*gqa_tile(v.head_dim, v.kind))
+    if v.kind in SINK_KINDS:  # block_m: query rows a program (block_n unused)
+        return TileConfig(SINK_ELEMENTS // v.head_dim, 1, 4, 1)
     if v.kind in FP8_KINDS:
         block_m, block_n, warps, stages = FP8_TILES[v.head_dim]
         if v.kind != "fwd_fp8":
@@ -416,7 +427,7 @@ def edge_loop(v: Variant) -> bool:
 
 def _merged(v: Variant) -> bool:
     """Whether a superset variant serves v's calls (so v is not compiled)."""
-    if kept_exact(v) or v.kind in GQA_KINDS or v.kind in FP8_KINDS:
+    if kept_exact(v) or v.kind in GQA_KINDS or v.kind in FP8_KINDS or v.kind in SINK_KINDS:
         return False
     only_extras, only_masked = superset_only(v.kind, v.dtype, v.head_dim, v.even_d)
     return (only_extras and not v.extras) or (only_masked and v.even_d)
@@ -461,7 +472,7 @@ def all_combinations(grids: dict | None = None) -> list[Variant]:
                            "combine"))
     if GLUON_ENABLED:
         out += gluon_variants(grids)
-    return out + gqa_variants() + fp8_variants()
+    return out + gqa_variants() + fp8_variants() + sink_variants()
 
 
 def gqa_variants() -> list[Variant]:
@@ -480,3 +491,9 @@ def fp8_variants() -> list[Variant]:
             for causal in ((0, 1) if kind == "fwd_fp8" else (-1,)):
                 out.append(Variant(dtype, hd, True, "none", False, "tf32", kind, tile_causal=causal))
     return out
+
+
+def sink_variants() -> list[Variant]:
+    """The attention sinks' rescale kernel per dtype and BLOCK_D (other fields: their defaults)."""
+    return [Variant(dtype, hd, False, "none", False, "ieee" if dtype == "fp32" else "tf32", kind)
+            for kind in SINK_KINDS for dtype in SINK_DTYPES for hd in SINK_HEAD_DIMS]
