@@ -7,14 +7,15 @@
 namespace ort_flash {
 namespace {
 
-// gqa_prepare's arguments: contract.gen.h's GqaPrepareArgs (its fields the kernel's parameters,
-// their order the launch's). Pointers the call does not use are 0: the kernel never reads them.
+// The kernels' arguments: contract.gen.h's GqaPrepareArgs and SinkRescaleArgs (their fields the
+// kernels' parameters, their order the launch's). Pointers the call does not use are 0: the kernels
+// never read them.
 uint64_t dev(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
 
 size_t aligned(size_t bytes) { return (bytes + 255) & ~static_cast<size_t>(255); }
 
-Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, GqaPrepareArgs& a,
-              CUstream stream) {
+template <class Args>
+Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, Args& a, CUstream stream) {
   if (gx <= 0 || gy <= 0) return Status::Ok();
   if (gx > std::numeric_limits<int32_t>::max() || gy > 65535) {
     return Status::Error(std::string(k.entry->variant_name) + ": grid (" + std::to_string(gx) + ", " +
@@ -25,6 +26,17 @@ Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t 
   return cuda_check(drv.cuLaunchKernel(k.function, static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1,
                                        32 * e.num_warps, 1, 1, e.shared, stream, args.data(), nullptr),
                     (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
+}
+
+std::string missing_prepare(const DeviceKernels& dk, DType dtype) {
+  return std::string("this build has no GroupQueryAttention prepare kernels for ") + dtype_name(dtype) + " on sm_" +
+         std::to_string(dk.table_arch) + " (aot/gqa_prepare.py)";
+}
+
+std::string missing_rescale(const DeviceKernels& dk, DType dtype) {
+  return std::string("this build has no attention-sink rescale kernels for ") + dtype_name(dtype) + " on sm_" +
+         std::to_string(dk.table_arch) + " (aot/sink_rescale.py), which attention sinks (head_sink, "
+         "smooth_softmax=1) need on CUDA";
 }
 
 }  // namespace
@@ -41,15 +53,13 @@ const LoadedKernel* gqa_kernel(const DeviceKernels& dk, KernelKind kind, DType d
   return best;
 }
 
-Status gqa_cuda_ready(int device, DType dtype) {
+Status gqa_cuda_ready(int device, DType dtype, bool sinks) {
   const DeviceKernels* dk = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(prepare_device(device, &dk));
   for (KernelKind kind : {KernelKind::kGqaPrepare, KernelKind::kGqaPast}) {
-    if (!gqa_kernel(*dk, kind, dtype, 0)) {
-      return Status::Error(std::string("this build has no GroupQueryAttention prepare kernels for ") +
-                           dtype_name(dtype) + " on sm_" + std::to_string(dk->table_arch) + " (aot/gqa_prepare.py)");
-    }
+    if (!gqa_kernel(*dk, kind, dtype, 0)) return Status::Error(missing_prepare(*dk, dtype));
   }
+  if (sinks && !gqa_kernel(*dk, KernelKind::kSinkRescale, dtype, 0)) return Status::Error(missing_rescale(*dk, dtype));
   return Status::Ok();
 }
 
@@ -73,9 +83,16 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   ORT_FLASH_RETURN_IF_ERROR(kernels_for_stream(stream, &dk));
   const LoadedKernel* prepare = gqa_kernel(*dk, KernelKind::kGqaPrepare, d.dtype, d.d);
   const LoadedKernel* past = gqa_kernel(*dk, KernelKind::kGqaPast, d.dtype, d.d);
-  if (!prepare || !past) {
-    return fail(std::string("this build has no GroupQueryAttention prepare kernels for ") + dtype_name(d.dtype) +
-                " on sm_" + std::to_string(dk->table_arch) + " (aot/gqa_prepare.py)");
+  if (!prepare || !past) return fail(missing_prepare(*dk, d.dtype));
+  // Attention sinks: the attention stores its log-sum-exp, then the rescale kernel applies them
+  // (a window of 0 keys runs no attention: its zero rows stay zero).
+  const bool sinks = gqa_has_sinks(c) && !gqa_attends_nothing(c);
+  const LoadedKernel* rescale = sinks ? gqa_kernel(*dk, KernelKind::kSinkRescale, d.dtype, d.d) : nullptr;
+  if (sinks && !rescale) return fail(missing_rescale(*dk, d.dtype));
+  const int64_t rescale_rows = sinks ? rescale->entry->block_m : 1;
+  const int64_t rescale_grid = d.batch * d.hq * ((d.sq + rescale_rows - 1) / rescale_rows);
+  if (sinks && rescale_grid > std::numeric_limits<int32_t>::max()) {
+    return fail(std::to_string(rescale_grid) + " programs of the attention-sink rescale exceed int32");
   }
 
   const int es = dtype_size(d.dtype);
@@ -92,11 +109,16 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   const size_t q_bytes = q_copy ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
   const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
   const size_t mask_bytes = mask ? static_cast<size_t>(d.batch * plen) : 0;
+  // The block: [rotated Q | lengths | key mask | the attention's log-sum-exp (B, Hq, S) with sinks].
+  size_t bytes = aligned(q_bytes) + aligned(len_bytes) + mask_bytes;
+  const size_t lse_offset = aligned(bytes);
+  if (sinks) bytes = lse_offset + static_cast<size_t>(d.batch * d.hq * d.sq) * sizeof(float);
   void* buf = nullptr;
-  ORT_FLASH_RETURN_IF_ERROR(scratch(aligned(q_bytes) + aligned(len_bytes) + mask_bytes, &buf));
+  ORT_FLASH_RETURN_IF_ERROR(scratch(bytes, &buf));
   char* q_rot = static_cast<char*>(buf);
   auto* totals = reinterpret_cast<int64_t*>(q_rot + aligned(q_bytes));
   char* key_mask = reinterpret_cast<char*>(totals) + aligned(len_bytes);
+  float* lse = sinks ? reinterpret_cast<float*>(q_rot + lse_offset) : nullptr;
 
   // The new tokens' element strides per (batch, token); heads are D apart.
   const int64_t q_row = (d.packed ? d.hq + 2 * d.hkv : d.hq) * d.d;
@@ -156,8 +178,22 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
                       "cuMemsetD8Async");
   }
   const GqaKeys keys{c.present_key, c.present_value, plen, totals, mask ? key_mask : nullptr};
-  const FlashParams p = gqa_flash_params(c, first, q_copy ? q_rot : c.query, keys);
-  return launch_flash_cuda(p, stream, scratch);
+  FlashParams p = gqa_flash_params(c, first, q_copy ? q_rot : c.query, keys);
+  p.lse = lse;
+  ORT_FLASH_RETURN_IF_ERROR(launch_flash_cuda(p, stream, scratch));
+  if (!sinks) return Status::Ok();
+  // Each row y *= 1 / (1 + exp(sink_h - lse)), in place on the same stream (aot/sink_rescale.py):
+  // head_sink's value per head, or 0 (smooth_softmax=1) where the call has no head_sink.
+  SinkRescaleArgs r;
+  r.Y = dev(c.output);
+  r.Lse = dev(lse);
+  r.Sinks = dev(c.head_sink);
+  r.has_sinks = c.head_sink != nullptr;
+  r.Hq = a.Hq;
+  r.Sq = a.S;
+  r.D = a.D;
+  r.stride_yb = p.y_stride[0], r.stride_yh = p.y_stride[1], r.stride_ym = p.y_stride[2];
+  return launch(*drv, *rescale, rescale_grid, 1, r, stream);
 }
 
 }  // namespace ort_flash

@@ -79,7 +79,8 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   int device = 0;
   if (OrtStatus* st = api_.MemoryInfoGetId(allocator_->Info(allocator_), &device)) api_.ReleaseStatus(st);
   // The kernels load here, never inside a run that a CUDA graph might be capturing.
-  return prefix(gqa_cuda_ready(device, dims.dtype));
+  const bool sinks = in[kGqaHeadSink].present || a.smooth_softmax == 1;
+  return prefix(gqa_cuda_ready(device, dims.dtype, sinks));
 }
 
 Status GqaKernel::compute(OrtKernelContext* ctx) {

@@ -52,7 +52,7 @@ class GqaChecker {
 
 // The features of ONNX Runtime's op this one does not compute.
 Status refuse_unsupported(const GqaChecker& c, const GqaAttributes& a, const InputDesc (&in)[kGqaNumInputs],
-                          const bool (&has_output)[kGqaNumOutputs], bool cuda) {
+                          const bool (&has_output)[kGqaNumOutputs]) {
   const struct { int input; const char* why; } inputs[] = {
       {kGqaAttnBias, "(an attention bias) is not supported"},
       {kGqaKScale, "(a quantized KV cache) is not supported"},
@@ -64,10 +64,6 @@ Status refuse_unsupported(const GqaChecker& c, const GqaAttributes& a, const Inp
   if (a.k_quant_type != "NONE" || a.v_quant_type != "NONE") {
     return c.fail_node("a quantized KV cache (k_quant_type '" + a.k_quant_type + "', v_quant_type '" +
                        a.v_quant_type + "') is not supported");
-  }
-  if (cuda && (in[kGqaHeadSink].present || a.smooth_softmax == 1)) {
-    return c.fail_node("attention sinks (head_sink, smooth_softmax=1) are computed on the CPU execution "
-                       "provider only");
   }
   if (a.qk_output != 0 || has_output[kGqaOutputQk]) return c.fail_node("the output_qk output (qk_output) is not supported");
   if (a.causal == 0 && a.local_window_size > 0) {
@@ -87,7 +83,7 @@ Status validate_gqa(const std::string& node, const GqaAttributes& a, const Input
                        std::to_string(a.kv_num_heads) + ")");
   }
   if (a.softcap < 0.0f || a.scale < 0.0f) return c.fail_node("scale and softcap must not be negative");
-  ORT_FLASH_RETURN_IF_ERROR(refuse_unsupported(c, a, in, has_output, cuda));
+  ORT_FLASH_RETURN_IF_ERROR(refuse_unsupported(c, a, in, has_output));
   d.hq = a.num_heads;
   d.hkv = a.kv_num_heads;
 

@@ -1,9 +1,9 @@
 // Validation of an ort_flash::GroupQueryAttention node: the interface of ONNX Runtime's
 // com.microsoft.GroupQueryAttention (inputs, outputs, attributes, the shared KV buffer), so that a
 // model built by ONNX Runtime GenAI runs with each GQA node swapped for this op. Features of
-// ONNX Runtime's op that this one does not compute (a quantized cache, a bias, the QK output; attention
-// sinks on CUDA) are refused with the node, the input or attribute and the reason; the rewriter
-// declines such nodes before they reach here.
+// ONNX Runtime's op that this one does not compute (a quantized cache, a bias, the QK output) are
+// refused with the node, the input or attribute and the reason; the rewriter declines such nodes
+// before they reach here.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,7 @@ struct GqaAttributes {
   int64_t local_window_size = -1;  // > 0: a query sees itself and the local_window_size keys before it
   int64_t do_rotary = 0, rotary_interleaved = 0;
   int64_t causal = 1;
-  // ONNX Runtime features this op refuses when set.
+  // smooth_softmax=1: a sink of 0 per head (head_sink, when given, wins); qk_output: refused when set.
   int64_t smooth_softmax = -1, qk_output = 0;
   // 1: past/present hold the most recent positions only, C = past's length >= local_window_size
   // (ONNX Runtime's sliding_window_cache: after a call, rows [0, L) hold positions total - L ..

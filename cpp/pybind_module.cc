@@ -227,6 +227,7 @@ GqaCall gqa_call_from(const py::dict& c) {
   g.attrs.do_rotary = g.dims.rotary_dim > 0;
   g.attrs.rotary_interleaved = i64("rotary_interleaved", 0);
   g.attrs.causal = i64("causal", 1);
+  g.attrs.smooth_softmax = i64("smooth_softmax", -1);
   g.query = ptr("query"); g.key = ptr("key"); g.value = ptr("value");
   g.past_key = ptr("past_key"); g.past_value = ptr("past_value");
   g.seqlens_k = static_cast<const int32_t*>(ptr("seqlens_k"));
@@ -235,6 +236,7 @@ GqaCall gqa_call_from(const py::dict& c) {
   g.position_ids = static_cast<const int64_t*>(ptr("position_ids"));
   g.output = ptr("output"); g.present_key = ptr("present_key"); g.present_value = ptr("present_value");
   g.present_len = i64("present_len", 0);
+  g.head_sink = ptr("head_sink");
   g.q_norm = ptr("q_norm_weight"); g.k_norm = ptr("k_norm_weight");
   g.dims.qk_norm = g.q_norm != nullptr;
   g.attrs.qk_norm_epsilon = c.contains("qk_norm_epsilon") ? c["qk_norm_epsilon"].cast<float>() : 1e-6f;
@@ -371,11 +373,13 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("call"), py::arg("stream"),
      "GroupQueryAttention's CUDA path (cpp/gqa_launch.h) on device pointers, as the op on the CUDA EP "
      "runs it: `call` a dict of GqaCall's dims, attributes and pointers (tests, over tests/fake_cuda).");
-  m.def("gqa_cuda_ready", [](int device, const std::string& dtype) {
+  m.def("gqa_cuda_ready", [](int device, const std::string& dtype, bool sinks) {
     check(gqa_cuda_ready(device, dtype == "float32" ? DType::kFloat32
-                                                    : (dtype == "float16" ? DType::kFloat16 : DType::kBFloat16)));
-  }, py::arg("device"), py::arg("dtype"),
-     "What the op's CUDA kernel creation checks: the device's kernels load and the GQA prepare kernels exist.");
+                                                    : (dtype == "float16" ? DType::kFloat16 : DType::kBFloat16),
+                         sinks));
+  }, py::arg("device"), py::arg("dtype"), py::arg("sinks") = false,
+     "What the op's CUDA kernel creation checks: the device's kernels load and the GQA prepare kernels exist "
+     "(with `sinks`, the attention-sink rescale kernel too).");
   m.def("launch_with_table", &launch_with_table, py::arg("p"), py::arg("rows"), py::arg("stream"),
         "run_cuda over a table of `rows` (plan_with_table's, each with \"cubin_of\": the variant of "
         "this build whose cubin it launches) instead of the build's (tests, over tests/fake_cuda).");

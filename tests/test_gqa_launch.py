@@ -1,10 +1,13 @@
 """GroupQueryAttention's CUDA path with no GPU: cpp/gqa_launch.cc (what the op runs on the CUDA EP)
 over the fake CUDA driver (tests/fake_cuda, tests/_fake_cuda.py), which loads this build's real
 cubins and lays out each launch's parameters by the cubin's own table. Checked: the scratch block
-(rotated Q, lengths, key mask), the prepare kernels' grids, blocks, shared memory and every
-argument, and the attention launch that follows, reading the Q, lengths and mask the prepare
-kernel wrote; what the op's CUDA kernel creation checks; the errors it gives instead of launching.
-The kernels' arithmetic is tests/test_gqa_prepare_kernel.py's (interpreter) and the GPU suite's."""
+(rotated Q, lengths, key mask, with attention sinks the log-sum-exp), the prepare kernels' grids,
+blocks, shared memory and every argument, the attention launch that follows, reading the Q,
+lengths and mask the prepare kernel wrote, and with attention sinks (head_sink, smooth_softmax=1)
+the attention storing its log-sum-exp and the rescale kernel launched after it on that buffer;
+what the op's CUDA kernel creation checks; the errors it gives instead of launching. The kernels'
+arithmetic is tests/test_gqa_prepare_kernel.py's and tests/test_sink_rescale_kernel.py's
+(interpreter) and the GPU suite's."""
 from __future__ import annotations
 
 import json
@@ -41,7 +44,7 @@ from ort_flash import _C
 job = json.load(sys.stdin)
 out = []
 for dtype in ("float16", "bfloat16", "float32"):
-    _C.gqa_cuda_ready(0, dtype)
+    _C.gqa_cuda_ready(0, dtype, sinks=True)
 for i, call in enumerate(job["calls"]):
     with open(os.environ["FAKE_CUDA_LOG"], "a") as f:
         f.write(json.dumps({"ev": "call", "index": i}) + "\\n")
@@ -77,6 +80,24 @@ def gqa_call(dtype="float16", b=2, s=7, hq=8, hkv=2, d=128, total=7, past_len=64
 
 def aligned(n: int) -> int:
     return -(-n // 256) * 256
+
+
+def has_sinks(c: dict) -> bool:
+    """The call applies attention sinks (head_sink or smooth_softmax=1; a window of 0 keys, whose
+    rows are all 0, none)."""
+    return ("head_sink" in c or c.get("smooth_softmax", -1) == 1) and c.get("local_window_size", -1) != 0
+
+
+def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int]:
+    """(bytes of the scratch block, offset of the log-sum-exp in it; 0 without sinks): the rotated
+    Q, the lengths, the key mask, then the (B, Hq, S) float32 log-sum-exp."""
+    b, s, plen = c["batch"], c["sq"], c["present_len"]
+    first = s == c["total_sequence_length"]
+    mask = b * plen if first and c.get("causal", 1) != 0 else 0
+    head = aligned(q_bytes) + aligned(8 * b) + mask
+    if not has_sinks(c):
+        return head, 0
+    return aligned(head) + 4 * b * c["hq"] * s, aligned(head)
 
 
 def prepare_expected(c: dict, scratch: int) -> dict:
@@ -154,6 +175,19 @@ CALLS = {
                                                    qk_norm_epsilon=1e-5),
     "decode, Q/K norms and rotary, bf16": gqa_call("bfloat16", b=2, s=1, total=40, past_len=64,
                                                   q_norm_weight=0xe000000, k_norm_weight=0xf000000),
+    # Attention sinks: the attention stores its log-sum-exp, the rescale kernel follows.
+    "first prompt, head_sink, d80, padded": gqa_call(b=2, s=33, hq=6, hkv=3, d=80, total=33, past_len=40,
+                                                    head_sink=0x10000000),
+    "decode, smooth_softmax=1, separate QKV, bf16": gqa_call(
+        "bfloat16", b=3, s=1, total=100, past_len=4096, packed=False, smooth_softmax=1),
+    "continuation, head_sink and smooth_softmax, fp32 d256": gqa_call(
+        "float32", b=1, s=19, hq=4, hkv=2, d=256, total=45, past_len=45, shared=False, rotary_dim=0,
+        head_sink=0x10000000, smooth_softmax=1),
+    "decode, head_sink, windowed, softcap, many heads": gqa_call(
+        b=2, s=1, hq=40, hkv=8, d=64, total=300, past_len=512, head_sink=0x10000000, local_window_size=64,
+        softcap=30.0),
+    "window of 0 keys, smooth_softmax=1": gqa_call(b=1, s=1, total=10, past_len=16, local_window_size=0,
+                                                  smooth_softmax=1),
 }
 REFUSED = {
     "chunked prefill at batch 2": (gqa_call(b=2, s=4, total=20), "needs batch 1"),
@@ -185,8 +219,8 @@ def test_gqa_launches(runs, what):
     want = prepare_expected(c, scratch["ptr"])
     b, s, hkv, es = c["batch"], c["sq"], c["hkv"], ES[c["dtype"]]
     q_bytes = b * s * c["hq"] * c["d"] * es if c["rotary_dim"] or "q_norm_weight" in c else 0
-    assert scratch["stream"] == STREAM and scratch["bytes"] == aligned(q_bytes) + aligned(8 * b) + (
-        b * c["present_len"] if want["KeyMask"] else 0)
+    scratch_bytes, lse_offset = scratch_layout(c, q_bytes)
+    assert scratch["stream"] == STREAM and scratch["bytes"] == scratch_bytes
     got = launches(log, i)
     shared = c.get("past_key") == c["present_key"]
     prepares = got[:1 if shared else 2]
@@ -213,18 +247,41 @@ def test_gqa_launches(runs, what):
     p = attention_params(c, want)
     if c.get("softcap"):
         p["softcap"] = c["softcap"]
-    ev, e, args = rest[0]
-    assert e["kind"] in ("fwd", "fwd_tma", "fwd_gluon", "decode") and ev["stream"] == STREAM
+    lse = scratch["ptr"] + lse_offset if has_sinks(c) else 0
+    p["lse"] = lse
+    rescale = [r for r in rest if r[1]["kind"] == "sink_rescale"]
+    attention = [r for r in rest if r[1]["kind"] != "sink_rescale"]
+    assert attention and all(r[1]["kind"] in ("fwd", "fwd_tma", "fwd_gluon", "decode", "combine") for r in attention)
+    assert attention[0][1]["kind"] != "combine"
+    ev, e, args = attention[0]
+    assert ev["stream"] == STREAM
     expected = _fwd_expected(p, dict(e, persistent=0, dynamic=False, kind="fwd"), 0)
-    for name in ("Q", "K", "V", "Mask", "SeqlensK", "has_seqlens", "mask_len", "Sq", "Skv", "causal", "offset",
-                 "window_left", "stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
-                 "stride_mb", "stride_mh", "stride_mm", "scale", "softcap"):
+    for name in ("Q", "K", "V", "Lse", "Mask", "SeqlensK", "has_seqlens", "mask_len", "Sq", "Skv", "causal",
+                 "offset", "window_left", "store_lse", "stride_qb", "stride_qh", "stride_qm", "stride_kb",
+                 "stride_kh", "stride_kn", "stride_mb", "stride_mh", "stride_mm", "scale", "softcap"):
         if name in args:
             assert args[name] == expected[name], f"{what}: attention parameter {name}"
     for t in "QKVY":  # pointers, or the TMA descriptors' addresses
         ptr = args[t] if t in args else log.encodes[args[f"{t}.map"][1]]["address"]
         assert ptr == p[t.lower()], f"{what}: attention tensor {t}"
     assert f32(args["scale"]) == f32(1 / math.sqrt(c["d"]))
+    for _, e, args in attention[1:]:  # a split-KV decode's merge writes the output and the log-sum-exp
+        assert e["kind"] == "combine" and args["Lse"] == lse and args["store_lse"] == int(bool(lse)), what
+    if not has_sinks(c):
+        assert not rescale, f"{what}: a sink rescale without sinks"
+        return
+    # The rescale last, after every attention launch, on the same stream: y *= sigmoid(lse - sink)
+    # over the output (B, S, Hq, D) in place, one program per block_m rows of one (batch, head).
+    assert rest[-1] == rescale[0] and len(rescale) == 1, f"{what}: the rescale must follow the attention"
+    ev, e, args = rescale[0]
+    hq, d = c["hq"], c["d"]
+    assert e["variant"] == f"sink_rescale_{SHORT[c['dtype']]}_d{block_d(d)}"
+    assert e["block_m"] * block_d(d) == 2048
+    assert args == dict(Y=c["output"], Lse=lse, Sinks=c.get("head_sink", 0), has_sinks=int("head_sink" in c),
+                        Hq=hq, Sq=s, D=d, stride_yb=s * hq * d, stride_yh=d, stride_ym=hq * d,
+                        global_scratch=0, profile_scratch=0), what
+    assert ev["grid"] == [b * hq * math.ceil(s / e["block_m"]), 1, 1]
+    assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
 
 
 @pytest.mark.parametrize("what", list(REFUSED))
@@ -236,9 +293,10 @@ def test_gqa_refusals(runs, what):
 
 
 def test_gqa_kernels_load_with_the_table(runs):
-    """The op's CUDA kernel creation (gqa_cuda_ready for each dtype, run first by the child) found
-    both prepare kinds for every dtype, loaded with the rest of the device's table."""
+    """The op's CUDA kernel creation (gqa_cuda_ready for each dtype, for a node with attention
+    sinks, run first by the child) found both prepare kinds and the sink rescale for every dtype,
+    loaded with the rest of the device's table."""
     _, log = runs
     loaded = {e["variant"] for e in log.entry_of_module.values()}
-    assert {f"{k}_{t}_d{hd}" for k in ("gqa_prepare", "gqa_past") for t in ("fp16", "bf16", "fp32")
+    assert {f"{k}_{t}_d{hd}" for k in ("gqa_prepare", "gqa_past", "sink_rescale") for t in ("fp16", "bf16", "fp32")
             for hd in (64, 128, 256)} <= loaded
