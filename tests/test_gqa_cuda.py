@@ -1,11 +1,14 @@
 """ort_flash's GroupQueryAttention on the CUDA execution provider (cpp/gqa_launch.cc: the prepare
-kernels of aot/gqa_prepare.py, then the attention kernels) against the float64 reference, case
-for case as tests/test_gqa_op.py checks the CPU op; and seqlens_k values the op cannot use
-(device data, never read on the host) giving zero rows and leaving the cache alone. GPU only."""
+kernels of aot/gqa_prepare.py, then the attention kernels, and with attention sinks the rescale of
+aot/sink_rescale.py) against the float64 reference, case for case as tests/test_gqa_op.py checks
+the CPU op; attention sinks in each form (head_sink, smooth_softmax=1, both); and seqlens_k values
+the op cannot use (device data, never read on the host) giving zero rows and leaving the cache
+alone. GPU only."""
 
 from __future__ import annotations
 
 import functools
+import secrets
 
 import numpy as np
 import onnx
@@ -13,8 +16,11 @@ import pytest
 from ml_dtypes import bfloat16
 
 from _gqa_models import OUTPUT_NAMES, gqa_model, output_shapes
-from test_gqa_op import DTYPES, SUPPORTED_CUDA, check_gqa_case
-from test_reference_gqa import _inputs
+from cases import FLOORS
+from ort_flash.reference import error_bound
+from ort_flash.reference_gqa import gqa_lowp, gqa_reference
+from test_gqa_op import DTYPES, SUPPORTED, check_gqa_case
+from test_reference_gqa import _inputs, _reference
 
 pytestmark = pytest.mark.gpu
 
@@ -94,7 +100,7 @@ def run_gqa_cuda(feeds, shared, attrs, library):
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("name", sorted(SUPPORTED_CUDA))
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
 def test_gqa_cuda_matches_reference(name, dtype, library):
     check_gqa_case(name, dtype, lambda feeds, shared, attrs: run_gqa_cuda(feeds, shared, attrs, library))
 
@@ -103,7 +109,7 @@ def test_gqa_cuda_matches_reference(name, dtype, library):
 def test_gqa_cuda_impossible_seqlens(shared, library):
     """A decode step whose seqlens_k holds values no call can have (negative, past the total):
     those rows output 0 and their cache rows are not written; the valid row is computed."""
-    feeds, attrs, _ = _inputs(np.random.default_rng(0), np.float16, SUPPORTED_CUDA["decode_shared"])
+    feeds, attrs, _ = _inputs(np.random.default_rng(0), np.float16, SUPPORTED["decode_shared"])
     b = feeds["query"].shape[0]
     if b < 2:
         pytest.skip("the case needs two batch rows")
@@ -121,12 +127,28 @@ def test_gqa_cuda_impossible_seqlens(shared, library):
         assert (pk[:2] == 0).all()
 
 
-@pytest.mark.parametrize("name", ["prompt_head_sink", "prompt_smooth_softmax"])
-def test_gqa_cuda_refuses_attention_sinks(name, library):
-    """Attention sinks run on the CPU EP only: the CUDA op says so, naming the node, instead of
-    computing without them."""
-    from test_reference_gqa import CASES
-
-    feeds, attrs, shared = _inputs(np.random.default_rng(0), np.float16, CASES[name])
-    with pytest.raises(Exception, match="GroupQueryAttention node .*attention sinks .* CPU execution provider only"):
-        run_gqa_cuda(feeds, shared, attrs, library)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("name", ["prompt_head_sink", "decode_head_sink_and_smooth"])
+def test_gqa_cuda_computes_attention_sinks(name, dtype, library):
+    """Attention sinks on CUDA (the attention's log-sum-exp, then the rescale), each form on the
+    same inputs: head_sink alone and smooth_softmax=1 alone within the error contract of their
+    float64 references, which the call without sinks is not (the sinks are computed, not dropped);
+    both given, head_sink wins, as in ONNX Runtime's op: the same output as head_sink alone."""
+    spec = SUPPORTED[name]
+    seed = secrets.randbits(64)
+    feeds, attrs, shared = _inputs(np.random.default_rng(seed), DTYPES[dtype], spec)
+    plain_feeds = {n: a for n, a in feeds.items() if n != "head_sink"}
+    plain_attrs = {k: v for k, v in attrs.items() if k != "smooth_softmax"}
+    forms = {"both": (feeds, dict(plain_attrs, smooth_softmax=1)), "head_sink": (feeds, plain_attrs),
+             "smooth_softmax": (plain_feeds, dict(plain_attrs, smooth_softmax=1)), "none": (plain_feeds, plain_attrs)}
+    out = {what: run_gqa_cuda({n: a.copy() for n, a in f.items()}, shared, a, library)[0].astype(np.float64)
+           for what, (f, a) in forms.items()}
+    ctx = f"{name} {dtype} seed={seed}"
+    np.testing.assert_array_equal(out["both"], out["head_sink"], err_msg=f"{ctx}: head_sink must win")
+    for what in ("head_sink", "smooth_softmax"):
+        f, a = forms[what]
+        ref = _reference(gqa_reference, f, a, shared)[0]
+        bound = error_bound(ref, _reference(gqa_lowp, f, a, shared), FLOORS[dtype][0])
+        err = np.abs(out[what] - ref).max()
+        assert err <= bound, f"{ctx} {what}: max |output - ref| = {err:.3g} > {bound:.3g}"
+        assert np.abs(out["none"] - ref).max() > bound, f"{ctx} {what}: the sinks change nothing"

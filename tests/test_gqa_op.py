@@ -3,8 +3,8 @@ ONNX Runtime's op (ort_flash.reference_gqa, itself checked against ONNX Runtime 
 test_reference_gqa) and against ONNX Runtime's op in the same one-node model.
 
 The cases are test_reference_gqa's, less the feature ort_flash's op refuses (an attention bias:
-test_gqa_op_refuses); attention sinks (head_sink, smooth_softmax=1) run on the CPU EP only
-(SUPPORTED_CUDA leaves them out). The output is NaN-poisoned before the
+test_gqa_op_refuses); tests/test_gqa_cuda.py runs the same cases, attention sinks (head_sink,
+smooth_softmax=1) included, on the CUDA EP. The output is NaN-poisoned before the
 run and checked by the package's error contract; the presents position by position: the rows the
 call writes within one rounding of the rotated K (V exactly), every other row exactly as ONNX
 Runtime's op leaves it (the past's values in a shared buffer, zero in a separate one).
@@ -25,9 +25,7 @@ from ort_flash.reference_gqa import gqa_lowp, gqa_reference
 from test_reference_gqa import CASES, _inputs, _reference, check_presents
 
 UNSUPPORTED = {"attention_bias"}
-CPU_ONLY = {"smooth_softmax", "head_sink"}
 SUPPORTED = {n: c for n, c in CASES.items() if not UNSUPPORTED & set(c[9])}
-SUPPORTED_CUDA = {n: c for n, c in SUPPORTED.items() if not CPU_ONLY & set(c[9])}
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16}
 
 
