@@ -13,14 +13,14 @@
 # attributes and semantics (the shared past/present buffer written in place at each row's
 # position, the rotary embedding of the new tokens only), computed by ort_flash's kernels.
 # A windowed KV cache (sliding_window_cache=1, the builder's default for Mistral and Gemma 2) is
-# kept as ONNX Runtime's op keeps it, and so are attention sinks (head_sink, smooth_softmax=1: the
-# CPU EP) and fused Q/K norms (q_norm_weight, k_norm_weight: Qwen3's CUDA builds). Declined with a
-# reason: what ort_flash's op does not compute (a quantized cache, an attention bias, the QK
-# output), float16 / bfloat16 nodes with attention sinks (computed on the CPU EP only), and float16 /
-# bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's op is not measured faster than ONNX
-# Runtime's own (_cuda_decision: mapped for float16 and bfloat16 at head sizes 64 and 128 by
-# rewrite()'s default gqa_cuda="measured", fused Q/K norms included; "all" maps the others, "none"
-# none; a windowed cache never on CUDA).
+# kept as ONNX Runtime's op keeps it, and so are attention sinks (head_sink, smooth_softmax=1) and
+# fused Q/K norms (q_norm_weight, k_norm_weight: Qwen3's CUDA builds). Declined with a reason: what
+# ort_flash's op does not compute (a quantized cache, an attention bias, the QK output), and
+# float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's op is not measured faster
+# than ONNX Runtime's own (_cuda_decision: mapped for float16 and bfloat16 at head sizes 64 and 128
+# by rewrite()'s default gqa_cuda="measured", fused Q/K norms included, attention sinks not: not
+# timed against ONNX Runtime's op on CUDA yet; "all" maps the others, "none" none; a windowed cache
+# never on CUDA).
 from __future__ import annotations
 
 import math
@@ -139,10 +139,7 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
     if qk_norm != (inputs.get("k_norm_weight") is not None):
         _fail("q_norm_weight and k_norm_weight must be given together")
     if dtype != ir.DataType.FLOAT:
-        if sinks:
-            _fail(f"a {dtype.name.lower()} GroupQueryAttention with attention sinks (head_sink or "
-                  "smooth_softmax=1): ort_flash's op computes them on the CPU execution provider only")
-        _cuda_decision(node, dtype, head_dim, cuda_policy)
+        _cuda_decision(node, dtype, head_dim, cuda_policy, sinks)
     scale_attr = node.attributes.get("scale")
     scale = scale_attr.as_float() if scale_attr is not None else 0.0
     if not scale and isinstance(head_dim, int):
@@ -166,16 +163,20 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
             "packed": packed, "scale": scale or float("nan"), "note": ", ".join(notes)}
 
 
-def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str) -> None:
+def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str, sinks: bool) -> None:
     """float16 / bfloat16 nodes run on CUDA. Mapped where ort_flash's op was measured faster than
-    ONNX Runtime's (_CUDA_MEASURED), or every one with policy "all"; none with "none", nor a
-    windowed cache (the CUDA op refuses it at session creation)."""
+    ONNX Runtime's (_CUDA_MEASURED; with attention sinks nowhere yet), or every one with policy
+    "all"; none with "none", nor a windowed cache (the CUDA op refuses it at session creation)."""
     what = f"a {dtype.name.lower()} GroupQueryAttention (CUDA) with head size {head_dim}"
     if _int(node, "sliding_window_cache", 0):
         _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes a "
               "windowed cache on the CPU execution provider only")
     if policy == "none":
         _fail(f"{what}: --gqa-cuda none (ORT_FLASH_GQA_CUDA=0) leaves it to ONNX Runtime's op")
+    if policy != "all" and sinks:
+        _fail(f"{what} and attention sinks (head_sink or smooth_softmax=1): ort_flash's op computes them on "
+              "CUDA but is not measured against ONNX Runtime's there yet: left to ONNX Runtime's; "
+              "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
     if policy != "all" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
               "sizes 64 and 128 (other sizes run generic kernels, measured slower): left to ONNX Runtime's; "
