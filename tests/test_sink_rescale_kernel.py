@@ -12,13 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from _paths import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
 GUARD = 32  # NaN elements before and after every buffer
 
 # b, sq, hq, d; layout: "bshd" (GroupQueryAttention's output (B, S, Hq, D)) or "bhsd"; pad: elements
