@@ -14,8 +14,11 @@ namespace ort_flash {
 // them), the Gluon Hopper forward kernels (aot/flash_fwd_gluon.py, aot/flash_fwd_gluon_ws.py,
 // sm_90), which take the same arguments and a tile counter; and GroupQueryAttention's prepare
 // kernels (aot/gqa_prepare.py, cpp/gqa_launch.cc): the new tokens (rotary, KV-cache rows, lengths)
-// and the past copy of a separate present, one per dtype. Their arguments: contract.gen.h's FwdArgs,
-// FwdGluonArgs, DecodeArgs, CombineArgs and GqaPrepareArgs.
+// and the past copy of a separate present, one per dtype; the attention-sink rescale of its output
+// (aot/sink_rescale.py); and the opt-in FP8 prefill path's statistics, quantization and attention
+// (aot/fp8_prepare.py, aot/flash_fwd_fp8.py, cpp/fp8_launch.cc; sm_90). Their arguments:
+// contract.gen.h's FwdArgs, FwdGluonArgs, DecodeArgs, CombineArgs, GqaPrepareArgs, SinkRescaleArgs,
+// Fp8StatsArgs, Fp8QuantizeArgs and FwdFp8Args.
 
 // How a kFwdTma or kFwdGluon cubin expects one descriptor (aot/build.py reads it from Triton's metadata):
 // CUtensorMapSwizzle and the box, `rows` sequence positions x `cols` head-dim elements.

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--genai-model", type=int, nargs=4, default=None, metavar=("LAYERS", "HIDDEN", "HEADS", "KV_HEADS"),
                    help="genai: the LLaMA-shaped model (default 16 2048 32 8 on CUDA, 2 256 8 2 on the CPU)")
     p.add_argument("--sinks", action="store_true",
-                   help="gqa: every node with attention sinks (head_sink, as gpt-oss); the CPU EP computes them")
+                   help="gqa: every node with attention sinks (head_sink, as gpt-oss)")
     p.add_argument("--qk-norm", action="store_true",
                    help="gqa: every node with fused Q/K norms (q_norm_weight, k_norm_weight, as Qwen3's CUDA builds)")
     p.add_argument("--with-fp8", action="store_true",
