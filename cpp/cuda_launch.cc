@@ -1,6 +1,7 @@
 #include "cuda_launch.h"
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -15,8 +16,6 @@
 
 namespace ort_flash {
 namespace {
-
-uint64_t dev(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
 
 // The arguments the forward and the split-KV kernels share, by name (contract.gen.h's FwdArgs,
 // FwdGluonArgs and DecodeArgs: their fields are the kernels' parameters, their order the launch's).
@@ -190,6 +189,20 @@ Status launch(const FlashParams& p, const DeviceKernels* dk, CUstream stream, co
 }
 
 }  // namespace
+
+Status launch_grid(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, int64_t gz, void** args,
+                   CUstream stream) {
+  if (gx <= 0 || gy <= 0 || gz <= 0) return Status::Ok();
+  const KernelEntry& e = *k.entry;
+  if (gx > std::numeric_limits<int32_t>::max() || gy > 65535 || gz > 65535) {
+    return Status::Error(std::string(e.variant_name) + ": grid (" + std::to_string(gx) + ", " + std::to_string(gy) +
+                         ", " + std::to_string(gz) + ") exceeds the GPU's limits");
+  }
+  return cuda_check(drv.cuLaunchKernel(k.function, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
+                                       static_cast<unsigned>(gz), 32 * e.num_warps, 1, 1, e.shared, stream, args,
+                                       nullptr),
+                    (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
+}
 
 Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace) {
   return launch(p, nullptr, stream, workspace);

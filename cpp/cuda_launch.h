@@ -2,6 +2,8 @@
 // and launches them on the caller's stream.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 
 #include "cuda_driver.h"
@@ -13,6 +15,18 @@ namespace ort_flash {
 // Device memory for the split-KV partials: returns `bytes` on the stream's device, owned by the
 // caller and valid until the work queued on the stream has run (stream-ordered reuse is fine).
 using WorkspaceFn = std::function<Status(size_t bytes, void** ptr)>;
+
+// A device pointer as a kernel argument (contract.gen.h's pointer fields); 0 for null.
+inline uint64_t dev(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
+
+// `bytes` rounded up to 256: where the next part of one scratch block starts.
+inline size_t aligned(size_t bytes) { return (bytes + 255) & ~static_cast<size_t>(255); }
+
+// Launches `k` over grid (gx, gy, gz) with its warps and shared memory on `stream`, `args` its
+// launch's argument array (an Args struct's pointers()): nothing for an empty grid, an error
+// naming the kernel for a grid past the GPU's limits (x < 2^31, y and z <= 65535).
+Status launch_grid(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, int64_t gz, void** args,
+                   CUstream stream);
 
 // Launches the kernels for `p` on `stream` (asynchronous), with those loaded in the stream's
 // context. An empty call (is_empty_call) launches nothing; a call no kernel can take fails before

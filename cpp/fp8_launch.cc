@@ -6,14 +6,11 @@
 #include <vector>
 
 #include "contract.gen.h"
+#include "kernel_select.h"
 #include "notice.h"
 
 namespace ort_flash {
 namespace {
-
-uint64_t dev(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
-
-size_t aligned(size_t bytes) { return (bytes + 255) & ~static_cast<size_t>(255); }
 
 // The kernel of `kind` for the call's dtype and head dim (and, for the attention, causal flag).
 const LoadedKernel* fp8_kernel(const DeviceKernels& dk, KernelKind kind, const FlashParams& p) {
@@ -27,12 +24,9 @@ const LoadedKernel* fp8_kernel(const DeviceKernels& dk, KernelKind kind, const F
   return nullptr;
 }
 
-bool strides_aligned(const FlashParams& p) {
-  for (const int64_t* s : {p.q_stride, p.k_stride, p.v_stride, p.y_stride}) {
-    for (int i = 0; i < 3; ++i) {
-      if (s[i] % 16 != 0) return false;
-    }
-  }
+// 16-element strides (kernel_select.h) and 16-byte-aligned tensors: the FP8 kernels' alignment.
+bool fp8_aligned(const FlashParams& p) {
+  if (!strides_aligned(p)) return false;
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.y)}) {
     if (dev(ptr) % 16 != 0) return false;
   }
@@ -44,19 +38,6 @@ bool strides_aligned(const FlashParams& p) {
 int64_t stats_splits(int64_t heads, int64_t n, int64_t block_n, int64_t sms) {
   const int64_t blocks = (n + block_n - 1) / block_n;
   return std::max<int64_t>(1, std::min(blocks, (2 * sms + heads - 1) / heads));
-}
-
-Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, int64_t gz,
-              std::vector<void*>& args, CUstream stream) {
-  if (gx > std::numeric_limits<int32_t>::max() || gy > 65535 || gz > 65535) {
-    return Status::Error(std::string(k.entry->variant_name) + ": grid (" + std::to_string(gx) + ", " +
-                         std::to_string(gy) + ", " + std::to_string(gz) + ") exceeds the GPU's limits");
-  }
-  const KernelEntry& e = *k.entry;
-  return cuda_check(drv.cuLaunchKernel(k.function, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
-                                       static_cast<unsigned>(gz), 32 * e.num_warps, 1, 1, e.shared, stream,
-                                       args.data(), nullptr),
-                    (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
 }
 
 }  // namespace
@@ -80,7 +61,7 @@ std::string fp8_declines(const FlashParams& p, const DeviceKernels& dk) {
     return "calls with a window, softcap or attention sinks";
   }
   if (p.hkv <= 0 || p.hq % p.hkv != 0) return "query heads that are not a multiple of the key heads";
-  if (!strides_aligned(p)) return "tensors whose strides or addresses are not 16-element aligned";
+  if (!fp8_aligned(p)) return "tensors whose strides or addresses are not 16-element aligned";
   if (p.sq > std::numeric_limits<int32_t>::max() / 2) return "sequences of 2^30 tokens or more";
   return "";
 }
@@ -132,7 +113,7 @@ Status launch_fp8(const FlashParams& p, const DeviceKernels& dk, CUstream stream
   s.stride_kb = p.k_stride[0], s.stride_kh = p.k_stride[1], s.stride_kn = p.k_stride[2];
   s.stride_vb = p.v_stride[0], s.stride_vh = p.v_stride[1], s.stride_vn = p.v_stride[2];
   std::vector<void*> sargs = s.pointers();
-  ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *stats, splits, b * hkv, 1, sargs, stream));
+  ORT_FLASH_RETURN_IF_ERROR(launch_grid(*drv, *stats, splits, b * hkv, 1, sargs.data(), stream));
 
   Fp8QuantizeArgs q;
   q.Q = dev(p.q);
@@ -149,7 +130,7 @@ Status launch_fp8(const FlashParams& p, const DeviceKernels& dk, CUstream stream
   q.stride_kb = s.stride_kb, q.stride_kh = s.stride_kh, q.stride_kn = s.stride_kn;
   q.stride_vb = s.stride_vb, q.stride_vh = s.stride_vh, q.stride_vn = s.stride_vn;
   std::vector<void*> qargs = q.pointers();
-  ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *quant, np / std::min(bm, bn), b * hq, 2, qargs, stream));
+  ORT_FLASH_RETURN_IF_ERROR(launch_grid(*drv, *quant, np / std::min(bm, bn), b * hq, 2, qargs.data(), stream));
 
   FwdFp8Args a;
   a.Q8 = q.Q8, a.K8 = q.K8, a.V8t = q.V8t;
@@ -163,7 +144,7 @@ Status launch_fp8(const FlashParams& p, const DeviceKernels& dk, CUstream stream
   a.store_lse = p.lse != nullptr ? 1 : 0;
   a.stride_yb = p.y_stride[0], a.stride_yh = p.y_stride[1], a.stride_ym = p.y_stride[2];
   std::vector<void*> aargs = a.pointers();
-  return launch(*drv, *attn, (n + bm - 1) / bm, b * hq, 1, aargs, stream);
+  return launch_grid(*drv, *attn, (n + bm - 1) / bm, b * hq, 1, aargs.data(), stream);
 }
 
 void notice_fp8_on_cpu(DType dtype) {

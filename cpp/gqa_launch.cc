@@ -10,22 +10,10 @@ namespace {
 // The kernels' arguments: contract.gen.h's GqaPrepareArgs and SinkRescaleArgs (their fields the
 // kernels' parameters, their order the launch's). Pointers the call does not use are 0: the kernels
 // never read them.
-uint64_t dev(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
-
-size_t aligned(size_t bytes) { return (bytes + 255) & ~static_cast<size_t>(255); }
-
 template <class Args>
 Status launch(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, Args& a, CUstream stream) {
-  if (gx <= 0 || gy <= 0) return Status::Ok();
-  if (gx > std::numeric_limits<int32_t>::max() || gy > 65535) {
-    return Status::Error(std::string(k.entry->variant_name) + ": grid (" + std::to_string(gx) + ", " +
-                         std::to_string(gy) + ") exceeds the GPU's limits");
-  }
   std::vector<void*> args = a.pointers();
-  const KernelEntry& e = *k.entry;
-  return cuda_check(drv.cuLaunchKernel(k.function, static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1,
-                                       32 * e.num_warps, 1, 1, e.shared, stream, args.data(), nullptr),
-                    (std::string("cuLaunchKernel(") + e.variant_name + ")").c_str());
+  return launch_grid(drv, k, gx, gy, 1, args.data(), stream);
 }
 
 std::string missing_prepare(const DeviceKernels& dk, DType dtype) {

@@ -22,15 +22,6 @@ int decode_bucket(int64_t d) {
 // Buckets that have an exact-size variant (aot/variants.py HEAD_DIMS).
 bool has_even_variant(int bucket) { return bucket != 32; }
 
-bool strides_aligned(const FlashParams& p) {
-  for (const int64_t* s : {p.q_stride, p.k_stride, p.v_stride, p.y_stride}) {
-    for (int i = 0; i < 3; ++i) {
-      if (s[i] % 16 != 0) return false;
-    }
-  }
-  return true;
-}
-
 bool has_extras(const FlashParams& p) {
   return p.window_left >= 0 || p.window_right >= 0 || p.softcap > 0.0f || p.seqlens_k != nullptr;
 }
@@ -43,6 +34,15 @@ bool descriptor_call(const FlashParams& p, const DeviceKernels& dk, const Varian
 }
 
 }  // namespace
+
+bool strides_aligned(const FlashParams& p) {
+  for (const int64_t* s : {p.q_stride, p.k_stride, p.v_stride, p.y_stride}) {
+    for (int i = 0; i < 3; ++i) {
+      if (s[i] % 16 != 0) return false;
+    }
+  }
+  return true;
+}
 
 Status select_variant(const FlashParams& p, VariantKey* key) {
   const int bucket = head_dim_bucket(p.d > p.dv ? p.d : p.dv);

@@ -13,6 +13,10 @@
 
 namespace ort_flash {
 
+// Whether every Q, K, V and Y stride of `p` is a multiple of 16 elements (the exact-head-dim
+// variants' and the FP8 kernels' alignment).
+bool strides_aligned(const FlashParams& p);
+
 // The forward variant `p` needs, or an error naming what no build can run.
 Status select_variant(const FlashParams& p, VariantKey* key);
 
