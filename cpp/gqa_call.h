@@ -68,9 +68,10 @@ struct GqaKeys {
   const void* mask;
 };
 
-// Whether the call has attention sinks: head_sink, or smooth_softmax=1 (a sink of 0 per head; head_sink
-// wins where both are given, as in ONNX Runtime's op).
-inline bool gqa_has_sinks(const GqaCall& c) { return c.head_sink != nullptr || c.attrs.smooth_softmax == 1; }
+// Whether a node or call has attention sinks: a head_sink input, or smooth_softmax=1 (a sink of 0
+// per head; head_sink wins where both are given, as in ONNX Runtime's op).
+inline bool gqa_has_sinks(const GqaAttributes& a, bool head_sink) { return head_sink || a.smooth_softmax == 1; }
+inline bool gqa_has_sinks(const GqaCall& c) { return gqa_has_sinks(c.attrs, c.head_sink != nullptr); }
 
 // Whether the call writes a Q of its own (B, S, Hq, D) before the attention: rotated and/or normed.
 inline bool gqa_q_copied(const GqaCall& c) { return c.attrs.do_rotary != 0 || c.q_norm != nullptr; }

@@ -79,8 +79,7 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   int device = 0;
   if (OrtStatus* st = api_.MemoryInfoGetId(allocator_->Info(allocator_), &device)) api_.ReleaseStatus(st);
   // The kernels load here, never inside a run that a CUDA graph might be capturing.
-  const bool sinks = in[kGqaHeadSink].present || a.smooth_softmax == 1;
-  return prefix(gqa_cuda_ready(device, dims.dtype, sinks));
+  return prefix(gqa_cuda_ready(device, dims.dtype, gqa_has_sinks(a, in[kGqaHeadSink].present)));
 }
 
 Status GqaKernel::compute(OrtKernelContext* ctx) {
