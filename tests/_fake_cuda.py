@@ -89,25 +89,29 @@ def child_env(driver_dir: Path, log: Path, env: dict | None = None) -> dict:
     return e
 
 
-def run_python(driver_dir: Path, log: Path, code: str, stdin: str = "", env: dict | None = None) -> str:
-    """Runs `code` in a child Python over the fake driver; returns its stdout."""
+def run_python(driver_dir: Path, log: Path, code: str, stdin: str = "", env: dict | None = None,
+               stderr: list | None = None) -> str:
+    """Runs `code` in a child Python over the fake driver; returns its stdout (and appends its
+    standard error to `stderr`, where given)."""
     r = subprocess.run([sys.executable, "-c", code], input=stdin, env=child_env(driver_dir, log, env),
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"the child over the fake driver failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    if stderr is not None:
+        stderr.append(r.stderr)
     return r.stdout
 
 
 def run(driver_dir: Path, log: Path, calls: list[dict], env: dict | None = None,
-        rows: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
+        rows: list[dict] | None = None, stderr: list | None = None) -> tuple[list[dict], list[dict]]:
     """Runs `calls` (each {"params": {FlashParams field: value}, "stream": int, "plan": whether to
     ask launch_variant and launch_plan first (default true)}) in a child over the fake driver;
     with `rows`, over that table instead of the build's (_C.launch_with_table, planned by
     _C.plan_with_table: plan is then (kind, splits)). Returns (per call: variant, plan and error;
     the fake's log, one dict per driver call, with {"ev": "call", "index": i} where call i's
-    launch starts)."""
+    launch starts). `stderr`: as run_python's."""
     log.unlink(missing_ok=True)
-    out = run_python(driver_dir, log, _CHILD, json.dumps({"calls": calls, "rows": rows}), env)
+    out = run_python(driver_dir, log, _CHILD, json.dumps({"calls": calls, "rows": rows}), env, stderr)
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return json.loads(out.strip().splitlines()[-1]), events
 

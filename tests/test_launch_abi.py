@@ -629,18 +629,13 @@ def test_fp8_declined_calls_run_in_their_dtype_and_say_so_once(driver, tmp_path,
         pytest.skip("the FP8 kernels are built for sm_90 only")
     plain = {k: v for k, v in p.items() if k != "fp8"}
     calls = [{"params": x, "stream": CALLS_STREAM, "plan": False} for x in (p, p, p, plain)]
-    code = _fake_cuda._CHILD
-    log = tmp_path / "cuda.log"
+    stderr: list[str] = []
     full_env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), **env}
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps({"calls": calls, "rows": None}),
-                       env=_fake_cuda.child_env(driver, log, full_env), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = json.loads(r.stdout.strip().splitlines()[-1])
+    results, events = _fake_cuda.run(driver, tmp_path / "cuda.log", calls, full_env, stderr=stderr)
     assert all(x["error"] is None for x in results), results
-    notices = [line for line in r.stderr.splitlines() if line.startswith("ort_flash: ")]
+    notices = [line for line in stderr[0].splitlines() if line.startswith("ort_flash: ")]
     dtype = p["dtype"]
     assert notices == [f"ort_flash: attention_precision=fp8: attention runs in {dtype} here, not FP8: {reason}"], notices
-    events = [json.loads(line) for line in log.read_text().splitlines()]
     calls_ev = _fake_cuda.per_call(events)
     functions = {e["function"]: e for e in events if e["ev"] == "function"}
     ran = [[functions[e["function"]]["module"] for e in calls_ev[k] if e["ev"] == "launch"] for k in range(4)]
