@@ -41,6 +41,7 @@ from .variants import (DTYPE_CODES, FP8_KINDS, GQA_KINDS, KIND_CODES, MASK_KINDS
 KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
            "decode": flash_decode.flash_decode_split, "combine": flash_decode.flash_decode_combine,
            "gqa_prepare": gqa_prepare.gqa_prepare, "gqa_past": gqa_prepare.gqa_prepare,
+           "gqa_compact": gqa_prepare.gqa_prepare,
            "fp8_stats": fp8_prepare.fp8_stats, "fp8_quantize": fp8_prepare.fp8_quantize,
            "fwd_fp8": flash_fwd_fp8.flash_fwd_fp8, "sink_rescale": sink_rescale.sink_rescale}
 
@@ -142,7 +143,7 @@ def triton_source(v: Variant, arch: int, cfg: TileConfig) -> tuple:
         constexprs = {"BLOCK_DV": v.head_dim, "BLOCK_S": cfg.block_n}
     elif v.kind in GQA_KINDS:
         constexprs = {"BLOCK_ROWS": cfg.block_m, "BLOCK_D": v.head_dim, "GATHER_ROWS": cfg.block_n,
-                      "COPY_PAST": v.kind == "gqa_past"}
+                      "MODE": GQA_KINDS.index(v.kind)}
     elif v.kind in SINK_KINDS:
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_D": v.head_dim}
     elif v.kind in FP8_KINDS:

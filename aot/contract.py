@@ -20,7 +20,7 @@ ENUMS = {
     "KernelKind": (("fwd", "kFwd"), ("decode", "kDecode"), ("combine", "kCombine"), ("fwd_tma", "kFwdTma"),
                    ("fwd_gluon", "kFwdGluon"), ("gqa_prepare", "kGqaPrepare"), ("gqa_past", "kGqaPast"),
                    ("fp8_stats", "kFp8Stats"), ("fp8_quantize", "kFp8Quantize"), ("fwd_fp8", "kFwdFp8"),
-                   ("sink_rescale", "kSinkRescale")),
+                   ("sink_rescale", "kSinkRescale"), ("gqa_compact", "kGqaCompact")),
 }
 
 
@@ -65,14 +65,15 @@ ABIS = {
     "Combine": (("OPart", "ptr:f32"), ("LsePart", "ptr:f32"), ("Y", "ptr:dtype"), ("Lse", "ptr:f32"), ("Hq", "i32"),
                 ("Sq", "i32"), ("Dv", "i32"), ("num_splits", "i32"), ("store_lse", "i32"), ("stride_yb", "i64"),
                 ("stride_yh", "i64"), ("stride_ym", "i64")),
-    # gqa_prepare (both of its kinds). K and V may point into packed QKV.
+    # gqa_prepare (its three kinds). K and V may point into packed QKV. StageK / StageV, cap, gap,
+    # stage_len and shared: a windowed cache's stage (cap 0: none).
     "GqaPrepare": tuple((n, "ptr:dtype") for n in ("Q", "K", "V", "PastK", "PastV", "PresentK", "PresentV", "QRot",
-                                                   "Cos", "Sin"))
+                                                   "Cos", "Sin", "StageK", "StageV"))
     + (("PositionIds", "ptr:i64"), ("Seqlens", "ptr:i32"), ("Totals", "ptr:i64"), ("KeyMask", "ptr:i8"),
        ("QNorm", "ptr:dtype"), ("KNorm", "ptr:dtype"))
     + tuple((n, "i32") for n in ("S", "Hq", "Hkv", "D", "q_heads", "rotary", "rotary_half", "max_position",
                                  "has_position_ids", "first_prompt", "write_mask", "total_max", "present_len",
-                                 "past_len", "qk_norm"))
+                                 "past_len", "qk_norm", "cap", "gap", "stage_len", "shared"))
     + (("qk_eps", "f32"),)
     + tuple((f"stride_{t}{d}", "i64") for t in "qkv" for d in "bs"),
     # The FP8 prefill path (aot/fp8_prepare.py, aot/flash_fwd_fp8.py): K's column sums and V's
@@ -94,7 +95,8 @@ ABIS = {
     + tuple((n, "i32") for n in ("has_sinks", "Hq", "Sq", "D")) + tuple((n, "i64") for n in _stride_names("y")),
 }
 KIND_ABIS = {"fwd": "Fwd", "fwd_tma": "Fwd", "fwd_gluon": "FwdGluon", "decode": "Decode", "combine": "Combine",
-             "gqa_prepare": "GqaPrepare", "gqa_past": "GqaPrepare", "fp8_stats": "Fp8Stats",
+             "gqa_prepare": "GqaPrepare", "gqa_past": "GqaPrepare", "gqa_compact": "GqaPrepare",
+             "fp8_stats": "Fp8Stats",
              "fp8_quantize": "Fp8Quantize", "fwd_fp8": "FwdFp8", "sink_rescale": "SinkRescale"}
 # fwd_tma, fwd_gluon: these are (B, H, S, D) TMA descriptors. Each is, in the launch, the
 # CUtensorMap (128 bytes, by value), its TMA_RANK dims (i32), then its TMA_RANK strides (i64).

@@ -2,9 +2,9 @@
 before the attention kernel runs (cpp/gqa_call.cc run_gqa_cpu is the same on the host; the
 semantics are ort_flash/reference_gqa.py's rules 5-9).
 
-One Triton function, two modes (constexpr COPY_PAST):
+One Triton function, three modes (constexpr MODE):
 
-- new tokens (COPY_PAST False), grid (B * cdiv(S * NH, BLOCK_ROWS),): a program takes BLOCK_ROWS
+- new tokens (MODE 0), grid (B * cdiv(S * NH, BLOCK_ROWS),): a program takes BLOCK_ROWS
   consecutive rows p = s * NH + h of one batch row b, a row being one head of one token, NH =
   q_heads + 2 Hkv of them per token in packed QKV's order: the Q heads (q_heads = Hq when
   `rotary`, else 0: Q is then read as it is), the K heads, the V heads. So a decode step (S = 1)
@@ -14,7 +14,7 @@ One Triton function, two modes (constexpr COPY_PAST):
   program holding row 0 also writes the batch row's total length T_b = seqlens_k[b] + 1 (int64,
   the attention kernels' per-batch key lengths) and, when `write_mask`, its key mask row j < T_b
   (bool, present_len entries) of a first prompt.
-- past copy (COPY_PAST True), grid (cdiv(present_len, BLOCK_ROWS), B * Hkv): a present of its own
+- past copy (MODE 1), grid (cdiv(present_len, BLOCK_ROWS), B * Hkv): a present of its own
   (not the past's buffer): rows j < min(past_b, past_len) copied from the past, the other rows
   zeroed except the new tokens' [past_b, past_b + S), which the other mode writes.
 
@@ -35,6 +35,17 @@ The new tokens take one of two paths, chosen per call in the kernel (_new_tokens
 - general: anything else (interleaved or partial rotary, unaligned rows): each element's partner
   and cos/sin entry gathered, in chunks of GATHER_ROWS rows.
 
+A windowed cache (sliding_window_cache=1, `cap` > 0: the cache's capacity C, `gap` G = C - W + 1;
+cpp/gqa_shapes.h's layout): a row's first new token goes to buffer row L(past_b) (L(T) = T for
+T <= C, else T - G ceil((T - C) / G)), its rotary position stays past_b + s, and its key count is
+L(past_b) + S. Those rows may pass C, so the cache writes of both modes above go to the staging
+buffers StageK / StageV (B, Hkv, stage_len, D) instead of present: the past copy moves each row's
+L(past_b) resident rows there (nothing else), the new tokens follow them, the attention reads the
+stage, and the third mode (MODE 2, compact; grid (cdiv(C, BLOCK_ROWS), B * Hkv)) then writes
+present's rows [0, L(T_b)) from the stage's last L(T_b) rows of the batch row, and zeros the rest
+of a present of its own (`shared` 0; a shared buffer keeps them). A first prompt into a windowed
+cache must fill every row (T_b = S, as the CPU op requires): a shorter row is impossible here.
+
 seqlens_k is device data: a row whose length is impossible (T_b < 1 or > total_max, fewer keys
 than the new tokens, past the cache) writes no K/V row and gets T_b = 0 (its attention output is
 0) and an all-false mask row; nothing is ever written outside the buffers.
@@ -47,17 +58,34 @@ MASK_STEP = tl.constexpr(1024)
 
 
 @triton.jit
-def _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt):
-    """(T_b, past_b, valid) of batch row b; (0, 0, False) where seqlens_k[b] is impossible."""
+def _kept(t, cap, gap):
+    """L(t): the rows a windowed cache of capacity `cap` keeps after t tokens (t >= 0)."""
+    over = tl.maximum(t - cap, 0)
+    return t - gap * ((over + gap - 1) // gap)
+
+
+@triton.jit
+def _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt, cap, gap, stage_len):
+    """(keys_b, past_b, row0_b, valid) of batch row b: the keys its attention reads, the absolute
+    position of its first new token, that token's row in the cache buffer; (0, 0, 0, False) where
+    seqlens_k[b] is impossible. Without a windowed cache (cap 0) keys = T_b and row0 = past_b."""
     total = tl.load(Seqlens + b).to(tl.int64) + 1
     past = tl.where(first_prompt != 0, 0, total - S)
-    ok = (total >= 1) & (total <= total_max) & (past >= 0) & (past + S <= present_len)
-    return tl.where(ok, total, 0), tl.where(ok, past, 0), ok
+    ok = (total >= 1) & (total <= total_max) & (past >= 0)
+    if cap > 0:
+        row0 = _kept(tl.maximum(past, 0), cap, gap)
+        ok = ok & ((first_prompt == 0) | (total == S)) & (row0 + S <= stage_len)
+        keys = row0 + S
+    else:
+        row0 = past
+        ok = ok & (past + S <= present_len)
+        keys = total
+    return tl.where(ok, keys, 0), tl.where(ok, past, 0), tl.where(ok, row0, 0), ok
 
 
 @triton.jit
 def _pair_rows(Q, K, V, PresentK, PresentV, QRot, PositionIds, QNorm, KNorm, pp, b64, S, Hq, Hkv, D, q_heads,
-               rotary, max_position, has_position_ids, first_prompt, present_len, past, ok, qk_norm,
+               rotary, max_position, has_position_ids, first_prompt, present_len, past, row0, ok, qk_norm,
                stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, ALIGNED: tl.constexpr):
     """Rows pp (p = s * NH + h) of batch row b: per row (source, destination, load: the row exists,
     store: it is written, its rotary position, turn: it is rotated, normed: it is RMS-normed first,
@@ -74,7 +102,7 @@ def _pair_rows(Q, K, V, PresentK, PresentV, QRot, PositionIds, QNorm, KNorm, pp,
     src = tl.where(is_q, Q + b64 * stride_qb + s64 * stride_qs + h * D,
                    tl.where(is_k, K + b64 * stride_kb + s64 * stride_ks + hk * D,
                             V + b64 * stride_vb + s64 * stride_vs + hkv * D))
-    kv_row = ((b64 * Hkv + hkv) * present_len + past + s64) * D
+    kv_row = ((b64 * Hkv + hkv) * present_len + row0 + s64) * D
     dst = tl.where(is_q, QRot + ((b64 * S + s64) * Hq + h) * D,
                    tl.where(is_k, PresentK + kv_row, PresentV + kv_row))
     if ALIGNED:
@@ -101,7 +129,7 @@ def _pair_rows(Q, K, V, PresentK, PresentV, QRot, PositionIds, QNorm, KNorm, pp,
 
 @triton.jit
 def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm, KNorm, b64, p0, S, Hq, Hkv, D,
-                q_heads, rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, ok,
+                q_heads, rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, row0, ok,
                 qk_norm, qk_eps, stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
                 BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr):
     """Rows p0 .. p0 + BLOCK_ROWS - 1 of batch row b64: the fast path where the call allows it,
@@ -123,7 +151,7 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm,
         pp = p0 + tl.arange(0, BLOCK_ROWS)
         src, dst, load, store, pos, turn, normed, weight = _pair_rows(
             Q, K, V, PresentK, PresentV, QRot, PositionIds, QNorm, KNorm, pp, b64, S, Hq, Hkv, D, q_heads, rotary,
-            max_position, has_position_ids, first_prompt, present_len, past, ok, qk_norm,
+            max_position, has_position_ids, first_prompt, present_len, past, row0, ok, qk_norm,
             stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, True)
         cs = tl.where(turn, pos, 0) * hv
         cos_row = tl.multiple_of(Cos + cs, [16])
@@ -166,7 +194,7 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm,
             pp = p0 + r0 + tl.arange(0, GATHER_ROWS)
             src, dst, load, store, pos, turn, normed, weight = _pair_rows(
                 Q, K, V, PresentK, PresentV, QRot, PositionIds, QNorm, KNorm, pp, b64, S, Hq, Hkv, D, q_heads,
-                rotary, max_position, has_position_ids, first_prompt, present_len, past, ok, qk_norm,
+                rotary, max_position, has_position_ids, first_prompt, present_len, past, row0, ok, qk_norm,
                 stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs, False)
             t = turn[:, None] & d_ok & r_ok
             cs = tl.where(turn, pos, 0)[:, None] * rotary_half + i[None, :]
@@ -186,17 +214,21 @@ def _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm,
 
 @triton.jit
 def _copy_past(PastK, PastV, PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, present_len,
-               past_len, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """COPY_PAST: cache rows of one (batch row, KV head) of a present of its own."""
+               past_len, cap, gap, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """MODE 1: cache rows of one (batch row, KV head) of a present of its own, or of the stage
+    (PresentK / PresentV and present_len are the stage's then; only the resident rows are written)."""
     dd = tl.arange(0, BLOCK_D)
     d_ok = dd < D
     bh = tl.program_id(1)
     b = bh // Hkv
-    total, past, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt)
+    keys, past, row0, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt, cap, gap, present_len)
     jj = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    new_end = tl.where(ok, past + S, 0)
-    copy = (jj < tl.minimum(past, past_len))[:, None] & d_ok[None, :]
-    write = ((jj < present_len) & ((jj < past) | (jj >= new_end)))[:, None] & d_ok[None, :]
+    new_end = tl.where(ok, row0 + S, 0)
+    copy = (jj < tl.minimum(row0, past_len))[:, None] & d_ok[None, :]
+    if cap > 0:
+        write = copy
+    else:
+        write = ((jj < present_len) & ((jj < row0) | (jj >= new_end)))[:, None] & d_ok[None, :]
     src = (bh.to(tl.int64) * past_len + jj)[:, None] * D + dd[None, :]
     dst = (bh.to(tl.int64) * present_len + jj)[:, None] * D + dd[None, :]
     tl.store(PresentK + dst, tl.load(PastK + src, mask=copy, other=0.0), mask=write)
@@ -204,30 +236,63 @@ def _copy_past(PastK, PastV, PresentK, PresentV, Seqlens, S, Hkv, D, first_promp
 
 
 @triton.jit
+def _compact(StageK, StageV, PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap, stage_len,
+             shared, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """MODE 2: present rows [0, L(T_b)) of one (batch row, KV head) from the stage's last L(T_b)
+    rows of the batch row; the rest zeroed in a present of its own, kept in a shared buffer."""
+    dd = tl.arange(0, BLOCK_D)
+    d_ok = dd < D
+    bh = tl.program_id(1)
+    b = bh // Hkv
+    keys, past, row0, ok = _row_lengths(Seqlens, b, S, total_max, cap, first_prompt, cap, gap, stage_len)
+    kept = tl.where(ok, _kept(past + S, cap, gap), 0)
+    jj = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    copy = (jj < kept)[:, None] & d_ok[None, :]
+    write = ((jj < cap) & ((jj < kept) | (shared == 0)))[:, None] & d_ok[None, :]
+    src = (bh.to(tl.int64) * stage_len + keys - kept + jj)[:, None] * D + dd[None, :]
+    dst = (bh.to(tl.int64) * cap + jj)[:, None] * D + dd[None, :]
+    tl.store(PresentK + dst, tl.load(StageK + src, mask=copy, other=0.0), mask=write)
+    tl.store(PresentV + dst, tl.load(StageV + src, mask=copy, other=0.0), mask=write)
+
+
+@triton.jit
 def gqa_prepare(
-    Q, K, V, PastK, PastV, PresentK, PresentV, QRot, Cos, Sin, PositionIds, Seqlens, Totals, KeyMask, QNorm, KNorm,
+    Q, K, V, PastK, PastV, PresentK, PresentV, QRot, Cos, Sin, StageK, StageV, PositionIds, Seqlens, Totals, KeyMask,
+    QNorm, KNorm,
     S, Hq, Hkv, D, q_heads, rotary, rotary_half, max_position, has_position_ids,
-    first_prompt, write_mask, total_max, present_len, past_len, qk_norm, qk_eps,
+    first_prompt, write_mask, total_max, present_len, past_len, qk_norm, cap, gap, stage_len, shared, qk_eps,
     stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
-    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr, COPY_PAST: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr, MODE: tl.constexpr,
 ):
-    if COPY_PAST:
-        _copy_past(PastK, PastV, PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, present_len,
-                   past_len, BLOCK_ROWS, BLOCK_D)
+    # The cache writes of modes 0 and 1: present, or a windowed cache's stage.
+    if cap > 0:
+        CacheK = StageK
+        CacheV = StageV
+        cache_len = stage_len
+    else:
+        CacheK = PresentK
+        CacheV = PresentV
+        cache_len = present_len
+    if MODE == 1:
+        _copy_past(PastK, PastV, CacheK, CacheV, Seqlens, S, Hkv, D, first_prompt, total_max, cache_len,
+                   past_len, cap, gap, BLOCK_ROWS, BLOCK_D)
+    elif MODE == 2:
+        _compact(StageK, StageV, PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap, stage_len,
+                 shared, BLOCK_ROWS, BLOCK_D)
     else:
         tiles = tl.cdiv(S * (q_heads + 2 * Hkv), BLOCK_ROWS)
         b = tl.program_id(0) // tiles
         p0 = (tl.program_id(0) % tiles) * BLOCK_ROWS
-        total, past, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt)
+        keys, past, row0, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt, cap, gap, stage_len)
         b64 = b.to(tl.int64)
-        _new_tokens(Q, K, V, PresentK, PresentV, QRot, Cos, Sin, PositionIds, QNorm, KNorm, b64, p0, S, Hq, Hkv, D,
-                    q_heads, rotary, rotary_half, max_position, has_position_ids, first_prompt, present_len, past, ok,
-                    qk_norm, qk_eps, stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
+        _new_tokens(Q, K, V, CacheK, CacheV, QRot, Cos, Sin, PositionIds, QNorm, KNorm, b64, p0, S, Hq, Hkv, D,
+                    q_heads, rotary, rotary_half, max_position, has_position_ids, first_prompt, cache_len, past, row0,
+                    ok, qk_norm, qk_eps, stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
                     BLOCK_ROWS, BLOCK_D, GATHER_ROWS)
-        # The batch row's length and key mask, after its rows' loads are issued.
+        # The batch row's key count and key mask, after its rows' loads are issued.
         if p0 == 0:
-            tl.store(Totals + b, total)
+            tl.store(Totals + b, keys)
             if write_mask != 0:
                 for j0 in range(0, present_len, MASK_STEP):
                     jm = j0 + tl.arange(0, MASK_STEP)
-                    tl.store(KeyMask + b64 * present_len + jm, (jm < total).to(tl.int8), mask=jm < present_len)
+                    tl.store(KeyMask + b64 * present_len + jm, (jm < keys).to(tl.int8), mask=jm < present_len)

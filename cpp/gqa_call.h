@@ -84,8 +84,12 @@ FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q,
 // positions, so the kernel's bottom-right alignment on T_b cannot stand in for it). A first prompt
 // whose rows all hold S tokens needs none: it is a plain causal call over the first S keys. The
 // CPU knows the rows' lengths; on CUDA they live on the device, but a batch of one row holds
-// total_sequence_length = S tokens by the op's contract (the maximum over the batch's rows).
-inline bool gqa_needs_key_mask(const GqaCall& c, bool first_prompt) { return first_prompt && c.attrs.causal != 0; }
+// total_sequence_length = S tokens by the op's contract (the maximum over the batch's rows). A
+// windowed cache keeps no padding: its first prompt's rows all hold S tokens (gqa_lengths refuses
+// a shorter one; on CUDA the prepare kernel gives it no keys), so it reads the rows' key counts.
+inline bool gqa_needs_key_mask(const GqaCall& c, bool first_prompt) {
+  return first_prompt && c.attrs.causal != 0 && !c.dims.windowed;
+}
 
 // Runs the call on the host: the new K and V (K rotated) written into the present buffers at
 // each row's position (the past copied first unless past and present share one buffer), Q

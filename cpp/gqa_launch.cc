@@ -41,11 +41,15 @@ const LoadedKernel* gqa_kernel(const DeviceKernels& dk, KernelKind kind, DType d
   return best;
 }
 
-Status gqa_cuda_ready(int device, DType dtype, bool sinks) {
+Status gqa_cuda_ready(int device, DType dtype, bool sinks, bool windowed) {
   const DeviceKernels* dk = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(prepare_device(device, &dk));
   for (KernelKind kind : {KernelKind::kGqaPrepare, KernelKind::kGqaPast}) {
     if (!gqa_kernel(*dk, kind, dtype, 0)) return Status::Error(missing_prepare(*dk, dtype));
+  }
+  if (windowed && !gqa_kernel(*dk, KernelKind::kGqaCompact, dtype, 0)) {
+    return Status::Error(missing_prepare(*dk, dtype) + ": its compaction kernel, which a windowed KV cache "
+                         "(sliding_window_cache=1) needs");
   }
   if (sinks && !gqa_kernel(*dk, KernelKind::kSinkRescale, dtype, 0)) return Status::Error(missing_rescale(*dk, dtype));
   return Status::Ok();
@@ -58,11 +62,15 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   };
   bool first = false;
   ORT_FLASH_RETURN_IF_ERROR(gqa_phase(node, c, &first));
-  // The windowed cache's rows depend on each row's length, which lives on the device here.
-  if (d.windowed) return fail("a windowed KV cache (sliding_window_cache=1) runs on the CPU execution provider only for now");
   if (d.batch == 0 || d.sq == 0) return Status::Ok();
   const int64_t plen = c.present_len;
-  for (int64_t n : {plen, d.past_len, d.max_position, d.batch * d.sq, d.hq + 2 * d.hkv}) {
+  // A windowed cache (sliding_window_cache=1; present is the past's C rows): each row's resident
+  // rows and new tokens go to a stage of C + S rows, the attention reads it, then the compaction
+  // writes present (aot/gqa_prepare.py). Which rows a batch row keeps depends on its length, which
+  // lives on the device.
+  const bool windowed = d.windowed;
+  const int64_t stage_len = windowed ? plen + d.sq : 0;
+  for (int64_t n : {plen, d.past_len, d.max_position, d.batch * d.sq, d.hq + 2 * d.hkv, stage_len}) {
     if (n > std::numeric_limits<int32_t>::max()) return fail("a dimension of " + std::to_string(n) + " exceeds int32");
   }
   const CudaDriver* drv = nullptr;
@@ -71,7 +79,8 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   ORT_FLASH_RETURN_IF_ERROR(kernels_for_stream(stream, &dk));
   const LoadedKernel* prepare = gqa_kernel(*dk, KernelKind::kGqaPrepare, d.dtype, d.d);
   const LoadedKernel* past = gqa_kernel(*dk, KernelKind::kGqaPast, d.dtype, d.d);
-  if (!prepare || !past) return fail(missing_prepare(*dk, d.dtype));
+  const LoadedKernel* compact = windowed ? gqa_kernel(*dk, KernelKind::kGqaCompact, d.dtype, d.d) : nullptr;
+  if (!prepare || !past || (windowed && !compact)) return fail(missing_prepare(*dk, d.dtype));
   // Attention sinks: the attention stores its log-sum-exp, then the rescale kernel applies them
   // (a window of 0 keys runs no attention: its zero rows stay zero).
   const bool sinks = gqa_has_sinks(c) && !gqa_attends_nothing(c);
@@ -97,16 +106,22 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   const size_t q_bytes = q_copy ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
   const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
   const size_t mask_bytes = mask ? static_cast<size_t>(d.batch * plen) : 0;
-  // The block: [rotated Q | lengths | key mask | the attention's log-sum-exp (B, Hq, S) with sinks].
+  const size_t stage_bytes = static_cast<size_t>(d.batch * d.hkv * stage_len * d.d) * es;
+  // The block: [rotated Q | lengths | key mask | the attention's log-sum-exp (B, Hq, S) with sinks
+  // | a windowed cache's stage K | stage V].
   size_t bytes = aligned(q_bytes) + aligned(len_bytes) + mask_bytes;
   const size_t lse_offset = aligned(bytes);
   if (sinks) bytes = lse_offset + static_cast<size_t>(d.batch * d.hq * d.sq) * sizeof(float);
+  const size_t stage_offset = aligned(bytes);
+  if (windowed) bytes = stage_offset + 2 * aligned(stage_bytes);
   void* buf = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(scratch(bytes, &buf));
   char* q_rot = static_cast<char*>(buf);
   auto* totals = reinterpret_cast<int64_t*>(q_rot + aligned(q_bytes));
   char* key_mask = reinterpret_cast<char*>(totals) + aligned(len_bytes);
   float* lse = sinks ? reinterpret_cast<float*>(q_rot + lse_offset) : nullptr;
+  char* stage_k = windowed ? q_rot + stage_offset : nullptr;
+  char* stage_v = windowed ? stage_k + aligned(stage_bytes) : nullptr;
 
   // The new tokens' element strides per (batch, token); heads are D apart.
   const int64_t q_row = (d.packed ? d.hq + 2 * d.hkv : d.hq) * d.d;
@@ -123,6 +138,8 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   a.QRot = q_copy ? dev(q_rot) : 0;
   a.Cos = rotary ? dev(c.cos_cache) : 0;
   a.Sin = rotary ? dev(c.sin_cache) : 0;
+  a.StageK = dev(stage_k);
+  a.StageV = dev(stage_v);
   a.PositionIds = dev(c.position_ids);
   a.Seqlens = dev(c.seqlens_k);
   a.Totals = dev(totals);
@@ -145,14 +162,20 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   a.total_max = c.total_sequence_length;
   a.present_len = static_cast<int32_t>(plen);
   a.past_len = d.has_past ? static_cast<int32_t>(d.past_len) : 0;
+  // cap > 0: the windowed cache's capacity C and G = C - W + 1 (C >= W > 0: validate_gqa).
+  a.cap = windowed ? static_cast<int32_t>(plen) : 0;
+  a.gap = windowed ? static_cast<int32_t>(plen - c.attrs.local_window_size + 1) : 1;
+  a.stage_len = static_cast<int32_t>(stage_len);
+  const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
+  a.shared = shared;
   a.stride_qb = d.sq * q_row; a.stride_qs = q_row;
   a.stride_kb = d.sq * kv_row; a.stride_ks = kv_row;
   a.stride_vb = d.sq * kv_row; a.stride_vs = kv_row;
 
-  // A present of its own: zeros and each row's past (rows the new tokens take are left to them).
-  const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
-  if (!shared) {
-    const int64_t cache_rows = past->entry->block_m;
+  // A present of its own: zeros and each row's past (rows the new tokens take are left to them);
+  // a windowed cache's stage: each row's resident rows (at most C), shared buffer or not.
+  const int64_t cache_rows = past->entry->block_m;
+  if (!shared || windowed) {
     ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + cache_rows - 1) / cache_rows, d.batch * d.hkv, a, stream));
   }
   // BLOCK_ROWS rows of one batch row per program, a row being one head of one token: the Q heads
@@ -160,15 +183,22 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // kernel counts them in int32 (checked above).
   ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *prepare, d.batch * ((rows + block_rows - 1) / block_rows), 1, a, stream));
 
-  if (gqa_attends_nothing(c)) {
+  if (gqa_attends_nothing(c)) {  // (never windowed: validate_gqa asks W > 0 there)
     return cuda_check(drv->cuMemsetD8Async(dev(c.output), 0, static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es,
                                            stream),
                       "cuMemsetD8Async");
   }
-  const GqaKeys keys{c.present_key, c.present_value, plen, totals, mask ? key_mask : nullptr};
+  const GqaKeys keys = windowed ? GqaKeys{stage_k, stage_v, stage_len, totals, nullptr}
+                                : GqaKeys{c.present_key, c.present_value, plen, totals, mask ? key_mask : nullptr};
   FlashParams p = gqa_flash_params(c, first, q_copy ? q_rot : c.query, keys);
   p.lse = lse;
   ORT_FLASH_RETURN_IF_ERROR(launch_flash_cuda(p, stream, scratch));
+  // Present's C rows from the stage, after the attention read it (same stream).
+  if (windowed) {
+    const int64_t compact_rows = compact->entry->block_m;
+    ORT_FLASH_RETURN_IF_ERROR(
+        launch(*drv, *compact, (plen + compact_rows - 1) / compact_rows, d.batch * d.hkv, a, stream));
+  }
   if (!sinks) return Status::Ok();
   // Each row y *= 1 / (1 + exp(sink_h - lse)), in place on the same stream (aot/sink_rescale.py):
   // head_sink's value per head, or 0 (smooth_softmax=1) where the call has no head_sink.

@@ -67,10 +67,6 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   auto prefix = [&](Status s) {
     return s.ok() ? s : Status::Error("GroupQueryAttention node '" + node_ + "': " + s.message());
   };
-  if (dims.windowed) {
-    return prefix(Status::Error("a windowed KV cache (sliding_window_cache=1) runs on the CPU execution provider only "
-                                "for now"));
-  }
   if (OrtStatus* st = api_.KernelInfoGetAllocator(info, OrtMemTypeDefault, &allocator_)) {
     std::string msg = api_.GetErrorMessage(st);
     api_.ReleaseStatus(st);
@@ -79,7 +75,7 @@ Status GqaKernel::init(const OrtKernelInfo* info) {
   int device = 0;
   if (OrtStatus* st = api_.MemoryInfoGetId(allocator_->Info(allocator_), &device)) api_.ReleaseStatus(st);
   // The kernels load here, never inside a run that a CUDA graph might be capturing.
-  return prefix(gqa_cuda_ready(device, dims.dtype, gqa_has_sinks(a, in[kGqaHeadSink].present)));
+  return prefix(gqa_cuda_ready(device, dims.dtype, gqa_has_sinks(a, in[kGqaHeadSink].present), dims.windowed));
 }
 
 Status GqaKernel::compute(OrtKernelContext* ctx) {

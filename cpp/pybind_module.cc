@@ -228,6 +228,8 @@ GqaCall gqa_call_from(const py::dict& c) {
   g.attrs.rotary_interleaved = i64("rotary_interleaved", 0);
   g.attrs.causal = i64("causal", 1);
   g.attrs.smooth_softmax = i64("smooth_softmax", -1);
+  g.attrs.sliding_window_cache = i64("sliding_window_cache", 0);
+  g.dims.windowed = g.attrs.sliding_window_cache != 0;
   g.query = ptr("query"); g.key = ptr("key"); g.value = ptr("value");
   g.past_key = ptr("past_key"); g.past_value = ptr("past_value");
   g.seqlens_k = static_cast<const int32_t*>(ptr("seqlens_k"));
@@ -373,13 +375,13 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("call"), py::arg("stream"),
      "GroupQueryAttention's CUDA path (cpp/gqa_launch.h) on device pointers, as the op on the CUDA EP "
      "runs it: `call` a dict of GqaCall's dims, attributes and pointers (tests, over tests/fake_cuda).");
-  m.def("gqa_cuda_ready", [](int device, const std::string& dtype, bool sinks) {
+  m.def("gqa_cuda_ready", [](int device, const std::string& dtype, bool sinks, bool windowed) {
     check(gqa_cuda_ready(device, dtype == "float32" ? DType::kFloat32
                                                     : (dtype == "float16" ? DType::kFloat16 : DType::kBFloat16),
-                         sinks));
-  }, py::arg("device"), py::arg("dtype"), py::arg("sinks") = false,
+                         sinks, windowed));
+  }, py::arg("device"), py::arg("dtype"), py::arg("sinks") = false, py::arg("windowed") = false,
      "What the op's CUDA kernel creation checks: the device's kernels load and the GQA prepare kernels exist "
-     "(with `sinks`, the attention-sink rescale kernel too).");
+     "(with `sinks`, the attention-sink rescale kernel too; with `windowed`, the windowed cache's compaction).");
   m.def("launch_with_table", &launch_with_table, py::arg("p"), py::arg("rows"), py::arg("stream"),
         "run_cuda over a table of `rows` (plan_with_table's, each with \"cubin_of\": the variant of "
         "this build whose cubin it launches) instead of the build's (tests, over tests/fake_cuda).");

@@ -474,7 +474,7 @@ def test_triton_cache_keys_tell_variants_apart():
 def test_gqa_prepare_variants():
     """GroupQueryAttention's prepare kernels: one cubin per (kind, dtype, BLOCK_D) for every arch,
     never merged, BLOCK_D 64, 128 and the CUDA op's largest head size, rows per CTA about
-    GQA_ELEMENTS elements, both kinds one function (one ABI)."""
+    GQA_ELEMENTS elements, the three kinds one function (one ABI) in three modes."""
     from aot import build
     from aot import variants as v
 
@@ -483,16 +483,16 @@ def test_gqa_prepare_variants():
     assert sorted((x.kind, x.dtype, x.head_dim) for x in g) == sorted(
         (k, t, hd) for k in v.GQA_KINDS for t in v.GQA_DTYPES for hd in (64, 128, 256))
     assert v.GQA_HEAD_DIMS[-1] == 256 and all(x.min_arch == 0 and not v.edge_loop(x) for x in g)
-    assert build.KERNELS["gqa_prepare"] is build.KERNELS["gqa_past"]
+    assert build.KERNELS["gqa_prepare"] is build.KERNELS["gqa_past"] is build.KERNELS["gqa_compact"]
     for x in g:
         src, _, _, sig, constexprs = build.triton_source(x, 90, v.get_fwd_config(90, x))
         cfg = v.get_fwd_config(90, x)
         rows, gather = cfg.block_m, cfg.block_n
-        # gqa_prepare: 4096 elements a CTA, its general path 512 at a time; gqa_past: 2048
-        assert rows * x.head_dim == (2048 if x.kind == "gqa_past" else 4096), x.name
+        # gqa_prepare: 4096 elements a CTA, its general path 512 at a time; the copies: 2048
+        assert rows * x.head_dim == (4096 if x.kind == "gqa_prepare" else 2048), x.name
         assert gather == min(rows, 512 // x.head_dim) and rows % gather == 0 and cfg.num_warps == 4
         assert x.name == f"{x.kind}_{x.dtype}_d{x.head_dim}" and cfg == v.get_fwd_config(80, x)
         assert constexprs == {"BLOCK_ROWS": rows, "BLOCK_D": x.head_dim, "GATHER_ROWS": gather,
-                              "COPY_PAST": x.kind == "gqa_past"}
+                              "MODE": v.GQA_KINDS.index(x.kind)}
         assert sig["Seqlens"] == "*i32" and sig["Totals"] == sig["PositionIds"] == "*i64" and sig["KeyMask"] == "*i8"
-        assert sig["Q"] == sig["PresentK"] == sig["Cos"] == {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}[x.dtype]
+        assert sig["Q"] == sig["PresentK"] == sig["StageK"] == sig["Cos"] == {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}[x.dtype]

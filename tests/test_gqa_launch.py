@@ -1,9 +1,10 @@
 """GroupQueryAttention's CUDA path with no GPU: cpp/gqa_launch.cc (what the op runs on the CUDA EP)
 over the fake CUDA driver (tests/fake_cuda, tests/_fake_cuda.py), which loads this build's real
 cubins and lays out each launch's parameters by the cubin's own table. Checked: the scratch block
-(rotated Q, lengths, key mask, with attention sinks the log-sum-exp), the prepare kernels' grids,
-blocks, shared memory and every argument, the attention launch that follows, reading the Q,
-lengths and mask the prepare kernel wrote, and with attention sinks (head_sink, smooth_softmax=1)
+(rotated Q, lengths, key mask, with attention sinks the log-sum-exp, with a windowed cache its
+stage), the prepare kernels' grids, blocks, shared memory and every argument, the attention launch
+that follows, reading the Q, lengths and mask the prepare kernel wrote (a windowed cache: the
+stage, then the compaction into present), and with attention sinks (head_sink, smooth_softmax=1)
 the attention storing its log-sum-exp and the rescale kernel launched after it on that buffer;
 what the op's CUDA kernel creation checks; the errors it gives instead of launching. The kernels'
 arithmetic is tests/test_gqa_prepare_kernel.py's and tests/test_sink_rescale_kernel.py's
@@ -44,7 +45,7 @@ from ort_flash import _C
 job = json.load(sys.stdin)
 out = []
 for dtype in ("float16", "bfloat16", "float32"):
-    _C.gqa_cuda_ready(0, dtype, sinks=True)
+    _C.gqa_cuda_ready(0, dtype, sinks=True, windowed=True)
 for i, call in enumerate(job["calls"]):
     with open(os.environ["FAKE_CUDA_LOG"], "a") as f:
         f.write(json.dumps({"ev": "call", "index": i}) + "\\n")
@@ -59,9 +60,10 @@ print(json.dumps(out))
 
 def gqa_call(dtype="float16", b=2, s=7, hq=8, hkv=2, d=128, total=7, past_len=64, shared=True, packed=True,
              rotary_dim=64, interleaved=0, position_ids=False, **kw) -> dict:
-    """A call of fake device pointers, 16 MiB apart (past_len 0: no past)."""
+    """A call of fake device pointers, 16 MiB apart (past_len 0: no past; a windowed cache,
+    sliding_window_cache=1: present has the past's length)."""
     c = dict(dtype=dtype, batch=b, sq=s, hq=hq, hkv=hkv, d=d, packed=int(packed), total_sequence_length=total,
-             present_len=max(total, past_len), past_len=past_len, rotary_dim=rotary_dim,
+             present_len=past_len if kw.get("sliding_window_cache") else max(total, past_len), past_len=past_len, rotary_dim=rotary_dim,
              rotary_interleaved=interleaved, max_position=4096 if rotary_dim else 0,
              query=0x1000000, seqlens_k=0x3000000, output=0x4000000, present_key=0x5000000,
              present_value=0x6000000)
@@ -88,26 +90,42 @@ def has_sinks(c: dict) -> bool:
     return ("head_sink" in c or c.get("smooth_softmax", -1) == 1) and c.get("local_window_size", -1) != 0
 
 
-def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int]:
-    """(bytes of the scratch block, offset of the log-sum-exp in it; 0 without sinks): the rotated
-    Q, the lengths, the key mask, then the (B, Hq, S) float32 log-sum-exp."""
+def windowed(c: dict) -> bool:
+    return bool(c.get("sliding_window_cache"))
+
+
+def stage_bytes(c: dict) -> int:
+    """One of a windowed cache's two stages: (B, Hkv, C + S, D)."""
+    return c["batch"] * c["hkv"] * (c["present_len"] + c["sq"]) * c["d"] * ES[c["dtype"]] if windowed(c) else 0
+
+
+def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int, int]:
+    """(bytes of the scratch block, offset of the log-sum-exp in it, 0 without sinks; offset of the
+    stage K, 0 without a windowed cache): the rotated Q, the lengths, the key mask, then the (B, Hq,
+    S) float32 log-sum-exp, then the stage K and V."""
     b, s, plen = c["batch"], c["sq"], c["present_len"]
     first = s == c["total_sequence_length"]
-    mask = b * plen if first and c.get("causal", 1) != 0 else 0
+    mask = b * plen if first and c.get("causal", 1) != 0 and not windowed(c) else 0
     head = aligned(q_bytes) + aligned(8 * b) + mask
-    if not has_sinks(c):
-        return head, 0
-    return aligned(head) + 4 * b * c["hq"] * s, aligned(head)
+    lse = 0
+    if has_sinks(c):
+        lse = aligned(head)
+        head = lse + 4 * b * c["hq"] * s
+    if not windowed(c):
+        return head, lse, 0
+    return aligned(head) + 2 * aligned(stage_bytes(c)), lse, aligned(head)
 
 
-def prepare_expected(c: dict, scratch: int) -> dict:
-    """Every argument of gqa_prepare for call c, given the scratch block's address."""
+def prepare_expected(c: dict, scratch: int, stage: int = 0) -> dict:
+    """Every argument of gqa_prepare for call c, given the scratch block's address (and the stage
+    K's in it, for a windowed cache)."""
     b, s, hq, hkv, d = (c[k] for k in ("batch", "sq", "hq", "hkv", "d"))
     es = ES[c["dtype"]]
     rotary = c["rotary_dim"] > 0
     q_copy = rotary or "q_norm_weight" in c  # Q rotated and/or normed into the scratch block
     first = s == c["total_sequence_length"]
-    mask = first and c.get("causal", 1) != 0
+    mask = first and c.get("causal", 1) != 0 and not windowed(c)
+    cap = c["present_len"] if windowed(c) else 0
     q_bytes = b * s * hq * d * es if q_copy else 0
     q_row = (hq + 2 * hkv) * d if c["packed"] else hq * d
     kv_row = q_row if c["packed"] else hkv * d
@@ -118,6 +136,7 @@ def prepare_expected(c: dict, scratch: int) -> dict:
         Q=q, K=k, V=v,
         PastK=c.get("past_key", 0), PastV=c.get("past_value", 0), PresentK=c["present_key"],
         PresentV=c["present_value"], QRot=scratch if q_copy else 0, Cos=c.get("cos_cache", 0), Sin=c.get("sin_cache", 0),
+        StageK=stage, StageV=stage + aligned(stage_bytes(c)) if stage else 0,
         PositionIds=c.get("position_ids", 0), Seqlens=c["seqlens_k"], Totals=scratch + aligned(q_bytes),
         KeyMask=scratch + aligned(q_bytes) + aligned(8 * b) if mask else 0,
         QNorm=c.get("q_norm_weight", 0), KNorm=c.get("k_norm_weight", 0),
@@ -126,6 +145,8 @@ def prepare_expected(c: dict, scratch: int) -> dict:
         rotary_half=c["rotary_dim"] // 2, max_position=c["max_position"], has_position_ids=int("position_ids" in c),
         first_prompt=int(first), write_mask=int(mask), total_max=c["total_sequence_length"],
         present_len=c["present_len"], past_len=c["past_len"], qk_norm=int("q_norm_weight" in c),
+        cap=cap, gap=cap - c["local_window_size"] + 1 if cap else 1, stage_len=cap + s if cap else 0,
+        shared=int(c.get("past_key") == c["present_key"]),
         qk_eps=f32(c.get("qk_norm_epsilon", 1e-6)), stride_qb=s * q_row, stride_qs=q_row,
         stride_kb=s * kv_row, stride_ks=kv_row, stride_vb=s * kv_row, stride_vs=kv_row,
         global_scratch=0, profile_scratch=0)
@@ -136,8 +157,11 @@ def attention_params(c: dict, want: dict) -> dict:
     b, s, hq, hkv, d, plen = (c[k] for k in ("batch", "sq", "hq", "hkv", "d", "present_len"))
     q_copy = c["rotary_dim"] > 0 or "q_norm_weight" in c
     q_row = hq * d if q_copy or not c["packed"] else (hq + 2 * hkv) * d
+    k, v = c["present_key"], c["present_value"]
+    if windowed(c):  # the attention reads the stage, C + S rows a (batch, KV head)
+        k, v, plen = want["StageK"], want["StageV"], want["stage_len"]
     p = dict(dtype=c["dtype"], batch=b, hq=hq, hkv=hkv, sq=s, skv=plen, d=d, dv=d, q=want["QRot"] or want["Q"],
-             q_stride=[s * q_row, d, q_row], k=c["present_key"], v=c["present_value"],
+             q_stride=[s * q_row, d, q_row], k=k, v=v,
              k_stride=[hkv * plen * d, plen * d, d], v_stride=[hkv * plen * d, plen * d, d], y=c["output"],
              y_stride=[s * hq * d, d, hq * d], scale=1 / math.sqrt(d), causal=bool(c.get("causal", 1)), lse=0)
     if c.get("local_window_size", -1) > 0:
@@ -188,6 +212,15 @@ CALLS = {
         softcap=30.0),
     "window of 0 keys, smooth_softmax=1": gqa_call(b=1, s=1, total=10, past_len=16, local_window_size=0,
                                                   smooth_softmax=1),
+    # A windowed cache (sliding_window_cache=1): the stage, the attention over it, the compaction.
+    "windowed cache, decode, shared buffer": gqa_call(b=3, s=1, total=700, past_len=160, local_window_size=128,
+                                                      sliding_window_cache=1),
+    "windowed cache, first prompt, separate present, head_sink, bf16": gqa_call(
+        "bfloat16", b=2, s=300, hq=8, hkv=2, d=64, total=300, past_len=256, shared=False, local_window_size=256,
+        sliding_window_cache=1, head_sink=0x10000000),
+    "windowed cache, chunked prefill, no rotary, fp32 d80": gqa_call(
+        "float32", b=1, s=9, hq=4, hkv=1, d=80, total=70, past_len=64, packed=False, rotary_dim=0,
+        local_window_size=33, sliding_window_cache=1),
 }
 REFUSED = {
     "chunked prefill at batch 2": (gqa_call(b=2, s=4, total=20), "needs batch 1"),
@@ -216,15 +249,16 @@ def test_gqa_launches(runs, what):
     assert errors[i] is None, errors[i]
     allocs = [e for e in log.calls[i] if e["ev"] == "alloc"]
     scratch = allocs[0]
-    want = prepare_expected(c, scratch["ptr"])
     b, s, hkv, es = c["batch"], c["sq"], c["hkv"], ES[c["dtype"]]
     q_bytes = b * s * c["hq"] * c["d"] * es if c["rotary_dim"] or "q_norm_weight" in c else 0
-    scratch_bytes, lse_offset = scratch_layout(c, q_bytes)
+    scratch_bytes, lse_offset, stage_offset = scratch_layout(c, q_bytes)
+    want = prepare_expected(c, scratch["ptr"], scratch["ptr"] + stage_offset if windowed(c) else 0)
     assert scratch["stream"] == STREAM and scratch["bytes"] == scratch_bytes
     got = launches(log, i)
     shared = c.get("past_key") == c["present_key"]
-    prepares = got[:1 if shared else 2]
-    if not shared:  # the past copy first: rows of present_len, one (batch, KV head) per grid row
+    copies = not shared or windowed(c)  # a windowed cache's resident rows go to the stage in any case
+    prepares = got[:2 if copies else 1]
+    if copies:  # the past copy first: rows of present_len, one (batch, KV head) per grid row
         ev, e, args = prepares[0]
         assert e["variant"] == f"gqa_past_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
         assert ev["grid"] == [math.ceil(c["present_len"] / e["block_m"]), b * hkv, 1]
@@ -238,6 +272,20 @@ def test_gqa_launches(runs, what):
     for ev, e, _ in prepares:
         assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
     rest = got[len(prepares):]
+    if windowed(c):  # the compaction into present right after the attention, before a rescale
+        compact = [r for r in rest if r[1]["kind"] == "gqa_compact"]
+        assert len(compact) == 1, f"{what}: one compaction"
+        at = rest.index(compact[0])
+        assert all(r[1]["kind"] in ("fwd", "fwd_tma", "fwd_gluon", "decode", "combine") for r in rest[:at]), what
+        assert all(r[1]["kind"] == "sink_rescale" for r in rest[at + 1:]), what
+        ev, e, args = compact[0]
+        assert e["variant"] == f"gqa_compact_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
+        assert e["block_m"] * block_d(c["d"]) == 2048
+        assert ev["grid"] == [math.ceil(c["present_len"] / e["block_m"]), b * hkv, 1]
+        assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
+        rest = rest[:at] + rest[at + 1:]
+    else:
+        assert not [r for r in rest if r[1]["kind"] == "gqa_compact"], f"{what}: a compaction without a windowed cache"
     if c.get("local_window_size", -1) == 0:  # no attention: the output zeroed on the stream
         assert not rest
         memset, = [e for e in log.calls[i] if e["ev"] == "memset"]
@@ -294,9 +342,10 @@ def test_gqa_refusals(runs, what):
 
 def test_gqa_kernels_load_with_the_table(runs):
     """The op's CUDA kernel creation (gqa_cuda_ready for each dtype, for a node with attention
-    sinks, run first by the child) found both prepare kinds and the sink rescale for every dtype,
-    loaded with the rest of the device's table."""
+    sinks and a windowed cache, run first by the child) found the three prepare kinds and the sink
+    rescale for every dtype, loaded with the rest of the device's table."""
     _, log = runs
     loaded = {e["variant"] for e in log.entry_of_module.values()}
-    assert {f"{k}_{t}_d{hd}" for k in ("gqa_prepare", "gqa_past", "sink_rescale") for t in ("fp16", "bf16", "fp32")
+    assert {f"{k}_{t}_d{hd}" for k in ("gqa_prepare", "gqa_past", "gqa_compact", "sink_rescale")
+            for t in ("fp16", "bf16", "fp32")
             for hd in (64, 128, 256)} <= loaded

@@ -110,6 +110,28 @@ CASES = [
          eps=1e-3, fast=False),
     dict(b=2, s=1, hq=8, hkv=2, d=128, total=9, seqlens=[8, 5], past_len=12, rotary=2, half=64, rows=16,
          norm=True, dtype="bfloat16", fast=False),
+    # A windowed cache (cap C = past_len, window W): decode into the stage then the compaction.
+    # C 6, W 4 (gap 3): rows below the capacity, full ones that drop 3, a row filled again, and an
+    # impossible row; shared buffer, then a present of its own with interleaved rotary.
+    dict(b=5, s=1, hq=4, hkv=2, d=64, total=10, seqlens=[2, 6, 8, 9, -1], past_len=6, cap=6, window=4,
+         shared=True, packed=True, rotary=1, half=32, rows=8, fast=True),
+    dict(b=4, s=1, hq=4, hkv=2, d=32, total=10, seqlens=[2, 6, 8, 9], past_len=6, cap=6, window=4,
+         rotary=2, half=16, position_ids=True, dtype="bfloat16", fast=False),
+    # C = W (gap 1: every step past the capacity drops one row), d128 with many heads.
+    dict(b=2, s=1, hq=16, hkv=4, d=128, total=20, seqlens=[16, 19], past_len=16, cap=16, window=16,
+         shared=True, rotary=1, half=64, rows=16, fast=True),
+    # Chunked prefill (batch 1): 4 tokens onto 6 resident rows of a cache of 8 (W 5, gap 4), and
+    # onto 2 (no compaction); Q/K norms on the first.
+    dict(b=1, s=4, hq=2, hkv=1, d=64, total=14, seqlens=[13], past_len=8, cap=8, window=5, shared=True,
+         rotary=1, half=32, norm=True, fast=True),
+    dict(b=1, s=4, hq=2, hkv=1, d=64, total=6, seqlens=[5], past_len=8, cap=8, window=5, rotary=1, half=8,
+         dtype="float32", fast=False),
+    # A first prompt longer than the cache (7 tokens, C 5, W 3), a row shorter than the prompt
+    # (impossible with a windowed cache); one that fits (3 tokens, C 6), shared.
+    dict(b=3, s=7, hq=2, hkv=1, d=64, total=7, seqlens=[6, 3, 6], past_len=5, cap=5, window=3,
+         packed=True, rotary=1, half=32, fast=True),
+    dict(b=2, s=3, hq=4, hkv=2, d=64, total=3, seqlens=[2, 2], past_len=6, cap=6, window=4, shared=True,
+         rotary=1, half=32, rows=8, fast=True),
 ]
 
 
@@ -127,16 +149,31 @@ def test_prepare_kernel_matches_cpu_op(case):
     _interpreted(case)
 
 
-def lengths(c: dict) -> list[tuple[int, int, bool]]:
-    """(T_b, past_b, valid) per batch row, as the kernel's _row_lengths and the CPU op's checks."""
+def kept(t: int, cap: int, window: int) -> int:
+    """L(t): the rows a windowed cache of capacity cap keeps after t tokens (cpp/gqa_shapes.h)."""
+    gap = cap - window + 1
+    return t if t <= cap else t - gap * -(-(t - cap) // gap)
+
+
+def lengths(c: dict) -> list[tuple[int, int, int, bool]]:
+    """(keys_b, past_b, row0_b, valid) per batch row, as the kernel's _row_lengths and the CPU
+    op's checks (cpp/gqa_call.cc gqa_lengths): the keys the attention reads, the first new token's
+    absolute position and its buffer row (a windowed cache's L(past_b), else past_b)."""
     first = c["s"] == c["total"]
     plen = max(c["total"], c["past_len"])
     out = []
     for sk in c["seqlens"]:
         t = sk + 1
         past = 0 if first else t - c["s"]
-        ok = 1 <= t <= c["total"] and past >= 0 and past + c["s"] <= plen
-        out.append((t, past, ok) if ok else (0, 0, False))
+        ok = 1 <= t <= c["total"] and past >= 0
+        if c.get("cap"):
+            row0 = kept(past, c["cap"], c["window"]) if ok else 0
+            ok = ok and (not first or t == c["s"])
+            keys = row0 + c["s"]
+        else:
+            row0, keys = past, t
+            ok = ok and past + c["s"] <= plen
+        out.append((keys, past, row0, ok) if ok else (0, 0, 0, False))
     return out
 
 
@@ -161,14 +198,21 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def expected(c, q, k, v, past_k, past_v, pk0, pv0, cos, sin, pos_ids, qn=None, kn=None):
     """(q_rot, present_k, present_v, totals, mask) in float32 (rotations rounded to the dtype by
-    the caller's cast) from the inputs as float32 numpy arrays (B, S, H, D) and (B, Hkv, L, D)."""
+    the caller's cast) from the inputs as float32 numpy arrays (B, S, H, D) and (B, Hkv, L, D).
+    With a windowed cache (c["cap"]) present_k / present_v are the stage (B, Hkv, C + S, D),
+    NaN where nothing is written, and `compacted` gives present after the compaction."""
     s_len = c["s"]
     first = s_len == c["total"]
     pk, pv = pk0.copy(), pv0.copy()
+    if c.get("cap"):
+        pk = np.full(pk.shape[:2] + (c["cap"] + s_len,) + pk.shape[3:], np.nan, np.float32)
+        pv = pk.copy()
     q_rot = q.copy()
     lens = lengths(c)
-    for b, (t, past, ok) in enumerate(lens):
-        if not c.get("shared"):
+    for b, (t, past, row0, ok) in enumerate(lens):
+        if c.get("cap"):  # the resident rows into the stage, nothing else
+            pk[b, :, :row0], pv[b, :, :row0] = past_k[b, :, :row0], past_v[b, :, :row0]
+        elif not c.get("shared"):
             pk[b], pv[b] = 0, 0
             n = min(past, c["past_len"])
             pk[b, :, :n], pv[b, :, :n] = past_k[b, :, :n], past_v[b, :, :n]
@@ -186,11 +230,23 @@ def expected(c, q, k, v, past_k, past_v, pk0, pv0, cos, sin, pos_ids, qn=None, k
                     q_rot[b, s] = rotate(q_rot[b, s], cos[pos], sin[pos], c["rotary"] == 2)
                     kk = rotate(kk, cos[pos], sin[pos], c["rotary"] == 2)
             if ok:
-                pk[b, :, past + s], pv[b, :, past + s] = kk, v[b, s]
+                pk[b, :, row0 + s], pv[b, :, row0 + s] = kk, v[b, s]
     plen = pk.shape[2]
-    mask = np.array([[j < t for j in range(plen)] for t, _, _ in lens], dtype=np.int8)
-    totals = np.array([t for t, _, _ in lens], dtype=np.int64)
+    mask = np.array([[j < t for j in range(plen)] for t, _, _, _ in lens], dtype=np.int8)
+    totals = np.array([t for t, _, _, _ in lens], dtype=np.int64)
     return q_rot, pk, pv, totals, mask
+
+
+def compacted(c, stage: np.ndarray, present0: np.ndarray) -> np.ndarray:
+    """A windowed cache's present after the compaction (cpp/gqa_call.cc run_gqa_cpu's last step):
+    rows [0, L(T_b)) the stage's last L(T_b) rows of the batch row, the rest zero in a present of
+    its own, kept in a shared buffer (an impossible row: nothing written)."""
+    out = present0.copy() if c.get("shared") else np.zeros_like(present0)
+    for b, (keys, past, _, ok) in enumerate(lengths(c)):
+        if ok:
+            n = kept(past + c["s"], c["cap"], c["window"])
+            out[b, :, :n] = stage[b, :, keys - n:keys]
+    return out
 
 
 def _round_bf16_like_gpu() -> None:
@@ -259,8 +315,10 @@ def check_case(c: dict) -> None:
     rng = np.random.default_rng(sum(map(ord, json.dumps(c))))
     bsz, s_len, hq, hkv, d = (c[k] for k in ("b", "s", "hq", "hkv", "d"))
     first = s_len == c["total"]
-    plen = max(c["total"], c["past_len"])
-    max_pos = 3 * plen
+    cap = c.get("cap", 0)  # a windowed cache: present is the past's length C
+    plen = cap or max(c["total"], c["past_len"])
+    stage_len = cap + s_len if cap else 0
+    max_pos = 3 * max(plen, c["total"])
 
     def rand(*shape, zeros=False, low=None):
         x = rng.standard_normal(shape, dtype=np.float32) if low is None else rng.uniform(low, 1, shape)
@@ -307,30 +365,41 @@ def check_case(c: dict) -> None:
     pv0 = pv.view(bsz, hkv, plen, d).float().numpy().copy()
     qr_all, qr = guarded(bsz * s_len * hq * d, dt, float("nan"), "q_rot")
     tot_all, tot = guarded(bsz, torch.int64, -99)
+    n_stage = bsz * hkv * max(stage_len, 1) * d
+    sk_all, sk = guarded(n_stage, dt, float("nan"))
+    sv_all, sv = guarded(n_stage, dt, float("nan"))
     mask_all, mask = guarded(bsz * plen, torch.int8, 7)
     seqlens = torch.tensor(c["seqlens"], dtype=torch.int32)
 
     rotary = c["rotary"]
     norm = bool(c.get("norm"))
-    write_mask = int(first)
+    write_mask = int(first and not cap)  # cpp/gqa_launch.cc: never with a windowed cache
     q_heads = hq if rotary or norm else 0
     qn, kn = (torch.from_numpy((1 + 0.25 * rng.standard_normal(d)).astype(np.float32)).to(dt) for _ in range(2))
     stride_q, stride_k, stride_v = q_in.stride(), k_in.stride(), v_in.stride()
-    args = [q_in, k_in, v_in, past_k, past_v, pk, pv, qr, cos_t, sin_t, pos_t, seqlens, tot, mask, qn, kn,
+    gap = cap - c["window"] + 1 if cap else 1
+    args = [q_in, k_in, v_in, past_k, past_v, pk, pv, qr, cos_t, sin_t, sk, sv, pos_t, seqlens, tot, mask, qn, kn,
             s_len, hq, hkv, d, q_heads, rotary, c["half"], max_pos, int(c["position_ids"]),
-            int(first), write_mask, c["total"], plen, c["past_len"], int(norm), c.get("eps", 1e-6),
+            int(first), write_mask, c["total"], plen, c["past_len"], int(norm), cap, gap, stage_len,
+            int(c["shared"]), c.get("eps", 1e-6),
             stride_q[0], stride_q[1], stride_k[0], stride_k[1], stride_v[0], stride_v[1]]
     block_d = min(x for x in (64, 128, 256) if x >= d)  # cpp/gqa_launch.cc gqa_kernel
-    if not c["shared"]:
-        gqa_prepare[(-(-plen // 8), bsz * hkv)](*args, BLOCK_ROWS=8, BLOCK_D=block_d, GATHER_ROWS=8, COPY_PAST=True)
+    if cap or not c["shared"]:  # a windowed cache's resident rows into the stage, always
+        gqa_prepare[(-(-plen // 8), bsz * hkv)](*args, BLOCK_ROWS=8, BLOCK_D=block_d, GATHER_ROWS=8, MODE=1)
     # cpp/gqa_launch.cc's grid: cdiv(S * NH, BLOCK_ROWS) programs a batch row, NH = q_heads + 2 Hkv
     # rows a token; small tiles, so that programs split tokens and a last one is partial.
     rows = c["rows"]
     gather = c.get("gather", max(1, rows // 2))
     hints.clear()
     gqa_prepare[(bsz * -(-s_len * (q_heads + 2 * hkv) // rows),)](*args, BLOCK_ROWS=rows, BLOCK_D=block_d,
-                                                                 GATHER_ROWS=gather, COPY_PAST=False)
+                                                                 GATHER_ROWS=gather, MODE=0)
     assert bool(hints) == c["fast"], f"the kernel took the {'fast' if hints else 'general'} path"
+    stage_k = sk.view(bsz, hkv, max(stage_len, 1), d).float().numpy().copy()
+    stage_v = sv.view(bsz, hkv, max(stage_len, 1), d).float().numpy().copy()
+    if cap:  # the compaction after the attention (which only reads the stage)
+        gqa_prepare[(-(-cap // 8), bsz * hkv)](*args, BLOCK_ROWS=8, BLOCK_D=block_d, GATHER_ROWS=8, MODE=2)
+    else:
+        assert torch.isnan(sk.float()).all() and torch.isnan(sv.float()).all(), "the stage was written"
 
     def heads_of(x, h):  # (B, S, H*D) -> (B, S, H, D) float32 numpy
         return x.float().numpy().reshape(bsz, s_len, -1)[..., :h * d].reshape(bsz, s_len, h, d)
@@ -350,7 +419,19 @@ def check_case(c: dict) -> None:
         # The norm's sum runs in another order than numpy's: within two roundings of the dtype.
         ulp = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}[c["dtype"]]
         np.testing.assert_allclose(got, want, rtol=4 * ulp, atol=4 * ulp, err_msg=what)
-    same(pk.view(bsz, hkv, plen, d).float().numpy(), as_dtype(pk_want), "present_key")
+    if cap:  # the stage: the rows written bit for bit, every other row still poisoned
+        for got, want_, what in ((stage_k, pk_want, "stage K"), (stage_v, pv_want, "stage V")):
+            unset = np.isnan(want_)
+            assert np.isnan(got[unset]).all(), f"{what}: a row written outside the resident and new rows"
+            if what == "stage K":
+                same(np.where(unset, 0, got), np.where(unset, 0, as_dtype(np.nan_to_num(want_))), what)
+            else:
+                _same_bits(np.where(unset, 0, got), np.where(unset, 0, as_dtype(np.nan_to_num(want_))), what)
+        pk_want = compacted(c, as_dtype(np.nan_to_num(pk_want)), pk0)
+        pv_want = compacted(c, as_dtype(np.nan_to_num(pv_want)), pv0)
+        _same_bits(pk.view(bsz, hkv, plen, d).float().numpy(), pk_want, "present_key after the compaction")
+    else:
+        same(pk.view(bsz, hkv, plen, d).float().numpy(), as_dtype(pk_want), "present_key")
     _same_bits(pv.view(bsz, hkv, plen, d).float().numpy(), as_dtype(pv_want), "present_value")
     np.testing.assert_array_equal(tot.numpy(), tot_want)
     if rotary or norm:
@@ -361,7 +442,8 @@ def check_case(c: dict) -> None:
         np.testing.assert_array_equal(mask.view(bsz, plen).numpy(), mask_want)
     else:
         assert (mask == 7).all(), "the key mask was written outside a first prompt"
-    for whole, fill in ((pk_all, None), (pv_all, None), (qr_all, None), (tot_all, -99), (mask_all, 7)):
+    for whole, fill in ((pk_all, None), (pv_all, None), (qr_all, None), (tot_all, -99), (mask_all, 7), (sk_all, None),
+                        (sv_all, None)):
         for edge in (whole[:GUARD], whole[-GUARD:]):
             ok = torch.isnan(edge.float()).all() if fill is None else (edge == fill).all()
             assert ok, "a write outside a buffer"
