@@ -18,9 +18,9 @@
 # ort_flash's op does not compute (a quantized cache, an attention bias, the QK output), and
 # float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's op is not measured faster
 # than ONNX Runtime's own (_cuda_decision: mapped for float16 and bfloat16 at head sizes 64 and 128
-# by rewrite()'s default gqa_cuda="measured", fused Q/K norms included, attention sinks not: not
-# timed against ONNX Runtime's op on CUDA yet; "all" maps the others, "none" none; a windowed cache
-# never on CUDA).
+# by rewrite()'s default gqa_cuda="measured", fused Q/K norms included, attention sinks and a
+# windowed cache not: not timed against ONNX Runtime's op on CUDA yet; "all" maps the others,
+# "none" none).
 from __future__ import annotations
 
 import math
@@ -165,17 +165,18 @@ def _analyze(node: ir.Node, query: ir.Value, cuda_policy: str) -> dict:
 
 def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str, sinks: bool) -> None:
     """float16 / bfloat16 nodes run on CUDA. Mapped where ort_flash's op was measured faster than
-    ONNX Runtime's (_CUDA_MEASURED; with attention sinks nowhere yet), or every one with policy
-    "all"; none with "none", nor a windowed cache (the CUDA op refuses it at session creation)."""
+    ONNX Runtime's (_CUDA_MEASURED; with attention sinks or a windowed cache nowhere yet), or every
+    one with policy "all"; none with "none"."""
     what = f"a {dtype.name.lower()} GroupQueryAttention (CUDA) with head size {head_dim}"
-    if _int(node, "sliding_window_cache", 0):
-        _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes a "
-              "windowed cache on the CPU execution provider only")
     if policy == "none":
         _fail(f"{what}: --gqa-cuda none (ORT_FLASH_GQA_CUDA=0) leaves it to ONNX Runtime's op")
     if policy != "all" and sinks:
         _fail(f"{what} and attention sinks (head_sink or smooth_softmax=1): ort_flash's op computes them on "
               "CUDA but is not measured against ONNX Runtime's there yet: left to ONNX Runtime's; "
+              "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
+    if policy != "all" and _int(node, "sliding_window_cache", 0):
+        _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes it on CUDA "
+              "but is not measured against ONNX Runtime's there yet: left to ONNX Runtime's; "
               "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
     if policy != "all" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
