@@ -20,13 +20,13 @@ __all__ = ["gqa_model", "output_shapes", "run_gqa"]
 
 def output_shapes(feeds: Mapping[str, np.ndarray], attrs: Mapping) -> tuple[tuple, tuple]:
     """The shapes of output (B, S, Hq*D) and of a present of its own (B, Hkv, max(total, past), D)
-    for a call's feeds (a windowed cache aside)."""
+    for a call's feeds; with a windowed cache (sliding_window_cache=1) present is the past's shape."""
     b, s, hidden = feeds["query"].shape
     hq, hkv = attrs["num_heads"], attrs["kv_num_heads"]
     d = hidden // hq if "key" in feeds else hidden // (hq + 2 * hkv)
     past = feeds["past_key"].shape[2] if "past_key" in feeds else 0
     total = int(np.asarray(feeds["total_sequence_length"]).reshape(-1)[0])
-    return (b, s, hq * d), (b, hkv, max(total, past), d)
+    return (b, s, hq * d), (b, hkv, past if attrs.get("sliding_window_cache") else max(total, past), d)
 
 
 def run_gqa(inputs: Mapping[str, np.ndarray], *, shared: bool = False, library: str | None = None,

@@ -1,7 +1,8 @@
 """ort_flash's GroupQueryAttention on the CUDA execution provider (cpp/gqa_launch.cc: the prepare
 kernels of aot/gqa_prepare.py, then the attention kernels, and with attention sinks the rescale of
 aot/sink_rescale.py) against the float64 reference, case for case as tests/test_gqa_op.py checks
-the CPU op; attention sinks in each form (head_sink, smooth_softmax=1, both); and seqlens_k values
+the CPU op; attention sinks in each form (head_sink, smooth_softmax=1, both); a windowed KV cache
+(sliding_window_cache=1) over chains of calls against the CPU op; and seqlens_k values
 the op cannot use (device data, never read on the host) giving zero rows and leaving the cache
 alone. GPU only."""
 
@@ -19,7 +20,8 @@ from _gqa_models import OUTPUT_NAMES, gqa_model, output_shapes
 from cases import FLOORS
 from ort_flash.reference import error_bound
 from ort_flash.reference_gqa import gqa_lowp, gqa_reference
-from test_gqa_op import DTYPES, SUPPORTED, check_gqa_case
+from _gqa_models import run_gqa
+from test_gqa_op import DTYPES, SUPPORTED, WINDOWED, _kept, check_gqa_case
 from test_reference_gqa import _inputs, _reference
 
 pytestmark = pytest.mark.gpu
@@ -152,3 +154,52 @@ def test_gqa_cuda_computes_attention_sinks(name, dtype, library):
         err = np.abs(out[what] - ref).max()
         assert err <= bound, f"{ctx} {what}: max |output - ref| = {err:.3g} > {bound:.3g}"
         assert np.abs(out["none"] - ref).max() > bound, f"{ctx} {what}: the sinks change nothing"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_gqa_cuda_windowed_cache_matches_cpu_op(name, shared, dtype, library):
+    """A windowed KV cache on CUDA (each row's resident rows and new tokens staged, the attention
+    over the stage, the compaction into present): the chains of calls of test_gqa_op's windowed
+    cases (prompts longer than the cache, compactions, chunked continuations, a batch of three),
+    each op on its own buffers, the CUDA op against the CPU op (checked against ONNX Runtime's
+    there): every output within twice the dtype's rounding of the CPU op's, the kept rows [0, L(T))
+    of the cache within one rounding, a separate present's other rows zero."""
+    b, cap, window, steps = WINDOWED[name]
+    hq, hkv, d, half = 4, 2, 64, 32
+    dt = DTYPES[dtype]
+    seed = secrets.randbits(64)
+    rng = np.random.default_rng(seed)
+    angles = np.arange(128)[:, None] / 10000.0 ** (np.arange(half) / half)
+    cos, sin = np.cos(angles).astype(dt), np.sin(angles).astype(dt)
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, local_window_size=window, sliding_window_cache=1)
+    start = [rng.standard_normal((b, hkv, cap, d)).astype(dt) for _ in range(2)]
+    caches = {"cuda": list(start), "cpu": list(start)}
+    eps = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[dtype]
+    total = 0
+    for step, s in enumerate(steps):
+        total += s
+        feeds = dict(query=rng.standard_normal((b, s, (hq + 2 * hkv) * d)).astype(dt),
+                     seqlens_k=np.full(b, total - 1, np.int32),
+                     total_sequence_length=np.array(total, np.int32), cos_cache=cos, sin_cache=sin)
+        results = {}
+        for who in ("cuda", "cpu"):
+            call = {**feeds, "past_key": caches[who][0].copy(), "past_value": caches[who][1].copy()}
+            if who == "cuda":
+                out, pk, pv = run_gqa_cuda(call, shared, attrs, library)
+            else:
+                out, pk, pv = run_gqa(call, shared=True, library=library, **attrs)
+            caches[who] = [pk, pv]
+            results[who] = out.astype(np.float64)
+        kept = _kept(total, cap, window)
+        ctx = f"{name} {dtype} shared={shared} step {step} (T={total}, kept {kept}) seed={seed}"
+        assert not np.isnan(results["cuda"]).any(), ctx
+        np.testing.assert_allclose(results["cuda"], results["cpu"], rtol=2 * eps, atol=2 * eps, err_msg=ctx)
+        for i in range(2):
+            got, want = (caches[w][i].astype(np.float64) for w in ("cuda", "cpu"))
+            np.testing.assert_allclose(got[:, :, :kept], want[:, :, :kept], rtol=eps, atol=eps, err_msg=ctx)
+            if not shared:
+                assert (got[:, :, kept:] == 0).all(), f"{ctx}: a separate present's rows past L(T) must be zero"
+            caches["cuda"][i] = caches["cuda"][i].copy()
+            caches["cuda"][i][:, :, kept:] = caches["cpu"][i][:, :, kept:]  # the same past for the next call
