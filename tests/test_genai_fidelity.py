@@ -72,6 +72,35 @@ def test_rewritten_folder_within_rounding_every_step(pair, batch, driver):
 
 
 @_genai
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_window_sized_cache_within_rounding_every_step(family, tmp_path_factory):
+    """A family whose windowed layers keep a window-sized KV cache (sliding_window_cache=1, the
+    builder's default): the session driver finds those layers and gives them buffers of the
+    window's length (the others max_length), the prompt and the steps run past the window (the
+    cache compacts), and the rewritten folder stays within rounding, batch 1 and a batch of two
+    rows of one length (a window-sized cache takes no padding)."""
+    from lab.models.genai_family import WINDOW, build
+
+    original = build(family)
+    rewritten = _rewritten(original, tmp_path_factory, f"{family}-windowed")
+    reference = fid.SessionDriver(original, "cpu")
+    layers = reference.cfg["layers"]
+    windowed = [i for i in range(layers) if i in reference.windows]
+    assert windowed and set(reference.windows.values()) == {WINDOW}
+    assert fid.SessionDriver(rewritten, "cpu").windows == reference.windows
+    lengths = [b.shape[2] for b in reference.buffers(1, 100)]
+    assert lengths == [WINDOW if i // 2 in windowed else 100 for i in range(2 * layers)]
+    rng = np.random.default_rng(11)
+    prompt = WINDOW + 5
+    for batch in (1, 2):
+        rows = [rng.integers(3, 60, prompt).astype(np.int32) for _ in range(batch)]
+        s = fid.check(_drivers("session", original, rewritten), reference, rows, STEPS, "float32")
+        assert s["steps"] == STEPS and s["prompt_lengths"] == [prompt] * batch
+        assert s["passed"], {k: s[k] for k in ("steps_over_bound", "unexplained", "worst_diff_over_bound")}
+        assert s["max_diff"] > 0
+
+
+@_genai
 def test_session_driver_feeds_as_genai_does(pair):
     """The session driver is GenAI's feeding: batch 1 through it gives GenAI's own logits at every
     step, and row b of a padded batch gives what its prompt alone gives."""

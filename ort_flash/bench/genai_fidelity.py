@@ -145,9 +145,11 @@ class SessionDriver:
     """The folder's decoder in an ONNX Runtime session (ort_flash registered), fed as GenAI feeds
     it: ``input_ids``; ``attention_mask`` with a 1 for every token so far and a 0 for each padding
     position of a shorter row (from which the graph computes ``seqlens_k``); one KV buffer of
-    ``max_length`` positions per layer, bound as both past and present (GenAI's shared buffer).
-    Any batch: rows of different lengths are padded at the end, as ONNX Runtime's
-    GroupQueryAttention expects."""
+    ``max_length`` positions per layer, bound as both past and present (GenAI's shared buffer), or
+    of the window's W positions where the layer keeps a window-sized cache (sliding_window_cache=1;
+    ONNX Runtime's CUDA op takes exactly W there). Any batch: rows of different lengths are padded at
+    the end, as ONNX Runtime's GroupQueryAttention expects (a window-sized cache takes no padding:
+    ``windowed`` says whether the model has one)."""
 
     name = "session"
 
@@ -160,6 +162,8 @@ class SessionDriver:
         self.pad = self.cfg["pad"]
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         self.session = InferenceSession(folder / self.cfg["filename"], providers=providers)
+        self.windows = cache_windows(folder / self.cfg["filename"], self.cfg)
+        self.windowed = bool(self.windows)
         past = next(i for i in self.session.get_inputs() if i.name == self.cfg["past_key"] % 0)
         self.torch_dtype, self.onnx_type = _types(past.type)
         out = next(o for o in self.session.get_outputs() if o.name == self.cfg["logits"])
@@ -188,12 +192,13 @@ class SessionDriver:
         return self.run(sequence.reshape(1, -1), kv, mask)[0, -last:].float().cpu().numpy()
 
     def buffers(self, batch: int, length: int) -> list:
-        """Zeroed K and V buffers of every layer, (batch, kv heads, length, head size)."""
+        """Zeroed K and V buffers of every layer, (batch, kv heads, length, head size); a layer
+        with a window-sized cache gets its window's length instead."""
         import torch
 
         c = self.cfg
-        shape = (batch, c["kv_heads"], length, c["head_size"])
-        return [torch.zeros(shape, dtype=self.torch_dtype, device=self.torch_device) for _ in range(2 * c["layers"])]
+        return [torch.zeros((batch, c["kv_heads"], self.windows.get(i // 2, length), c["head_size"]),
+                            dtype=self.torch_dtype, device=self.torch_device) for i in range(2 * c["layers"])]
 
     def run(self, ids: np.ndarray, kv: list, mask: np.ndarray):
         """One call of the decoder over the buffers ``kv`` (bound as past and present); its logits
@@ -246,6 +251,23 @@ def folder_config(folder: pathlib.Path) -> dict:
             "past_key": dec["inputs"]["past_key_names"], "past_value": dec["inputs"]["past_value_names"],
             "present_key": dec["outputs"]["present_key_names"], "present_value": dec["outputs"]["present_value_names"],
             "logits": dec["outputs"]["logits"]}
+
+
+def cache_windows(model: pathlib.Path, cfg: dict) -> dict[int, int]:
+    """{layer: W} of the decoder's GroupQueryAttention nodes (ONNX Runtime's or ort_flash's) that
+    keep a window-sized KV cache (sliding_window_cache=1, local_window_size W), by the layer whose
+    past_key input they read."""
+    import onnx
+
+    layer_of = {cfg["past_key"] % i: i for i in range(cfg["layers"])}
+    out = {}
+    for node in onnx.load(str(model), load_external_data=False).graph.node:
+        if node.op_type != "GroupQueryAttention" or len(node.input) < 4 or node.input[3] not in layer_of:
+            continue
+        attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        if attrs.get("sliding_window_cache", 0) == 1 and attrs.get("local_window_size", -1) > 0:
+            out[layer_of[node.input[3]]] = attrs["local_window_size"]
+    return out
 
 
 def padded(rows: list[np.ndarray], pad: int) -> np.ndarray:
