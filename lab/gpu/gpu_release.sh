@@ -19,6 +19,9 @@
 #                                     # are mapped), then lab/experiments/gqa_profile.py
 #   bash lab/gpu/gpu_release.sh tune    # the tile sweeps: lab/experiments/tune.py --tma, lab/experiments/tune_decode.py
 #   bash lab/gpu/gpu_release.sh gqa-bf16 # `bench --suite gqa --dtypes bfloat16` (after `gqa`: its build)
+#   bash lab/gpu/gpu_release.sh new     # what no GPU has run yet: the FP8 GPU tests alone (under
+#                                     # FP8_TEST_S), then tests/test_gqa_cuda.py, test_cuda_kernel.py
+#                                     # and test_cuda_op.py (12 workers, under NEW_TEST_S)
 #   bash lab/gpu/gpu_release.sh fp8     # the FP8 prefill path: its GPU tests (alone first, under a
 #                                     # timeout of their own), the kernels against cuDNN
 #                                     # (lab/experiments/fp8_kernel_bench.py), then the op suite's FP8
@@ -143,6 +146,17 @@ case "${1:-}" in
     bench --suite op --dtypes float16 --seqlens 2048 4096 8192 16384 \
       --peers ort_flash ort_flash_fp8 ort_mha sdpa_cudnn --budget-s "${FP8_OP_S:-200}" --out "$OUT/bench-op-fp8.json" | tail -24
     ;;
+  new)
+    # What no GPU has run yet, first and under timeouts of its own: the FP8 path's GPU tests alone,
+    # then GroupQueryAttention on CUDA (attention sinks, the one-row first prompt, the windowed
+    # cache) with the direct-kernel and op files beside it.
+    . lab/gpu/gpu_env.sh
+    timeout "${FP8_TEST_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 4 \
+      tests/test_cuda_op.py -k fp8 2>&1 | tee "$OUT/pytest-fp8.log" | grep -v "^\." | tail -12
+    timeout "${NEW_TEST_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 12 \
+      tests/test_gqa_cuda.py tests/test_cuda_kernel.py tests/test_cuda_op.py -k "not fp8" 2>&1 \
+      | tee "$OUT/pytest-new.log" | grep -v "^\." | tail -25
+    ;;
   gqa-bf16)
     # bfloat16 GroupQueryAttention against ONNX Runtime's (the rewriter maps bfloat16 nodes only
     # with ORT_FLASH_GQA_CUDA=1 until this is measured ahead).
@@ -196,5 +210,5 @@ f.prepare(g, 'cuda', pathlib.Path('/tmp/ort_flash_bench/genai'), [g['models'][$i
     bench --suite genai_fidelity --budget-s "${FIDELITY_S:-500}" ${FIDELITY_ARGS:-} \
       --out "$OUT/bench-genai-fidelity.json" | tail -50
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|fp8|ab|start|part|genai-models|fidelity"; exit 2 ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|fp8|ab|start|part|genai-models|fidelity"; exit 2 ;;
 esac
