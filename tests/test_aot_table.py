@@ -484,6 +484,8 @@ def test_gqa_prepare_variants():
         (k, t, hd) for k in v.GQA_KINDS for t in v.GQA_DTYPES for hd in (64, 128, 256))
     assert v.GQA_HEAD_DIMS[-1] == 256 and all(x.min_arch == 0 and not v.edge_loop(x) for x in g)
     assert build.KERNELS["gqa_prepare"] is build.KERNELS["gqa_past"] is build.KERNELS["gqa_compact"]
+    from aot import contract  # codes are append-only: the compaction came after sink_rescale
+    assert contract.KIND_CODES["gqa_compact"] == 11 == len(contract.ENUMS["KernelKind"]) - 1
     for x in g:
         src, _, _, sig, constexprs = build.triton_source(x, 90, v.get_fwd_config(90, x))
         cfg = v.get_fwd_config(90, x)
