@@ -31,7 +31,9 @@ PROMPT = "the red cat runs under the big green tree near the river and sees a sm
 SHORT = "one old dog"
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+# gpt-oss stays out of this CPU sweep to spare CI's time (its build and its GenAI runs);
+# test_genai_fidelity.py checks it, GenAI's generator included.
+@pytest.fixture(scope="module", params=sorted(set(FAMILIES) - {"gptoss"}))
 def family_folder(request):
     return request.param, build(request.param)
 

@@ -101,6 +101,48 @@ def test_window_sized_cache_within_rounding_every_step(family, tmp_path_factory)
 
 
 @_genai
+def test_gptoss_sinks_and_windows_within_rounding_every_step(tmp_path_factory):
+    """gpt-oss as GenAI's builder writes it: attention sinks (head_sink) on every layer, a window
+    with a window-sized KV cache on the even layers, experts as one com.microsoft MoE op. Every
+    GroupQueryAttention becomes ort_flash's with its sinks kept, and the rewritten folder follows
+    the original within rounding, through GenAI (batch 1) and the session driver (batch 1, and two
+    rows of one length: a window-sized cache takes no padding). The bound takes in the prompt
+    step's difference, so a folder without sinks passes it; float32's own limit (1e-4) catches it."""
+    import onnx
+
+    from lab.models.genai_family import WINDOW, build
+
+    original = build("gptoss")
+    rewritten = _rewritten(original, tmp_path_factory, "gptoss")
+    decoder = rewritten / genai.open_folder(rewritten).decoder.name
+    model = onnx.load(str(decoder), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert {n.domain for n in nodes} == {"ort_flash"}
+    assert all(len(n.input) > 11 and n.input[11] in initializers for n in nodes), "a node lost its head_sink"
+    assert any(n.op_type == "MoE" for n in model.graph.node)
+    reference = fid.SessionDriver(original, "cpu")
+    assert reference.windows == {0: WINDOW}  # sliding layers 0, 2, ...; layer 1 is full
+    assert fid.SessionDriver(rewritten, "cpu").windows == reference.windows
+    rng = np.random.default_rng(13)
+    prompt = WINDOW + 5
+    for batch, driver in ((1, "genai"), (1, "session"), (2, "session")):
+        rows = [rng.integers(3, 60, prompt).astype(np.int32) for _ in range(batch)]
+        s = fid.check(_drivers(driver, original, rewritten), reference, rows, STEPS, "float32")
+        assert s["steps"] == STEPS and s["prompt_lengths"] == [prompt] * batch
+        assert s["passed"], {k: s[k] for k in ("steps_over_bound", "unexplained", "worst_diff_over_bound")}
+        assert 0 < s["max_diff"] < 1e-4, s["max_diff"]
+
+    sinkless = tmp_path_factory.mktemp("gptoss-sinkless") / "model"
+    shutil.copytree(rewritten, sinkless)
+    for n in nodes:
+        n.input[11] = ""
+    onnx.save(model, str(sinkless / decoder.name))
+    s = fid.check(_drivers("session", original, sinkless), reference, rows[:1], 4, "float32")
+    assert s["max_diff"] > 1e-2, s["max_diff"]
+
+
+@_genai
 def test_session_driver_feeds_as_genai_does(pair):
     """The session driver is GenAI's feeding: batch 1 through it gives GenAI's own logits at every
     step, and row b of a padded batch gives what its prompt alone gives."""

@@ -72,12 +72,22 @@ FAMILIES: dict[str, tuple[str, str, str, dict, tuple[str, ...]]] = {
     # GroupQueryAttention as q_norm_weight / k_norm_weight).
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "Qwen3ForCausalLM", dict(_COMMON, head_dim=32), ()),
 }
+# gpt-oss: attention sinks (a learned logit per head, GQA's head_sink), a window on alternate
+# layers (the builder windows the even ones, as layer_types does here), biased projections, YaRN
+# rotary, and a mixture of experts (4 experts, 2 a token) that the builder writes as one MoE op.
+FAMILIES["gptoss"] = ("GptOssConfig", "GptOssForCausalLM", "GptOssForCausalLM",
+                      dict(_COMMON, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
+                           sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                           max_position_embeddings=2048,
+                           rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                original_max_position_embeddings=512,
+                                                beta_fast=32.0, beta_slow=1.0, truncate=False)), ())
 # By default the builder gives a windowed layer a window-sized KV cache (GQA attribute
 # sliding_window_cache=1); these variants keep the max_length-sized cache of the other layers.
 for _name in ("mistral", "gemma2"):
     FAMILIES[f"{_name}-fullkv"] = FAMILIES[_name][:4] + (("windowed_kv_cache=false",),)
 # Families whose windowed layers have window-sized KV caches.
-WINDOWED_KV = ("mistral", "gemma2")
+WINDOWED_KV = ("mistral", "gemma2", "gptoss")
 
 
 def cache_key(family: str, precision: str = "fp32", ep: str = "cpu") -> str:
