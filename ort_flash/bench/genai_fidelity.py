@@ -149,7 +149,10 @@ class SessionDriver:
     of the window's W positions where the layer keeps a window-sized cache (sliding_window_cache=1;
     ONNX Runtime's CUDA op takes exactly W there). Any batch: rows of different lengths are padded at
     the end, as ONNX Runtime's GroupQueryAttention expects (a window-sized cache takes no padding:
-    ``windowed`` says whether the model has one)."""
+    ``windowed`` says whether the model has one). Where the decoder asks for them, as GenAI gives
+    them: ``position_ids`` (each token's index in its row: the builder's models whose rotary stays
+    outside the attention); the convolution state of each convolution layer (LFM2: layers without a
+    KV cache; carried from each call's present to the next call's past; its rows take no padding)."""
 
     name = "session"
 
@@ -164,7 +167,13 @@ class SessionDriver:
         self.session = InferenceSession(folder / self.cfg["filename"], providers=providers)
         self.windows = cache_windows(folder / self.cfg["filename"], self.cfg)
         self.windowed = bool(self.windows)
-        past = next(i for i in self.session.get_inputs() if i.name == self.cfg["past_key"] % 0)
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        layers = range(self.cfg["layers"])
+        self.kv_layers = [i for i in layers if self.cfg["past_key"] % i in inputs]
+        conv = self.cfg["past_conv"]
+        self.conv_shapes = {i: inputs[conv % i].shape[1:] for i in layers if conv and conv % i in inputs}
+        self.position_ids = self.cfg["position_ids"] in inputs
+        past = inputs[self.cfg["past_key"] % self.kv_layers[0]]
         self.torch_dtype, self.onnx_type = _types(past.type)
         out = next(o for o in self.session.get_outputs() if o.name == self.cfg["logits"])
         self.logits_types = _types(out.type)  # float32 logits in the builder's bfloat16 models
@@ -192,31 +201,47 @@ class SessionDriver:
         return self.run(sequence.reshape(1, -1), kv, mask)[0, -last:].float().cpu().numpy()
 
     def buffers(self, batch: int, length: int) -> list:
-        """Zeroed K and V buffers of every layer, (batch, kv heads, length, head size); a layer
-        with a window-sized cache gets its window's length instead."""
+        """Zeroed K and V buffers of every layer with a KV cache, (batch, kv heads, length, head
+        size), a layer with a window-sized cache its window's length instead; then a zeroed state
+        of every convolution layer."""
         import torch
 
         c = self.cfg
-        return [torch.zeros((batch, c["kv_heads"], self.windows.get(i // 2, length), c["head_size"]),
-                            dtype=self.torch_dtype, device=self.torch_device) for i in range(2 * c["layers"])]
+        kv = [torch.zeros((batch, c["kv_heads"], self.windows.get(i, length), c["head_size"]),
+                          dtype=self.torch_dtype, device=self.torch_device) for i in self.kv_layers for _ in "kv"]
+        return kv + [torch.zeros((batch, *shape), dtype=self.torch_dtype, device=self.torch_device)
+                     for shape in self.conv_shapes.values()]
 
     def run(self, ids: np.ndarray, kv: list, mask: np.ndarray):
-        """One call of the decoder over the buffers ``kv`` (bound as past and present); its logits
-        (B, S, vocabulary) in the model's dtype."""
+        """One call of the decoder over the buffers ``kv`` (K and V bound as past and present, a
+        convolution state as past and then overwritten by its present); its logits (B, S,
+        vocabulary) in the model's dtype."""
         import torch
 
         c = self.cfg
         io = self.session.io_binding()
         io.bind_cpu_input(c["input_ids"], np.ascontiguousarray(ids, dtype=np.int64))
         io.bind_cpu_input(c["attention_mask"], mask)
-        for layer in range(c["layers"]):
-            for j, (past, present) in enumerate(((c["past_key"], c["present_key"]), (c["past_value"], c["present_value"]))):
-                buf = kv[2 * layer + j]
-                for name, bind in ((past % layer, io.bind_input), (present % layer, io.bind_output)):
-                    bind(name, self.device, 0, self.onnx_type, list(buf.shape), buf.data_ptr())
+        if self.position_ids:  # each token's index in its row; padding 0
+            positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 0)[:, -ids.shape[1]:]
+            io.bind_cpu_input(c["position_ids"], np.ascontiguousarray(positions, dtype=np.int64))
+        names = [(c["past_key"] % i, c["present_key"] % i, c["past_value"] % i, c["present_value"] % i)
+                 for i in self.kv_layers]
+        for (past_k, present_k, past_v, present_v), buf_k, buf_v in zip(names, kv[0::2], kv[1::2]):
+            for name, bind, buf in ((past_k, io.bind_input, buf_k), (present_k, io.bind_output, buf_k),
+                                    (past_v, io.bind_input, buf_v), (present_v, io.bind_output, buf_v)):
+                bind(name, self.device, 0, self.onnx_type, list(buf.shape), buf.data_ptr())
+        states = kv[2 * len(self.kv_layers):]
+        presents = [torch.empty_like(state) for state in states]
+        for layer, state, present in zip(self.conv_shapes, states, presents):
+            for name, buf, bind in ((c["past_conv"] % layer, state, io.bind_input),
+                                    (c["present_conv"] % layer, present, io.bind_output)):
+                bind(name, self.device, 0, self.onnx_type, list(buf.shape), buf.data_ptr())
         logits = torch.empty((ids.shape[0], ids.shape[1], c["vocab"]), dtype=self.logits_types[0], device=self.torch_device)
         io.bind_output(c["logits"], self.device, 0, self.logits_types[1], list(logits.shape), logits.data_ptr())
         self.session.run_with_iobinding(io)
+        for state, present in zip(states, presents):
+            state.copy_(present)
         return logits
 
     def close(self) -> None:
@@ -250,6 +275,9 @@ def folder_config(folder: pathlib.Path) -> dict:
             "input_ids": dec["inputs"]["input_ids"], "attention_mask": dec["inputs"]["attention_mask"],
             "past_key": dec["inputs"]["past_key_names"], "past_value": dec["inputs"]["past_value_names"],
             "present_key": dec["outputs"]["present_key_names"], "present_value": dec["outputs"]["present_value_names"],
+            "position_ids": dec["inputs"].get("position_ids", "position_ids"),
+            "past_conv": dec["inputs"].get("past_conv_names", ""),
+            "present_conv": dec["outputs"].get("present_conv_names", ""),
             "logits": dec["outputs"]["logits"]}
 
 
