@@ -4,7 +4,9 @@ rounding bound measured from the models' own prefill.
 
 On the CPU EP with GenAI builder families; the check must pass on the rewritten folders, batch 1
 and a padded batch of two, and must fail on a rewritten folder whose new tokens get the wrong
-rotary position (a decode-path error that leaves the prompt's logits alone). On CUDA (marked gpu):
+rotary position (a decode-path error that leaves the prompt's logits alone). The builder's other
+decoders (partial and interleaved rotary, the rotary outside the attention, convolution layers,
+attention multipliers, LongRoPE) are rewritten with every node mapped and checked the same way. On CUDA (marked gpu):
 a float16 and a bfloat16 LLaMA-shaped model at head sizes 64 and 128, built by GenAI's builder.
 Without GenAI: the arithmetic of the comparison, and the GenAI drivers' teacher-forced stepping
 (genai_e2e.Runner's) over a stand-in for onnxruntime_genai that records every call.
@@ -140,6 +142,56 @@ def test_gptoss_sinks_and_windows_within_rounding_every_step(tmp_path_factory):
     onnx.save(model, str(sinkless / decoder.name))
     s = fid.check(_drivers("session", original, sinkless), reference, rows[:1], 4, "float32")
     assert s["max_diff"] > 1e-2, s["max_diff"]
+
+
+# The builder's other text decoders (lab.models.genai_family.EXTRA) that it builds here. It refuses
+# the rest: gemma3 "KeyError: 'rope_type'" (its make_rope_init reads rope_parameters["rope_type"];
+# transformers 5 keeps one rope_parameters per layer type), smollm3 "KeyError: 'position_ids'" (a
+# NoPE layer takes the rotary out of GroupQueryAttention, whose fused rotary had dropped the
+# position_ids input, and asks for a RotaryEmbedding), phimoe "NotImplementedError: The longrope
+# RoPE style is not currently supported." (Phi3MoELongRoPEModel reads no LongRoPE factors).
+EXTRA_BUILT = ("ernie4_5", "gemma", "granite", "granitemoehybrid", "hunyuan", "lfm2", "nemotron", "olmo",
+               "phi", "phi3-longrope")
+
+
+@pytest.fixture(scope="module")
+def extra_builds():
+    """family -> future of its folder: builder runs are subprocesses, two at a time (CI's cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lab.models.genai_family import build
+
+    with ThreadPoolExecutor(2) as pool:
+        yield {family: pool.submit(build, family) for family in EXTRA_BUILT}
+
+
+@_genai
+@pytest.mark.parametrize("family", EXTRA_BUILT)
+def test_builder_family_rewritten_within_rounding(family, extra_builds, tmp_path_factory):
+    """Each of the builder's other decoders as it writes them (partial or interleaved rotary, the
+    rotary outside the attention with Q/K norms after it, convolution layers without a KV cache,
+    attention multipliers, LongRoPE's two tables): every GroupQueryAttention becomes ort_flash's and
+    the rewritten folder follows the original within rounding through the session driver, batch 1
+    and two rows of one length (a convolution state takes no padding); Phi-3's LongRoPE past its
+    original length too, where the long table is the one in use."""
+    import onnx
+
+    original = extra_builds[family].result()
+    rewritten = tmp_path_factory.mktemp(family) / "model"
+    info = genai_e2e.rewrite_folder(original, rewritten)
+    decoder = genai.open_folder(original).decoder.name
+    graphs = [onnx.load(str(f / decoder), load_external_data=False).graph for f in (original, rewritten)]
+    before, after = ([n for n in g.node if n.op_type == "GroupQueryAttention"] for g in graphs)
+    assert before and info["fused"] == len(before) == len(after), info
+    assert {n.domain for n in after} == {"ort_flash"}
+    reference = fid.SessionDriver(original, "cpu")
+    rng = np.random.default_rng(17)
+    for prompt in (13, 260) if family == "phi3-longrope" else (13,):  # original_max_position_embeddings 256
+        for batch in (1, 2):
+            rows = [rng.integers(3, 60, prompt).astype(np.int32) for _ in range(batch)]
+            s = fid.check(_drivers("session", original, rewritten), reference, rows, 8, "float32")
+            assert s["passed"], {k: s[k] for k in ("steps_over_bound", "unexplained", "worst_diff_over_bound")}
+            assert 0 < s["max_diff"] < 1e-4, s["max_diff"]
 
 
 @_genai
