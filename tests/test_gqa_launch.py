@@ -94,6 +94,17 @@ def windowed(c: dict) -> bool:
     return bool(c.get("sliding_window_cache"))
 
 
+def causal_first(c: dict) -> bool:
+    """A causal first prompt (S = total_sequence_length) into a cache that is not windowed."""
+    return c["sq"] == c["total_sequence_length"] and c.get("causal", 1) != 0 and not windowed(c)
+
+
+def key_mask(c: dict) -> bool:
+    """The prepare kernel writes a key mask: a causal first prompt of several rows (their lengths
+    live on the device). One row holds S tokens and runs as a plain causal call."""
+    return causal_first(c) and c["batch"] > 1
+
+
 def stage_bytes(c: dict) -> int:
     """One of a windowed cache's two stages: (B, Hkv, C + S, D)."""
     return c["batch"] * c["hkv"] * (c["present_len"] + c["sq"]) * c["d"] * ES[c["dtype"]] if windowed(c) else 0
@@ -104,8 +115,7 @@ def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int, int]:
     stage K, 0 without a windowed cache): the rotated Q, the lengths, the key mask, then the (B, Hq,
     S) float32 log-sum-exp, then the stage K and V."""
     b, s, plen = c["batch"], c["sq"], c["present_len"]
-    first = s == c["total_sequence_length"]
-    mask = b * plen if first and c.get("causal", 1) != 0 and not windowed(c) else 0
+    mask = b * plen if key_mask(c) else 0
     head = aligned(q_bytes) + aligned(8 * b) + mask
     lse = 0
     if has_sinks(c):
@@ -124,7 +134,7 @@ def prepare_expected(c: dict, scratch: int, stage: int = 0) -> dict:
     rotary = c["rotary_dim"] > 0
     q_copy = rotary or "q_norm_weight" in c  # Q rotated and/or normed into the scratch block
     first = s == c["total_sequence_length"]
-    mask = first and c.get("causal", 1) != 0 and not windowed(c)
+    mask = key_mask(c)
     cap = c["present_len"] if windowed(c) else 0
     q_bytes = b * s * hq * d * es if q_copy else 0
     q_row = (hq + 2 * hkv) * d if c["packed"] else hq * d
@@ -168,6 +178,8 @@ def attention_params(c: dict, want: dict) -> dict:
         p["window_left"] = c["local_window_size"] - 1
     if want["KeyMask"]:
         p.update(mask_kind="bool", mask=want["KeyMask"], mask_stride=[plen, 0, 0, 1], mask_len=plen)
+    elif causal_first(c):  # one row: a plain causal call over the prompt's S keys, no key bound
+        p["skv"] = min(plen, c["total_sequence_length"])
     else:
         p["seqlens_k"] = want["Totals"]
     return p
@@ -221,6 +233,13 @@ CALLS = {
     "windowed cache, chunked prefill, no rotary, fp32 d80": gqa_call(
         "float32", b=1, s=9, hq=4, hkv=1, d=80, total=70, past_len=64, packed=False, rotary_dim=0,
         local_window_size=33, sliding_window_cache=1),
+    # Causal first prompts: one row runs unmasked over its S keys, several keep the key mask.
+    "first prompt, one row, separate present, fp32": gqa_call("float32", b=1, s=40, hq=4, hkv=4, d=64, total=40,
+                                                               past_len=0, shared=False),
+    "first prompt, one row into a longer buffer, head_sink, d256": gqa_call(
+        "bfloat16", b=1, s=19, hq=4, hkv=2, d=256, total=19, past_len=96, head_sink=0x10000000),
+    "first prompt, batch of 5, window, bf16 d256": gqa_call("bfloat16", b=5, s=19, hq=4, hkv=2, d=256, total=19,
+                                                             past_len=32, local_window_size=6),
 }
 REFUSED = {
     "chunked prefill at batch 2": (gqa_call(b=2, s=4, total=20), "needs batch 1"),
