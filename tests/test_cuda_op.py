@@ -101,6 +101,29 @@ def test_fp32_tf32_opt_in_on_cuda(shape):
         np.testing.assert_array_equal(ieee, tf32)
 
 
+def _fp8_lse_error(q, k, v, causal):
+    """The largest |lse error| over the rows of every (batch, head) of tests/test_fp8_kernel.py's
+    float64 emulation of the FP8 kernels (e4m3 roundings only; the build's 128-row blocks)
+    against exact scores."""
+    import numpy as np
+
+    import test_fp8_kernel as kernel_test
+    from ort_flash.reference import attention_reference
+
+    from aot import variants
+
+    group = q.shape[1] // k.shape[1]
+    bm, bn = variants.FP8_TILES[q.shape[-1]][:2]
+    worst = 0.0
+    for i in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            qh, kh, vh = (x.astype(np.float64) for x in (q[i, h], k[i, h // group], v[i, h // group]))
+            _, lse8 = kernel_test.emulate(qh, kh, vh, causal, bm, bn)
+            exact = attention_reference(qh[None, None], kh[None, None], vh[None, None], is_causal=causal)[3]
+            worst = max(worst, float(np.abs(lse8 - exact[0, 0]).max()))
+    return worst
+
+
 # (B, Hq, Hkv, N, D, causal) of the FP8 checks: odd lengths, GQA and MHA, both head sizes.
 FP8_SHAPES = [(2, 8, 2, 1000, 128, True), (1, 4, 4, 777, 64, False), (3, 6, 1, 515, 128, False),
               (1, 8, 8, 2049, 64, True)]
@@ -112,8 +135,11 @@ def test_fp8_prefill_on_cuda(shape, dtype):
     """attention_precision="fp8" on an sm_90 GPU: the FP8 path runs (its error against the float64
     reference is FP8's, several times the fp16/bf16 path's) and stays within the bound the
     interpreter check of the same kernels sets on FlashAttention-3's outlier inputs (N(0, 1),
-    0.1 % N(0, 10)): RMSE 2.5e-2, the log-sum-exp within 0.6; every output written (NaN-poisoned
-    first). A decode call of the same node (a past) declines and equals the dtype path exactly."""
+    0.1 % N(0, 10)): RMSE 2.5e-2; every output written (NaN-poisoned first). Its log-sum-exp
+    error is that of the scheme: within 1.1x (+ 0.02) the largest error of test_fp8_kernel.py's
+    float64 emulation of the same kernels on the same inputs (_fp8_lse_error), which grows with
+    the number of rows (one outlier product dominates a short causal row's scores). A decode call of the same node (a
+    past) declines and equals the dtype path exactly."""
     import secrets
 
     import ml_dtypes
@@ -152,7 +178,9 @@ def test_fp8_prefill_on_cuda(shape, dtype):
     print(f"{ctx}: RMSE fp8 {rmse8:.3e}, {dtype} {rmse16:.3e}; lse error {lse_err:.3f}")
     assert rmse8 <= 2.5e-2, f"{ctx}: FP8 RMSE {rmse8:.3g}"
     assert rmse8 > 1.5 * rmse16, f"{ctx}: the FP8 path did not run (RMSE {rmse8:.3g} against {rmse16:.3g})"
-    assert lse_err <= 0.6, f"{ctx}: FP8 log-sum-exp error {lse_err:.3g}"
+    lse_emulated = _fp8_lse_error(feeds["Q"], feeds["K"], feeds["V"], causal)
+    assert lse_err <= 1.1 * lse_emulated + 0.02, \
+        f"{ctx}: FP8 log-sum-exp error {lse_err:.3g}, the scheme's emulated {lse_emulated:.3g}"
 
     # A past makes it a decode call: the FP8 path declines, the dtype path runs.
     past = {"past_key": outliers((b, hkv, 64, d)), "past_value": outliers((b, hkv, 64, d))}
