@@ -22,6 +22,9 @@
 #   bash lab/gpu/gpu_release.sh new     # what no GPU has run yet: the FP8 GPU tests alone (under
 #                                     # FP8_TEST_S), then tests/test_gqa_cuda.py, test_cuda_kernel.py
 #                                     # and test_cuda_op.py (12 workers, under NEW_TEST_S)
+#   bash lab/gpu/gpu_release.sh families # every GenAI builder family built for CUDA, rewritten and
+#                                     # checked teacher-forced (tests/test_genai_families_cuda.py,
+#                                     # after a `part` carrying .gpugenai; under FAMILIES_S)
 #   bash lab/gpu/gpu_release.sh fp8     # the FP8 prefill path: its GPU tests (alone first, under a
 #                                     # timeout of their own), the kernels against cuDNN
 #                                     # (lab/experiments/fp8_kernel_bench.py), then the op suite's FP8
@@ -57,6 +60,14 @@ wait_build() {  # the background build of `start`, at most BUILD_WAIT_S (default
     sleep 2; t=$((t + 2))
     [ "$t" -lt "${BUILD_WAIT_S:-300}" ] || { echo "the build is still running after $t s"; return 1; }
   done
+}
+built() {  # the background build of `start` waited for and, where it failed, run again here (a call
+  # that re-copies the tree while it compiles can remove a file under it); needs gpu_env.sh
+  wait_build || return 1
+  if [ "$(cat /tmp/bg/build.rc)" != 0 ]; then
+    echo "the background build failed: building again"
+    OUT=/tmp/bg build_ort_flash && echo 0 > /tmp/bg/build.rc
+  fi
 }
 bench() {  # ort-flash bench with its progress bars left out of the log
   python3 -m ort_flash.cli bench --device cuda --cache-dir /tmp/ort_flash_bench "$@" 2>&1 | grep -v $'\r'
@@ -151,6 +162,7 @@ case "${1:-}" in
     # then GroupQueryAttention on CUDA (attention sinks, the one-row first prompt, the windowed
     # cache) with the direct-kernel and op files beside it.
     . lab/gpu/gpu_env.sh
+    built || exit 1
     timeout "${FP8_TEST_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 4 \
       tests/test_cuda_op.py -k fp8 2>&1 | tee "$OUT/pytest-fp8.log" | grep -v "^\." | tail -12
     timeout "${NEW_TEST_S:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 12 \
@@ -185,11 +197,7 @@ case "${1:-}" in
     # builder for the fidelity grid's models (genai_fidelity.grid) started, one background process
     # per model (fp16 then bf16), while the next call runs tests. Logs in /tmp/bg/.
     . lab/gpu/gpu_env.sh
-    wait_build || exit 1
-    if [ "$(cat /tmp/bg/build.rc)" != 0 ]; then
-      echo "the background build failed: building again"
-      OUT=/tmp/bg build_ort_flash && echo 0 > /tmp/bg/build.rc || exit 1
-    fi
+    built || exit 1
     for i in 0 1; do
       setsid python3 -c "import pathlib, sys; from ort_flash.bench import genai_fidelity as f
 g = f.grid('cuda', False)
@@ -197,6 +205,16 @@ f.prepare(g, 'cuda', pathlib.Path('/tmp/ort_flash_bench/genai'), [g['models'][$i
         > /tmp/bg/models$i.out 2>&1 < /dev/null &
     done
     echo "GenAI builder started for the fidelity models"
+    ;;
+  families)
+    # Every GenAI builder family built for CUDA (fp16), rewritten with every node mapped and
+    # checked teacher-forced against the original (tests/test_genai_families_cuda.py; carry
+    # .gpugenai first), and the GPU tests of test_genai_fidelity.py.
+    . lab/gpu/gpu_env.sh
+    built || exit 1
+    timeout "${FAMILIES_S:-540}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=300 -n 8 \
+      tests/test_genai_families_cuda.py tests/test_genai_fidelity.py 2>&1 | tee "$OUT/pytest-families.log" \
+      | grep -v "^\." | tail -30
     ;;
   fidelity)
     # Teacher-forced logits of the original and the rewritten GenAI folders, step by step
@@ -210,5 +228,5 @@ f.prepare(g, 'cuda', pathlib.Path('/tmp/ort_flash_bench/genai'), [g['models'][$i
     bench --suite genai_fidelity --budget-s "${FIDELITY_S:-500}" ${FIDELITY_ARGS:-} \
       --out "$OUT/bench-genai-fidelity.json" | tail -50
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|fp8|ab|start|part|genai-models|fidelity"; exit 2 ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|fp8|ab|start|part|genai-models|families|fidelity"; exit 2 ;;
 esac
