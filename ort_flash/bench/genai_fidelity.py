@@ -151,8 +151,11 @@ class SessionDriver:
     the end, as ONNX Runtime's GroupQueryAttention expects (a window-sized cache takes no padding:
     ``windowed`` says whether the model has one). Where the decoder asks for them, as GenAI gives
     them: ``position_ids`` (each token's index in its row: the builder's models whose rotary stays
-    outside the attention); the convolution state of each convolution layer (LFM2: layers without a
-    KV cache; carried from each call's present to the next call's past; its rows take no padding)."""
+    outside the attention; a (3, B, S) input, MRoPE's temporal, height and width positions, gets the
+    index in all three, as for a text-only prompt: Qwen 3.5); the state of each layer without a KV
+    cache, carried from each call's present to the next call's past: a convolution state (LFM2's
+    convolution layers, Qwen 3.5's linear-attention layers) and a recurrent state (Qwen 3.5's
+    linear attention); their rows take no padding."""
 
     name = "session"
 
@@ -170,9 +173,15 @@ class SessionDriver:
         inputs = {i.name: i for i in self.session.get_inputs()}
         layers = range(self.cfg["layers"])
         self.kv_layers = [i for i in layers if self.cfg["past_key"] % i in inputs]
-        conv = self.cfg["past_conv"]
+        # (past name, present name, shape less the batch, torch dtype, ONNX type) of every state
+        self.states = [(past % i, present % i, inputs[past % i].shape[1:], *_types(inputs[past % i].type))
+                       for past, present in ((self.cfg["past_conv"], self.cfg["present_conv"]),
+                                             (self.cfg["past_recurrent"], self.cfg["present_recurrent"]))
+                       for i in layers if past and past % i in inputs]
+        conv = self.cfg["past_conv"]  # {layer: state shape} of the convolution states alone
         self.conv_shapes = {i: inputs[conv % i].shape[1:] for i in layers if conv and conv % i in inputs}
         self.position_ids = self.cfg["position_ids"] in inputs
+        self.mrope = self.position_ids and len(inputs[self.cfg["position_ids"]].shape) == 3
         past = inputs[self.cfg["past_key"] % self.kv_layers[0]]
         self.torch_dtype, self.onnx_type = _types(past.type)
         out = next(o for o in self.session.get_outputs() if o.name == self.cfg["logits"])
@@ -202,20 +211,20 @@ class SessionDriver:
 
     def buffers(self, batch: int, length: int) -> list:
         """Zeroed K and V buffers of every layer with a KV cache, (batch, kv heads, length, head
-        size), a layer with a window-sized cache its window's length instead; then a zeroed state
-        of every convolution layer."""
+        size), a layer with a window-sized cache its window's length instead; then every zeroed
+        state (convolution, recurrent)."""
         import torch
 
         c = self.cfg
         kv = [torch.zeros((batch, c["kv_heads"], self.windows.get(i, length), c["head_size"]),
                           dtype=self.torch_dtype, device=self.torch_device) for i in self.kv_layers for _ in "kv"]
-        return kv + [torch.zeros((batch, *shape), dtype=self.torch_dtype, device=self.torch_device)
-                     for shape in self.conv_shapes.values()]
+        return kv + [torch.zeros((batch, *shape), dtype=dtype, device=self.torch_device)
+                     for _, _, shape, dtype, _ in self.states]
 
     def run(self, ids: np.ndarray, kv: list, mask: np.ndarray):
         """One call of the decoder over the buffers ``kv`` (K and V bound as past and present, a
-        convolution state as past and then overwritten by its present); its logits (B, S,
-        vocabulary) in the model's dtype."""
+        state as past and then overwritten by its present); its logits (B, S, vocabulary) in the
+        model's dtype."""
         import torch
 
         c = self.cfg
@@ -224,6 +233,8 @@ class SessionDriver:
         io.bind_cpu_input(c["attention_mask"], mask)
         if self.position_ids:  # each token's index in its row; padding 0
             positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 0)[:, -ids.shape[1]:]
+            if self.mrope:  # text only: the same index for time, height and width
+                positions = np.broadcast_to(positions, (3, *positions.shape))
             io.bind_cpu_input(c["position_ids"], np.ascontiguousarray(positions, dtype=np.int64))
         names = [(c["past_key"] % i, c["present_key"] % i, c["past_value"] % i, c["present_value"] % i)
                  for i in self.kv_layers]
@@ -233,10 +244,9 @@ class SessionDriver:
                 bind(name, self.device, 0, self.onnx_type, list(buf.shape), buf.data_ptr())
         states = kv[2 * len(self.kv_layers):]
         presents = [torch.empty_like(state) for state in states]
-        for layer, state, present in zip(self.conv_shapes, states, presents):
-            for name, buf, bind in ((c["past_conv"] % layer, state, io.bind_input),
-                                    (c["present_conv"] % layer, present, io.bind_output)):
-                bind(name, self.device, 0, self.onnx_type, list(buf.shape), buf.data_ptr())
+        for (past, present_name, _, _, onnx_type), state, present in zip(self.states, states, presents):
+            for name, buf, bind in ((past, state, io.bind_input), (present_name, present, io.bind_output)):
+                bind(name, self.device, 0, onnx_type, list(buf.shape), buf.data_ptr())
         logits = torch.empty((ids.shape[0], ids.shape[1], c["vocab"]), dtype=self.logits_types[0], device=self.torch_device)
         io.bind_output(c["logits"], self.device, 0, self.logits_types[1], list(logits.shape), logits.data_ptr())
         self.session.run_with_iobinding(io)
@@ -278,6 +288,8 @@ def folder_config(folder: pathlib.Path) -> dict:
             "position_ids": dec["inputs"].get("position_ids", "position_ids"),
             "past_conv": dec["inputs"].get("past_conv_names", ""),
             "present_conv": dec["outputs"].get("present_conv_names", ""),
+            "past_recurrent": dec["inputs"].get("past_recurrent_names", ""),
+            "present_recurrent": dec["outputs"].get("present_recurrent_names", ""),
             "logits": dec["outputs"]["logits"]}
 
 
