@@ -96,10 +96,27 @@ WINDOWED_KV = ("mistral", "gemma2", "gptoss")
 # LongRoPE as Phi-3's checkpoints write it ("type" beside "rope_type": the builder reads "type").
 _LONGROPE = dict(rope_type="longrope", type="longrope", rope_theta=10000.0,
                  short_factor=[1.0 + i / 16 for i in range(16)], long_factor=[1.0 + i / 4 for i in range(16)])
+# A multimodal model's text decoder: its vision tower as small as its config allows (the builder
+# exports the text decoder alone, model type "<name>_text").
+_QWEN_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128)
+# Qwen 3.5's rotary as its checkpoints write it: a quarter of each head (8 of 32 here), MRoPE with
+# interleaved time / height / width sections (the builder writes MRotaryEmbedding only where
+# mrope_section is given; without it, a RotaryEmbedding fed the 3-D position_ids, which ONNX Runtime
+# refuses).
+_QWEN3_5_ROPE = dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                     mrope_section=[2, 1, 1], mrope_interleaved=True)
+_QWEN3_5_TEXT = dict(_COMMON, head_dim=32, layer_types=["linear_attention", "full_attention"],
+                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                     linear_value_head_dim=32, rope_parameters=_QWEN3_5_ROPE)
+# Gemma 4: Q/K norms and a window on alternate layers, wider heads on the full layers
+# (global_head_dim); Gemma 4's MoE model adds per-layer input embeddings and experts beside each
+# layer's MLP.
+_GEMMA4_TEXT = dict(_COMMON, head_dim=32, global_head_dim=64, sliding_window=WINDOW,
+                    layer_types=["sliding_attention", "full_attention"])
 # The builder's other text decoders, each for what its attention brings; test_genai_fidelity.py
 # checks those the builder (0.18.0, under transformers 5) builds, test_genai.py's sweep leaves them
-# out for CI's time. It refuses gemma3, phimoe and smollm3 (build raises ExportFailure with its
-# message; tests/test_genai_fidelity.py's EXTRA_BUILT says why).
+# out for CI's time. It refuses gemma3, gemma4, gemma4_unified, phimoe and smollm3 (build raises
+# ExportFailure with its message; tests/test_genai_fidelity.py's EXTRA_BUILT says why).
 EXTRA: dict[str, tuple[str, str, str, dict, tuple[str, ...]]] = {
     # Gemma: the embeddings scaled by sqrt(hidden), RMS norms of weight + 1; plain attention.
     "gemma": ("GemmaConfig", "GemmaForCausalLM", "GemmaForCausalLM", dict(_COMMON, head_dim=32), ()),
@@ -152,6 +169,55 @@ EXTRA: dict[str, tuple[str, str, str, dict, tuple[str, ...]]] = {
     # SmolLM3: NoPE on every fourth layer (here layer 1: no rotary there).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", "SmolLM3ForCausalLM",
                 dict(_COMMON, no_rope_layers=[1, 0], layer_types=["full_attention"] * 2), ()),
+    # LFM2-MoE: LFM2's layers (a convolution layer, an attention layer with Q/K norms), experts after
+    # the first (dense) layer: a sigmoid router with a selection bias, the choice made in the graph
+    # and fed to one com.microsoft MoE op.
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", "Lfm2MoeForCausalLM",
+                 dict(_COMMON, layer_types=["conv", "full_attention"], num_dense_layers=1, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=64), ()),
+    # Qwen 3.5's text decoder: a linear-attention layer (gated delta rule: a convolution state and a
+    # recurrent state, no KV cache) then a full-attention layer with Q/K norms, partial interleaved
+    # MRoPE outside the attention (3-D position_ids) and a sigmoid gate on its output.
+    "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                dict(text_config=_QWEN3_5_TEXT, vision_config=_QWEN_VISION, tie_word_embeddings=False), ()),
+    # Qwen 3.5 MoE: Qwen 3.5's layers with experts and a gated shared expert.
+    "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                    dict(text_config=dict(_QWEN3_5_TEXT, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=64, shared_expert_intermediate_size=64),
+                         vision_config=_QWEN_VISION, tie_word_embeddings=False), ()),
+    # Mistral 3 (Mistral Small 3.1's layout): a Mistral text decoder without a window; the builder
+    # loads the whole VLM (a one-layer Pixtral tower here).
+    "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                 dict(text_config=dict(_COMMON, head_dim=32, model_type="mistral", sliding_window=None),
+                      vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, head_dim=16, image_size=56, patch_size=14),
+                      tie_word_embeddings=False), ()),
+    # Qwen2.5-VL's text decoder: Qwen 2 attention, MRoPE in sections outside the attention (3-D
+    # position_ids; a text prompt gives each section the same index).
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                   dict(text_config=dict(_COMMON, rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                       mrope_section=[4, 6, 6])),
+                        vision_config=dict(_QWEN_VISION, fullatt_block_indexes=[0]), tie_word_embeddings=False), ()),
+    # Qwen3-VL's text decoder: Q/K norms, interleaved MRoPE outside the attention.
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+                 dict(text_config=dict(_COMMON, head_dim=32,
+                                       rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                            mrope_section=[8, 4, 4], mrope_interleaved=True)),
+                      vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[]), tie_word_embeddings=False), ()),
+    # LFM2-VL's text decoder: LFM2's.
+    "lfm2_vl": ("Lfm2VlConfig", "Lfm2VlForConditionalGeneration", "Lfm2VlForConditionalGeneration",
+                dict(text_config=dict(_COMMON, model_type="lfm2", layer_types=["conv", "full_attention"],
+                                      block_auto_adjust_ff_dim=False),
+                     vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_patches=16),
+                     projector_hidden_size=32, tie_word_embeddings=False), ()),
+    # Gemma 4 (its MoE model) and Gemma 4 Unified (dense): see _GEMMA4_TEXT.
+    "gemma4": ("Gemma4Config", "Gemma4ForConditionalGeneration", "Gemma4ForConditionalGeneration",
+               dict(text_config=dict(_GEMMA4_TEXT, vocab_size_per_layer_input=256, hidden_size_per_layer_input=16,
+                                     enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                     moe_intermediate_size=64)), ()),
+    "gemma4_unified": ("Gemma4UnifiedConfig", "Gemma4UnifiedForConditionalGeneration",
+                       "Gemma4UnifiedForConditionalGeneration", dict(text_config=_GEMMA4_TEXT), ()),
 }
 FAMILIES.update(EXTRA)
 
@@ -221,7 +287,11 @@ def save_hf_folder(family: str, folder: pathlib.Path) -> None:
 
     config_class, model_class, arch, kwargs, _ = FAMILIES[family]
     vocab_size = save_tokenizer(folder)
-    config = getattr(transformers, config_class)(**kwargs, vocab_size=vocab_size)
+    if "text_config" in kwargs:  # a multimodal model's config: the vocabulary is its text model's
+        kwargs = dict(kwargs, text_config=dict(kwargs["text_config"], vocab_size=vocab_size))
+    else:
+        kwargs = dict(kwargs, vocab_size=vocab_size)
+    config = getattr(transformers, config_class)(**kwargs)
     config.architectures = [arch]
     torch.manual_seed(SEED)
     model = getattr(transformers, model_class)(config).eval()
