@@ -6,8 +6,8 @@ Runtime), and checked teacher-forced against the original through ONNX Runtime C
 as GenAI feeds them (``genai_fidelity.check``): the logits of every step within the rounding
 bound, every differing argmax a tie. Every node is mapped, a window-sized KV cache's too (the
 session driver gives those layers buffers of the window's length, as ONNX Runtime's CUDA op needs;
-its batch of two has rows of one length: such a cache takes no padding, nor does LFM2's
-convolution state). GPU only (marked gpu)."""
+its batch of two has rows of one length: such a cache takes no padding, nor do the convolution
+and recurrent states of LFM2 and Qwen 3.5). GPU only (marked gpu)."""
 from __future__ import annotations
 
 import json
@@ -57,9 +57,9 @@ def test_cuda_build_rewritten_and_within_rounding(family, tmp_path):
     vocab = json.loads((original / "genai_config.json").read_text())["model"]["vocab_size"]
     for batch in (1, 2):
         rows = fid.prompt_rows(np.random.default_rng(batch), PROMPT, batch, vocab)
-        if windowed or sessions["original"].conv_shapes:
-            # No padding into a window-sized cache, nor into a convolution state (LFM2): it would
-            # carry the pad tokens into the shorter row's later steps. Rows of one length.
+        if windowed or sessions["original"].states:
+            # No padding into a window-sized cache, nor into a convolution or recurrent state
+            # (it would carry the pad tokens into the shorter row's later steps): rows of one length.
             rows = [np.resize(r, PROMPT) for r in rows]
         s = fid.check(sessions, sessions["original"], rows, STEPS, "float16")
         assert s["passed"], {k: s[k] for k in ("steps_over_bound", "unexplained", "worst_diff_over_bound", "max_diff")}
