@@ -138,8 +138,8 @@ def test_fp8_prefill_on_cuda(shape, dtype):
     0.1 % N(0, 10)): RMSE 2.5e-2; every output written (NaN-poisoned first). Its log-sum-exp
     error is that of the scheme: within 1.1x (+ 0.02) the largest error of test_fp8_kernel.py's
     float64 emulation of the same kernels on the same inputs (_fp8_lse_error), which grows with
-    the number of rows (one outlier product dominates a short causal row's scores). A decode call of the same node (a
-    past) declines and equals the dtype path exactly."""
+    the number of rows (one outlier product dominates a short causal row's scores). A decode call
+    of the same node (a past) declines and equals the dtype path exactly."""
     import secrets
 
     import ml_dtypes

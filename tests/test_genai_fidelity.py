@@ -218,10 +218,10 @@ def test_session_driver_feeds_mrope_and_recurrent_states_as_genai_does(extra_bui
     session = fid.SessionDriver(original, "cpu")
     assert session.mrope and [s[0] for s in session.states] == ["past.0.conv", "past.0.recurrent"]
     rows = [np.random.default_rng(3).integers(3, 60, 13).astype(np.int32)]
-    genai, fed = fid.teacher_forced({"original": fid.GenAIDriver(original, "cpu")}, rows, 8)
+    through_genai, fed = fid.teacher_forced({"original": fid.GenAIDriver(original, "cpu")}, rows, 8)
     alone, fed_alone = fid.teacher_forced({"original": session}, rows, 8)
     np.testing.assert_array_equal(fed, fed_alone)
-    np.testing.assert_allclose(alone["original"], genai["original"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(alone["original"], through_genai["original"], rtol=0, atol=1e-5)
 
 
 @_genai

@@ -138,8 +138,9 @@ def check_case(c: dict) -> None:
 
 def test_sink_rescale_variants():
     """One cubin per (dtype, BLOCK_D) for every arch (min arch 0: sm_80 and sm_90), never merged
-    into a superset, its kind code fixed once appended (codes are append-only), typed by the contract's SinkRescale
-    ABI, and compiled from its own source (an edit to it leaves the other cubins cached)."""
+    into a superset, its kind code fixed once appended (codes are append-only), typed by the
+    contract's SinkRescale ABI, and compiled from its own source (an edit to it leaves the other
+    cubins cached)."""
     from aot import build, contract
     from aot import variants as v
 
