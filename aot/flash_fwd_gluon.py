@@ -5,8 +5,10 @@ flash_fwd's parameters and TileCounter (aot/contract.py's FwdGluon ABI, the warp
 kernel's; this one ignores the counter), same op contract
 (cpp/flash_params.h): query row i sits at absolute position i + offset and, under causal, sees
 keys j <= i + offset (bottom-right); a row that sees no key gives 0 and lse -inf. It takes
-fp16/bf16, D == Dv in {64, 128}, no mask and no extras (softcap, windows, per-batch key lengths:
-those arguments are ignored); the dispatcher keeps every other call on flash_fwd.
+fp16/bf16, D == Dv in {64, 128}, no mask and no extras (softcap and windows are ignored); the
+dispatcher keeps every other call on flash_fwd. has_seqlens != 0 bounds batch row b's keys at
+SeqlensK[b] with every position kept (FlashParams::key_bound: a GroupQueryAttention first prompt,
+whose shorter rows keep their queries' positions), not flash_fwd's bottom-right key lengths.
 
 Q, K, V and Y are TMA descriptors over the (B, H, S, D) view, box (1, 1, rows, D), 128-byte
 swizzle, zero fill past S, stores clipped per (b, h). Grid (cdiv(Sq, BLOCK_M), B * Hq), query
@@ -99,6 +101,16 @@ def _load_kv(desc, ring, bars, b, hk, block, stage, pred, BLOCK_N: gl.constexpr)
 
 
 @gluon.jit
+def _key_len(Skv, SeqlensK, has_seqlens, b):
+    """The keys batch row b sees, [0, n): Skv, bounded by SeqlensK[b] (int64) where has_seqlens is
+    set. Positions do not move: under causal the diagonal stays where the call's offset puts it."""
+    n = Skv
+    if has_seqlens != 0:
+        n = gl.minimum(Skv, gl.load(SeqlensK + b).to(gl.int32))
+    return n
+
+
+@gluon.jit
 def _softmax(s, m_i, l_i, start_n, mask_from, limit, pos, qk_scale,
              s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
     """One key block's online-softmax step on S (fp32, s_layout): the probabilities P, the
@@ -147,6 +159,7 @@ def flash_fwd_gluon(
     h = pid_bh % Hq
     hk = h // group
     m0 = pid_m * BLOCK_M
+    Skv = _key_len(Skv, SeqlensK, has_seqlens, b)
 
     # Keys this block sees: [0, hi); blocks ending at or below mask_from need no element mask.
     row_hi = gl.minimum(m0 + BLOCK_M, Sq) - 1

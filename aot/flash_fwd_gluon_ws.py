@@ -7,7 +7,8 @@ Same parameters as flash_fwd_gluon (aot/contract.py's FwdGluon ABI: flash_fwd's,
 and the same op contract as both (cpp/flash_params.h): query row i
 sits at absolute position i + offset and, under causal, sees keys j <= i + offset (bottom-right);
 a row that sees no key gives 0 and lse -inf. It takes fp16/bf16, D == Dv in {64, 128}, no extras
-(those arguments are ignored), and no mask or, with MASK_KIND 1 (bool) or 2 (additive), a key-vector
+(softcap and windows are ignored; has_seqlens bounds each batch row's keys at SeqlensK[b] with
+positions kept, as flash_fwd_gluon's), and no mask or, with MASK_KIND 1 (bool) or 2 (additive), a key-vector
 mask (one row of mask_len values per (batch, head) through stride_mb and stride_mh, its query
 stride 0: the (B, 1, 1, S) padding mask of BERT-style models; keys from mask_len on are hidden).
 The mask enters as one log2-unit bias per key (softmax.py _softmax_bias), its values loaded a key
@@ -25,7 +26,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from .flash_fwd_gluon import LOG2E, desc_layout, desc_signature  # noqa: F401 (aot/build.py's descriptor types)
+from .flash_fwd_gluon import LOG2E, _key_len, desc_layout, desc_signature  # noqa: F401 (aot/build.py's descriptor types)
 from .gluon_ws.mainloop import _consumer
 from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS, Buffers, ConsumerConfig, Work
 from .gluon_ws.producer import _producer
@@ -86,6 +87,10 @@ def flash_fwd_gluon_ws(
     m_base = Mask + b.to(gl.int64) * stride_mb + h.to(gl.int64) * stride_mh
     if MASKED != 0:
         Skv = gl.minimum(Skv, mask_len)
+    # A per-row key bound (has_seqlens): here for the CTA's one (batch, head), per tile where a CTA
+    # runs several (the scheduler's _tile_keys).
+    if TILES == 1:
+        Skv = _key_len(Skv, SeqlensK, has_seqlens, b)
 
     # Keys a tile sees: [0, hi). Every consumer runs every block of its tile (the upper one masks
     # the tail of the diagonal), so they stay in step on the ring and the turns.
@@ -145,7 +150,7 @@ def flash_fwd_gluon_ws(
     cfg = ConsumerConfig(WG_M, BLOCK_N, BLOCK_D, NUM_STAGES, PINGPONG, NC, TILES, MASKED, OVERLAP, PREFIX, PERSISTENT,
                          DYN, SKIP)
     work = Work(b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all,
-                Hq, m_base, lim_smem, lim_bar, ids, grp, hk, group, TileCounter, use_ctr)
+                Hq, m_base, lim_smem, lim_bar, ids, grp, hk, group, TileCounter, use_ctr, SeqlensK, has_seqlens)
 
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
     if NC == 2:

@@ -28,7 +28,9 @@ Args attention_args(const FlashParams& p) {
   a.Y = dev(p.y);
   a.Lse = dev(p.lse);
   a.Mask = dev(p.mask);
-  a.SeqlensK = dev(p.seqlens_k);
+  // Key lengths (bottom-right, per row), or a key bound with positions kept (the Gluon kernels'
+  // has_seqlens: FlashParams::key_bound); never both (plan_flash_cuda).
+  a.SeqlensK = dev(p.key_bound != nullptr ? p.key_bound : p.seqlens_k);
   a.scale = p.scale;
   a.softcap = p.softcap;
   a.Hq = static_cast<int32_t>(p.hq);
@@ -42,7 +44,7 @@ Args attention_args(const FlashParams& p) {
   a.window_left = static_cast<int32_t>(p.window_left);
   a.window_right = static_cast<int32_t>(p.window_right);
   a.mask_len = static_cast<int32_t>(p.mask_kind == MaskKind::kNone ? p.skv : p.mask_len);
-  a.has_seqlens = p.seqlens_k != nullptr ? 1 : 0;
+  a.has_seqlens = p.key_bound != nullptr ? 2 : (p.seqlens_k != nullptr ? 1 : 0);
   a.store_lse = p.lse != nullptr ? 1 : 0;
   a.stride_qb = p.q_stride[0], a.stride_qh = p.q_stride[1], a.stride_qm = p.q_stride[2];
   a.stride_kb = p.k_stride[0], a.stride_kh = p.k_stride[1], a.stride_kn = p.k_stride[2];
@@ -104,11 +106,16 @@ Status stream_counters(const CudaDriver& d, const DeviceKernels& dk, CUstream st
   return Status::Ok();
 }
 
+// `launched` (bounded plans only): false where the Gluon kernel's tensor maps could not be encoded
+// and nothing ran (the unmasked twin's pointer kernel would ignore the key bound; the caller runs
+// the masked call instead).
 Status run_forward(const CudaDriver& d, const FlashParams& p, const DeviceKernels& dk, const LaunchPlan& plan,
-                   CUstream stream) {
+                   CUstream stream, bool* launched = nullptr) {
   const KernelLaunch& pointer = plan.described() ? plan.second : plan.main;
   TmaArg tma[kTmaDescriptors];
   const bool encoded = plan.described() && encode_tma_args(d, p, *plan.main.kernel->entry, tma);
+  if (launched) *launched = encoded || !plan.bounded;
+  if (plan.bounded && !encoded) return Status::Ok();
   const KernelLaunch& run = encoded ? plan.main : pointer;
   if (!run.error.empty()) return Status::Error(run.error);
   if (run.kernel->entry->key.kind != KernelKind::kFwdGluon) {
@@ -182,10 +189,20 @@ Status launch(const FlashParams& p, const DeviceKernels* dk, CUstream stream, co
     notice_once(std::string("attention_precision=fp8: attention runs in ") + dtype_name(p.dtype) +
                 " here, not FP8: " + why);
   }
-  const LaunchPlan plan = plan_launch(p, key, *dk, launch_switches(), static_cast<bool>(workspace));
-  if (plan.kind == KernelKind::kDecode) return run_decode(*d, p, *dk, plan, stream, workspace);
+  LaunchPlan plan;
+  ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(p, *dk, static_cast<bool>(workspace), &plan));
+  // The key bound runs on the Gluon kernel (the unmasked twin) or not at all: elsewhere the mask.
+  FlashParams masked = p;
+  masked.key_bound = nullptr;
+  if (plan.bounded) {
+    bool launched = false;
+    ORT_FLASH_RETURN_IF_ERROR(run_forward(*d, unmasked_twin(p), *dk, plan, stream, &launched));
+    if (launched) return Status::Ok();
+    ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(masked, *dk, static_cast<bool>(workspace), &plan));
+  }
+  if (plan.kind == KernelKind::kDecode) return run_decode(*d, masked, *dk, plan, stream, workspace);
   if (!plan.error.empty()) return Status::Error(plan.error);
-  return run_forward(*d, p, *dk, plan, stream);
+  return run_forward(*d, masked, *dk, plan, stream);
 }
 
 }  // namespace

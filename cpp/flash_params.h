@@ -29,6 +29,12 @@ struct FlashParams {
   float* lse = nullptr;              // (B, Hq, Sq) contiguous, natural log; nullable
   const void* mask = nullptr;        // bool (1 byte) or dtype; nullable
   const int64_t* seqlens_k = nullptr;  // nonpad_kv_seqlen (B,); nullable
+  // Keys per batch row (B,) with positions kept (offset as given, not per row), always beside a
+  // key-vector mask that hides the same keys (j >= key_bound[b]): a GroupQueryAttention first
+  // prompt, whose shorter rows keep their queries' positions. The CUDA launcher runs the unmasked
+  // Gluon kernel with this bound where the build has one for the call, else the mask; the CPU
+  // kernel reads the mask. Nullable.
+  const int64_t* key_bound = nullptr;
   // Attention sinks (Hq,), natural log: each row of head h adds exp(sink[h]) to its softmax
   // denominator (a key of score sink[h] and value 0); nullable. CPU kernel only.
   const float* sink = nullptr;
@@ -68,6 +74,7 @@ inline bool is_empty_call(const FlashParams& p) { return p.sq == 0 || p.batch ==
 //   j < skv, and j < seqlens_k[b] when given (then offset_b = seqlens_k[b] - sq, else offset)
 //   causal: j <= pos;  window: pos - window_left <= j (left >= 0), j <= pos + window_right (right >= 0)
 //   j < mask_len when a mask is given; bool mask true at (b, h, i, j)
+//   j < key_bound[b] when given (the mask given with it says the same)
 // Scores s = scale * q.k; softcap c > 0: s = c * tanh(s / c); additive mask added after.
 // A row with no attended key gives y = 0 and lse = -inf.
 

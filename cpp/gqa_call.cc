@@ -297,12 +297,14 @@ FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q,
   p.window_left = window > 0 ? window - 1 : -1;
   // Row s of batch row b sees its row's keys j < counts_b, causally up to its own: row0_b + s
   // later (the kernel's bottom-right alignment on the row's key count), s in the first prompt,
-  // where the padding rows (s >= T_b) keep s too. There the row lengths are a key mask, or, where
-  // every row holds S = total_sequence_length tokens (no mask given), a plain causal call over the
-  // first S keys: the kernels without a key bound.
+  // where the padding rows (s >= T_b) keep s too. There the row lengths are a key mask and the same
+  // counts as a key bound (the CUDA Gluon kernels take the bound, every other kernel the mask), or,
+  // where every row holds S = total_sequence_length tokens (no mask given), a plain causal call
+  // over the first S keys: the kernels without a key bound.
   if (!gqa_needs_key_mask(c, first_prompt)) {
     p.seqlens_k = keys.counts;
   } else if (keys.mask) {
+    p.key_bound = keys.counts;
     p.mask = keys.mask;
     p.mask_kind = MaskKind::kBool;
     p.mask_stride[0] = keys.len; p.mask_stride[1] = 0; p.mask_stride[2] = 0; p.mask_stride[3] = 1;

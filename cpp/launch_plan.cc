@@ -107,10 +107,35 @@ LaunchPlan plan_launch(const FlashParams& p, const VariantKey& key, const Device
   return plan;
 }
 
+FlashParams unmasked_twin(const FlashParams& p) {
+  FlashParams u = p;
+  u.mask = nullptr;
+  u.mask_kind = MaskKind::kNone;
+  for (int64_t& s : u.mask_stride) s = 0;
+  u.mask_stride[3] = 1;
+  u.mask_len = 0;
+  return u;
+}
+
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan) {
+  const LaunchSwitches sw = launch_switches();
+  if (p.key_bound != nullptr) {
+    if (p.mask_kind == MaskKind::kNone || p.seqlens_k != nullptr) {
+      return Status::Error("a key bound needs the key mask that states it, and no key lengths");
+    }
+    const FlashParams u = unmasked_twin(p);
+    VariantKey key{};
+    ORT_FLASH_RETURN_IF_ERROR(select_variant(u, &key));
+    LaunchPlan bounded = plan_launch(u, key, dk, sw, can_split);
+    if (bounded.kind == KernelKind::kFwdGluon && bounded.error.empty() && bounded.main.error.empty()) {
+      bounded.bounded = true;
+      *plan = bounded;
+      return Status::Ok();
+    }
+  }
   VariantKey key{};
   ORT_FLASH_RETURN_IF_ERROR(select_variant(p, &key));
-  *plan = plan_launch(p, key, dk, launch_switches(), can_split);
+  *plan = plan_launch(p, key, dk, sw, can_split);
   return Status::Ok();
 }
 

@@ -54,6 +54,10 @@ struct LaunchPlan {
   // holds kDecodeCountersPerSlot.
   int64_t merge_counters = 0;
 
+  // A call with a key bound (FlashParams::key_bound) planned as its unmasked twin on the Gluon
+  // kernel, which bounds each batch row's keys itself: the executor drops the mask.
+  bool bounded = false;
+
   // The kernel the call launches first (null if none is compiled).
   const KernelEntry* first() const { return main.kernel ? main.kernel->entry : nullptr; }
   // TMA descriptors are encoded for `main`.
@@ -71,8 +75,13 @@ struct LaunchPlan {
 LaunchPlan plan_launch(const FlashParams& p, const VariantKey& key, const DeviceKernels& dk,
                        const LaunchSwitches& sw, bool can_split);
 
-// select_variant, then plan_launch with this process's switches.
+// select_variant, then plan_launch with this process's switches. A call with a key bound (and its
+// mask) is planned first without the mask: where that takes the Gluon kernel, the plan is that one
+// (`bounded`); else the masked call's.
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
+
+// The call as a bounded plan runs it: the key-vector mask dropped, the key bound kept.
+FlashParams unmasked_twin(const FlashParams& p);
 
 // The grid of a forward launch of entry `e` for `p` on `sm_count` SMs: (ceil(Sq / block_m),
 // B x Hq), or for a persistent entry one row of min(persistent x SMs, its tiles) CTAs (the kernel

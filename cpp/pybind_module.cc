@@ -283,6 +283,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property("lse", [](const FlashParams& p) { return ptr_get(p.lse); }, [](FlashParams& p, uintptr_t v) { p.lse = reinterpret_cast<float*>(v); })
       .def_property("mask", [](const FlashParams& p) { return ptr_get(p.mask); }, [](FlashParams& p, uintptr_t v) { p.mask = reinterpret_cast<const void*>(v); })
       .def_property("seqlens_k", [](const FlashParams& p) { return ptr_get(p.seqlens_k); }, [](FlashParams& p, uintptr_t v) { p.seqlens_k = reinterpret_cast<const int64_t*>(v); })
+      .def_property("key_bound", [](const FlashParams& p) { return ptr_get(p.key_bound); }, [](FlashParams& p, uintptr_t v) { p.key_bound = reinterpret_cast<const int64_t*>(v); })
       .def_readwrite("batch", &FlashParams::batch).def_readwrite("hq", &FlashParams::hq)
       .def_readwrite("hkv", &FlashParams::hkv).def_readwrite("sq", &FlashParams::sq)
       .def_readwrite("skv", &FlashParams::skv).def_readwrite("d", &FlashParams::d)

@@ -82,7 +82,7 @@ class Inert:
 
 
 class Ptr:
-    """A device pointer into a list of ints (the tile counter pair): `ptr + i`; `.to(int64)` its
+    """A device pointer into a list of ints (the tile counter pair, key bounds): `ptr + i`; `.to(int64)` its
     address, 0 for Ptr(None) (a null pointer: the launch passed none); atomics through HostGl."""
 
     def __init__(self, cells: list | None, i: int = 0):
@@ -288,6 +288,12 @@ class HostGl:
     @staticmethod
     def sum(x, *_a, **_kw):
         return _reduce(x, np.sum) if isinstance(x, np.ndarray) else Inert()
+
+    @staticmethod
+    def load(ptr, *_a, **_kw):
+        """A scalar load through a Ptr (a batch row's key bound): its cell. Other loads (mask
+        values, tensors) are not modelled."""
+        return HInt(ptr.cells[ptr.i]) if isinstance(ptr, Ptr) and ptr.cells is not None else Inert()
 
     def num_programs(self, axis):
         return HInt(self.grid[axis])

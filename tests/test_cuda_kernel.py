@@ -39,6 +39,10 @@ CASES = [
     dict(b=2, hq=8, hkv=2, sq=300, skv=333, d=128, causal=True, layout="bshd"),
     dict(b=2, hq=4, hkv=4, sq=129, skv=257, d=64, mask="add", layout="bshd"),
     dict(b=3, hq=4, hkv=2, sq=40, skv=512, d=128, nonpad=True, nan_tail=True, layout="bshd"),
+    # A key bound per row beside its mask (FlashParams::key_bound): float32 and d80 read the mask,
+    # fp16/bf16 d128 on sm_90 the unmasked Gluon kernel bounding each row (GLUON_CASES: more).
+    dict(b=3, hq=4, hkv=2, sq=97, skv=130, d=128, causal=True, key_bound=True),
+    dict(b=3, hq=4, hkv=2, sq=97, skv=130, d=80, causal=True, key_bound=True),
     # Packed QKV: Q, K and V as views into one (B, S, (Hq + 2 Hkv) * D) tensor.
     dict(b=2, hq=4, hkv=2, sq=150, skv=150, d=64, mask="add_keys", layout="packed"),
     dict(b=1, hq=4, hkv=4, sq=1030, skv=1030, d=128, causal=True, layout="packed"),
@@ -90,7 +94,7 @@ def test_kernel_matches_reference(case, dtype, kind=None):
     from ort_flash import _C
 
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
-                  nonpad=False, nan_tail=False, layout="bhsd"), **case)
+                  nonpad=False, nan_tail=False, layout="bhsd", key_bound=False), **case)
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
@@ -165,6 +169,16 @@ def test_kernel_matches_reference(case, dtype, kind=None):
         mask_np[0, 1] = False  # head 1 sees no key
         m = torch.from_numpy(mask_np).to(dev)
         p.mask_kind = _C.MaskKind.bool
+    if c["key_bound"]:
+        # Row i holds T_i <= Sq keys (one full, one of at most 7) and its queries keep their
+        # positions: the key bound, and the bool key mask j < T_i that states the same.
+        lens = rng.integers(1, sq + 1, size=b)
+        lens[0], lens[-1] = sq, min(lens[-1], 7)
+        mask_np = (np.arange(skv)[None, :] < lens[:, None])[:, None, None, :]
+        m = torch.from_numpy(mask_np).to(dev)
+        p.mask_kind = _C.MaskKind.bool
+        bound_t = torch.from_numpy(lens.astype(np.int64)).to(dev)
+        p.key_bound = bound_t.data_ptr()
     if mask_np is not None:
         p.mask = m.data_ptr()
         p.mask_stride = [0 if m.shape[i] == 1 else m.stride(i) for i in range(3)] + [1]
@@ -440,6 +454,16 @@ GLUON_CASES = [
     # Packed QKV (BERT's right-padded batches; GQA causal at d128).
     dict(b=3, hq=4, hkv=4, sq=2100, skv=2100, d=64, mask="add_keys", layout="packed"),
     dict(b=1, hq=4, hkv=2, sq=2100, skv=2100, d=128, causal=True, layout="packed"),
+    # A key bound per batch row with positions kept (GroupQueryAttention's batched first prompt:
+    # FlashParams::key_bound, beside its mask): the one-partition kernel (d128 below 1024 keys, d64
+    # below 2048), the dynamic persistent grid (causal d128 from 1024, d64 from 2048; d64
+    # non-causal from 1024), two tiles a CTA (d128 non-causal); with ORT_FLASH_GLUON=0 the mask.
+    dict(b=3, hq=8, hkv=2, sq=300, skv=333, d=128, causal=True, key_bound=True),
+    dict(b=4, hq=4, hkv=2, sq=700, skv=800, d=64, causal=True, key_bound=True),
+    dict(b=3, hq=8, hkv=2, sq=1100, skv=1111, d=128, causal=True, key_bound=True),
+    dict(b=2, hq=8, hkv=2, sq=2100, skv=2100, d=64, causal=True, key_bound=True),
+    dict(b=3, hq=4, hkv=2, sq=1100, skv=1100, d=64, key_bound=True),
+    dict(b=3, hq=4, hkv=2, sq=600, skv=650, d=128, key_bound=True, layout="bshd"),
 ]
 
 

@@ -176,8 +176,9 @@ def attention_params(c: dict, want: dict) -> dict:
              y_stride=[s * hq * d, d, hq * d], scale=1 / math.sqrt(d), causal=bool(c.get("causal", 1)), lse=0)
     if c.get("local_window_size", -1) > 0:
         p["window_left"] = c["local_window_size"] - 1
-    if want["KeyMask"]:
-        p.update(mask_kind="bool", mask=want["KeyMask"], mask_stride=[plen, 0, 0, 1], mask_len=plen)
+    if want["KeyMask"]:  # the key mask and the same counts as a key bound (the Gluon kernels')
+        p.update(mask_kind="bool", mask=want["KeyMask"], mask_stride=[plen, 0, 0, 1], mask_len=plen,
+                 key_bound=want["Totals"])
     elif causal_first(c):  # one row: a plain causal call over the prompt's S keys, no key bound
         p["skv"] = min(plen, c["total_sequence_length"])
     else:
@@ -240,7 +241,13 @@ CALLS = {
         "bfloat16", b=1, s=19, hq=4, hkv=2, d=256, total=19, past_len=96, head_sink=0x10000000),
     "first prompt, batch of 5, window, bf16 d256": gqa_call("bfloat16", b=5, s=19, hq=4, hkv=2, d=256, total=19,
                                                              past_len=32, local_window_size=6),
+    # Several rows at d64 / d128 on sm_90: the unmasked Gluon kernels with the rows' key counts as
+    # their key bound (BOUNDED), not the mask.
+    "first prompt, batch of 3, d128, into a longer buffer": gqa_call(b=3, s=300, total=300, past_len=512),
+    "first prompt, batch of 2, d64, bf16, 2100 tokens": gqa_call("bfloat16", b=2, s=2100, d=64, total=2100,
+                                                                past_len=2304),
 }
+BOUNDED = {"first prompt, batch of 3, d128, into a longer buffer", "first prompt, batch of 2, d64, bf16, 2100 tokens"}
 REFUSED = {
     "chunked prefill at batch 2": (gqa_call(b=2, s=4, total=20), "needs batch 1"),
     "total_sequence_length below S": (gqa_call(b=1, s=9, total=8, past_len=0, shared=False), "less than the 9 new tokens"),
@@ -322,7 +329,9 @@ def test_gqa_launches(runs, what):
     assert attention[0][1]["kind"] != "combine"
     ev, e, args = attention[0]
     assert ev["stream"] == STREAM
-    expected = _fwd_expected(p, dict(e, persistent=0, dynamic=False, kind="fwd"), 0)
+    bounded = bool(want["KeyMask"]) and e["kind"] == "fwd_gluon" and e["mask"] == "none"
+    assert bounded == (what in BOUNDED and ARCH == 90), f"{what}: ran {e['variant']}"
+    expected = _fwd_expected(p, dict(e, persistent=0, dynamic=False, kind="fwd"), 0, bounded)
     for name in ("Q", "K", "V", "Lse", "Mask", "SeqlensK", "has_seqlens", "mask_len", "Sq", "Skv", "causal",
                  "offset", "window_left", "store_lse", "stride_qb", "stride_qh", "stride_qm", "stride_kb",
                  "stride_kh", "stride_kn", "stride_mb", "stride_mh", "stride_mm", "scale", "softcap"):

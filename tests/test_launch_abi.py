@@ -79,6 +79,12 @@ def key_mask(p: dict, kind: str) -> dict:
     return dict(p, mask_kind=kind, mask=0x60000000, mask_stride=[p["skv"], 0, 0, 1], mask_len=p["skv"])
 
 
+def bounded(p: dict, bound: int = 0x70000000) -> dict:
+    """A GroupQueryAttention first prompt's rows: a key bound per batch row (FlashParams::key_bound,
+    positions kept) beside the bool key mask that states the same keys."""
+    return dict(key_mask(p, "bool"), key_bound=bound)
+
+
 def f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
@@ -159,15 +165,27 @@ class Log:
         return out
 
 
-def _fwd_expected(p: dict, e: dict, counters: int) -> dict:
+def _fwd_expected(p: dict, e: dict, counters: int, bounded: bool | None = None) -> dict:
+    """The parameters entry `e` must get for call `p`. A call with a key bound runs bounded (the
+    unmasked twin, has_seqlens 2) on an unmasked Gluon entry, else with its mask (`bounded`: which,
+    where `e` is not the entry that ran)."""
     b, hq, hkv, sq, skv = (p[k] for k in ("batch", "hq", "hkv", "sq", "skv"))
     seqlens, lse = p.get("seqlens_k", 0), p.get("lse", 0)
+    has_seqlens = int(bool(seqlens))
+    if bounded is None:
+        bounded = e["kind"] == "fwd_gluon" and e["mask"] == "none"
+    if p.get("key_bound"):
+        if bounded:  # the unmasked twin, bounded per row
+            p = {k: v for k, v in p.items() if k not in ("mask", "mask_kind", "mask_stride", "mask_len")}
+            seqlens, has_seqlens = p["key_bound"], 2
+        else:  # any other kernel reads the mask, without the bound
+            assert not seqlens
     x = {"Lse": lse, "Mask": p.get("mask", 0), "SeqlensK": seqlens, "scale": f32(p["scale"]),
          "softcap": f32(p.get("softcap", 0.0)), "Hq": hq, "group": hq // hkv, "Sq": sq, "Skv": skv,
          "D": p["d"], "Dv": p["dv"], "offset": p.get("offset", 0), "causal": int(p.get("causal", False)),
          "window_left": p.get("window_left", -1), "window_right": p.get("window_right", -1),
          "mask_len": p["mask_len"] if p.get("mask_kind", "none") != "none" else skv,
-         "has_seqlens": int(bool(seqlens)), "store_lse": int(bool(lse)), "global_scratch": 0, "profile_scratch": 0}
+         "has_seqlens": has_seqlens, "store_lse": int(bool(lse)), "global_scratch": 0, "profile_scratch": 0}
     ms = p.get("mask_stride", [0, 0, 0, 1])
     for t, s in zip("qkvy", ("q_stride", "k_stride", "v_stride", "y_stride")):
         for j, dim in enumerate(("b", "h", "m" if t in "qy" else "n")):
@@ -228,6 +246,15 @@ FWD_CALLS = [
     ("no lse", params(lse=0), "fwd_gluon"),
     ("bool key mask d128", key_mask(params(), "bool"), "fwd_gluon"),
     ("additive key mask d64", key_mask(params(d=64, sq=3000, skv=3000), "add"), "fwd_gluon"),
+    # A GroupQueryAttention first prompt of several rows: the unmasked Gluon kernel bounding each
+    # row's keys (one-partition at d128 below 1024 keys, the dynamic warp-specialized grid from
+    # 2048 at d64), the mask where no Gluon kernel takes the call.
+    ("key bound d128 causal", bounded(params(b=3, sq=700, skv=900, causal=True)), "fwd_gluon"),
+    ("key bound d64 causal N3000", bounded(params(b=3, d=64, sq=3000, skv=3100, causal=True)), "fwd_gluon"),
+    ("key bound bf16 d128 N2000", bounded(params(b=2, dtype="bfloat16", sq=2000, skv=2048, causal=True)),
+     "fwd_gluon"),
+    ("key bound fp32", bounded(params(b=3, d=64, sq=100, skv=128, dtype="float32", causal=True)), "fwd"),
+    ("key bound d80", bounded(params(b=3, d=80, sq=100, skv=128, causal=True)), "fwd"),
     ("softcap", params(softcap=30.0), "fwd_tma"),
     ("window", params(window_left=64, window_right=0), "fwd_tma"),
     ("nonpad_kv_seqlen", params(seqlens_k=0x70000000, causal=True), "fwd_tma"),
@@ -407,6 +434,24 @@ def test_kernel_switches(driver, tmp_path, env, kind):
     for i, (_, p, _) in enumerate(FWD_CALLS[:3]):
         assert results[i]["error"] is None and results[i]["plan"][0] == kind
         assert check_fwd_launch(p, log, i)["kind"] == kind
+
+
+def test_key_bound_without_gluon_takes_the_mask(driver, tmp_path):
+    """With the Gluon kernels switched off, a key-bound call runs the key-masked TMA kernel with its
+    mask and no key lengths (that kernel's has_seqlens would shift the positions); a key bound
+    without its mask is refused, launching nothing."""
+    if ARCH != 90:
+        pytest.skip("no sm_90 kernels in this build")
+    call = bounded(params(b=3, sq=700, skv=900, causal=True))
+    results, events = _run(driver, tmp_path, [{"params": call, "stream": CALLS_STREAM}], ORT_FLASH_GLUON="0")
+    assert results[0]["error"] is None and results[0]["plan"][0] == "fwd_tma"
+    e = check_fwd_launch(call, Log(events), 0)
+    assert e["kind"] == "fwd_tma" and e["mask"] == "bool"
+    lone = dict(params(b=3, sq=700, skv=900, causal=True), key_bound=0x70000000)
+    (tmp_path / "lone").mkdir()
+    results, events = _run(driver, tmp_path / "lone", [{"params": lone, "stream": CALLS_STREAM, "plan": False}])
+    assert "a key bound needs the key mask" in (results[0]["error"] or "")
+    assert not [ev for ev in events if ev["ev"] == "launch"]
 
 
 def test_launch_switches_listed():

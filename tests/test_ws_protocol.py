@@ -75,7 +75,7 @@ class Launch:
 
     def __init__(self, *, mode, b, hq, group, sq, skv, offset, causal, nc, stages, wg_m, block_n, skip,
                  ctas=0, seed=0, shift=None, counter=True, pingpong=True, overlap=False, mask_len=None,
-                 stubs=None, drop_barrier=None):
+                 stubs=None, drop_barrier=None, bounds=None):
         self.b, self.hq, self.group, self.sq, self.skv, self.offset, self.causal = b, hq, group, sq, skv, offset, causal
         self.nc, self.stages, self.wg_m, self.block_n, self.skip = nc, stages, wg_m, block_n, skip
         self.block_m = wg_m * nc
@@ -98,10 +98,12 @@ class Launch:
         self.run_ = Interleaving(random.Random(seed), skew=SKEW)
         self.hopper = Hopper(self.run_, GUARDS, self.on_read, self.on_store, shift, WORDS, drop_barrier)
         self.stubs = stubs or {}  # more stubs for host(): a test's mutation of the protocol
+        self.bounds = bounds  # each batch row's key bound (has_seqlens), or None
 
     # What each consumer must read and write: its own tile's rows and key blocks.
-    def key_blocks(self, m0):
-        hi = min(self.kv, min(m0 + self.block_m, self.sq) - 1 + self.offset + 1) if self.causal else self.kv
+    def key_blocks(self, m0, b):
+        kv = self.kv if self.bounds is None else min(self.kv, self.bounds[b])
+        hi = min(kv, min(m0 + self.block_m, self.sq) - 1 + self.offset + 1) if self.causal else kv
         return max(_cdiv(hi, self.block_n), 1)
 
     def visible_range(self, cta):
@@ -126,7 +128,7 @@ class Launch:
             self.ctx[me] = c = dict(b=int(t.b), h=int(t.h), r0=int(t.m0) + int(a["WG"]) * self.wg_m,
                                    m0=int(t.m0), row0=max(lo, 0), K=0, V=0, out=None)
             real(*args)
-            blocks = max(_cdiv(end - lo, self.block_n), 1) if lo >= 0 else self.key_blocks(c["m0"])
+            blocks = max(_cdiv(end - lo, self.block_n), 1) if lo >= 0 else self.key_blocks(c["m0"], c["b"])
             want = blocks if c["out"] else 0
             if (c["K"], c["V"]) != (want, want):
                 raise ProtocolError(f"{self.run_.name()} read {c['K']} K and {c['V']} V blocks of a tile with "
@@ -163,10 +165,11 @@ class Launch:
         i = HInt
         wg, bn = self.wg_m * D * 2, self.block_n * D * 2
         args = dict(Q=Desc("Q", wg, (self.b, self.hq, self.sq, D)), K=Desc("K", bn), V=Desc("V", bn), Y=Desc("Y", wg),
-                    Lse=Inert(), Mask=Inert(), SeqlensK=Inert(), scale=Inert(), softcap=Inert(), Hq=i(self.hq),
+                    Lse=Inert(), Mask=Inert(), SeqlensK=Ptr(self.bounds), scale=Inert(), softcap=Inert(), Hq=i(self.hq),
                     group=i(self.group), Sq=i(self.sq), Skv=i(self.skv), D=i(D), Dv=i(D), offset=i(self.offset),
                     causal=i(int(self.causal)), window_left=i(-1), window_right=i(-1), mask_len=i(self.mask_len),
-                    has_seqlens=i(0), store_lse=i(1), TileCounter=Ptr(self.counter if self.use_ctr else None),
+                    has_seqlens=i(0 if self.bounds is None else 2), store_lse=i(1),
+                    TileCounter=Ptr(self.counter if self.use_ctr else None),
                     **{n: i(0) for n in contract.runtime_args("fwd_gluon") if n.startswith("stride_")})
         kernel(*contract.ordered_args("fwd_gluon", args),
                BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=D, NUM_STAGES=self.stages, PINGPONG=self.pingpong,
@@ -247,6 +250,17 @@ def test_masked_keys_end_at_mask_len():
     min(Skv, mask_len) keys, the range check too."""
     for shape in (SHAPES[1], SHAPES[5], SHAPES[7]):
         _play(shape, seeds=3, mode="prefix", skip=False, mask_len=shape[3] - 70)
+
+
+@pytest.mark.parametrize("mode", ["tile", "tile2", "static", "dynamic"])
+def test_key_bound_per_batch_row(mode):
+    """has_seqlens: each batch row's keys end at its own bound (a GroupQueryAttention first prompt
+    of rows of several lengths, positions kept): in every schedule the producer and the consumers
+    of each tile agree on that row's blocks, and each consumer reads exactly them."""
+    for shape in (SHAPES[1], SHAPES[2], SHAPES[4]):
+        b, skv = shape[5], shape[3]
+        bounds = [skv, 1, skv // 2 + 7][:b]
+        _play(shape, seeds=3, mode=mode, skip=True, bounds=bounds)
 
 
 def _early(who, slot):

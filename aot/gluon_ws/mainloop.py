@@ -12,7 +12,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from ..flash_fwd_gluon import _epilogue, o_layout_of, p_layout_of, row_layout_of, s_layout_of
 from .params import Acc, Call, Tile
 from .mask_prefix import _publish_range, _visible_range
-from .scheduler import _cta_tile, _read_tile, _tile_of, _tile_span
+from .scheduler import _cta_tile, _read_tile, _tile_keys, _tile_of, _tile_span
 from .softmax import _key_mask, _softmax, _softmax_bias, _softmax_lim
 
 
@@ -218,8 +218,10 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
         tid = _read_tile(work.ids, bufs.q_ready, tt, WG, cfg.NC)
         while tid >= 0:
             m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, work.bh_all, work.grp, work.Hq, 1)
-            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, work.Skv, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
-            _consumer_tile(Y, Lse, bufs, call, Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, tt, c0, c0 - tt),
+            skv_t = _tile_keys(work, b_t)
+            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, skv_t, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
+            tile_call = Call(work.Sq, skv_t, work.offset, work.causal, work.qk_scale, work.store_lse, work.m_base)
+            _consumer_tile(Y, Lse, bufs, tile_call, Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, tt, c0, c0 - tt),
                            WG, cfg, 2, cfg.MASK_KIND)
             c0 += nb_t
             tt += 1
@@ -230,7 +232,9 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
         c0 = work.n_valid * 0
         for t in range(work.n_valid):
             m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, work, BLOCK_M, cfg.PERSISTENT)
-            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, work.Skv, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
-            _consumer_tile(Y, Lse, bufs, call, Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, t, c0, c0 - t),
+            skv_t = _tile_keys(work, b_t)
+            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, skv_t, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
+            tile_call = Call(work.Sq, skv_t, work.offset, work.causal, work.qk_scale, work.store_lse, work.m_base)
+            _consumer_tile(Y, Lse, bufs, tile_call, Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, t, c0, c0 - t),
                            WG, cfg, 2, cfg.MASK_KIND)
             c0 += nb_t

@@ -93,8 +93,8 @@ class Work:
     whether the log-sum-exp is stored; the span of tiles the scheduler gives the CTA (g0, n_valid of
     bh_all (batch, head) pairs) and the heads per batch; the key-vector mask row, the visible range
     the first consumer publishes for the producer (lim_smem, lim_bar), the dynamic tiles' ids and
-    head grouping; then the KV head, the query heads per KV head and the dynamic tiles' counter
-    (ctr, use_ctr)."""
+    head grouping; then the KV head, the query heads per KV head, the dynamic tiles' counter
+    (ctr, use_ctr) and the per-row key bound (seqlens, has_seqlens: scheduler.py _tile_keys)."""
     b: base_value
     h: base_value
     pid_bh: base_value
@@ -120,11 +120,13 @@ class Work:
     group: base_value
     ctr: base_value
     use_ctr: base_value
+    seqlens: base_value
+    has_seqlens: base_value
 
     @constexpr_function
     def __init__(self, b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse,
                  g0, n_valid, bh_all, Hq, m_base, lim_smem, lim_bar, ids, grp, hk, group, ctr,
-                 use_ctr):
+                 use_ctr, seqlens, has_seqlens):
         self.b = _value(b)
         self.h = _value(h)
         self.pid_bh = _value(pid_bh)
@@ -150,6 +152,8 @@ class Work:
         self.group = _value(group)
         self.ctr = _value(ctr)
         self.use_ctr = _value(use_ctr)
+        self.seqlens = _value(seqlens)
+        self.has_seqlens = _value(has_seqlens)
 
 
 @aggregate

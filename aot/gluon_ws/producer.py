@@ -8,7 +8,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .mask_prefix import _read_range
-from .scheduler import _claim, _cta_tile, _publish_tile, _tile_of, _tile_span
+from .scheduler import _claim, _cta_tile, _publish_tile, _tile_keys, _tile_of, _tile_span
 
 
 @gluon.jit
@@ -92,7 +92,8 @@ def _producer(Q, K, V, bufs, work, cfg):
         tt = tid * 0
         while tid < total:
             m_t, b_t, h_t, hk_t, bh_t = _tile_of(tid, n_m, work.bh_all, work.grp, work.Hq, work.group)
-            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, work.Skv, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
+            skv_t = _tile_keys(work, b_t)
+            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, skv_t, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
             _publish_tile(work.ids, bufs.q_ready, bufs.q_empty, tid, tt, cfg.NC, False)
             _producer_tile(Q, K, V, bufs,
                            b_t, h_t, hk_t, m0_t, nb_t, tt, c0, cfg)
@@ -112,7 +113,8 @@ def _producer(Q, K, V, bufs, work, cfg):
         c0 = work.n_valid * 0
         for t in range(work.n_valid):
             m_t, b_t, h_t, hk_t, bh_t = _cta_tile(t, work, BLOCK_M, cfg.PERSISTENT)
-            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, work.Skv, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
+            skv_t = _tile_keys(work, b_t)
+            m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, skv_t, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
             _producer_tile(Q, K, V, bufs,
                            b_t, h_t, hk_t, m0_t, nb_t, t, c0, cfg)
             c0 += nb_t

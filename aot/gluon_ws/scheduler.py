@@ -18,6 +18,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from ..flash_fwd_gluon import _key_len
+
 
 @gluon.jit
 def _tile_span(tile, Sq, Skv, offset, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -30,6 +32,13 @@ def _tile_span(tile, Sq, Skv, offset, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl
         hi = gl.minimum(Skv, row_hi + offset + 1)
     n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
     return m0, hi, n_blocks
+
+
+@gluon.jit
+def _tile_keys(work, b):
+    """The keys of batch row b a tile of a several-tile CTA sees: work.Skv, bounded by the row's
+    key bound where the call has one (flash_fwd_gluon._key_len)."""
+    return _key_len(work.Skv, work.seqlens, work.has_seqlens, b)
 
 
 @gluon.jit
