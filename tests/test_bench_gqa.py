@@ -95,6 +95,53 @@ def test_gqa_suite_with_qk_norms_on_cpu(tmp_path):
     assert np.abs(np.asarray(q_normed) - np.asarray(q_plain)).max() > 0.1
 
 
+def test_gqa_suite_with_window_sized_cache_on_cpu(tmp_path):
+    """--window W (local_window_size=W, sliding_window_cache=1, a buffer of W rows, as GenAI's
+    builder writes Mistral's windowed layers): prompts shorter and longer than W and a decode step
+    past W, whose every call moves the cache's rows (spot-checked on a first call). Both ops pass
+    the guard and their checks; the plain op sits it out with its reason."""
+    suite, configs = _cpu_suite(tmp_path, "--window", "48", "--seqlens", "32", "64", "--caches", "96",
+                                "--batches", "1")
+    assert suite["grid"]["window"] == 48
+    assert [(c["phase"], c["seqlen"], c["cache"], c["buffer"], c["window"]) for c, _ in configs] == [
+        ("prefill", 32, 32, 48, 48), ("prefill", 64, 64, 48, 48), ("decode", 1, 96, 48, 48)]
+    for cfg, by in configs:
+        plain = by.pop("ort_flash_fa")
+        assert plain["status"] == "unsupported" and plain["reason"] == "the plain op has no window-sized cache"
+        for r in by.values():
+            assert r["status"] == "ok" and r["ref_err"] < 1e-4, r
+            assert ("check" in r) == (cfg["phase"] == "decode"), r  # the first-call check past the window
+        guard = by["ort_flash"]["guard"]
+        assert guard["passed"] and guard["agree_err"] < 1e-5 and guard["present_err"] < 1e-6, guard
+        assert by["ort_flash"]["vs_ort"] > 0
+        if cfg["phase"] == "decode":  # the K and V of the window's 48 keys, not of the 96 tokens
+            r = by["ort_flash"]
+            assert r["gbps"] == pytest.approx(2 * 2 * 48 * 64 * 4 / (r["ms"] * 1e-3) / 1e9)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_gqa_window_checks_catch_a_wrong_window(monkeypatch, phase):
+    """ort_flash's node given a window one short of W (its cache still W rows), on a prompt longer
+    than W and on a decode step past W: the guard (against ONNX Runtime's op) and the spot check
+    (the first call's, past the window) both fail it; ONNX Runtime's op passes."""
+    real = gqa_graphs.gqa_model
+
+    def skewed(inputs, domain="com.microsoft", **attrs):
+        if domain == "ort_flash":
+            attrs = dict(attrs, local_window_size=attrs["local_window_size"] - 1)
+        return real(inputs, domain, **attrs)
+    monkeypatch.setattr(gqa_graphs, "gqa_model", skewed)
+    n, total = (40, 40) if phase == "prefill" else (1, 40)
+    cfg = dict(dtype="float32", hq=4, hkv=2, d=32, phase=phase, batch=2, seqlen=n, cache=total, buffer=16, window=16)
+    ctx = Context.create("cpu", seed=5, target_s=0.01)
+    rows = gqa_suite.run_config(ctx, cfg, gqa_peers.peers_for("cpu"), {})
+    by = {r["peer"]: r for r in rows}
+    assert by["ort_gqa"]["status"] == "ok" and by["ort_gqa"]["ref_err"] < 1e-4, by["ort_gqa"]
+    ours = by["ort_flash"]
+    assert ours["status"] == "mismatch" and not ours["guard"]["passed"], ours
+    assert ours["ref_err"] > ours["guard"]["limit"] and "float64 reference" in ours["reason"], ours
+
+
 def test_gqa_suite_in_bfloat16_on_cpu(tmp_path):
     """--dtypes bfloat16 (the dtype the next GPU run times against ONNX Runtime's op): the suite's
     inputs, rotary tables and reference in bfloat16 (the tables numpy's ml_dtypes on the CPU);

@@ -12,6 +12,11 @@ A call is a first prompt (phase ``prefill``: S = N new tokens at positions 0..N-
 decode step (phase ``decode``: S = 1 at position C-1, total C, the first C-1 rows the cache).
 Every timed call writes the same rows with the same values, so no reset between calls.
 
+With ``window`` W (``--window``) every node has local_window_size=W and sliding_window_cache=1 and
+the buffer W rows (GenAI's Mistral and Gemma 2 layers); total and seqlens count every token. A decode
+step past W (``shifts``) moves the resident rows up one: the same work every call, the contents
+moving. ort_flash_fa and sdpa have no window-sized cache (unsupported).
+
 | peer      | what runs                                                                           |
 |-----------|-------------------------------------------------------------------------------------|
 | ort_flash | ort_flash::GroupQueryAttention, the one-node model                                   |
@@ -43,8 +48,9 @@ NORM_INPUTS = ("q_norm_weight", "k_norm_weight")
 def attrs(cfg: dict) -> dict:
     """The node's attributes as GenAI's builder writes them for a LLaMA-shaped model."""
     return dict(num_heads=cfg["hq"], kv_num_heads=cfg["hkv"], scale=cfg["d"] ** -0.5, softcap=0.0,
-                local_window_size=-1, do_rotary=1, rotary_interleaved=0,
-                qk_norm_epsilon=NORM_EPS if cfg.get("qk_norm") else None)
+                local_window_size=cfg.get("window") or -1, do_rotary=1, rotary_interleaved=0,
+                qk_norm_epsilon=NORM_EPS if cfg.get("qk_norm") else None,
+                sliding_window_cache=1 if cfg.get("window") else None)
 
 
 def positions(cfg: dict) -> tuple[int, int]:
@@ -54,11 +60,34 @@ def positions(cfg: dict) -> tuple[int, int]:
     return cfg["cache"] - 1, cfg["cache"]
 
 
+def shifts(cfg: dict) -> bool:
+    """Whether a call moves every row of a full window-sized cache (a decode step past W)."""
+    return bool(cfg.get("window")) and cfg["phase"] == "decode" and cfg["cache"] > cfg["window"]
+
+
+def work(cfg: dict) -> tuple[float, float]:
+    """(FLOPs, bytes of K and V read) of the call's attention: a first prompt's causal N²/2
+    query-key pairs, N·W - W²/2 under a window W < N; a decode step reads its T keys, at most W."""
+    b, hq, n, d = cfg["batch"], cfg["hq"], cfg["seqlen"], cfg["d"]
+    total = positions(cfg)[1]
+    w = cfg.get("window") or total
+    keys = min(total, w)
+    if cfg["phase"] == "prefill":
+        flops = attention_flops(b, hq, n, n, d, causal=True)
+        if n > w:
+            flops *= (n * w - w * w / 2) / (n * n / 2)
+    else:
+        flops = attention_flops(b, hq, n, keys, d)
+    return flops, kv_read_bytes(b, cfg["hkv"], keys, d, cfg["dtype"])
+
+
 def set_bytes(cfg: dict) -> float:
-    """Bytes of one input set: the packed QKV and both caches."""
+    """Bytes of one input set: the packed QKV and both caches (and the copies of the keys a
+    shifting call attends, ``attention_inputs``)."""
     size = 4 if cfg["dtype"] == "float32" else 2
     qkv = cfg["batch"] * cfg["seqlen"] * (cfg["hq"] + 2 * cfg["hkv"]) * cfg["d"]
-    return float(size * (qkv + 2 * cfg["batch"] * cfg["hkv"] * cfg["buffer"] * cfg["d"]))
+    rows = cfg["buffer"] * (2 if shifts(cfg) else 1)
+    return float(size * (qkv + 2 * cfg["batch"] * cfg["hkv"] * rows * cfg["d"]))
 
 
 def rotary_tables(buffer: int, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +102,8 @@ def make_sets(t: Tensors, cfg: dict, n: int) -> tuple[list[dict], dict]:
     dt = cfg["dtype"]
     sets = [{"qkv": t.randn((b, s, (hq + 2 * hkv) * d), dt), "k_cache": t.randn((b, hkv, m, d), dt),
              "v_cache": t.randn((b, hkv, m, d), dt)} for _ in range(n)]
-    cos, sin = rotary_tables(m, d)
     total = positions(cfg)[1]
+    cos, sin = rotary_tables(max(m, total), d)  # a window-sized buffer is shorter than the positions
     shared = {"cos": t.values(cos, dt), "sin": t.values(sin, dt),
               "seqlens": t.values(np.full(b, total - 1, dtype=np.int32), "int32"),
               "total": t.values(np.array(total, dtype=np.int32), "int32", device="cpu")}
@@ -112,6 +141,11 @@ def _contiguous(x):
     return x.contiguous() if _is_torch(x) else np.ascontiguousarray(x)
 
 
+def clone(x):
+    """A copy of a tensor (torch or numpy), never a view."""
+    return x.clone() if _is_torch(x) else np.array(x, copy=True)
+
+
 def _rms_norm(x, w):
     """x (B, S, H, D) / sqrt(mean(x^2) + eps) * w (D,), in float32."""
     x = _f32(x)
@@ -137,7 +171,9 @@ def _rotate(x, cos, sin):
 def attention_inputs(cfg: dict, s: dict, shared: dict) -> tuple[Buffer, Buffer, Buffer, Buffer, Buffer]:
     """(q (B, Hq, S, D), k, v (B, Hkv, T, D), k_new, v_new (B, Hkv, S, D)) of the call: Q and the
     new K rotated at their positions, K/V the keys the call attends (T = total). Decode: the new
-    row is written into the caches here, and k / v are views of the caches' first C rows."""
+    row is written into the caches here, and k / v are views of the caches' first C rows; past a
+    window-sized cache (``shifts``) they are copies of its rows but the oldest, then the new row:
+    the W keys the call attends, and the cache after it."""
     b, sq, hq, hkv, d = cfg["batch"], cfg["seqlen"], cfg["hq"], cfg["hkv"], cfg["d"]
     start, total = positions(cfg)
     raw = s["qkv"].data.reshape(b, sq, hq + 2 * hkv, d)
@@ -154,10 +190,25 @@ def attention_inputs(cfg: dict, s: dict, shared: dict) -> tuple[Buffer, Buffer, 
         return Buffer(x, tuple(x.shape), dt, dev)
     if cfg["phase"] == "prefill":
         return buf(q), buf(k_new), buf(v_new), buf(k_new), buf(v_new)
+    if shifts(cfg):
+        k, v = (_cat([s[c].data[:, :, 1:], new], 2) for c, new in (("k_cache", k_new), ("v_cache", v_new)))
+        return buf(q), buf(k), buf(v), buf(k_new), buf(v_new)
     s["k_cache"].data[:, :, start:total] = k_new
     s["v_cache"].data[:, :, start:total] = v_new
     return (buf(q), buf(s["k_cache"].data[:, :, :total]), buf(s["v_cache"].data[:, :, :total]),
             buf(k_new), buf(v_new))
+
+
+def cache_writes(cfg: dict, s: dict) -> tuple[slice, object, object]:
+    """(the buffer rows a call on set ``s`` writes, the K and V it writes there), from the set's
+    ``ref`` (``attention_inputs``, taken before any call): the new rows at their positions, a longer
+    prompt's last W in a window-sized cache, every row of a shifting one."""
+    _, k, v, k_new, v_new = (x.data for x in s["ref"])
+    if shifts(cfg):
+        return slice(0, cfg["window"]), k, v
+    start = positions(cfg)[0]
+    n = min(cfg["seqlen"], cfg.get("window") or cfg["seqlen"])
+    return slice(start, start + n), k_new[:, :, cfg["seqlen"] - n:], v_new[:, :, cfg["seqlen"] - n:]
 
 
 # -- peers ---------------------------------------------------------------------------------------------
@@ -165,9 +216,7 @@ def attention_inputs(cfg: dict, s: dict, shared: dict) -> tuple[Buffer, Buffer, 
 def copies(ctx: Context, cfg: dict) -> int:
     """Nodes per session run under CUDA graphs (layered.copies), the call timed as the larger of
     its FLOPs and its K/V read."""
-    start, total = positions(cfg)
-    flops = attention_flops(cfg["batch"], cfg["hq"], cfg["seqlen"], total, cfg["d"], causal=cfg["phase"] == "prefill")
-    kv = kv_read_bytes(cfg["batch"], cfg["hkv"], total, cfg["d"], cfg["dtype"])
+    flops, kv = work(cfg)
     return layered.copies(ctx, max(flops / layered.RATE_FLOPS, kv / layered.RATE_BYTES))
 
 
@@ -197,15 +246,20 @@ def session(ctx: Context, cfg: dict, sets: list[dict], shared: dict, domain: str
     return run
 
 
+DOMAINS = {"ort_flash": "ort_flash", "ort_gqa": "com.microsoft"}  # the peers that run the GQA node
+
+
 def ort_flash(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
-    return session(ctx, cfg, sets, shared, "ort_flash")
+    return session(ctx, cfg, sets, shared, DOMAINS["ort_flash"])
 
 
 def ort_gqa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
-    return session(ctx, cfg, sets, shared, "com.microsoft")
+    return session(ctx, cfg, sets, shared, DOMAINS["ort_gqa"])
 
 
 def ort_flash_fa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
+    if cfg.get("window"):
+        raise Unsupported("the plain op has no window-sized cache")
     if cfg["phase"] != "prefill":
         raise Unsupported("the plain op is timed on first prompts only")
     if "head_sink" in shared:
@@ -220,6 +274,8 @@ def ort_flash_fa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
 
 
 def sdpa(ctx: Context, cfg: dict, sets: list[dict], shared: dict):
+    if cfg.get("window"):
+        raise Unsupported("torch SDPA has no window-sized cache")
     if ctx.tensors.torch is None:
         raise Unsupported("torch is not installed")
     group = cfg["hq"] // cfg["hkv"]

@@ -8,12 +8,15 @@ decode (one token) against caches of 1k … 128k at B 1, 8, 32. ``--quick``: d 1
 CPU grid (fp32, Hq 8, Hkv 2, d 64; prefill N 128 … 1024, decode caches 1k and 4k at B 1 and 4):
 the harness and the CPU op, in minutes on two cores. The buffer holds ``headroom`` tokens past the
 call's total. Configurations whose buffers do not fit in device memory are listed as unsupported.
+``--window W``: every node keeps a window-sized cache (local_window_size=W, sliding_window_cache=1, a
+buffer of W rows; prompts and caches may be longer, rates count the window's keys); no plain op or sdpa.
 
 Before timing, the correctness guard (``guard``) runs each op once on set 0: the output of
 ort_flash against ONNX Runtime's (relative L2, the spot check's limit for the dtype) and the
 cache rows ort_flash wrote against the rotated new K and the new V. A failed guard marks
 ort_flash's row ``mismatch`` (timed, never a ratio). Every timed peer is also spot-checked
-against the float64 reference of the rotated Q, K, V (``measure``).
+against the float64 reference of the rotated Q, K, V (``measure``); where the timed calls shift a
+window-sized cache, on one call from set 0's cache before them instead (``first_call_error``).
 
 Reported: ms; prefill TFLOP/s (causal, 2·B·Hq·N²·D), decode GB/s of K and V read
 (2·B·Hkv·C·D·size); ``vs_ort`` = ours / ORT's rate; on first prompts ``vs_plain`` = ours /
@@ -36,7 +39,7 @@ from ort_flash.bench.ort_session import Unsupported
 from ort_flash.bench.spot_check import LIMITS, SpotCheck
 from ort_flash.bench.tables import text_table
 from ort_flash.bench.tensors import rotation_sets
-from ort_flash.bench.workload import attention_flops, kv_read_bytes, tflops
+from ort_flash.bench.workload import tflops
 
 PEERS = ("ort_flash", "ort_gqa", "ort_flash_fa", "sdpa")
 # Ours over ORT's op (prefill up to SHORT_PROMPT tokens, above, decode) and over the plain op on the
@@ -63,6 +66,10 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
     for key in ("sinks", "qk_norm"):
         if o.get(key):
             g[key] = True
+    if o.get("window") is not None:
+        if o["window"] < 1:
+            raise ValueError(f"--window {o['window']}: a window-sized cache needs W >= 1")
+        g["window"] = int(o["window"])
     if o.get("dtypes"):
         g["dtype"] = o["dtypes"][0]
     return g
@@ -70,12 +77,18 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
 
 def configs(g: dict) -> list[dict]:
     base = dict(dtype=g["dtype"], hq=g["hq"], hkv=g["hkv"], **{k: True for k in ("sinks", "qk_norm") if g.get(k)})
+    w = g.get("window")
+    if w:
+        base["window"] = w
+
+    def buffer(total: int) -> int:  # a window-sized cache, else the max-length one
+        return w or total + g["headroom"]
     out = []
     for d, n in itertools.product(g["head_dims"], g["seqlens"]):
         out.append(dict(base, d=d, phase="prefill", batch=max(1, g["tokens"] // n), seqlen=n, cache=n,
-                        buffer=n + g["headroom"]))
+                        buffer=buffer(n)))
     for d, c, b in itertools.product(g["head_dims"], g["caches"], g["batches"]):
-        out.append(dict(base, d=d, phase="decode", batch=b, seqlen=1, cache=c, buffer=c + g["headroom"]))
+        out.append(dict(base, d=d, phase="decode", batch=b, seqlen=1, cache=c, buffer=buffer(c)))
     return out
 
 
@@ -98,6 +111,9 @@ def run(ctx: Context, suite: dict, ceilings: dict, budget: Budget, args, save, p
         suite["ort_kernels"] = [{"config": c, "kernel": kernels.get(results.config_key(c))} for c in todo]
     else:
         suite["notes"].append("ORT's kernel is named on CUDA only (its CPU op prints no debug info)")
+    if any(gqa_peers.shifts(c) for c in todo):
+        suite["notes"].append("decode past the window-sized cache: each timed call moves the cache's rows, so its "
+                              "peers' ref_err is of one call from set 0's cache before them (row 'check')")
 
     def one(ctx, cfg, builders, ceilings, bar=None):
         return run_config(ctx, cfg, builders, ceilings, bar, kernels.get(results.config_key(cfg)))
@@ -115,20 +131,22 @@ def run_config(ctx: Context, cfg: dict, builders: dict, ceilings: dict, bar=None
         s["ref"] = gqa_peers.attention_inputs(cfg, s, shared)
     q, k, v, *_ = sets[0]["ref"]
     check = SpotCheck(q, k, v, causal=True, scale=cfg["d"] ** -0.5, dtype=cfg["dtype"],
-                      sinks=shared.get("head_sink"))
+                      sinks=shared.get("head_sink"), window=cfg.get("window"))
+    shifting = gqa_peers.shifts(cfg)  # the timed calls move the cache: set 0's before them, for the check
+    before = [gqa_peers.clone(sets[0][c].data) for c in ("k_cache", "v_cache")] if shifting else None
     guarded = guard(ctx, cfg, sets[0], shared) if "ort_flash" in builders else {}
-    start, total = gqa_peers.positions(cfg)
     prefill = cfg["phase"] == "prefill"
-    flops = attention_flops(cfg["batch"], cfg["hq"], cfg["seqlen"], total, cfg["d"], causal=prefill)
-    kv = kv_read_bytes(cfg["batch"], cfg["hkv"], total, cfg["d"], cfg["dtype"])
+    flops, kv = gqa_peers.work(cfg)
     rows = []
     for name, build in builders.items():
         if bar is not None and hasattr(bar, "set_postfix_str"):
             bar.set_postfix_str(f"{cfg['phase']} d{cfg['d']} B{cfg['batch']} "
                                 f"{'N' if prefill else 'cache '}{cfg['cache']}: {name}")
-        row = measure(ctx, name, lambda build=build: build(ctx, cfg, sets, shared), check=check,
+        row = measure(ctx, name, lambda build=build: build(ctx, cfg, sets, shared), check=None if shifting else check,
                       graph_torch=ctx.cuda_graph)
         row["config"] = cfg
+        if shifting and row["status"] == "ok":
+            _check_first_call(ctx, cfg, name, sets[0], shared, before, check, row)
         if row["status"] in ("ok", "mismatch"):
             row["tflops"] = tflops(flops, row["ms"])
             row["gbps"] = kv / (row["ms"] * 1e-3) / 1e9
@@ -146,27 +164,59 @@ def run_config(ctx: Context, cfg: dict, builders: dict, ceilings: dict, bar=None
     return rows
 
 
+def _check_first_call(ctx: Context, cfg: dict, name: str, s: dict, shared: dict, before: list, check: SpotCheck,
+                      row: dict) -> None:
+    """The spot check of a peer whose timed calls shifted set ``s``'s cache: on one call from the
+    cache ``before`` them (a mismatch above the check's limit, as ``measure``'s)."""
+    if name not in gqa_peers.DOMAINS:
+        row["check"] = "none: not a GroupQueryAttention node, and its timed calls moved the cache"
+        return
+    try:
+        err = first_call_error(ctx, cfg, s, shared, gqa_peers.DOMAINS[name], before, check)
+    except Unsupported as e:
+        row.update(status="error", reason=f"the first-call check did not run: {e}")
+        return
+    row.update(ref_err=err, check="one call from set 0's cache before the timed calls")
+    if not err <= check.limit:
+        row.update(status="mismatch", reason=f"output differs from the float64 reference: relative error "
+                                             f"{err:.3g} > {check.limit:g} on sampled rows of a first call")
+
+
+def first_call_error(ctx: Context, cfg: dict, s: dict, shared: dict, domain: str, before: list,
+                     check: SpotCheck) -> float:
+    """``check``'s error of one plain call of ``domain``'s node on set ``s``, its caches first set
+    back to ``before`` (their content when ``check`` was made)."""
+    for c, b in zip((s["k_cache"], s["v_cache"]), before):
+        c.data[...] = b
+    run = gqa_peers.session(ctx, cfg, [s], shared, domain, n=1)
+    run.check_runs(ctx.synchronize)
+    return check.error(run.output())
+
+
 def guard(ctx: Context, cfg: dict, s: dict, shared: dict) -> dict:
-    """One plain run of each op on set ``s``: ours against ONNX Runtime's output, and the cache
-    rows ours wrote (NaN before its run) against the rotated new K and the new V."""
+    """One plain run of each op on set ``s`` from the same cache: ours against ONNX Runtime's
+    output, and the cache rows ours wrote (NaN before its run, but for a shifting call, which
+    reads them all) against what the call writes (``gqa_peers.cache_writes``)."""
     limit = LIMITS.get(cfg["dtype"], 3e-2)
-    start, total = gqa_peers.positions(cfg)
-    _, _, _, k_new, v_new = s["ref"]
+    rows, k_want, v_want = gqa_peers.cache_writes(cfg, s)
+    caches = (s["k_cache"], s["v_cache"])
+    before = [gqa_peers.clone(c.data[:, :, rows]) for c in caches]
     out = {"limit": limit}
     try:
-        for c in (s["k_cache"], s["v_cache"]):
-            c.data[:, :, start:start + cfg["seqlen"]] = float("nan")
+        if not gqa_peers.shifts(cfg):
+            for c in caches:
+                c.data[:, :, rows] = float("nan")
         ours = gqa_peers.session(ctx, cfg, [s], shared, "ort_flash", n=1)
         ours.check_runs(ctx.synchronize)
         y_ours = ours.ys[0].data
-        out["present_err"] = max(_rel_err(s["k_cache"].data[:, :, start:start + cfg["seqlen"]], k_new.data),
-                                 _rel_err(s["v_cache"].data[:, :, start:start + cfg["seqlen"]], v_new.data))
+        out["present_err"] = max(_rel_err(s["k_cache"].data[:, :, rows], k_want),
+                                 _rel_err(s["v_cache"].data[:, :, rows], v_want))
         del ours
     except Unsupported as e:
         return {"passed": False, "reason": f"ort_flash did not run: {e}"}
-    finally:  # the rows as the call writes them, whoever ran
-        for c, new in ((s["k_cache"], k_new), (s["v_cache"], v_new)):
-            c.data[:, :, start:start + cfg["seqlen"]] = new.data
+    finally:  # ONNX Runtime's op starts from the cache ours started from
+        for c, b in zip(caches, before):
+            c.data[:, :, rows] = b
     try:
         theirs = gqa_peers.session(ctx, cfg, [s], shared, "com.microsoft", n=1)
         theirs.check_runs(ctx.synchronize)
@@ -230,8 +280,7 @@ def summary(suite: dict, phase: str) -> tuple[list[str], list[list]]:
         if phase == "prefill":
             cells = [cfg["d"], cfg["seqlen"], cfg["batch"]]
         else:
-            cells = [cfg["d"], cfg["batch"], cfg["cache"],
-                     kv_read_bytes(cfg["batch"], cfg["hkv"], cfg["cache"], cfg["d"], cfg["dtype"]) / 1e6]
+            cells = [cfg["d"], cfg["batch"], cfg["cache"], gqa_peers.work(cfg)[1] / 1e6]
         cells += [_cell(by.get(p), "ms") for p in peers] + [_cell(by.get(p), rate) for p in peers]
         g = ours.get("guard") or {}
         guard_cell = None
@@ -268,6 +317,8 @@ def print_summary(suite: dict) -> None:
     g = suite["grid"]
     where = f"{suite['device']}, {g['dtype']}, Hq {g['hq']}, Hkv {g['hkv']}, packed QKV, rotary, shared buffer"
     where += "".join(f", {what}" for key, what in (("qk_norm", "Q/K norms"), ("sinks", "attention sinks")) if g.get(key))
+    if g.get("window"):
+        where += f", window-sized cache {g['window']}"
     for phase, what in (("prefill", "first prompt, TFLOP/s (causal)"),
                         ("decode", "one token, GB/s of the K and V read")):
         header, rows = summary(suite, phase)

@@ -24,10 +24,11 @@ def _host(x) -> np.ndarray:
 class SpotCheck:
     """Reference rows for (B, Hq, Sq, D) Q against (B, Hkv, Skv, D) K/V; query i sits at key
     position ``offset + i`` (offset = Skv - Sq: bottom-right, as the op with a cache). ``sinks``
-    (Hq,): attention sinks, a key of that score and value 0 in each head's rows."""
+    (Hq,): attention sinks, a key of that score and value 0 in each head's rows. ``window`` W
+    (causal only): a query sees its own key and the W - 1 before it."""
 
     def __init__(self, q, k, v, *, causal: bool, scale: float | None = None, dtype: str = "float16",
-                 sinks=None):
+                 sinks=None, window: int | None = None):
         b, hq, sq, d = q.shape
         hkv = k.shape[1]
         self.limit = LIMITS.get(dtype, 3e-2)
@@ -49,6 +50,8 @@ class SpotCheck:
             if causal:
                 pos = (offset + self.rows)[:, None]
                 mask = (np.arange(k.shape[2])[None, :] <= pos)
+                if window is not None:
+                    mask &= np.arange(k.shape[2])[None, :] > pos - window
             y, _, _, lse = attention_reference(qs, ks, vs, attn_mask=mask, scale=scale)
             y = y[0, 0]
             if sinks is not None:  # the sink's exp joins the denominator exp(lse)

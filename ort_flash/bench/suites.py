@@ -45,7 +45,7 @@ def overrides(args) -> dict:
             "batches": args.batches, "caches": args.caches, "models": args.models,
             "layers": args.e2e_layers, "genai_model": getattr(args, "genai_model", None),
             "steps": getattr(args, "steps", None), "sinks": getattr(args, "sinks", False),
-            "qk_norm": getattr(args, "qk_norm", False)}
+            "qk_norm": getattr(args, "qk_norm", False), "window": getattr(args, "window", None)}
 
 
 def run_suite(args, name: str, device: str, budget_s: float | None) -> int:

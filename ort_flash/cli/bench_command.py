@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gqa: every node with attention sinks (head_sink, as gpt-oss)")
     p.add_argument("--qk-norm", action="store_true",
                    help="gqa: every node with fused Q/K norms (q_norm_weight, k_norm_weight, as Qwen3's CUDA builds)")
+    p.add_argument("--window", type=int, default=None, metavar="W",
+                   help="gqa: every node with a window-sized KV cache (local_window_size=W, sliding_window_cache=1, "
+                        "a buffer of W rows, as GenAI's builder writes Mistral's and Gemma 2's windowed layers)")
     p.add_argument("--with-fp8", action="store_true",
                    help="genai and genai_fidelity suites: also the rewrite with --attention-precision fp8 "
                         "(a third variant, ort_flash_fp8)")
@@ -169,7 +172,7 @@ def _passthrough(args) -> list[str]:
         v = getattr(args, flag)
         if v:
             out += ["--" + flag.replace("_", "-"), *map(str, v)]
-    for flag in ("e2e_layers", "steps", "cache_dir", "cuda_graph", "seed"):
+    for flag in ("e2e_layers", "steps", "window", "cache_dir", "cuda_graph", "seed"):
         v = getattr(args, flag)
         if v is not None:
             out += ["--" + flag.replace("_", "-"), str(v)]
