@@ -22,6 +22,13 @@
 #   bash lab/gpu/gpu_release.sh new     # what no GPU has run yet: the FP8 GPU tests alone (under
 #                                     # FP8_TEST_S), then tests/test_gqa_cuda.py, test_cuda_kernel.py
 #                                     # and test_cuda_op.py (12 workers, under NEW_TEST_S)
+#   bash lab/gpu/gpu_release.sh bounded # the key bound of batched first prompts (the Gluon kernels'
+#                                     # has_seqlens): the Gluon direct-kernel cases (both switches,
+#                                     # BOUNDED_TEST_S), the FP8 GPU tests, tests/test_gqa_cuda.py
+#   bash lab/gpu/gpu_release.sh gqa-prefill # `bench --suite gqa` fp16 (every prefill length, fewer
+#                                     # decode shapes: GQA_CACHES, GQA_BATCHES; GQA_S)
+#   bash lab/gpu/gpu_release.sh gqa-variants # `bench --suite gqa --sinks` and `--window 4096` against
+#                                     # ONNX Runtime's op (VARIANT_S each)
 #   bash lab/gpu/gpu_release.sh families # every GenAI builder family built for CUDA, rewritten and
 #                                     # checked teacher-forced (tests/test_genai_families_cuda.py,
 #                                     # after a `part` carrying .gpugenai; under FAMILIES_S)
@@ -169,6 +176,27 @@ case "${1:-}" in
       tests/test_gqa_cuda.py tests/test_cuda_kernel.py tests/test_cuda_op.py -k "not fp8" 2>&1 \
       | tee "$OUT/pytest-new.log" | grep -v "^\." | tail -25
     ;;
+  bounded)
+    . lab/gpu/gpu_env.sh
+    built || exit 1
+    timeout "${BOUNDED_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=230 -n 3 \
+      tests/test_cuda_kernel.py -k "gluon or key_bound" 2>&1 | tee "$OUT/pytest-bounded.log" | grep -v "^\." | tail -12
+    timeout "${FP8_TEST_S:-100}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=90 -n 4 \
+      tests/test_cuda_op.py -k fp8 2>&1 | tee "$OUT/pytest-fp8.log" | grep -v "^\." | tail -6
+    timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 12 \
+      tests/test_gqa_cuda.py 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -15
+    ;;
+  gqa-prefill)
+    # shellcheck disable=SC2086 # GQA_CACHES, GQA_BATCHES: lists
+    bench --suite gqa --caches ${GQA_CACHES:-4096 32768} --batches ${GQA_BATCHES:-1 8} --budget-s "${GQA_S:-260}" \
+      --out "$OUT/bench-gqa.json" | tail -45
+    ;;
+  gqa-variants)
+    bench --suite gqa --sinks --seqlens 512 2048 16384 --caches 4096 32768 --batches 1 8 \
+      --budget-s "${VARIANT_S:-120}" --out "$OUT/bench-gqa-sinks.json" | tail -22
+    bench --suite gqa --window 4096 --seqlens 512 4096 16384 --caches 4096 32768 --batches 1 8 \
+      --budget-s "${VARIANT_S:-120}" --out "$OUT/bench-gqa-window.json" | tail -22
+    ;;
   gqa-bf16)
     # bfloat16 GroupQueryAttention against ONNX Runtime's (the rewriter maps bfloat16 nodes only
     # with ORT_FLASH_GQA_CUDA=1 until this is measured ahead).
@@ -228,5 +256,5 @@ f.prepare(g, 'cuda', pathlib.Path('/tmp/ort_flash_bench/genai'), [g['models'][$i
     bench --suite genai_fidelity --budget-s "${FIDELITY_S:-500}" ${FIDELITY_ARGS:-} \
       --out "$OUT/bench-genai-fidelity.json" | tail -50
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|fp8|ab|start|part|genai-models|families|fidelity"; exit 2 ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|bounded|gqa-prefill|gqa-variants|fp8|ab|start|part|genai-models|families|fidelity"; exit 2 ;;
 esac
