@@ -119,10 +119,10 @@ FlashParams unmasked_twin(const FlashParams& p) {
 
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan) {
   const LaunchSwitches sw = launch_switches();
-  if (p.key_bound != nullptr) {
-    if (p.mask_kind == MaskKind::kNone || p.seqlens_k != nullptr) {
-      return Status::Error("a key bound needs the key mask that states it, and no key lengths");
-    }
+  if (p.key_bound != nullptr && (p.mask_kind == MaskKind::kNone || p.seqlens_k != nullptr)) {
+    return Status::Error("a key bound needs the key mask that states it, and no key lengths");
+  }
+  if (p.key_bound != nullptr && sw.key_bound) {
     const FlashParams u = unmasked_twin(p);
     VariantKey key{};
     ORT_FLASH_RETURN_IF_ERROR(select_variant(u, &key));

@@ -24,9 +24,11 @@
 #                                     # and test_cuda_op.py (12 workers, under NEW_TEST_S)
 #   bash lab/gpu/gpu_release.sh bounded # the key bound of batched first prompts (the Gluon kernels'
 #                                     # has_seqlens): the Gluon direct-kernel cases (both switches,
-#                                     # BOUNDED_TEST_S), the FP8 GPU tests, tests/test_gqa_cuda.py
+#                                     # BOUNDED_TEST_S), the FP8 GPU tests, tests/test_gqa_cuda.py,
+#                                     # its prompts again with ORT_FLASH_KEY_BOUND=1
 #   bash lab/gpu/gpu_release.sh gqa-prefill # `bench --suite gqa` fp16 (every prefill length, fewer
-#                                     # decode shapes: GQA_CACHES, GQA_BATCHES; GQA_S)
+#                                     # decode shapes: GQA_CACHES, GQA_BATCHES; GQA_S), the key
+#                                     # bound's switch as set (ORT_FLASH_KEY_BOUND)
 #   bash lab/gpu/gpu_release.sh gqa-variants # `bench --suite gqa --sinks` and `--window 4096` against
 #                                     # ONNX Runtime's op (VARIANT_S each)
 #   bash lab/gpu/gpu_release.sh families # every GenAI builder family built for CUDA, rewritten and
@@ -185,6 +187,8 @@ case "${1:-}" in
       tests/test_cuda_op.py -k fp8 2>&1 | tee "$OUT/pytest-fp8.log" | grep -v "^\." | tail -6
     timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 12 \
       tests/test_gqa_cuda.py 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -15
+    ORT_FLASH_KEY_BOUND=1 timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 \
+      -n 12 tests/test_gqa_cuda.py -k "prompt or sink" 2>&1 | tee "$OUT/pytest-gqa-bound.log" | grep -v "^\." | tail -15
     ;;
   gqa-prefill)
     # shellcheck disable=SC2086 # GQA_CACHES, GQA_BATCHES: lists
