@@ -31,9 +31,9 @@ struct FlashParams {
   const int64_t* seqlens_k = nullptr;  // nonpad_kv_seqlen (B,); nullable
   // Keys per batch row (B,) with positions kept (offset as given, not per row), always beside a
   // key-vector mask that hides the same keys (j >= key_bound[b]): a GroupQueryAttention first
-  // prompt, whose shorter rows keep their queries' positions. With ORT_FLASH_KEY_BOUND=1 the CUDA
-  // launcher runs the unmasked Gluon kernel with this bound where the build has one for the call,
-  // else the mask; the CPU kernel reads the mask. Nullable.
+  // prompt, whose shorter rows keep their queries' positions. The CUDA launcher runs the unmasked
+  // Gluon kernel with this bound where the build has one for the call (unless
+  // ORT_FLASH_KEY_BOUND=0), else the mask; the CPU kernel reads the mask. Nullable.
   const int64_t* key_bound = nullptr;
   // Attention sinks (Hq,), natural log: each row of head h adds exp(sink[h]) to its softmax
   // denominator (a key of score sink[h] and value 0); nullable. CPU kernel only.

@@ -298,7 +298,7 @@ FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q,
   // Row s of batch row b sees its row's keys j < counts_b, causally up to its own: row0_b + s
   // later (the kernel's bottom-right alignment on the row's key count), s in the first prompt,
   // where the padding rows (s >= T_b) keep s too. There the row lengths are a key mask and the same
-  // counts as a key bound (the CUDA Gluon kernels may take the bound, every other kernel the mask), or,
+  // counts as a key bound (the CUDA Gluon kernels take the bound, every other kernel the mask), or,
   // where every row holds S = total_sequence_length tokens (no mask given), a plain causal call
   // over the first S keys: the kernels without a key bound.
   if (!gqa_needs_key_mask(c, first_prompt)) {

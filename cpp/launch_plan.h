@@ -76,8 +76,8 @@ LaunchPlan plan_launch(const FlashParams& p, const VariantKey& key, const Device
                        const LaunchSwitches& sw, bool can_split);
 
 // select_variant, then plan_launch with this process's switches. A call with a key bound (and its
-// mask) is, with ORT_FLASH_KEY_BOUND=1, planned first without the mask: where that takes the Gluon
-// kernel, the plan is that one (`bounded`); else the masked call's.
+// mask) is planned first without the mask (unless ORT_FLASH_KEY_BOUND=0): where that takes the
+// Gluon kernel, the plan is that one (`bounded`); else the masked call's.
 Status plan_flash_cuda(const FlashParams& p, const DeviceKernels& dk, bool can_split, LaunchPlan* plan);
 
 // The call as a bounded plan runs it: the key-vector mask dropped, the key bound kept.

@@ -28,7 +28,7 @@ LaunchSwitches read_switches() {
   s.pdl = tristate(std::getenv("ORT_FLASH_PDL")) != 0;
   s.tma = tristate(std::getenv("ORT_FLASH_TMA")) != 0;
   s.gluon = tristate(std::getenv("ORT_FLASH_GLUON"));
-  s.key_bound = tristate(std::getenv("ORT_FLASH_KEY_BOUND")) == 1;
+  s.key_bound = tristate(std::getenv("ORT_FLASH_KEY_BOUND")) != 0;
   return s;
 }
 

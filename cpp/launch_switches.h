@@ -22,10 +22,10 @@ struct LaunchSwitches {
   // ORT_FLASH_GLUON: -1 (unset) = the Gluon kernel on the calls its table ranges cover
   // (aot/variants.py GLUON_LENGTHS), 0 = never, 1 = on every call it can take, whatever the length.
   int gluon = -1;
-  // ORT_FLASH_KEY_BOUND: "1" = a call with a key bound per batch row (FlashParams::key_bound) runs
-  // the unmasked Gluon kernel bounding each row, where one takes it; otherwise ("0", unset: no GPU
-  // has run that path yet) the key mask given with it.
-  bool key_bound = false;
+  // ORT_FLASH_KEY_BOUND: false ("0") = a call with a key bound per batch row (FlashParams::key_bound)
+  // reads the key mask given with it; otherwise it runs the unmasked Gluon kernel bounding each row,
+  // where one takes it (perf-notes "A key bound per row for batched first prompts").
+  bool key_bound = true;
 };
 
 // The switches of this process, read from the environment at the first call.

@@ -195,7 +195,7 @@ def test_kernel_matches_reference(case, dtype, kind=None):
                 kk[i, :, n:], vk[i, :, n:] = float("nan"), float("nan")
     if kind is not None:
         assert _C.launch_plan(p)[0] == kind, (_case_id(case), dtype, _C.launch_variant(p))
-        if c["key_bound"] and kind == "fwd_gluon" and os.environ.get("ORT_FLASH_KEY_BOUND") == "1":
+        if c["key_bound"] and kind == "fwd_gluon" and os.environ.get("ORT_FLASH_KEY_BOUND") != "0":
             assert "_none_" in _C.launch_variant(p), (_case_id(case), dtype, _C.launch_variant(p))
     _C.run_cuda(p, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
@@ -472,16 +472,16 @@ GLUON_CASES = [
 @pytest.mark.parametrize("switch,kind", [("1", "fwd_gluon"), ("0", "fwd_tma")])
 def test_gluon_kernel_matches_reference(switch, kind):
     """GLUON_CASES in fp16 and bf16 against the float64 reference with NaN-poisoned Y and LSE:
-    ORT_FLASH_GLUON=1 runs each on the Gluon kernel (the plan says so; a key-bound case, with
-    ORT_FLASH_KEY_BOUND=1, on the unmasked one), =0 on the TMA kernel it replaces (the kill switch;
-    key-bound cases with their mask). In a subprocess (the switches are read once per process)."""
+    ORT_FLASH_GLUON=1 runs each on the Gluon kernel (the plan says so; a key-bound case on the
+    unmasked one), =0 on the TMA kernel it replaces (the kill switch; key-bound cases with their
+    mask). In a subprocess (the switches are read once per process)."""
     if not _gluon_built():
         pytest.skip("this build has no Gluon kernels for this GPU (aot/variants.py GLUON_ENABLED, sm_90)")
     n = len(GLUON_CASES)
     last, out = _in_subprocess(
         "import test_cuda_kernel as t; "
         f"[t.test_kernel_matches_reference(c, dt, kind='{kind}') for c in t.GLUON_CASES for dt in ('float16', 'bfloat16')]; "
-        "print('ok', len(t.GLUON_CASES))", ORT_FLASH_GLUON=switch, ORT_FLASH_KEY_BOUND="1")
+        "print('ok', len(t.GLUON_CASES))", ORT_FLASH_GLUON=switch)
     assert last == f"ok {n}", out
 
 

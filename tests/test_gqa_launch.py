@@ -241,8 +241,8 @@ CALLS = {
         "bfloat16", b=1, s=19, hq=4, hkv=2, d=256, total=19, past_len=96, head_sink=0x10000000),
     "first prompt, batch of 5, window, bf16 d256": gqa_call("bfloat16", b=5, s=19, hq=4, hkv=2, d=256, total=19,
                                                              past_len=32, local_window_size=6),
-    # Several rows at d64 / d128 on sm_90 (ORT_FLASH_KEY_BOUND=1): the unmasked Gluon kernels with
-    # the rows' key counts as their key bound (BOUNDED), not the mask.
+    # Several rows at d64 / d128 on sm_90: the unmasked Gluon kernels with the rows' key counts as
+    # their key bound (BOUNDED), not the mask.
     "first prompt, batch of 3, d128, into a longer buffer": gqa_call(b=3, s=300, total=300, past_len=512),
     "first prompt, batch of 2, d64, bf16, 2100 tokens": gqa_call("bfloat16", b=2, s=2100, d=64, total=2100,
                                                                 past_len=2304),
@@ -261,7 +261,7 @@ def runs(tmp_path_factory):
     driver = _fake_cuda.build(tmp_path_factory.mktemp("fake_cuda"))
     calls = list(CALLS.values()) + [c for c, _ in REFUSED.values()]
     log_path = tmp_path_factory.mktemp("gqa") / "cuda.log"
-    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), "ORT_FLASH_KEY_BOUND": "1"}
+    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS)}
     out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
     events = [json.loads(line) for line in log_path.read_text().splitlines()]
     return json.loads(out.strip().splitlines()[-1]), Log(events)

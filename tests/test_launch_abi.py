@@ -270,7 +270,7 @@ FWD_CALLS = [
 @pytest.fixture(scope="module")
 def fwd_run(driver, tmp_path_factory):
     calls = [{"params": p, "stream": CALLS_STREAM} for _, p, _ in FWD_CALLS]
-    results, events = _run(driver, tmp_path_factory.mktemp("fwd"), calls, ORT_FLASH_KEY_BOUND="1")
+    results, events = _run(driver, tmp_path_factory.mktemp("fwd"), calls)
     return results, Log(events)
 
 
@@ -286,7 +286,7 @@ def test_forward_launch_arguments(fwd_run, i):
     assert r["plan"][0] == want_kind, f"{what}: planned {r['plan']}"
     e = check_fwd_launch(p, log, i)
     assert e["variant"] == r["variant"] and e["kind"] == want_kind
-    if p.get("key_bound") and want_kind == "fwd_gluon":  # ORT_FLASH_KEY_BOUND=1: bounded, unmasked
+    if p.get("key_bound") and want_kind == "fwd_gluon":  # bounded: the unmasked cubin
         assert e["mask"] == "none", f"{what}: ran {e['variant']}"
 
 
@@ -438,21 +438,22 @@ def test_kernel_switches(driver, tmp_path, env, kind):
         assert check_fwd_launch(p, log, i)["kind"] == kind
 
 
-@pytest.mark.parametrize("env,kind", [({"ORT_FLASH_KEY_BOUND": "1", "ORT_FLASH_GLUON": "0"}, "fwd_tma"),
-                                      ({}, "fwd_gluon"), ({"ORT_FLASH_KEY_BOUND": "0"}, "fwd_gluon")],
-                         ids=["gluon off", "switch unset", "switch 0"])
-def test_key_bound_takes_the_mask_elsewhere(driver, tmp_path, env, kind):
+@pytest.mark.parametrize("env,kind,mask", [({"ORT_FLASH_GLUON": "0"}, "fwd_tma", "bool"),
+                                           ({"ORT_FLASH_KEY_BOUND": "0"}, "fwd_gluon", "bool"),
+                                           ({}, "fwd_gluon", "none")],
+                         ids=["gluon off", "switch 0", "switch unset"])
+def test_key_bound_takes_the_mask_elsewhere(driver, tmp_path, env, kind, mask):
     """A key-bound call reads its mask, with no key lengths (a kernel's has_seqlens 1 would shift
     the positions), where the Gluon kernels are off (the key-masked TMA kernel) or the key bound's
-    switch is not "1" (the key-masked warp-specialized kernel); a key bound without its mask is
-    refused, launching nothing."""
+    switch is "0" (the key-masked warp-specialized kernel); unset, the unmasked Gluon kernel with
+    the bound; a key bound without its mask is refused, launching nothing."""
     if ARCH != 90:
         pytest.skip("no sm_90 kernels in this build")
     call = bounded(params(b=3, sq=700, skv=900, causal=True))
     results, events = _run(driver, tmp_path, [{"params": call, "stream": CALLS_STREAM}], **env)
     assert results[0]["error"] is None and results[0]["plan"][0] == kind
     e = check_fwd_launch(call, Log(events), 0)
-    assert e["kind"] == kind and e["mask"] == "bool"
+    assert e["kind"] == kind and e["mask"] == mask
     lone = dict(params(b=3, sq=700, skv=900, causal=True), key_bound=0x70000000)
     (tmp_path / "lone").mkdir()
     results, events = _run(driver, tmp_path / "lone", [{"params": lone, "stream": CALLS_STREAM, "plan": False}])

@@ -25,10 +25,10 @@
 #   bash lab/gpu/gpu_release.sh bounded # the key bound of batched first prompts (the Gluon kernels'
 #                                     # has_seqlens): the Gluon direct-kernel cases (both switches,
 #                                     # BOUNDED_TEST_S), the FP8 GPU tests, tests/test_gqa_cuda.py,
-#                                     # its prompts again with ORT_FLASH_KEY_BOUND=1
+#                                     # its prompts again with the key mask (ORT_FLASH_KEY_BOUND=0)
 #   bash lab/gpu/gpu_release.sh gqa-prefill # `bench --suite gqa` fp16 (every prefill length, fewer
 #                                     # decode shapes: GQA_CACHES, GQA_BATCHES; GQA_S) with
-#                                     # ORT_FLASH_KEY_BOUND=1, then the drop-in with the key mask
+#                                     # the key bound, then the drop-in with the key mask (=0)
 #   bash lab/gpu/gpu_release.sh gqa-variants # `bench --suite gqa --sinks` and `--window 4096` against
 #                                     # ONNX Runtime's op (VARIANT_S each)
 #   bash lab/gpu/gpu_release.sh families # every GenAI builder family built for CUDA, rewritten and
@@ -187,17 +187,17 @@ case "${1:-}" in
       tests/test_cuda_op.py -k fp8 2>&1 | tee "$OUT/pytest-fp8.log" | grep -v "^\." | tail -6
     timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 12 \
       tests/test_gqa_cuda.py 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -15
-    ORT_FLASH_KEY_BOUND=1 timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 \
-      -n 12 tests/test_gqa_cuda.py -k "prompt or sink" 2>&1 | tee "$OUT/pytest-gqa-bound.log" | grep -v "^\." | tail -15
+    ORT_FLASH_KEY_BOUND=0 timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 \
+      -n 12 tests/test_gqa_cuda.py -k "prompt or sink" 2>&1 | tee "$OUT/pytest-gqa-mask.log" | grep -v "^\." | tail -15
     ;;
   gqa-prefill)
-    # Every prefill length with the key bound (ORT_FLASH_KEY_BOUND=1; decode shapes GQA_CACHES x
-    # GQA_BATCHES), then the drop-in and the plain op again with the key mask (the default).
+    # Every prefill length with the key bound (the default; decode shapes GQA_CACHES x GQA_BATCHES),
+    # then the drop-in and the plain op again with the key mask (ORT_FLASH_KEY_BOUND=0).
     # shellcheck disable=SC2086 # GQA_CACHES, GQA_BATCHES: lists
-    ORT_FLASH_KEY_BOUND=1 bench --suite gqa --caches ${GQA_CACHES:-4096 32768} --batches ${GQA_BATCHES:-1 8} \
+    bench --suite gqa --caches ${GQA_CACHES:-4096 32768} --batches ${GQA_BATCHES:-1 8} \
       --budget-s "${GQA_S:-200}" --out "$OUT/bench-gqa-bound.json" | tail -45
-    bench --suite gqa --caches 4096 --batches 1 --peers ort_flash ort_flash_fa --budget-s "${GQA_MASK_S:-100}" \
-      --out "$OUT/bench-gqa-mask.json" | tail -20
+    ORT_FLASH_KEY_BOUND=0 bench --suite gqa --caches 4096 --batches 1 --peers ort_flash ort_flash_fa \
+      --budget-s "${GQA_MASK_S:-100}" --out "$OUT/bench-gqa-mask.json" | tail -20
     ;;
   gqa-variants)
     bench --suite gqa --sinks --seqlens 512 2048 16384 --caches 4096 32768 --batches 1 8 \
