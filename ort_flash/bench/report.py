@@ -27,6 +27,8 @@ ort-flash bench --device cpu --suite cpu --out bench-cpu.json                 # 
 # LLMs (GroupQueryAttention; the genai suites need onnxruntime-genai-cuda):
 ort-flash bench --device cuda --suite gqa --out bench-gqa.json                # GenAI's attention op, ~2 min
 ort-flash bench --device cuda --suite gqa --qk-norm --out bench-gqa-qk.json   # with Qwen3's Q/K norms
+ort-flash bench --device cuda --suite gqa --sinks --out bench-gqa-sinks.json  # with gpt-oss's attention sinks
+ort-flash bench --device cuda --suite gqa --window 4096 --out bench-gqa-w.json  # a window-sized KV cache
 ort-flash bench --device cuda --suite genai --out bench-genai.json            # a GenAI folder end to end
 ort-flash bench --device cuda --suite genai_fidelity --out bench-fid.json     # teacher-forced logits"""
 REPRODUCE_PAGE = """\
