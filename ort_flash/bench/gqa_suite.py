@@ -75,6 +75,12 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
     return g
 
 
+def options(g: dict) -> list[str]:
+    """The grid's node options as the tables name them (Q/K norms, sinks, a window-sized cache)."""
+    words = [what for key, what in (("qk_norm", "Q/K norms"), ("sinks", "attention sinks")) if g.get(key)]
+    return words + ([f"window-sized cache {g['window']}"] if g.get("window") else [])
+
+
 def configs(g: dict) -> list[dict]:
     base = dict(dtype=g["dtype"], hq=g["hq"], hkv=g["hkv"], **{k: True for k in ("sinks", "qk_norm") if g.get(k)})
     w = g.get("window")
@@ -316,9 +322,7 @@ def _cell(row: dict | None, key: str):
 def print_summary(suite: dict) -> None:
     g = suite["grid"]
     where = f"{suite['device']}, {g['dtype']}, Hq {g['hq']}, Hkv {g['hkv']}, packed QKV, rotary, shared buffer"
-    where += "".join(f", {what}" for key, what in (("qk_norm", "Q/K norms"), ("sinks", "attention sinks")) if g.get(key))
-    if g.get("window"):
-        where += f", window-sized cache {g['window']}"
+    where += "".join(f", {what}" for what in options(g))
     for phase, what in (("prefill", "first prompt, TFLOP/s (causal)"),
                         ("decode", "one token, GB/s of the K and V read")):
         header, rows = summary(suite, phase)

@@ -86,9 +86,7 @@ def llm_variant(name: str, suite: dict) -> str:
     options, the genai suite's model."""
     g = suite.get("grid", {})
     if name == "gqa":
-        flags = [w for k, w in (("qk_norm", "Q/K norms"), ("sinks", "attention sinks")) if g.get(k)]
-        window = [f"window-sized cache {g['window']}"] if g.get("window") else []
-        return ", ".join([g.get("dtype", "?"), *flags, *window])
+        return ", ".join([g.get("dtype", "?"), *gqa_suite.options(g)])
     if name == "genai":
         return (f"{g.get('layers')} layers, hidden {g.get('hidden')}, {g.get('heads')}/{g.get('kv_heads')} heads "
                 f"of {g['hidden'] // g['heads'] if g.get('hidden') and g.get('heads') else '?'}, {g.get('dtype')}")
