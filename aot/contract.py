@@ -55,9 +55,13 @@ ABIS = {
     "Fwd": _FWD,
     # flash_fwd_gluon and flash_fwd_gluon_ws: the forward's, then the dynamic tiles' counter pair
     # (int64: tiles claimed, CTAs done; zero at launch, left zero), 0 where the launch has none (a
-    # kernel without DYNAMIC_TILES never reads it). Last, so that the forward's parameters keep their
-    # places in the parameter buffer.
-    "FwdGluon": _FWD + (("TileCounter", "ptr:i64"),),
+    # kernel without DYNAMIC_TILES never reads it). After the forward's, so that those keep their
+    # places in the parameter buffer. Then Q's rotary, applied as Q's tile is loaded (a
+    # GroupQueryAttention first prompt): rotary_half > 0 turns query row i's halves (x[c],
+    # x[c + rotary_half]), c < rotary_half = D / 2, by row i of Cos / Sin (max_position rows of
+    # rotary_half values each; a row from max_position on stays as it is); 0 takes Q as it is.
+    "FwdGluon": _FWD + (("TileCounter", "ptr:i64"), ("Cos", "ptr:dtype"), ("Sin", "ptr:dtype"),
+                        ("rotary_half", "i32"), ("max_position", "i32")),
     # flash_decode_split: the forward's, with its partials, counters, splits and merge mode
     "Decode": _TENSORS + (("OPart", "ptr:f32"), ("LsePart", "ptr:f32"), ("Counter", "ptr:i32"), ("scale", "f32"),
                           ("softcap", "f32")) + _SHAPE + (("num_splits", "i32"), ("fused", "i32")) + _STRIDES,

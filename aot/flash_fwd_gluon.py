@@ -1,14 +1,16 @@
 """The Hopper (sm_90) FlashAttention forward kernel in Gluon, for the calls where it measured faster
 than the triton.language family in aot/flash_fwd.py (perf-notes "prefill v6: Gluon").
 
-flash_fwd's parameters and TileCounter (aot/contract.py's FwdGluon ABI, the warp-specialized
-kernel's; this one ignores the counter), same op contract
+flash_fwd's parameters, TileCounter and Q's rotary (aot/contract.py's FwdGluon ABI, the
+warp-specialized kernel's; this one ignores the counter), same op contract
 (cpp/flash_params.h): query row i sits at absolute position i + offset and, under causal, sees
 keys j <= i + offset (bottom-right); a row that sees no key gives 0 and lse -inf. It takes
 fp16/bf16, D == Dv in {64, 128}, no mask and no extras (softcap and windows are ignored); the
 dispatcher keeps every other call on flash_fwd. has_seqlens != 0 bounds batch row b's keys at
 SeqlensK[b] with every position kept (FlashParams::key_bound: a GroupQueryAttention first prompt,
 whose shorter rows keep their queries' positions), not flash_fwd's bottom-right key lengths.
+rotary_half != 0 turns Q's tile in shared memory by the rotary of each row's position as it
+arrives (_rotate_q: a first prompt's Q read straight from the op's input, not from a rotated copy).
 
 Q, K, V and Y are TMA descriptors over the (B, H, S, D) view, box (1, 1, rows, D), 128-byte
 swizzle, zero fill past S, stores clipped per (b, h). Grid (cdiv(Sq, BLOCK_M), B * Hq), query
@@ -93,6 +95,43 @@ def _epilogue(Y, Lse, q_empty, call, tile, q_slot, q_idx, state, r0, rows, o_lay
         mbarrier.arrive(q_empty.index(q_idx))
 
 
+@constexpr_function
+def half_layout_of(num_warps, half):
+    """A [rows, half] tile of Q's halves: 8 contiguous elements (16 bytes) per thread."""
+    cols = min(32, half // 8)
+    return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _rotate_q(q, r0, Sq, Cos, Sin, rotary_half, max_position, ROWS: gl.constexpr, BLOCK_D: gl.constexpr):
+    """Q's rows r0 .. r0 + ROWS - 1 in shared memory (q: their [ROWS, BLOCK_D] tile, D = BLOCK_D =
+    2 * rotary_half) turned in place by the rotary of query position i = the row (contract.py's
+    FwdGluon ABI): (x_lo, x_hi) -> (x_lo cos - x_hi sin, x_hi cos + x_lo sin) in fp32, the same
+    operations in the same order as aot/gqa_prepare.py's, so that Q rounds as its copy there would.
+    Rows past Sq (zeros from TMA) or from max_position on stay as they are. Every warp of the
+    caller takes part; the rows are in place for the tensor cores when it returns."""
+    HALF: gl.constexpr = BLOCK_D // 2
+    layout: gl.constexpr = half_layout_of(gl.num_warps(), HALF)
+    lo_s = q.slice(0, HALF, dim=1)
+    hi_s = q.slice(HALF, HALF, dim=1)
+    x_lo = lo_s.load(layout).to(gl.float32)
+    x_hi = hi_s.load(layout).to(gl.float32)
+    rows = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    turn = ((rows < Sq) & (rows < max_position))[:, None] & (cols < rotary_half)[None, :]
+    at = gl.where(turn, rows[:, None].to(gl.int64) * rotary_half + cols[None, :], 0)
+    cos = gl.load(Cos + at, mask=turn, other=1.0).to(gl.float32)
+    sin = gl.load(Sin + at, mask=turn, other=0.0).to(gl.float32)
+    # -1.0 * x flips x's sign (-x would be 0 - x, which turns -0 into +0), as the prepare kernel.
+    y_lo = gl.where(turn, x_lo * cos + (-1.0 * x_hi) * sin, x_lo)
+    y_hi = gl.where(turn, x_hi * cos + x_lo * sin, x_hi)
+    lo_s.store(y_lo.to(q.dtype))
+    hi_s.store(y_hi.to(q.dtype))
+    # The generic proxy's stores before the async proxy's reads (wgmma), by every warp.
+    fence_async_shared()
+    gl.thread_barrier()
+
+
 @gluon.jit
 def _load_kv(desc, ring, bars, b, hk, block, stage, pred, BLOCK_N: gl.constexpr):
     bar = bars.index(stage)
@@ -139,7 +178,7 @@ def flash_fwd_gluon(
     stride_vb, stride_vh, stride_vn,
     stride_yb, stride_yh, stride_ym,
     stride_mb, stride_mh, stride_mm,
-    TileCounter,
+    TileCounter, Cos, Sin, rotary_half, max_position,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     OVERLAP_PV: gl.constexpr = False,
 ):
@@ -198,6 +237,8 @@ def flash_fwd_gluon(
 
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(q_bar, 0)
+    if rotary_half != 0:
+        _rotate_q(q, m0, Sq, Cos, Sin, rotary_half, max_position, BLOCK_M, BLOCK_D)
     mbarrier.wait(k_bars.index(0), 0)
     k0 = k_ring.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)

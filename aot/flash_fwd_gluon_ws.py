@@ -3,7 +3,8 @@ CTA layout (a TMA producer warp, two or three consumer warpgroups sharing one K/
 code. This is its entry point: the shared memory, the barriers and the partitions; the roles are
 the modules of aot/gluon_ws/ (its __init__ says which does what), the tiles aot/tiles.py's.
 
-Same parameters as flash_fwd_gluon (aot/contract.py's FwdGluon ABI: flash_fwd's, then TileCounter)
+Same parameters as flash_fwd_gluon (aot/contract.py's FwdGluon ABI: flash_fwd's, then TileCounter
+and Q's rotary, which each consumer applies to its Q rows as they arrive)
 and the same op contract as both (cpp/flash_params.h): query row i
 sits at absolute position i + offset and, under causal, sees keys j <= i + offset (bottom-right);
 a row that sees no key gives 0 and lse -inf. It takes fp16/bf16, D == Dv in {64, 128}, no extras
@@ -28,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .flash_fwd_gluon import LOG2E, _key_len, desc_layout, desc_signature  # noqa: F401 (aot/build.py's descriptor types)
 from .gluon_ws.mainloop import _consumer
-from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS, Buffers, ConsumerConfig, Work
+from .gluon_ws.params import CONSUMER_WARPS, PRODUCER_REGS, Buffers, ConsumerConfig, Rope, Work
 from .gluon_ws.producer import _producer
 from .gluon_ws.scheduler import _cta_coords, _cta_tiles, _head_group, _tile_span
 
@@ -44,7 +45,7 @@ def flash_fwd_gluon_ws(
     stride_vb, stride_vh, stride_vn,
     stride_yb, stride_yh, stride_ym,
     stride_mb, stride_mh, stride_mm,
-    TileCounter,
+    TileCounter, Cos, Sin, rotary_half, max_position,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     PINGPONG: gl.constexpr = True, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
     TILES_PER_CTA: gl.constexpr = 1, MASK_KIND: gl.constexpr = 0, OVERLAP_PV: gl.constexpr = False,
@@ -151,19 +152,20 @@ def flash_fwd_gluon_ws(
                          DYN, SKIP)
     work = Work(b, h, pid_bh, m0, Sq, Skv, offset, causal, n_blocks, hi, qk_scale, store_lse, g0, n_valid, bh_all,
                 Hq, m_base, lim_smem, lim_bar, ids, grp, hk, group, TileCounter, use_ctr, SeqlensK, has_seqlens)
+    rope = Rope(Cos, Sin, rotary_half, max_position)  # each consumer turns its own Q rows
 
     # The partitions (the first is the default one); list literals, as warp_specialize needs.
     if NC == 2:
         gl.warp_specialize([
-            (_consumer, (Y, Lse, bufs, work, 0, cfg)),
-            (_consumer, (Y, Lse, bufs, work, 1, cfg)),
+            (_consumer, (Y, Lse, bufs, work, rope, 0, cfg)),
+            (_consumer, (Y, Lse, bufs, work, rope, 1, cfg)),
             (_producer, (Q, K, V, bufs, work, cfg)),
         ], [CONSUMER_WARPS, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (Y, Lse, bufs, work, 0, cfg)),
-            (_consumer, (Y, Lse, bufs, work, 1, cfg)),
-            (_consumer, (Y, Lse, bufs, work, 2, cfg)),
+            (_consumer, (Y, Lse, bufs, work, rope, 0, cfg)),
+            (_consumer, (Y, Lse, bufs, work, rope, 1, cfg)),
+            (_consumer, (Y, Lse, bufs, work, rope, 2, cfg)),
             (_producer, (Q, K, V, bufs, work, cfg)),
         ], [CONSUMER_WARPS, CONSUMER_WARPS, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 

@@ -106,6 +106,13 @@ Status stream_counters(const CudaDriver& d, const DeviceKernels& dk, CUstream st
   return Status::Ok();
 }
 
+// A call with Q's rotary (FlashParams::rotary_half) planned on a kernel that cannot apply it: the
+// caller asked gluon_takes_rotary first, so this is a launcher bug, never a silent unrotated Q.
+std::string rotary_elsewhere(const KernelEntry& e) {
+  return std::string("internal error: Q's rotary was planned on the Gluon kernels but the call runs ") +
+         e.variant_name + ", which cannot apply it";
+}
+
 // `launched` (bounded plans only): false where the Gluon kernel's tensor maps could not be encoded
 // and nothing ran (the unmasked twin's pointer kernel would ignore the key bound; the caller runs
 // the masked call instead).
@@ -119,6 +126,7 @@ Status run_forward(const CudaDriver& d, const FlashParams& p, const DeviceKernel
   const KernelLaunch& run = encoded ? plan.main : pointer;
   if (!run.error.empty()) return Status::Error(run.error);
   if (run.kernel->entry->key.kind != KernelKind::kFwdGluon) {
+    if (p.rotary_half != 0) return Status::Error(rotary_elsewhere(*run.kernel->entry));
     FwdArgs a = attention_args<FwdArgs>(p);
     std::vector<void*> args = a.pointers(encoded ? tma : static_cast<TmaArg*>(nullptr));
     return launch_kernel(d, run, stream, args.data());
@@ -126,6 +134,10 @@ Status run_forward(const CudaDriver& d, const FlashParams& p, const DeviceKernel
   // The Gluon kernels take the TMA kernel's arguments (the four descriptors in place of the
   // pointers) and the tile counter pair, which a dynamic-tile kernel takes from its stream's set.
   FwdGluonArgs a = attention_args<FwdGluonArgs>(p);
+  a.Cos = dev(p.rotary_cos);
+  a.Sin = dev(p.rotary_sin);
+  a.rotary_half = static_cast<int32_t>(p.rotary_half);
+  a.max_position = static_cast<int32_t>(p.max_position);
   if (run.tile_counters) {
     CUdeviceptr counters = 0;
     ORT_FLASH_RETURN_IF_ERROR(stream_counters(d, dk, stream, 0, &counters));
@@ -200,12 +212,34 @@ Status launch(const FlashParams& p, const DeviceKernels* dk, CUstream stream, co
     if (launched) return Status::Ok();
     ORT_FLASH_RETURN_IF_ERROR(plan_flash_cuda(masked, *dk, static_cast<bool>(workspace), &plan));
   }
-  if (plan.kind == KernelKind::kDecode) return run_decode(*d, masked, *dk, plan, stream, workspace);
+  if (plan.kind == KernelKind::kDecode) {
+    if (p.rotary_half != 0) return Status::Error(rotary_elsewhere(*plan.first()));
+    return run_decode(*d, masked, *dk, plan, stream, workspace);
+  }
   if (!plan.error.empty()) return Status::Error(plan.error);
   return run_forward(*d, masked, *dk, plan, stream);
 }
 
 }  // namespace
+
+Status gluon_takes_rotary(const FlashParams& p, CUstream stream, bool can_split, bool* takes) {
+  *takes = false;
+  if (is_empty_call(p) || p.fp8 || p.rotary_half == 0) return Status::Ok();
+  VariantKey key{};
+  if (!select_variant(p, &key).ok()) return Status::Ok();
+  const DeviceKernels* dk = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(kernels_for_stream(stream, &dk));
+  const CudaDriver* d = nullptr;
+  ORT_FLASH_RETURN_IF_ERROR(cuda_driver(&d));
+  LaunchPlan plan;
+  if (!plan_flash_cuda(p, *dk, can_split, &plan).ok() || plan.kind != KernelKind::kFwdGluon ||
+      !plan.error.empty() || !plan.main.error.empty() || !plan.main.kernel) {
+    return Status::Ok();
+  }
+  TmaArg tma[kTmaDescriptors];
+  *takes = encode_tma_args(*d, plan.bounded ? unmasked_twin(p) : p, *plan.main.kernel->entry, tma);
+  return Status::Ok();
+}
 
 Status launch_grid(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int64_t gy, int64_t gz, void** args,
                    CUstream stream) {

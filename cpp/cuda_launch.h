@@ -33,6 +33,12 @@ Status launch_grid(const CudaDriver& drv, const LoadedKernel& k, int64_t gx, int
 // the kernels load. Without `workspace` the decode path runs unsplit.
 Status launch_flash_cuda(const FlashParams& p, CUstream stream, const WorkspaceFn& workspace = nullptr);
 
+// Whether `p` (FlashParams::rotary_half set) would run on a Gluon kernel, the one kind that applies
+// Q's rotary as it loads Q: planned as launch_flash_cuda plans it (the key bound's twin included)
+// with the kernels of the stream's context, and the kernel's tensor maps encodable. Where not, the
+// caller rotates Q itself and launches without the rotary.
+Status gluon_takes_rotary(const FlashParams& p, CUstream stream, bool can_split, bool* takes);
+
 // The same with the kernels of `dk`. ort_flash._C's launch_with_table passes a table of its own
 // (tests).
 Status launch_flash_cuda_with(const FlashParams& p, const DeviceKernels& dk, CUstream stream,

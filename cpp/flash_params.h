@@ -35,6 +35,15 @@ struct FlashParams {
   // Gluon kernel with this bound where the build has one for the call (unless
   // ORT_FLASH_KEY_BOUND=0), else the mask; the CPU kernel reads the mask. Nullable.
   const int64_t* key_bound = nullptr;
+  // Q's rotary, applied by the attention kernel as it loads Q (a GroupQueryAttention first prompt
+  // whose Q it reads straight from the op's input): query row i's halves (x[c], x[c + rotary_half])
+  // turned by row i of rotary_cos / rotary_sin (max_position rows of rotary_half values, in the
+  // call's dtype; a row from max_position on stays as it is), rotary_half = d / 2. Only the Gluon
+  // kernels take it (cuda_launch.h gluon_takes_rotary); rotary_half 0: Q as it is.
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t rotary_half = 0;
+  int64_t max_position = 0;
   // Attention sinks (Hq,), natural log: each row of head h adds exp(sink[h]) to its softmax
   // denominator (a key of score sink[h] and value 0); nullable. CPU kernel only.
   const float* sink = nullptr;
@@ -75,7 +84,7 @@ inline bool is_empty_call(const FlashParams& p) { return p.sq == 0 || p.batch ==
 //   causal: j <= pos;  window: pos - window_left <= j (left >= 0), j <= pos + window_right (right >= 0)
 //   j < mask_len when a mask is given; bool mask true at (b, h, i, j)
 //   j < key_bound[b] when given (the mask given with it says the same)
-// Scores s = scale * q.k; softcap c > 0: s = c * tanh(s / c); additive mask added after.
+// Scores s = scale * q.k (q turned by its rotary first where rotary_half > 0); softcap c > 0: s = c * tanh(s / c); additive mask added after.
 // A row with no attended key gives y = 0 and lse = -inf.
 
 }  // namespace ort_flash

@@ -235,7 +235,7 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
     for (int64_t b = 0; b < d.batch; ++b) std::memset(key_mask.data() + b * klen, 1, static_cast<size_t>(len.total[b]));
   }
   const GqaKeys keys{kb, vb, klen, len.keys.data(), key_mask.empty() ? nullptr : key_mask.data()};
-  FlashParams p = gqa_flash_params(c, len.first_prompt, q_copy ? q_rot.data() : c.query, keys);
+  FlashParams p = gqa_flash_params(c, len.first_prompt, q_copy ? q_rot.data() : c.query, q_copy, keys);
   // Attention sinks: head_sink per query head, or smooth_softmax=1's sink of 0 (head_sink wins,
   // as in ONNX Runtime's op).
   std::vector<float> sink;
@@ -264,7 +264,7 @@ Status run_gqa_cpu(const std::string& node, const GqaCall& c, const ParallelFor&
   return Status::Ok();
 }
 
-FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q, const GqaKeys& keys) {
+FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q, bool q_copied, const GqaKeys& keys) {
   const GqaDims& d = c.dims;
   const int64_t q_row = (d.packed ? d.hq + 2 * d.hkv : d.hq) * d.d;
   FlashParams p;
@@ -276,7 +276,7 @@ FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q,
   p.skv = keys.len;
   p.d = p.dv = d.d;
   p.q = q;
-  if (gqa_q_copied(c)) {  // the rotated or normed copy
+  if (q_copied) {  // the rotated or normed copy
     p.q_stride[0] = d.sq * d.hq * d.d; p.q_stride[1] = d.d; p.q_stride[2] = d.hq * d.d;
   } else {
     p.q_stride[0] = d.sq * q_row; p.q_stride[1] = d.d; p.q_stride[2] = q_row;

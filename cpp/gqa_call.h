@@ -77,8 +77,8 @@ inline bool gqa_has_sinks(const GqaCall& c) { return gqa_has_sinks(c.attrs, c.he
 inline bool gqa_q_copied(const GqaCall& c) { return c.attrs.do_rotary != 0 || c.q_norm != nullptr; }
 
 // The attention both execution providers run: `q` the copy of gqa_q_copied (B, S, Hq, D)
-// contiguous, else c.query.
-FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q, const GqaKeys& keys);
+// contiguous where `q_copied`, else c.query (then any rotary is the kernel's: FlashParams::rotary_half).
+FlashParams gqa_flash_params(const GqaCall& c, bool first_prompt, const void* q, bool q_copied, const GqaKeys& keys);
 
 // Whether a causal first prompt may need the key mask (its rows shorter than S keep their own
 // positions, so the kernel's bottom-right alignment on T_b cannot stand in for it). A first prompt

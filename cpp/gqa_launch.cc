@@ -1,5 +1,7 @@
 #include "gqa_launch.h"
 
+#include "launch_switches.h"
+
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -25,6 +27,36 @@ std::string missing_rescale(const DeviceKernels& dk, DType dtype) {
   return std::string("this build has no attention-sink rescale kernels for ") + dtype_name(dtype) + " on sm_" +
          std::to_string(dk.table_arch) + " (aot/sink_rescale.py), which attention sinks (head_sink, "
          "smooth_softmax=1) need on CUDA";
+}
+
+// Q's rotary for the attention kernel to apply as it loads Q (FlashParams::rotary_half).
+void set_rotary(const GqaCall& c, FlashParams* p) {
+  p->rotary_cos = c.cos_cache;
+  p->rotary_sin = c.sin_cache;
+  p->rotary_half = c.dims.rotary_dim / 2;
+  p->max_position = c.dims.max_position;
+}
+
+// Whether the attention turns Q by its rotary as it loads it, so that the prepare kernel writes no
+// rotated copy of Q: a causal first prompt (positions are the rows: no position_ids) with
+// half-split rotary over the whole head, no Q norm and no windowed cache, that a Gluon kernel takes
+// (gluon_takes_rotary), unless ORT_FLASH_ROTARY_ON_LOAD=0. The call is planned only, before the
+// scratch block exists: present's address stands in for the block's key counts, key mask and
+// log-sum-exp, of which the planner reads only whether they are given.
+Status rotary_on_load(const GqaCall& c, bool first, bool mask, bool sinks, CUstream stream, bool* on_load) {
+  const GqaDims& d = c.dims;
+  *on_load = false;
+  if (c.attrs.do_rotary == 0 || !first || c.position_ids != nullptr || c.q_norm != nullptr ||
+      c.attrs.rotary_interleaved != 0 || d.rotary_dim != d.d || d.windowed || !launch_switches().rotary_on_load) {
+    return Status::Ok();
+  }
+  const void* stand_in = c.present_key;
+  const GqaKeys keys{c.present_key, c.present_value, c.present_len, static_cast<const int64_t*>(stand_in),
+                     mask ? stand_in : nullptr};
+  FlashParams p = gqa_flash_params(c, first, c.query, false, keys);
+  if (sinks) p.lse = static_cast<float*>(const_cast<void*>(stand_in));
+  set_rotary(c, &p);
+  return gluon_takes_rotary(p, stream, true, on_load);
 }
 
 }  // namespace
@@ -94,15 +126,17 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
 
   const int es = dtype_size(d.dtype);
   const bool rotary = c.attrs.do_rotary != 0;
-  const bool q_copy = gqa_q_copied(c);  // Q rotated and/or normed into a copy of its own
+  // A batch of one row holds S tokens (gqa_needs_key_mask): no mask, the plain causal kernels.
+  const bool mask = gqa_needs_key_mask(c, first) && d.batch > 1;
+  bool on_load = false;  // Q's rotary applied by the attention kernel
+  ORT_FLASH_RETURN_IF_ERROR(rotary_on_load(c, first, mask, sinks, stream, &on_load));
+  const bool q_copy = gqa_q_copied(c) && !on_load;  // Q rotated and/or normed into a copy of its own
   // gqa_prepare's rows of a batch row: NH = (Q heads if copied) + 2 Hkv per token.
   const int64_t block_rows = prepare->entry->block_m;
   const int64_t rows = d.sq * ((q_copy ? d.hq : 0) + 2 * d.hkv);
   if (rows + block_rows > std::numeric_limits<int32_t>::max()) {
     return fail(std::to_string(rows) + " (token, head) rows of a batch row exceed int32");
   }
-  // A batch of one row holds S tokens (gqa_needs_key_mask): no mask, the plain causal kernels.
-  const bool mask = gqa_needs_key_mask(c, first) && d.batch > 1;
   const size_t q_bytes = q_copy ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
   const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
   const size_t mask_bytes = mask ? static_cast<size_t>(d.batch * plen) : 0;
@@ -190,8 +224,9 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   }
   const GqaKeys keys = windowed ? GqaKeys{stage_k, stage_v, stage_len, totals, nullptr}
                                 : GqaKeys{c.present_key, c.present_value, plen, totals, mask ? key_mask : nullptr};
-  FlashParams p = gqa_flash_params(c, first, q_copy ? q_rot : c.query, keys);
+  FlashParams p = gqa_flash_params(c, first, q_copy ? q_rot : c.query, q_copy, keys);
   p.lse = lse;
+  if (on_load) set_rotary(c, &p);
   ORT_FLASH_RETURN_IF_ERROR(launch_flash_cuda(p, stream, scratch));
   // Present's C rows from the stage, after the attention read it (same stream).
   if (windowed) {

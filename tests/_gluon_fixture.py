@@ -50,7 +50,7 @@ def flash_fwd_gluon(
     stride_vb, stride_vh, stride_vn,
     stride_yb, stride_yh, stride_ym,
     stride_mb, stride_mh, stride_mm,
-    TileCounter,
+    TileCounter, Cos, Sin, rotary_half, max_position,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):
     # Warp-specialized like the real kernel (a 1-warp TMA producer), so the metadata's num_warps

@@ -95,7 +95,7 @@ def test_kernel_matches_reference(case, dtype, kind=None):
     from ort_flash import _C
 
     c = dict(dict(dv=None, causal=False, offset=0, mask=None, window=(-1, -1), softcap=0.0,
-                  nonpad=False, nan_tail=False, layout="bhsd", key_bound=False), **case)
+                  nonpad=False, nan_tail=False, layout="bhsd", key_bound=False, rotary=False), **case)
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
     b, hq, hkv, sq, skv, d = c["b"], c["hq"], c["hkv"], c["sq"], c["skv"], c["d"]
@@ -180,6 +180,17 @@ def test_kernel_matches_reference(case, dtype, kind=None):
         p.mask_kind = _C.MaskKind.bool
         bound_t = torch.from_numpy(lens.astype(np.int64)).to(dev)
         p.key_bound = bound_t.data_ptr()
+    if c["rotary"]:
+        # Q's rotary on load (FlashParams::rotary_half): row i turned by row i of cos / sin over the
+        # halves of the head; max_position rows (fewer than Sq where the case says: those rows
+        # stay as they are). The reference gets Q turned on the host the same way, in fp32.
+        half = d // 2
+        max_pos = c.get("max_position", sq + 5)
+        ang = np.arange(max_pos)[:, None] * (10000.0 ** (-np.arange(half) / half))[None, :]
+        cos_t = torch.from_numpy(np.cos(ang).astype(np.float32)).to(dev, tdt)
+        sin_t = torch.from_numpy(np.sin(ang).astype(np.float32)).to(dev, tdt)
+        p.rotary_cos, p.rotary_sin = cos_t.data_ptr(), sin_t.data_ptr()
+        p.rotary_half, p.max_position = half, max_pos
     if mask_np is not None:
         p.mask = m.data_ptr()
         p.mask_stride = [0 if m.shape[i] == 1 else m.stride(i) for i in range(3)] + [1]
@@ -208,6 +219,12 @@ def test_kernel_matches_reference(case, dtype, kind=None):
     if npdt is None:
         import ml_dtypes
         npdt = ml_dtypes.bfloat16
+    if c["rotary"]:
+        n = min(sq, p.max_position)
+        cs, sn = host(cos_t)[:n], host(sin_t)[:n]
+        lo, hi = qh[:, :, :n, :half].copy(), qh[:, :, :n, half:].copy()
+        qh[:, :, :n, :half] = (lo * cs + (-hi) * sn).astype(npdt).astype(np.float32)
+        qh[:, :, :n, half:] = (hi * cs + lo * sn).astype(npdt).astype(np.float32)
     mask_arg = None
     if mask_np is not None:
         mask_arg = mask_np if mask_np.dtype == bool else mask_np.astype(npdt)
@@ -467,6 +484,33 @@ GLUON_CASES = [
     dict(b=3, hq=4, hkv=2, sq=1100, skv=1100, d=64, key_bound=True),
     dict(b=3, hq=4, hkv=2, sq=600, skv=650, d=128, key_bound=True, layout="bshd"),
 ]
+
+
+# Q's rotary on load (FlashParams::rotary_half: a GroupQueryAttention first prompt), which only the
+# Gluon kernels apply: the one-partition kernel (d128 below 1024 keys, d64 below 2048), the
+# warp-specialized one on each grid (per tile; dynamic persistent; two tiles a CTA) and with a
+# key-vector mask, rows from max_position on left unrotated, packed QKV.
+ROTARY_CASES = [
+    dict(b=3, hq=8, hkv=2, sq=300, skv=333, d=128, causal=True, key_bound=True, rotary=True),
+    dict(b=2, hq=4, hkv=2, sq=700, skv=700, d=64, causal=True, rotary=True, max_position=650),
+    dict(b=2, hq=8, hkv=2, sq=2100, skv=2100, d=64, causal=True, key_bound=True, rotary=True),
+    dict(b=3, hq=8, hkv=2, sq=1100, skv=1111, d=128, causal=True, key_bound=True, rotary=True, max_position=1000),
+    dict(b=3, hq=4, hkv=2, sq=600, skv=650, d=128, key_bound=True, layout="bshd", rotary=True),
+    dict(b=1, hq=4, hkv=2, sq=2100, skv=2100, d=128, causal=True, layout="packed", rotary=True),
+    dict(b=3, hq=4, hkv=2, sq=1000, skv=1000, d=128, mask="add_keys", rotary=True),
+]
+
+
+def test_gluon_rotary_matches_reference():
+    """ROTARY_CASES in fp16 and bf16 on the Gluon kernels against the float64 reference of the
+    host-rotated Q, with NaN-poisoned Y and LSE (in a subprocess: ORT_FLASH_GLUON=1)."""
+    if not _gluon_built():
+        pytest.skip("this build has no Gluon kernels for this GPU (aot/variants.py GLUON_ENABLED, sm_90)")
+    last, out = _in_subprocess(
+        "import test_cuda_kernel as t; "
+        "[t.test_kernel_matches_reference(c, dt, kind='fwd_gluon') for c in t.ROTARY_CASES "
+        "for dt in ('float16', 'bfloat16')]; print('ok', len(t.ROTARY_CASES))", ORT_FLASH_GLUON="1")
+    assert last == f"ok {len(ROTARY_CASES)}", out
 
 
 @pytest.mark.parametrize("switch,kind", [("1", "fwd_gluon"), ("0", "fwd_tma")])

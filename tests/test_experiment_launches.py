@@ -84,7 +84,8 @@ def test_run_gluon(exp, monkeypatch):
     q, k, v, y, lse = _tensors()
     a = _record(monkeypatch, exp.fg, "flash_fwd_gluon",
                 lambda: exp.attn.run_gluon(q, k, v, y, lse, True, offset=3, store_lse=False))
-    _check(a, q, k, v, y, lse, Mask=lse, SeqlensK=lse, TileCounter=exp.tune.NULL, offset=3, causal=1, store_lse=0)
+    _check(a, q, k, v, y, lse, Mask=lse, SeqlensK=lse, TileCounter=exp.tune.NULL, offset=3, causal=1, store_lse=0,
+           **exp.tune.NO_ROTARY)
     assert exp.tune.NULL.data_ptr() == 0
 
 
@@ -101,7 +102,7 @@ def test_run_ws(exp, monkeypatch, cfg, want):
     q, k, v, y, lse = _tensors()
     a = _record(monkeypatch, exp.fws, "flash_fwd_gluon_ws",
                 lambda: exp.attn.run_ws(q, k, v, y, lse, True, offset=5, cfg=cfg))
-    want = dict({"Mask": lse, "SeqlensK": lse, "TileCounter": exp.tune.NULL}, **want)
+    want = dict({"Mask": lse, "SeqlensK": lse, "TileCounter": exp.tune.NULL, **exp.tune.NO_ROTARY}, **want)
     if want["TileCounter"] == "counter":
         want["TileCounter"] = exp.attn.counter(q.device)
     _check(a, q, k, v, y, lse, offset=5, causal=1, **want)
@@ -116,7 +117,7 @@ def test_run_ws_masked(exp, monkeypatch, kind, heads, mask_len):
     a = _record(monkeypatch, exp.fws, "flash_fwd_gluon_ws",
                 lambda: exp.mask.run_ws_masked(q, k, v, y, lse, mask, kind, causal=True, offset=3, mask_len=mask_len))
     _check(a, q, k, v, y, lse, Mask=mask, SeqlensK=lse, TileCounter=exp.tune.NULL, offset=3, causal=1,
-           mask_len=mask_len or 103,
+           mask_len=mask_len or 103, **exp.tune.NO_ROTARY,
            stride_mb=mask.stride(0), stride_mh=mask.stride(1) if heads > 1 else 0)
 
 

@@ -102,7 +102,7 @@ def test_shipped_table_keeps_gluon_small_and_sm90_only():
 
 def test_gluon_runtime_parameters_are_flash_fwds(fixture_gluon):
     """The launcher passes either Gluon kernel one argument list (aot/contract.py's FwdGluon ABI:
-    the forward kernel's, the descriptors as fwd_tma's, then the tile counter): the stand-in takes
+    the forward kernel's, the descriptors as fwd_tma's, then the tile counter and Q's rotary): the stand-in takes
     it too, so the pipeline tests below are the real kernels'. The Triton kinds keep the forward
     ABI."""
     import inspect
@@ -111,9 +111,10 @@ def test_gluon_runtime_parameters_are_flash_fwds(fixture_gluon):
 
     fn = build.kernel_fn("fwd_gluon")
     runtime = [n for n, p in inspect.signature(fn.fn).parameters.items() if "constexpr" not in str(p.annotation)]
-    assert tuple(runtime) == contract.runtime_args("fwd_gluon") == contract.runtime_args("fwd") + ("TileCounter",)
+    assert tuple(runtime) == contract.runtime_args("fwd_gluon") == contract.runtime_args("fwd") + (
+        "TileCounter", "Cos", "Sin", "rotary_half", "max_position")
     assert contract.runtime_args("fwd_tma") == contract.runtime_args("fwd")
-    assert contract.launch_arg_count("fwd_gluon") == contract.launch_arg_count("fwd_tma") + 1
+    assert contract.launch_arg_count("fwd_gluon") == contract.launch_arg_count("fwd_tma") + 5
 
 
 @pytest.mark.parametrize("module", ["_gluon_fixture"] + (["aot.flash_fwd_gluon"] if SHIPPED else []))

@@ -105,6 +105,15 @@ def key_mask(c: dict) -> bool:
     return causal_first(c) and c["batch"] > 1
 
 
+def rotary_on_load(c: dict, kind: str) -> bool:
+    """The attention kernel turns Q by its rotary as it loads Q, so the prepare kernel writes no Q
+    (cpp/gqa_launch.cc rotary_on_load): a first prompt with half-split rotary over the whole head,
+    no position_ids, no Q norm and no windowed cache, on a Gluon kernel (`kind`, the attention's)."""
+    return (kind == "fwd_gluon" and c["sq"] == c["total_sequence_length"] and c["rotary_dim"] == c["d"]
+            and not c["rotary_interleaved"] and "position_ids" not in c and "q_norm_weight" not in c
+            and not windowed(c))
+
+
 def stage_bytes(c: dict) -> int:
     """One of a windowed cache's two stages: (B, Hkv, C + S, D)."""
     return c["batch"] * c["hkv"] * (c["present_len"] + c["sq"]) * c["d"] * ES[c["dtype"]] if windowed(c) else 0
@@ -126,13 +135,13 @@ def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int, int]:
     return aligned(head) + 2 * aligned(stage_bytes(c)), lse, aligned(head)
 
 
-def prepare_expected(c: dict, scratch: int, stage: int = 0) -> dict:
+def prepare_expected(c: dict, scratch: int, stage: int = 0, on_load: bool = False) -> dict:
     """Every argument of gqa_prepare for call c, given the scratch block's address (and the stage
-    K's in it, for a windowed cache)."""
+    K's in it, for a windowed cache); `on_load`: the attention rotates Q (rotary_on_load)."""
     b, s, hq, hkv, d = (c[k] for k in ("batch", "sq", "hq", "hkv", "d"))
     es = ES[c["dtype"]]
     rotary = c["rotary_dim"] > 0
-    q_copy = rotary or "q_norm_weight" in c  # Q rotated and/or normed into the scratch block
+    q_copy = (rotary or "q_norm_weight" in c) and not on_load  # Q rotated and/or normed into the scratch block
     first = s == c["total_sequence_length"]
     mask = key_mask(c)
     cap = c["present_len"] if windowed(c) else 0
@@ -163,9 +172,10 @@ def prepare_expected(c: dict, scratch: int, stage: int = 0) -> dict:
 
 
 def attention_params(c: dict, want: dict) -> dict:
-    """The FlashParams the attention must get (gqa_flash_params), as tests/test_launch_abi's params()."""
+    """The FlashParams the attention must get (gqa_flash_params), as tests/test_launch_abi's params()
+    (`want` the prepare kernel's arguments: QRot 0 where Q is not copied)."""
     b, s, hq, hkv, d, plen = (c[k] for k in ("batch", "sq", "hq", "hkv", "d", "present_len"))
-    q_copy = c["rotary_dim"] > 0 or "q_norm_weight" in c
+    q_copy = bool(want["QRot"])
     q_row = hq * d if q_copy or not c["packed"] else (hq + 2 * hkv) * d
     k, v = c["present_key"], c["present_value"]
     if windowed(c):  # the attention reads the stage, C + S rows a (batch, KV head)
@@ -183,6 +193,9 @@ def attention_params(c: dict, want: dict) -> dict:
         p["skv"] = min(plen, c["total_sequence_length"])
     else:
         p["seqlens_k"] = want["Totals"]
+    if c["rotary_dim"] and not q_copy:  # Q turned by the attention kernel as it loads Q
+        p.update(rotary_cos=c["cos_cache"], rotary_sin=c["sin_cache"], rotary_half=c["rotary_dim"] // 2,
+                 max_position=c["max_position"])
     return p
 
 
@@ -246,8 +259,22 @@ CALLS = {
     "first prompt, batch of 3, d128, into a longer buffer": gqa_call(b=3, s=300, total=300, past_len=512),
     "first prompt, batch of 2, d64, bf16, 2100 tokens": gqa_call("bfloat16", b=2, s=2100, d=64, total=2100,
                                                                 past_len=2304),
+    # Rotary over the whole head: the Gluon kernels turn Q as they load it (ROTARY_ON_LOAD), the
+    # prepare kernel writes K and V only; partial rotary (above) keeps the rotated copy of Q.
+    "first prompt, batch of 3, d128, full rotary": gqa_call(b=3, s=300, total=300, past_len=512, rotary_dim=128),
+    "first prompt, one row, d128, full rotary, separate present": gqa_call(b=1, s=200, total=200, past_len=0,
+                                                                          shared=False, rotary_dim=128),
+    "first prompt, batch of 2, d64, full rotary, head_sink": gqa_call(b=2, s=150, d=64, total=150, past_len=256,
+                                                                     head_sink=0x10000000),
+    "first prompt, full rotary, position_ids": gqa_call(b=2, s=300, total=300, past_len=512, rotary_dim=128,
+                                                        position_ids=True),
 }
-BOUNDED = {"first prompt, batch of 3, d128, into a longer buffer", "first prompt, batch of 2, d64, bf16, 2100 tokens"}
+BOUNDED = {"first prompt, batch of 3, d128, into a longer buffer", "first prompt, batch of 2, d64, bf16, 2100 tokens",
+           "first prompt, batch of 3, d128, full rotary", "first prompt, batch of 2, d64, full rotary, head_sink",
+           "first prompt, full rotary, position_ids"}
+ROTARY_ON_LOAD = {"first prompt, batch of 2, d64, bf16, 2100 tokens", "first prompt, batch of 3, d128, full rotary",
+                  "first prompt, one row, d128, full rotary, separate present",
+                  "first prompt, batch of 2, d64, full rotary, head_sink"}
 REFUSED = {
     "chunked prefill at batch 2": (gqa_call(b=2, s=4, total=20), "needs batch 1"),
     "total_sequence_length below S": (gqa_call(b=1, s=9, total=8, past_len=0, shared=False), "less than the 9 new tokens"),
@@ -275,12 +302,15 @@ def test_gqa_launches(runs, what):
     assert errors[i] is None, errors[i]
     allocs = [e for e in log.calls[i] if e["ev"] == "alloc"]
     scratch = allocs[0]
-    b, s, hkv, es = c["batch"], c["sq"], c["hkv"], ES[c["dtype"]]
-    q_bytes = b * s * c["hq"] * c["d"] * es if c["rotary_dim"] or "q_norm_weight" in c else 0
-    scratch_bytes, lse_offset, stage_offset = scratch_layout(c, q_bytes)
-    want = prepare_expected(c, scratch["ptr"], scratch["ptr"] + stage_offset if windowed(c) else 0)
-    assert scratch["stream"] == STREAM and scratch["bytes"] == scratch_bytes
     got = launches(log, i)
+    kinds = [e["kind"] for _, e, _ in got if e["kind"] in ("fwd", "fwd_tma", "fwd_gluon", "decode")]
+    on_load = bool(kinds) and rotary_on_load(c, kinds[0])
+    assert on_load == (what in ROTARY_ON_LOAD and ARCH == 90), f"{what}: Q's rotary on load is {on_load}"
+    b, s, hkv, es = c["batch"], c["sq"], c["hkv"], ES[c["dtype"]]
+    q_bytes = b * s * c["hq"] * c["d"] * es if (c["rotary_dim"] or "q_norm_weight" in c) and not on_load else 0
+    scratch_bytes, lse_offset, stage_offset = scratch_layout(c, q_bytes)
+    want = prepare_expected(c, scratch["ptr"], scratch["ptr"] + stage_offset if windowed(c) else 0, on_load)
+    assert scratch["stream"] == STREAM and scratch["bytes"] == scratch_bytes
     shared = c.get("past_key") == c["present_key"]
     copies = not shared or windowed(c)  # a windowed cache's resident rows go to the stage in any case
     prepares = got[:2 if copies else 1]
@@ -334,7 +364,8 @@ def test_gqa_launches(runs, what):
     expected = _fwd_expected(p, dict(e, persistent=0, dynamic=False, kind="fwd"), 0, bounded)
     for name in ("Q", "K", "V", "Lse", "Mask", "SeqlensK", "has_seqlens", "mask_len", "Sq", "Skv", "causal",
                  "offset", "window_left", "store_lse", "stride_qb", "stride_qh", "stride_qm", "stride_kb",
-                 "stride_kh", "stride_kn", "stride_mb", "stride_mh", "stride_mm", "scale", "softcap"):
+                 "stride_kh", "stride_kn", "stride_mb", "stride_mh", "stride_mm", "scale", "softcap",
+                 "Cos", "Sin", "rotary_half", "max_position"):
         if name in args:
             assert args[name] == expected[name], f"{what}: attention parameter {name}"
     for t in "QKVY":  # pointers, or the TMA descriptors' addresses

@@ -194,6 +194,9 @@ def _fwd_expected(p: dict, e: dict, counters: int, bounded: bool | None = None) 
     # The Gluon kernels' own argument (the FwdGluon ABI's): a dynamic-tile kernel's counter pair,
     # its stream's (none on a stream without a set: it then takes its tiles round robin).
     x["TileCounter"] = counters + TILE_COUNTERS if e["dynamic"] and counters else 0
+    # and Q's rotary, applied as Q loads (FlashParams::rotary_half; 0 and null pointers without it)
+    x.update(Cos=p.get("rotary_cos", 0), Sin=p.get("rotary_sin", 0), rotary_half=p.get("rotary_half", 0),
+             max_position=p.get("max_position", 0))
     views = {"Q": (p["q"], hq, sq, p["d"], p["q_stride"]), "K": (p["k"], hkv, skv, p["d"], p["k_stride"]),
              "V": (p["v"], hkv, skv, p["dv"], p["v_stride"]), "Y": (p["y"], hq, sq, p["dv"], p["y_stride"])}
     for i, (t, (ptr, h, s, d, st)) in enumerate(views.items()):

@@ -34,6 +34,7 @@ CASES = {
     "prompt_buf_padded_separate": (2, 4, 4, 80, 40, "prompt_buf", [7, 3], 7, 64, dict(separate=True)),
     "prompt_buf_one_row": (1, 6, 2, 64, 32, "prompt_buf", [45], 45, 96, {}),
     "prompt_buf_one_row_d128": (1, 4, 2, 128, 64, "prompt_buf", [77], 77, 130, dict(packed=True)),
+    "prompt_buf_full_rotary_d128": (3, 8, 2, 128, 64, "prompt_buf", [300, 211, 7], 300, 320, dict(packed=True)),
     "prompt_no_rotary_d40": (2, 6, 2, 40, 0, "prompt", [33, 9], 33, None, {}),
     "prompt_interleaved": (1, 4, 4, 64, 24, "prompt", [33], 33, None, dict(interleaved=1)),
     "prompt_window": (1, 6, 2, 64, 32, "prompt", [33], 33, None, dict(local_window_size=5)),

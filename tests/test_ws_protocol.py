@@ -169,7 +169,8 @@ class Launch:
                     group=i(self.group), Sq=i(self.sq), Skv=i(self.skv), D=i(D), Dv=i(D), offset=i(self.offset),
                     causal=i(int(self.causal)), window_left=i(-1), window_right=i(-1), mask_len=i(self.mask_len),
                     has_seqlens=i(0 if self.bounds is None else 2), store_lse=i(1),
-                    TileCounter=Ptr(self.counter if self.use_ctr else None),
+                    TileCounter=Ptr(self.counter if self.use_ctr else None), Cos=Inert(), Sin=Inert(),
+                    rotary_half=i(0), max_position=i(0),
                     **{n: i(0) for n in contract.runtime_args("fwd_gluon") if n.startswith("stride_")})
         kernel(*contract.ordered_args("fwd_gluon", args),
                BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=D, NUM_STAGES=self.stages, PINGPONG=self.pingpong,

@@ -64,7 +64,8 @@ def _ctas(*, b, hq, sq, skv, causal, head_dim, tiles_per_cta=1, persistent=False
                     Mask=Inert(), SeqlensK=Inert(), scale=Inert(), softcap=Inert(), Hq=i(hq), group=i(1), Sq=i(sq),
                     Skv=i(skv), D=i(head_dim), Dv=i(head_dim), offset=i(offset), causal=i(int(causal)),
                     window_left=i(-1), window_right=i(-1), mask_len=i(skv), has_seqlens=i(0), store_lse=i(1),
-                    TileCounter=Ptr(counter if dynamic else None),
+                    TileCounter=Ptr(counter if dynamic else None), Cos=Inert(), Sin=Inert(), rotary_half=i(0),
+                    max_position=i(0),
                     **{n: i(0) for n in contract.runtime_args("fwd_gluon") if n.startswith("stride_")})
         kernel(*contract.ordered_args("fwd_gluon", args), block_m, cfg["BLOCK_N"], head_dim, cfg["NUM_STAGES"], True,
                nc, cfg["CONSUMER_REGS"], tiles_per_cta, 0, False, False, persistent, dynamic, False)

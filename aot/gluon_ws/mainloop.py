@@ -9,7 +9,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from ..flash_fwd_gluon import _epilogue, o_layout_of, p_layout_of, row_layout_of, s_layout_of
+from ..flash_fwd_gluon import _epilogue, _rotate_q, o_layout_of, p_layout_of, row_layout_of, s_layout_of
 from .params import Acc, Call, Tile
 from .mask_prefix import _publish_range, _visible_range
 from .scheduler import _cta_tile, _read_tile, _tile_keys, _tile_of, _tile_span
@@ -48,7 +48,8 @@ def _consumer_pass(bufs, n_blocks, t, c0, i0,
 
 
 @gluon.jit
-def _consumer_tile(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.constexpr, MASK_KIND: gl.constexpr):
+def _consumer_tile(Y, Lse, bufs, call, tile, rope, WG: gl.constexpr, cfg, QB: gl.constexpr,
+                   MASK_KIND: gl.constexpr):
     """_consumer_rows, or with SKIP, for a consumer (not the first) whose rows all lie past Sq,
     _consumer_pass (call a Call, tile a Tile, cfg a ConsumerConfig)."""
     if cfg.SKIP & (WG > 0):
@@ -56,16 +57,18 @@ def _consumer_tile(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
             _consumer_pass(bufs, tile.n_blocks, tile.t, tile.c0, tile.i0,
                            WG, cfg.NUM_STAGES, cfg.PINGPONG, cfg.NC, QB)
         else:
-            _consumer_rows(Y, Lse, bufs, call, tile, WG, cfg, QB, MASK_KIND)
+            _consumer_rows(Y, Lse, bufs, call, tile, rope, WG, cfg, QB, MASK_KIND)
     else:
-        _consumer_rows(Y, Lse, bufs, call, tile, WG, cfg, QB, MASK_KIND)
+        _consumer_rows(Y, Lse, bufs, call, tile, rope, WG, cfg, QB, MASK_KIND)
 
 
 @gluon.jit
-def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.constexpr, MASK_KIND: gl.constexpr):
+def _consumer_rows(Y, Lse, bufs, call, tile, rope, WG: gl.constexpr, cfg, QB: gl.constexpr,
+                   MASK_KIND: gl.constexpr):
     """One consumer's rows of one tile: Q from buffer t % QB, ring blocks c0 + j, turns i0 + j - 1;
-    with MASK_KIND the key-vector mask at m_base (Skv is then min(Skv, mask_len)). call a Call,
-    tile a Tile, cfg a ConsumerConfig."""
+    with MASK_KIND the key-vector mask at m_base (Skv is then min(Skv, mask_len)); with rope.half
+    the Q rows turned by their rotary first. call a Call, tile a Tile, rope a Rope, cfg a
+    ConsumerConfig."""
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = bufs.q_smem.dtype
     s_layout: gl.constexpr = s_layout_of(NW, cfg.BLOCK_N)
@@ -87,6 +90,8 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
     s_zero = gl.zeros([cfg.WG_M, cfg.BLOCK_N], gl.float32, s_layout)
 
     mbarrier.wait(bufs.q_ready.index(q_idx), (tile.t // QB) & 1)
+    if rope.half != 0:  # the slot is this consumer's alone until its epilogue frees it
+        _rotate_q(q, r0, call.Sq, rope.Cos, rope.Sin, rope.half, rope.max_position, cfg.WG_M, cfg.BLOCK_D)
     st0 = tile.c0 % cfg.NUM_STAGES
     mbarrier.wait(bufs.k_ready.index(st0), (tile.c0 // cfg.NUM_STAGES) & 1)
     k0 = bufs.k_ring.index(st0).reshape([cfg.BLOCK_N, cfg.BLOCK_D]).permute((1, 0))
@@ -174,7 +179,7 @@ def _consumer_rows(Y, Lse, bufs, call, tile, WG: gl.constexpr, cfg, QB: gl.const
 
 
 @gluon.jit
-def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
+def _consumer(Y, Lse, bufs, work, rope, WG: gl.constexpr, cfg):
     """Consumer warpgroup WG: its rows of the tiles the scheduler gives the CTA, over each tile's
     keys (under a key-vector mask, over its visible run where it has one); bufs, work and cfg the
     structs of gluon_ws/params.py."""
@@ -201,15 +206,15 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
                            Call(work.Sq, n_run, work.offset, work.causal, work.qk_scale, work.store_lse, work.m_base),
                            Tile(work.b, work.h, work.pid_bh, work.m0, gl.maximum(gl.cdiv(n_run, cfg.BLOCK_N), 1),
                                 n_run, 0, c0, 0),
-                           WG, cfg, 1, 0)
+                           rope, WG, cfg, 1, 0)
         else:
             _consumer_tile(Y, Lse, bufs, call,
                            Tile(work.b, work.h, work.pid_bh, work.m0, work.n_blocks, work.hi, 0, 0, 0),
-                           WG, cfg, 1, cfg.MASK_KIND)
+                           rope, WG, cfg, 1, cfg.MASK_KIND)
     elif cfg.TILES == 1:
         _consumer_tile(Y, Lse, bufs, call,
                        Tile(work.b, work.h, work.pid_bh, work.m0, work.n_blocks, work.hi, 0, 0, 0),
-                       WG, cfg, 1, cfg.MASK_KIND)
+                       rope, WG, cfg, 1, cfg.MASK_KIND)
     elif cfg.DYNAMIC:
         # The producer's tiles in its order, each id read once its Q buffer is in; -1 ends.
         n_m = gl.cdiv(work.Sq, BLOCK_M)
@@ -222,7 +227,7 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
             m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, skv_t, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
             tile_call = Call(work.Sq, skv_t, work.offset, work.causal, work.qk_scale, work.store_lse, work.m_base)
             _consumer_tile(Y, Lse, bufs, tile_call, Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, tt, c0, c0 - tt),
-                           WG, cfg, 2, cfg.MASK_KIND)
+                           rope, WG, cfg, 2, cfg.MASK_KIND)
             c0 += nb_t
             tt += 1
             tid = _read_tile(work.ids, bufs.q_ready, tt, WG, cfg.NC)
@@ -236,5 +241,5 @@ def _consumer(Y, Lse, bufs, work, WG: gl.constexpr, cfg):
             m0_t, hi_t, nb_t = _tile_span(m_t, work.Sq, skv_t, work.offset, work.causal, BLOCK_M, cfg.BLOCK_N)
             tile_call = Call(work.Sq, skv_t, work.offset, work.causal, work.qk_scale, work.store_lse, work.m_base)
             _consumer_tile(Y, Lse, bufs, tile_call, Tile(b_t, h_t, bh_t, m0_t, nb_t, hi_t, t, c0, c0 - t),
-                           WG, cfg, 2, cfg.MASK_KIND)
+                           rope, WG, cfg, 2, cfg.MASK_KIND)
             c0 += nb_t

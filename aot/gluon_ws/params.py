@@ -157,6 +157,23 @@ class Work:
 
 
 @aggregate
+class Rope:
+    """Q's rotary as the consumers apply it to their Q rows (flash_fwd_gluon._rotate_q; contract.py's
+    FwdGluon ABI): the cos and sin tables, half the rotated dims (0: none) and the tables' rows."""
+    Cos: base_value
+    Sin: base_value
+    half: base_value
+    max_position: base_value
+
+    @constexpr_function
+    def __init__(self, Cos, Sin, half, max_position):
+        self.Cos = _value(Cos)
+        self.Sin = _value(Sin)
+        self.half = _value(half)
+        self.max_position = _value(max_position)
+
+
+@aggregate
 class Call:
     """One consumer tile's view of the call: query and key lengths (the key length may be a
     visible run's), the queries' offset among the keys, causal, the softmax scale (log2 units),

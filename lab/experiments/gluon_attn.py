@@ -45,7 +45,7 @@ from aot import flash_fwd_gluon as fg  # noqa: E402
 from aot import flash_fwd_gluon_ws as fws  # noqa: E402
 from aot.contract import ordered_args  # noqa: E402
 from aot.tiles import gluon_config, ws_config, ws_desc_rows  # noqa: E402
-from tune import NULL, _shipped, bench, fwd_values, launch, save  # noqa: E402
+from tune import NO_ROTARY, NULL, _shipped, bench, fwd_values, launch, save  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -62,7 +62,7 @@ def run_gluon(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     dummy = lse  # Mask / SeqlensK: unused by this kernel
     grid = (triton.cdiv(sq, c["BLOCK_M"]), b * hq)
     args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=dummy, SeqlensK=dummy, TileCounter=NULL,
-                      offset=offset, causal=int(causal), store_lse=int(store_lse))
+                      offset=offset, causal=int(causal), store_lse=int(store_lse), **NO_ROTARY)
     fg.flash_fwd_gluon[grid](
         *ordered_args("fwd_gluon", args),
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],
@@ -96,7 +96,7 @@ def run_ws(q, k, v, y, lse, causal, offset=0, cfg=None, store_lse=True):
     dynamic = c.get("DYNAMIC_TILES", 0) if persistent else 0
     args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=lse, SeqlensK=lse,
                       TileCounter=counter(q.device) if dynamic == 1 else NULL, offset=offset, causal=int(causal),
-                      store_lse=int(store_lse))
+                      store_lse=int(store_lse), **NO_ROTARY)
     fws.flash_fwd_gluon_ws[grid](
         *ordered_args("fwd_gluon", args),
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=d, NUM_STAGES=c["NUM_STAGES"],

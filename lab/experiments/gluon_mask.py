@@ -34,7 +34,7 @@ from aot import flash_fwd_gluon_ws as fws  # noqa: E402
 from aot.contract import ordered_args, stride_args  # noqa: E402
 from aot.tiles import ws_config, ws_desc_rows  # noqa: E402
 from gluon_attn import run_ws, runtime_ints  # noqa: E402
-from tune import NULL, _shipped, bench, fwd_values, launch, save  # noqa: E402
+from tune import NO_ROTARY, NULL, _shipped, bench, fwd_values, launch, save  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 KINDS = {"bool": 1, "add": 2}
@@ -52,7 +52,7 @@ def run_ws_masked(q, k, v, y, lse, mask, kind, causal=False, offset=0, mask_len=
     grid = (triton.cdiv(sq, c["BLOCK_M"] * tiles), b * hq)
     ml = mask.shape[-1] if mask_len is None else mask_len
     args = fwd_values(q, k, v, y, lse, **dict(zip("QKVY", descs)), Mask=mask, SeqlensK=lse, TileCounter=NULL,
-                      offset=offset, causal=int(causal), mask_len=ml,
+                      offset=offset, causal=int(causal), mask_len=ml, **NO_ROTARY,
                       **stride_args("m", (mask.stride(0), mask.stride(1) if mask.shape[1] > 1 else 0, 0)))
     fws.flash_fwd_gluon_ws[grid](
         *ordered_args("fwd_gluon", args),

@@ -59,6 +59,8 @@ class NullPointer:
 
 
 NULL = NullPointer()
+# The Gluon kinds' Q rotary (their FwdGluon ABI's), off: Q as it is.
+NO_ROTARY = dict(Cos=NULL, Sin=NULL, rotary_half=0, max_position=0)
 
 
 def fwd_values(q, k, v, y, lse, **named) -> dict:
