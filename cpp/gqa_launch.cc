@@ -99,9 +99,13 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // A windowed cache (sliding_window_cache=1; present is the past's C rows): each row's resident
   // rows and new tokens go to a stage of C + S rows, the attention reads it, then the compaction
   // writes present (aot/gqa_prepare.py). Which rows a batch row keeps depends on its length, which
-  // lives on the device.
+  // lives on the device. Where total_sequence_length (the rows' largest total) is at most C, no row
+  // can pass C and each keeps all its T_b positions where they lie: present itself is the stage
+  // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed.
   const bool windowed = d.windowed;
-  const int64_t stage_len = windowed ? plen + d.sq : 0;
+  const bool in_place = windowed && c.total_sequence_length <= plen;
+  const bool staged = windowed && !in_place;  // a stage of its own in the scratch block
+  const int64_t stage_len = staged ? plen + d.sq : (in_place ? plen : 0);
   for (int64_t n : {plen, d.past_len, d.max_position, d.batch * d.sq, d.hq + 2 * d.hkv, stage_len}) {
     if (n > std::numeric_limits<int32_t>::max()) return fail("a dimension of " + std::to_string(n) + " exceeds int32");
   }
@@ -140,22 +144,26 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   const size_t q_bytes = q_copy ? static_cast<size_t>(d.batch * d.sq * d.hq * d.d) * es : 0;
   const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
   const size_t mask_bytes = mask ? static_cast<size_t>(d.batch * plen) : 0;
-  const size_t stage_bytes = static_cast<size_t>(d.batch * d.hkv * stage_len * d.d) * es;
+  const size_t stage_bytes = staged ? static_cast<size_t>(d.batch * d.hkv * stage_len * d.d) * es : 0;
   // The block: [rotated Q | lengths | key mask | the attention's log-sum-exp (B, Hq, S) with sinks
-  // | a windowed cache's stage K | stage V].
+  // | a staged windowed cache's stage K | stage V].
   size_t bytes = aligned(q_bytes) + aligned(len_bytes) + mask_bytes;
   const size_t lse_offset = aligned(bytes);
   if (sinks) bytes = lse_offset + static_cast<size_t>(d.batch * d.hq * d.sq) * sizeof(float);
   const size_t stage_offset = aligned(bytes);
-  if (windowed) bytes = stage_offset + 2 * aligned(stage_bytes);
+  if (staged) bytes = stage_offset + 2 * aligned(stage_bytes);
   void* buf = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(scratch(bytes, &buf));
   char* q_rot = static_cast<char*>(buf);
   auto* totals = reinterpret_cast<int64_t*>(q_rot + aligned(q_bytes));
   char* key_mask = reinterpret_cast<char*>(totals) + aligned(len_bytes);
   float* lse = sinks ? reinterpret_cast<float*>(q_rot + lse_offset) : nullptr;
-  char* stage_k = windowed ? q_rot + stage_offset : nullptr;
-  char* stage_v = windowed ? stage_k + aligned(stage_bytes) : nullptr;
+  void* stage_k = in_place ? c.present_key : nullptr;
+  void* stage_v = in_place ? c.present_value : nullptr;
+  if (staged) {
+    stage_k = q_rot + stage_offset;
+    stage_v = q_rot + stage_offset + aligned(stage_bytes);
+  }
 
   // The new tokens' element strides per (batch, token); heads are D apart.
   const int64_t q_row = (d.packed ? d.hq + 2 * d.hkv : d.hq) * d.d;
@@ -207,9 +215,10 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   a.stride_vb = d.sq * kv_row; a.stride_vs = kv_row;
 
   // A present of its own: zeros and each row's past (rows the new tokens take are left to them);
-  // a windowed cache's stage: each row's resident rows (at most C), shared buffer or not.
+  // a windowed cache's stage: each row's resident rows (at most C); where present is the stage,
+  // a buffer shared with past holds them already.
   const int64_t cache_rows = past->entry->block_m;
-  if (!shared || windowed) {
+  if (!shared || staged) {
     ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + cache_rows - 1) / cache_rows, d.batch * d.hkv, a, stream));
   }
   // BLOCK_ROWS rows of one batch row per program, a row being one head of one token: the Q heads
@@ -228,8 +237,10 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   p.lse = lse;
   if (on_load) set_rotary(c, &p);
   ORT_FLASH_RETURN_IF_ERROR(launch_flash_cuda(p, stream, scratch));
-  // Present's C rows from the stage, after the attention read it (same stream).
-  if (windowed) {
+  // Present's C rows from the stage, after the attention read it (same stream). Where present is
+  // the stage, rows [0, T_b) stay where they are: a shared buffer needs nothing, a present of its
+  // own the compaction's zeros after them.
+  if (staged || (in_place && !shared)) {
     const int64_t compact_rows = compact->entry->block_m;
     ORT_FLASH_RETURN_IF_ERROR(
         launch(*drv, *compact, (plen + compact_rows - 1) / compact_rows, d.batch * d.hkv, a, stream));

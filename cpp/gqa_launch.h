@@ -27,9 +27,10 @@ const LoadedKernel* gqa_kernel(const DeviceKernels& dk, KernelKind kind, DType d
 // Runs the call on `stream` (asynchronous): `c` holds device pointers (seqlens_k and position_ids
 // included); total_sequence_length is the host value. `scratch` gives stream-ordered device
 // memory: one block for the rotated Q, the int64 lengths, a first prompt's key mask, with sinks
-// the attention's log-sum-exp and with a windowed cache its stage (2 x B x Hkv x (C + S) x D
-// elements), then the attention's split-KV partials. seqlens_k is never read on the host: a row whose value is
-// impossible gets output 0 and leaves the cache alone (aot/gqa_prepare.py).
+// the attention's log-sum-exp and with a windowed cache that rows may pass (total_sequence_length
+// > C) its stage (2 x B x Hkv x (C + S) x D elements), then the attention's split-KV partials.
+// seqlens_k is never read on the host: a row whose value is impossible gets output 0 and leaves
+// the cache alone (aot/gqa_prepare.py).
 Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, const WorkspaceFn& scratch);
 
 }  // namespace ort_flash

@@ -4,7 +4,8 @@ cubins and lays out each launch's parameters by the cubin's own table. Checked: 
 (rotated Q, lengths, key mask, with attention sinks the log-sum-exp, with a windowed cache its
 stage), the prepare kernels' grids, blocks, shared memory and every argument, the attention launch
 that follows, reading the Q, lengths and mask the prepare kernel wrote (a windowed cache: the
-stage, then the compaction into present), and with attention sinks (head_sink, smooth_softmax=1)
+stage, then the compaction into present; one whose rows cannot pass the cache's capacity: present
+in place of the stage), and with attention sinks (head_sink, smooth_softmax=1)
 the attention storing its log-sum-exp and the rescale kernel launched after it on that buffer;
 what the op's CUDA kernel creation checks; the errors it gives instead of launching. The kernels'
 arithmetic is tests/test_gqa_prepare_kernel.py's and tests/test_sink_rescale_kernel.py's
@@ -94,6 +95,17 @@ def windowed(c: dict) -> bool:
     return bool(c.get("sliding_window_cache"))
 
 
+def staged(c: dict) -> bool:
+    """A windowed cache whose rows may pass its capacity C (total_sequence_length > C): each row's
+    resident rows and new tokens go to a stage of C + S rows in the scratch block."""
+    return windowed(c) and c["total_sequence_length"] > c["present_len"]
+
+
+def in_place(c: dict) -> bool:
+    """A windowed cache no row can pass (total_sequence_length <= C): present is the stage."""
+    return windowed(c) and not staged(c)
+
+
 def causal_first(c: dict) -> bool:
     """A causal first prompt (S = total_sequence_length) into a cache that is not windowed."""
     return c["sq"] == c["total_sequence_length"] and c.get("causal", 1) != 0 and not windowed(c)
@@ -115,13 +127,13 @@ def rotary_on_load(c: dict, kind: str) -> bool:
 
 
 def stage_bytes(c: dict) -> int:
-    """One of a windowed cache's two stages: (B, Hkv, C + S, D)."""
-    return c["batch"] * c["hkv"] * (c["present_len"] + c["sq"]) * c["d"] * ES[c["dtype"]] if windowed(c) else 0
+    """One of a staged windowed cache's two stages: (B, Hkv, C + S, D)."""
+    return c["batch"] * c["hkv"] * (c["present_len"] + c["sq"]) * c["d"] * ES[c["dtype"]] if staged(c) else 0
 
 
 def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int, int]:
     """(bytes of the scratch block, offset of the log-sum-exp in it, 0 without sinks; offset of the
-    stage K, 0 without a windowed cache): the rotated Q, the lengths, the key mask, then the (B, Hq,
+    stage K, 0 without a staged windowed cache): the rotated Q, the lengths, the key mask, then the (B, Hq,
     S) float32 log-sum-exp, then the stage K and V."""
     b, s, plen = c["batch"], c["sq"], c["present_len"]
     mask = b * plen if key_mask(c) else 0
@@ -130,14 +142,15 @@ def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int, int]:
     if has_sinks(c):
         lse = aligned(head)
         head = lse + 4 * b * c["hq"] * s
-    if not windowed(c):
+    if not staged(c):
         return head, lse, 0
     return aligned(head) + 2 * aligned(stage_bytes(c)), lse, aligned(head)
 
 
 def prepare_expected(c: dict, scratch: int, stage: int = 0, on_load: bool = False) -> dict:
     """Every argument of gqa_prepare for call c, given the scratch block's address (and the stage
-    K's in it, for a windowed cache); `on_load`: the attention rotates Q (rotary_on_load)."""
+    K's in it, for a staged windowed cache; present is the stage where no row can pass C); `on_load`:
+    the attention rotates Q (rotary_on_load)."""
     b, s, hq, hkv, d = (c[k] for k in ("batch", "sq", "hq", "hkv", "d"))
     es = ES[c["dtype"]]
     rotary = c["rotary_dim"] > 0
@@ -155,7 +168,8 @@ def prepare_expected(c: dict, scratch: int, stage: int = 0, on_load: bool = Fals
         Q=q, K=k, V=v,
         PastK=c.get("past_key", 0), PastV=c.get("past_value", 0), PresentK=c["present_key"],
         PresentV=c["present_value"], QRot=scratch if q_copy else 0, Cos=c.get("cos_cache", 0), Sin=c.get("sin_cache", 0),
-        StageK=stage, StageV=stage + aligned(stage_bytes(c)) if stage else 0,
+        StageK=c["present_key"] if in_place(c) else stage,
+        StageV=c["present_value"] if in_place(c) else (stage + aligned(stage_bytes(c)) if stage else 0),
         PositionIds=c.get("position_ids", 0), Seqlens=c["seqlens_k"], Totals=scratch + aligned(q_bytes),
         KeyMask=scratch + aligned(q_bytes) + aligned(8 * b) if mask else 0,
         QNorm=c.get("q_norm_weight", 0), KNorm=c.get("k_norm_weight", 0),
@@ -164,7 +178,7 @@ def prepare_expected(c: dict, scratch: int, stage: int = 0, on_load: bool = Fals
         rotary_half=c["rotary_dim"] // 2, max_position=c["max_position"], has_position_ids=int("position_ids" in c),
         first_prompt=int(first), write_mask=int(mask), total_max=c["total_sequence_length"],
         present_len=c["present_len"], past_len=c["past_len"], qk_norm=int("q_norm_weight" in c),
-        cap=cap, gap=cap - c["local_window_size"] + 1 if cap else 1, stage_len=cap + s if cap else 0,
+        cap=cap, gap=cap - c["local_window_size"] + 1 if cap else 1, stage_len=cap + s if staged(c) else cap,
         shared=int(c.get("past_key") == c["present_key"]),
         qk_eps=f32(c.get("qk_norm_epsilon", 1e-6)), stride_qb=s * q_row, stride_qs=q_row,
         stride_kb=s * kv_row, stride_ks=kv_row, stride_vb=s * kv_row, stride_vs=kv_row,
@@ -178,7 +192,7 @@ def attention_params(c: dict, want: dict) -> dict:
     q_copy = bool(want["QRot"])
     q_row = hq * d if q_copy or not c["packed"] else (hq + 2 * hkv) * d
     k, v = c["present_key"], c["present_value"]
-    if windowed(c):  # the attention reads the stage, C + S rows a (batch, KV head)
+    if windowed(c):  # the attention reads the stage: C + S rows a (batch, KV head), or present's C
         k, v, plen = want["StageK"], want["StageV"], want["stage_len"]
     p = dict(dtype=c["dtype"], batch=b, hq=hq, hkv=hkv, sq=s, skv=plen, d=d, dv=d, q=want["QRot"] or want["Q"],
              q_stride=[s * q_row, d, q_row], k=k, v=v,
@@ -247,6 +261,23 @@ CALLS = {
     "windowed cache, chunked prefill, no rotary, fp32 d80": gqa_call(
         "float32", b=1, s=9, hq=4, hkv=1, d=80, total=70, past_len=64, packed=False, rotary_dim=0,
         local_window_size=33, sliding_window_cache=1),
+    # A windowed cache no row can pass (total_sequence_length <= C): present is the stage, the new
+    # tokens in place; a shared buffer needs no past copy and no compaction.
+    "windowed cache within its capacity, decode, shared buffer": gqa_call(
+        b=3, s=1, total=160, past_len=160, local_window_size=128, sliding_window_cache=1),
+    "windowed cache one past its capacity, decode, shared buffer": gqa_call(
+        b=3, s=1, total=161, past_len=160, local_window_size=128, sliding_window_cache=1),
+    "windowed cache within its capacity, decode, separate present, bf16": gqa_call(
+        "bfloat16", b=2, s=1, total=100, past_len=128, shared=False, packed=False, local_window_size=128,
+        sliding_window_cache=1),
+    "windowed cache within its capacity, first prompt, separate present, head_sink": gqa_call(
+        b=2, s=200, hq=8, hkv=2, d=64, total=200, past_len=256, shared=False, local_window_size=256,
+        sliding_window_cache=1, head_sink=0x10000000),
+    "windowed cache within its capacity, first prompt, shared buffer, d256": gqa_call(
+        b=2, s=19, hq=4, hkv=2, d=256, total=19, past_len=32, local_window_size=8, sliding_window_cache=1),
+    "windowed cache within its capacity, chunked prefill, fp32 d80": gqa_call(
+        "float32", b=1, s=9, hq=4, hkv=1, d=80, total=60, past_len=64, rotary_dim=0, local_window_size=33,
+        sliding_window_cache=1),
     # Causal first prompts: one row runs unmasked over its S keys, several keep the key mask.
     "first prompt, one row, separate present, fp32": gqa_call("float32", b=1, s=40, hq=4, hkv=4, d=64, total=40,
                                                                past_len=0, shared=False),
@@ -309,10 +340,10 @@ def test_gqa_launches(runs, what):
     b, s, hkv, es = c["batch"], c["sq"], c["hkv"], ES[c["dtype"]]
     q_bytes = b * s * c["hq"] * c["d"] * es if (c["rotary_dim"] or "q_norm_weight" in c) and not on_load else 0
     scratch_bytes, lse_offset, stage_offset = scratch_layout(c, q_bytes)
-    want = prepare_expected(c, scratch["ptr"], scratch["ptr"] + stage_offset if windowed(c) else 0, on_load)
+    want = prepare_expected(c, scratch["ptr"], scratch["ptr"] + stage_offset if staged(c) else 0, on_load)
     assert scratch["stream"] == STREAM and scratch["bytes"] == scratch_bytes
     shared = c.get("past_key") == c["present_key"]
-    copies = not shared or windowed(c)  # a windowed cache's resident rows go to the stage in any case
+    copies = not shared or staged(c)  # a stage of its own takes each row's resident rows in any case
     prepares = got[:2 if copies else 1]
     if copies:  # the past copy first: rows of present_len, one (batch, KV head) per grid row
         ev, e, args = prepares[0]
@@ -328,7 +359,9 @@ def test_gqa_launches(runs, what):
     for ev, e, _ in prepares:
         assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
     rest = got[len(prepares):]
-    if windowed(c):  # the compaction into present right after the attention, before a rescale
+    # The compaction into present right after the attention, before a rescale: from the stage, or
+    # where present is the stage, in a present of its own (zeros after each row's T_b rows).
+    if staged(c) or (in_place(c) and not shared):
         compact = [r for r in rest if r[1]["kind"] == "gqa_compact"]
         assert len(compact) == 1, f"{what}: one compaction"
         at = rest.index(compact[0])
@@ -341,7 +374,7 @@ def test_gqa_launches(runs, what):
         assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
         rest = rest[:at] + rest[at + 1:]
     else:
-        assert not [r for r in rest if r[1]["kind"] == "gqa_compact"], f"{what}: a compaction without a windowed cache"
+        assert not [r for r in rest if r[1]["kind"] == "gqa_compact"], f"{what}: a compaction with nothing to move"
     if c.get("local_window_size", -1) == 0:  # no attention: the output zeroed on the stream
         assert not rest
         memset, = [e for e in log.calls[i] if e["ev"] == "memset"]
@@ -389,6 +422,28 @@ def test_gqa_launches(runs, what):
                         global_scratch=0, profile_scratch=0), what
     assert ev["grid"] == [b * hq * math.ceil(s / e["block_m"]), 1, 1]
     assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
+
+
+def test_windowed_cache_within_its_capacity_runs_in_place(runs):
+    """A windowed cache's decode step into a shared buffer at total_sequence_length = C: the new
+    token in place, the attention over present, no past copy, no stage, no compaction; one token
+    later (C + 1), when a row may pass C, the staged path."""
+    errors, log = runs
+
+    def run(what):
+        i = list(CALLS).index(what)
+        assert errors[i] is None, errors[i]
+        return [(e["kind"], args) for _, e, args in launches(log, i)], CALLS[what]
+
+    inside, c = run("windowed cache within its capacity, decode, shared buffer")
+    assert inside[0][0] == "gqa_prepare" and not {"gqa_past", "gqa_compact"} & {k for k, _ in inside}
+    assert inside[0][1]["StageK"] == c["present_key"] and inside[0][1]["stage_len"] == c["present_len"]
+    attention = inside[1][1]  # K as a pointer, or a TMA descriptor's address
+    k = attention["K"] if "K" in attention else log.encodes[attention["K.map"][1]]["address"]
+    assert k == c["present_key"]
+    past, c = run("windowed cache one past its capacity, decode, shared buffer")
+    assert [k for k, _ in past[:2]] == ["gqa_past", "gqa_prepare"] and past[-1][0] == "gqa_compact"
+    assert past[1][1]["stage_len"] == c["present_len"] + 1
 
 
 @pytest.mark.parametrize("what", list(REFUSED))

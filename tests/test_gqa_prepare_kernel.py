@@ -132,6 +132,20 @@ CASES = [
          packed=True, rotary=1, half=32, fast=True),
     dict(b=2, s=3, hq=4, hkv=2, d=64, total=3, seqlens=[2, 2], past_len=6, cap=6, window=4, shared=True,
          rotary=1, half=32, rows=8, fast=True),
+    # A windowed cache no row can pass (total <= C; cpp/gqa_launch.cc): present is the stage (C rows),
+    # the past copy and the compaction only for a present of its own; present must end as the
+    # staged path leaves it. Decode (an impossible row among them), shared and separate; a first
+    # prompt with a row shorter than the prompt, separate and shared; a chunked prefill.
+    dict(b=3, s=1, hq=4, hkv=2, d=64, total=6, seqlens=[2, 5, -1], past_len=6, cap=6, window=4, in_place=True,
+         shared=True, packed=True, rotary=1, half=32, rows=8, fast=True),
+    dict(b=2, s=1, hq=4, hkv=2, d=32, total=6, seqlens=[3, 5], past_len=6, cap=6, window=4, in_place=True,
+         rotary=2, half=16, position_ids=True, dtype="bfloat16", fast=False),
+    dict(b=3, s=4, hq=2, hkv=1, d=64, total=4, seqlens=[3, 1, 3], past_len=6, cap=6, window=4, in_place=True,
+         packed=True, rotary=1, half=32, fast=True),
+    dict(b=2, s=3, hq=4, hkv=2, d=64, total=3, seqlens=[2, 0], past_len=6, cap=6, window=4, in_place=True,
+         shared=True, rotary=1, half=32, rows=8, fast=True),
+    dict(b=1, s=4, hq=2, hkv=1, d=64, total=7, seqlens=[6], past_len=8, cap=8, window=5, in_place=True,
+         shared=True, rotary=1, half=32, norm=True, fast=True),
 ]
 
 
@@ -316,8 +330,10 @@ def check_case(c: dict) -> None:
     bsz, s_len, hq, hkv, d = (c[k] for k in ("b", "s", "hq", "hkv", "d"))
     first = s_len == c["total"]
     cap = c.get("cap", 0)  # a windowed cache: present is the past's length C
+    in_place = bool(c.get("in_place"))  # no row can pass C: present is the stage
+    assert not in_place or c["total"] <= cap
     plen = cap or max(c["total"], c["past_len"])
-    stage_len = cap + s_len if cap else 0
+    stage_len = (cap if in_place else cap + s_len) if cap else 0
     max_pos = 3 * max(plen, c["total"])
 
     def rand(*shape, zeros=False, low=None):
@@ -361,6 +377,9 @@ def check_case(c: dict) -> None:
     if c["shared"]:  # the past lives in the present buffer: its rows must survive
         pk.copy_(rand(n_present))
         pv.copy_(rand(n_present))
+        if in_place:  # the resident rows are present's own
+            past_k, past_v = pk.view(bsz, hkv, plen, d), pv.view(bsz, hkv, plen, d)
+    past_k_np, past_v_np = past_k.float().numpy().copy(), past_v.float().numpy().copy()
     pk0 = pk.view(bsz, hkv, plen, d).float().numpy().copy()
     pv0 = pv.view(bsz, hkv, plen, d).float().numpy().copy()
     qr_all, qr = guarded(bsz * s_len * hq * d, dt, float("nan"), "q_rot")
@@ -378,13 +397,14 @@ def check_case(c: dict) -> None:
     qn, kn = (torch.from_numpy((1 + 0.25 * rng.standard_normal(d)).astype(np.float32)).to(dt) for _ in range(2))
     stride_q, stride_k, stride_v = q_in.stride(), k_in.stride(), v_in.stride()
     gap = cap - c["window"] + 1 if cap else 1
-    args = [q_in, k_in, v_in, past_k, past_v, pk, pv, qr, cos_t, sin_t, sk, sv, pos_t, seqlens, tot, mask, qn, kn,
+    stage = (pk, pv) if in_place else (sk, sv)
+    args = [q_in, k_in, v_in, past_k, past_v, pk, pv, qr, cos_t, sin_t, *stage, pos_t, seqlens, tot, mask, qn, kn,
             s_len, hq, hkv, d, q_heads, rotary, c["half"], max_pos, int(c["position_ids"]),
             int(first), write_mask, c["total"], plen, c["past_len"], int(norm), cap, gap, stage_len,
             int(c["shared"]), c.get("eps", 1e-6),
             stride_q[0], stride_q[1], stride_k[0], stride_k[1], stride_v[0], stride_v[1]]
     block_d = min(x for x in (64, 128, 256) if x >= d)  # cpp/gqa_launch.cc gqa_kernel
-    if cap or not c["shared"]:  # a windowed cache's resident rows into the stage, always
+    if (cap and not in_place) or not c["shared"]:  # a stage of its own takes the resident rows, always
         gqa_prepare[(-(-plen // 8), bsz * hkv)](*args, BLOCK_ROWS=8, BLOCK_D=block_d, GATHER_ROWS=8, MODE=1)
     # cpp/gqa_launch.cc's grid: cdiv(S * NH, BLOCK_ROWS) programs a batch row, NH = q_heads + 2 Hkv
     # rows a token; small tiles, so that programs split tokens and a last one is partial.
@@ -396,7 +416,7 @@ def check_case(c: dict) -> None:
     assert bool(hints) == c["fast"], f"the kernel took the {'fast' if hints else 'general'} path"
     stage_k = sk.view(bsz, hkv, max(stage_len, 1), d).float().numpy().copy()
     stage_v = sv.view(bsz, hkv, max(stage_len, 1), d).float().numpy().copy()
-    if cap:  # the compaction after the attention (which only reads the stage)
+    if cap and (not in_place or not c["shared"]):  # the compaction after the attention (which reads the stage)
         gqa_prepare[(-(-cap // 8), bsz * hkv)](*args, BLOCK_ROWS=8, BLOCK_D=block_d, GATHER_ROWS=8, MODE=2)
     else:
         assert torch.isnan(sk.float()).all() and torch.isnan(sv.float()).all(), "the stage was written"
@@ -408,7 +428,7 @@ def check_case(c: dict) -> None:
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(dt).float().numpy()
 
     want = expected(c, heads_of(q_in, hq), heads_of(k_in, hkv), heads_of(v_in, hkv),
-                    past_k.float().numpy(), past_v.float().numpy(), pk0, pv0, cos_t.float().numpy()[:, :c["half"]],
+                    past_k_np, past_v_np, pk0, pv0, cos_t.float().numpy()[:, :c["half"]],
                     sin_t.float().numpy()[:, :c["half"]], pos_np if c["position_ids"] else None,
                     qn.float().numpy(), kn.float().numpy())
     q_want, pk_want, pv_want, tot_want, mask_want = want
@@ -419,7 +439,12 @@ def check_case(c: dict) -> None:
         # The norm's sum runs in another order than numpy's: within two roundings of the dtype.
         ulp = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}[c["dtype"]]
         np.testing.assert_allclose(got, want, rtol=4 * ulp, atol=4 * ulp, err_msg=what)
-    if cap:  # the stage: the rows written bit for bit, every other row still poisoned
+    if in_place:  # present as the staged path leaves it: its stage's rows, compacted
+        pk_want = compacted(c, as_dtype(np.nan_to_num(pk_want)), pk0)
+        pv_want = compacted(c, as_dtype(np.nan_to_num(pv_want)), pv0)
+        same(pk.view(bsz, hkv, plen, d).float().numpy(), pk_want, "present_key in place")
+        assert torch.isnan(sk.float()).all() and torch.isnan(sv.float()).all(), "the scratch stage was written"
+    elif cap:  # the stage: the rows written bit for bit, every other row still poisoned
         for got, want_, what in ((stage_k, pk_want, "stage K"), (stage_v, pv_want, "stage V")):
             unset = np.isnan(want_)
             assert np.isnan(got[unset]).all(), f"{what}: a row written outside the resident and new rows"
