@@ -26,10 +26,11 @@ struct LaunchSwitches {
   // reads the key mask given with it; otherwise it runs the unmasked Gluon kernel bounding each row,
   // where one takes it (perf-notes "A key bound per row for batched first prompts").
   bool key_bound = true;
-  // ORT_FLASH_ROTARY_ON_LOAD: false ("0") = a GroupQueryAttention first prompt's Q is rotated into a
-  // copy by the prepare kernel; otherwise the Gluon kernels turn Q as they load it where they take
-  // the call (FlashParams::rotary_half), and the prepare kernel writes K and V only.
-  bool rotary_on_load = true;
+  // ORT_FLASH_ROTARY_ON_LOAD: true ("1") = the Gluon kernels turn a GroupQueryAttention first
+  // prompt's Q by its rotary as they load it where they take the call (FlashParams::rotary_half),
+  // and the prepare kernel writes K and V only; otherwise (unset, "0": until a GPU has checked and
+  // timed it) the prepare kernel writes a rotated copy of Q.
+  bool rotary_on_load = false;
 };
 
 // The switches of this process, read from the environment at the first call.

@@ -319,10 +319,29 @@ def runs(tmp_path_factory):
     driver = _fake_cuda.build(tmp_path_factory.mktemp("fake_cuda"))
     calls = list(CALLS.values()) + [c for c, _ in REFUSED.values()]
     log_path = tmp_path_factory.mktemp("gqa") / "cuda.log"
-    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS)}
+    # Q's rotary on load is opt-in (ORT_FLASH_ROTARY_ON_LOAD=1) until a GPU has checked it.
+    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), "ORT_FLASH_ROTARY_ON_LOAD": "1"}
     out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
     events = [json.loads(line) for line in log_path.read_text().splitlines()]
     return json.loads(out.strip().splitlines()[-1]), Log(events)
+
+
+def test_rotary_copy_without_the_switch(tmp_path):
+    """Without ORT_FLASH_ROTARY_ON_LOAD=1 the calls that would take Q's rotary on load rotate Q
+    into the scratch block's copy (every Q head a prepare row) and the attention gets no rotary."""
+    driver = _fake_cuda.build(tmp_path / "fake_cuda")
+    calls = [CALLS[w] for w in sorted(ROTARY_ON_LOAD)]
+    log_path = tmp_path / "cuda.log"
+    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS)}
+    out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
+    assert json.loads(out.strip().splitlines()[-1]) == [None] * len(calls)
+    log = Log([json.loads(line) for line in log_path.read_text().splitlines()])
+    for i, c in enumerate(calls):
+        got = launches(log, i)
+        prepare = [a for _, e, a in got if e["kind"] == "gqa_prepare"]
+        attention = [a for _, e, a in got if e["kind"] in ("fwd", "fwd_tma", "fwd_gluon")]
+        assert prepare and prepare[0]["q_heads"] == c["hq"] and prepare[0]["QRot"] != 0, sorted(ROTARY_ON_LOAD)[i]
+        assert attention and attention[0].get("rotary_half", 0) == 0, sorted(ROTARY_ON_LOAD)[i]
 
 
 @pytest.mark.parametrize("what", list(CALLS))

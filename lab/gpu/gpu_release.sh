@@ -191,26 +191,26 @@ case "${1:-}" in
       -n 12 tests/test_gqa_cuda.py -k "prompt or sink" 2>&1 | tee "$OUT/pytest-gqa-mask.log" | grep -v "^\." | tail -15
     ;;
   rotary)
-    # Q's rotary applied by the Gluon kernels as they load Q (the default): the direct-kernel cases
-    # (ROTARY_CASES and the Gluon cases), then the GroupQueryAttention GPU tests with it and, for
-    # the prompts, without it (ORT_FLASH_ROTARY_ON_LOAD=0: the rotated copy of Q).
+    # Q's rotary applied by the Gluon kernels as they load Q (ORT_FLASH_ROTARY_ON_LOAD=1): the
+    # direct-kernel cases (ROTARY_CASES and the Gluon cases), then the GroupQueryAttention GPU
+    # tests with it and, for the prompts, without it (the rotated copy of Q, the default).
     . lab/gpu/gpu_env.sh
     built || exit 1
     timeout "${ROTARY_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=230 -n 3 \
       tests/test_cuda_kernel.py -k "rotary or gluon_kernel_matches" 2>&1 | tee "$OUT/pytest-rotary.log" \
       | grep -v "^\." | tail -12
+    ORT_FLASH_ROTARY_ON_LOAD=1 timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+      --timeout=120 -n 12 tests/test_gqa_cuda.py 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -15
     timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 12 \
-      tests/test_gqa_cuda.py 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -15
-    ORT_FLASH_ROTARY_ON_LOAD=0 timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
-      --timeout=120 -n 12 tests/test_gqa_cuda.py -k "prompt" 2>&1 | tee "$OUT/pytest-gqa-copy.log" \
-      | grep -v "^\." | tail -8
+      tests/test_gqa_cuda.py -k "prompt" 2>&1 | tee "$OUT/pytest-gqa-copy.log" | grep -v "^\." | tail -8
     ;;
   gqa-rotary)
-    # Every prefill length with Q's rotary on load (the default), then the drop-in again with the
-    # rotated copy (ORT_FLASH_ROTARY_ON_LOAD=0); the window-sized cache's decode within its capacity.
-    bench --suite gqa --caches 4096 --batches 1 --budget-s "${GQA_S:-200}" --out "$OUT/bench-gqa-rotary.json" | tail -30
-    ORT_FLASH_ROTARY_ON_LOAD=0 bench --suite gqa --caches 4096 --batches 1 --peers ort_flash \
-      --budget-s "${GQA_COPY_S:-100}" --out "$OUT/bench-gqa-copy.json" | tail -20
+    # Every prefill length with Q's rotary on load (ORT_FLASH_ROTARY_ON_LOAD=1), then the drop-in
+    # again with the rotated copy (the default); the window-sized cache's decode within its capacity.
+    ORT_FLASH_ROTARY_ON_LOAD=1 bench --suite gqa --caches 4096 --batches 1 --budget-s "${GQA_S:-200}" \
+      --out "$OUT/bench-gqa-rotary.json" | tail -30
+    bench --suite gqa --caches 4096 --batches 1 --peers ort_flash --budget-s "${GQA_COPY_S:-100}" \
+      --out "$OUT/bench-gqa-copy.json" | tail -20
     ;;
   gqa-prefill)
     # Every prefill length with the key bound (the default; decode shapes GQA_CACHES x GQA_BATCHES),
