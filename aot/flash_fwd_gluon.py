@@ -10,7 +10,8 @@ dispatcher keeps every other call on flash_fwd. has_seqlens != 0 bounds batch ro
 SeqlensK[b] with every position kept (FlashParams::key_bound: a GroupQueryAttention first prompt,
 whose shorter rows keep their queries' positions), not flash_fwd's bottom-right key lengths.
 rotary_half != 0 turns Q's tile in shared memory by the rotary of each row's position as it
-arrives (_rotate_q: a first prompt's Q read straight from the op's input, not from a rotated copy).
+arrives (_rope_rows, _rotate_q: a first prompt's Q read straight from the op's input, not from a
+rotated copy).
 
 Q, K, V and Y are TMA descriptors over the (B, H, S, D) view, box (1, 1, rows, D), 128-byte
 swizzle, zero fill past S, stores clipped per (b, h). Grid (cdiv(Sq, BLOCK_M), B * Hq), query
@@ -103,12 +104,34 @@ def half_layout_of(num_warps, half):
 
 
 @gluon.jit
-def _rotate_q(q, r0, Sq, Cos, Sin, rotary_half, max_position, ROWS: gl.constexpr, BLOCK_D: gl.constexpr):
-    """Q's rows r0 .. r0 + ROWS - 1 in shared memory (q: their [ROWS, BLOCK_D] tile, D = BLOCK_D =
-    2 * rotary_half) turned in place by the rotary of query position i = the row (contract.py's
-    FwdGluon ABI): (x_lo, x_hi) -> (x_lo cos - x_hi sin, x_hi cos + x_lo sin) in fp32, the same
-    operations in the same order as aot/gqa_prepare.py's, so that Q rounds as its copy there would.
-    Rows past Sq (zeros from TMA) or from max_position on stay as they are. Every warp of the
+def _rope_rows(Cos, Sin, r0, Sq, rotary_half, max_position, ROWS: gl.constexpr, BLOCK_D: gl.constexpr):
+    """The cos and sin rows of query rows r0 .. r0 + ROWS - 1 (their positions; D = BLOCK_D = 2 *
+    rotary_half), in the layout _rotate_q turns Q's halves in, and which rows turn: those below Sq
+    and max_position. Loaded before Q's tile has arrived, so that their latency hides under its
+    TMA. The launcher passes 16-byte aligned tables (cpp/gqa_launch.cc), so that each thread's 8
+    consecutive entries load as one vector."""
+    HALF: gl.constexpr = BLOCK_D // 2
+    layout: gl.constexpr = half_layout_of(gl.num_warps(), HALF)
+    rows = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    turn = (rows < Sq) & (rows < max_position)
+    # Each row's table rows start 16-byte aligned (the launcher's promise, made to the compiler
+    # here: the tables' arguments carry no alignment of their own).
+    at = rows.to(gl.int64) * rotary_half
+    cos_row = gl.multiple_of(Cos + at, [16])
+    sin_row = gl.multiple_of(Sin + at, [16])
+    t = turn[:, None] & (cols < HALF)[None, :]
+    cos = gl.load(cos_row[:, None] + cols[None, :], mask=t, other=1.0)
+    sin = gl.load(sin_row[:, None] + cols[None, :], mask=t, other=0.0)
+    return cos, sin, t
+
+
+@gluon.jit
+def _rotate_q(q, cos, sin, t, BLOCK_D: gl.constexpr):
+    """Q's rows in shared memory (q: their [rows, BLOCK_D] tile) turned in place by the rotary of
+    their positions (_rope_rows' cos, sin and `t`, the rows that turn; contract.py's FwdGluon ABI):
+    (x_lo, x_hi) -> (x_lo cos - x_hi sin, x_hi cos + x_lo sin) in fp32, the same operations in the
+    same order as aot/gqa_prepare.py's, so that Q rounds as its copy there would. Every warp of the
     caller takes part; the rows are in place for the tensor cores when it returns."""
     HALF: gl.constexpr = BLOCK_D // 2
     layout: gl.constexpr = half_layout_of(gl.num_warps(), HALF)
@@ -116,15 +139,11 @@ def _rotate_q(q, r0, Sq, Cos, Sin, rotary_half, max_position, ROWS: gl.constexpr
     hi_s = q.slice(HALF, HALF, dim=1)
     x_lo = lo_s.load(layout).to(gl.float32)
     x_hi = hi_s.load(layout).to(gl.float32)
-    rows = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    turn = ((rows < Sq) & (rows < max_position))[:, None] & (cols < rotary_half)[None, :]
-    at = gl.where(turn, rows[:, None].to(gl.int64) * rotary_half + cols[None, :], 0)
-    cos = gl.load(Cos + at, mask=turn, other=1.0).to(gl.float32)
-    sin = gl.load(Sin + at, mask=turn, other=0.0).to(gl.float32)
+    c = cos.to(gl.float32)
+    s = sin.to(gl.float32)
     # -1.0 * x flips x's sign (-x would be 0 - x, which turns -0 into +0), as the prepare kernel.
-    y_lo = gl.where(turn, x_lo * cos + (-1.0 * x_hi) * sin, x_lo)
-    y_hi = gl.where(turn, x_hi * cos + x_lo * sin, x_hi)
+    y_lo = gl.where(t, x_lo * c + (-1.0 * x_hi) * s, x_lo)
+    y_hi = gl.where(t, x_hi * c + x_lo * s, x_hi)
     lo_s.store(y_lo.to(q.dtype))
     hi_s.store(y_hi.to(q.dtype))
     # The generic proxy's stores before the async proxy's reads (wgmma), by every warp.
@@ -236,9 +255,12 @@ def flash_fwd_gluon(
     q = q_smem.reshape([BLOCK_M, BLOCK_D])
 
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    mbarrier.wait(q_bar, 0)
     if rotary_half != 0:
-        _rotate_q(q, m0, Sq, Cos, Sin, rotary_half, max_position, BLOCK_M, BLOCK_D)
+        cos, sin, turn = _rope_rows(Cos, Sin, m0, Sq, rotary_half, max_position, BLOCK_M, BLOCK_D)
+        mbarrier.wait(q_bar, 0)
+        _rotate_q(q, cos, sin, turn, BLOCK_D)
+    else:
+        mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_bars.index(0), 0)
     k0 = k_ring.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)

@@ -39,8 +39,9 @@ void set_rotary(const GqaCall& c, FlashParams* p) {
 
 // Whether the attention turns Q by its rotary as it loads it, so that the prepare kernel writes no
 // rotated copy of Q: a causal first prompt (positions are the rows: no position_ids) with
-// half-split rotary over the whole head, no Q norm and no windowed cache, that a Gluon kernel takes
-// (gluon_takes_rotary), unless ORT_FLASH_ROTARY_ON_LOAD=0. The call is planned only, before the
+// half-split rotary over the whole head, no Q norm and no windowed cache, cos/sin rows 16-byte
+// aligned (the kernel loads them as vectors), that a Gluon kernel takes (gluon_takes_rotary), where
+// ORT_FLASH_ROTARY_ON_LOAD=1. The call is planned only, before the
 // scratch block exists: present's address stands in for the block's key counts, key mask and
 // log-sum-exp, of which the planner reads only whether they are given.
 Status rotary_on_load(const GqaCall& c, bool first, bool mask, bool sinks, CUstream stream, bool* on_load) {
@@ -50,6 +51,8 @@ Status rotary_on_load(const GqaCall& c, bool first, bool mask, bool sinks, CUstr
       c.attrs.rotary_interleaved != 0 || d.rotary_dim != d.d || d.windowed || !launch_switches().rotary_on_load) {
     return Status::Ok();
   }
+  const int64_t row_bytes = d.rotary_dim / 2 * dtype_size(d.dtype);
+  if (((dev(c.cos_cache) | dev(c.sin_cache)) % 16) != 0 || row_bytes % 16 != 0) return Status::Ok();
   const void* stand_in = c.present_key;
   const GqaKeys keys{c.present_key, c.present_value, c.present_len, static_cast<const int64_t*>(stand_in),
                      mask ? stand_in : nullptr};

@@ -120,10 +120,11 @@ def key_mask(c: dict) -> bool:
 def rotary_on_load(c: dict, kind: str) -> bool:
     """The attention kernel turns Q by its rotary as it loads Q, so the prepare kernel writes no Q
     (cpp/gqa_launch.cc rotary_on_load): a first prompt with half-split rotary over the whole head,
-    no position_ids, no Q norm and no windowed cache, on a Gluon kernel (`kind`, the attention's)."""
+    no position_ids, no Q norm and no windowed cache, 16-byte aligned cos/sin, on a Gluon kernel
+    (`kind`, the attention's)."""
     return (kind == "fwd_gluon" and c["sq"] == c["total_sequence_length"] and c["rotary_dim"] == c["d"]
             and not c["rotary_interleaved"] and "position_ids" not in c and "q_norm_weight" not in c
-            and not windowed(c))
+            and not windowed(c) and (c["cos_cache"] | c["sin_cache"]) % 16 == 0)
 
 
 def stage_bytes(c: dict) -> int:
@@ -299,10 +300,12 @@ CALLS = {
                                                                      head_sink=0x10000000),
     "first prompt, full rotary, position_ids": gqa_call(b=2, s=300, total=300, past_len=512, rotary_dim=128,
                                                         position_ids=True),
+    "first prompt, full rotary, cos_cache not 16-byte aligned": gqa_call(b=2, s=300, total=300, past_len=512,
+                                                                        rotary_dim=128, cos_cache=0x9000008),
 }
 BOUNDED = {"first prompt, batch of 3, d128, into a longer buffer", "first prompt, batch of 2, d64, bf16, 2100 tokens",
            "first prompt, batch of 3, d128, full rotary", "first prompt, batch of 2, d64, full rotary, head_sink",
-           "first prompt, full rotary, position_ids"}
+           "first prompt, full rotary, position_ids", "first prompt, full rotary, cos_cache not 16-byte aligned"}
 ROTARY_ON_LOAD = {"first prompt, batch of 2, d64, bf16, 2100 tokens", "first prompt, batch of 3, d128, full rotary",
                   "first prompt, one row, d128, full rotary, separate present",
                   "first prompt, batch of 2, d64, full rotary, head_sink"}

@@ -9,7 +9,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from ..flash_fwd_gluon import _epilogue, _rotate_q, o_layout_of, p_layout_of, row_layout_of, s_layout_of
+from ..flash_fwd_gluon import (_epilogue, _rope_rows, _rotate_q, o_layout_of, p_layout_of, row_layout_of,
+                               s_layout_of)
 from .params import Acc, Call, Tile
 from .mask_prefix import _publish_range, _visible_range
 from .scheduler import _cta_tile, _read_tile, _tile_keys, _tile_of, _tile_span
@@ -89,9 +90,13 @@ def _consumer_rows(Y, Lse, bufs, call, tile, rope, WG: gl.constexpr, cfg, QB: gl
     q = q_slot.reshape([cfg.WG_M, cfg.BLOCK_D])
     s_zero = gl.zeros([cfg.WG_M, cfg.BLOCK_N], gl.float32, s_layout)
 
-    mbarrier.wait(bufs.q_ready.index(q_idx), (tile.t // QB) & 1)
     if rope.half != 0:  # the slot is this consumer's alone until its epilogue frees it
-        _rotate_q(q, r0, call.Sq, rope.Cos, rope.Sin, rope.half, rope.max_position, cfg.WG_M, cfg.BLOCK_D)
+        cos, sin, turn = _rope_rows(rope.Cos, rope.Sin, r0, call.Sq, rope.half, rope.max_position, cfg.WG_M,
+                                    cfg.BLOCK_D)
+        mbarrier.wait(bufs.q_ready.index(q_idx), (tile.t // QB) & 1)
+        _rotate_q(q, cos, sin, turn, cfg.BLOCK_D)
+    else:
+        mbarrier.wait(bufs.q_ready.index(q_idx), (tile.t // QB) & 1)
     st0 = tile.c0 % cfg.NUM_STAGES
     mbarrier.wait(bufs.k_ready.index(st0), (tile.c0 // cfg.NUM_STAGES) & 1)
     k0 = bufs.k_ring.index(st0).reshape([cfg.BLOCK_N, cfg.BLOCK_D]).permute((1, 0))

@@ -212,6 +212,20 @@ case "${1:-}" in
     bench --suite gqa --caches 4096 --batches 1 --peers ort_flash --budget-s "${GQA_COPY_S:-100}" \
       --out "$OUT/bench-gqa-copy.json" | tail -20
     ;;
+  rotary-quick)
+    # The short form of `rotary` and `gqa-rotary` for a machine lent for minutes: ROTARY_CASES, the
+    # GQA prompts with Q's rotary on load, the gqa suite's prefill lengths both ways.
+    . lab/gpu/gpu_env.sh
+    built || exit 1
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=140 tests/test_cuda_kernel.py \
+      -k rotary_matches 2>&1 | tee "$OUT/pytest-rotary.log" | grep -v "^\." | tail -4
+    ORT_FLASH_ROTARY_ON_LOAD=1 timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=100 -n 12 \
+      tests/test_gqa_cuda.py -k prompt 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -4
+    ORT_FLASH_ROTARY_ON_LOAD=1 bench --suite gqa --caches 4096 --batches 1 --peers ort_flash ort_gqa ort_flash_fa \
+      --budget-s 60 --out "$OUT/bench-gqa-rotary.json" | tail -16
+    bench --suite gqa --caches 4096 --batches 1 --peers ort_flash --budget-s 40 --out "$OUT/bench-gqa-copy.json" \
+      | tail -14
+    ;;
   gqa-prefill)
     # Every prefill length with the key bound (the default; decode shapes GQA_CACHES x GQA_BATCHES),
     # then the drop-in and the plain op again with the key mask (ORT_FLASH_KEY_BOUND=0).
@@ -286,5 +300,5 @@ f.prepare(g, 'cuda', pathlib.Path('/tmp/ort_flash_bench/genai'), [g['models'][$i
     bench --suite genai_fidelity --budget-s "${FIDELITY_S:-500}" ${FIDELITY_ARGS:-} \
       --out "$OUT/bench-genai-fidelity.json" | tail -50
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|bounded|rotary|gqa-rotary|gqa-prefill|gqa-variants|fp8|ab|start|part|genai-models|families|fidelity"; exit 2 ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|bounded|rotary|rotary-quick|gqa-rotary|gqa-prefill|gqa-variants|fp8|ab|start|part|genai-models|families|fidelity"; exit 2 ;;
 esac
