@@ -66,7 +66,7 @@ CASES = {
     "float16_head_sink_on_cuda": (dict(dtype=np.float16, d=64), {}, (("head_sink", np.zeros(4, np.float16)),),
                                   None),
     "bfloat16_head_sink_on_cuda": (dict(dtype=bfloat16, d=128), {}, (("head_sink", np.zeros(4, bfloat16)),),
-                                   "only in float16 at head sizes 64 and 128"),
+                                   None),
     "attention_bias": ({}, {}, (("attention_bias", np.zeros((2, 1, 5, 5), np.float32)),), "attention bias"),
     "bidirectional": ({}, dict(causal=0), (), None),
     "qk_norm": ({}, dict(qk_norm_epsilon=1e-5), (("q_norm_weight", np.ones(32, np.float32)),
@@ -186,9 +186,9 @@ def test_gqa_cuda_policy_is_an_argument(monkeypatch, policy, mapped):
                                         (np.float16, "smooth_softmax"), (bfloat16, "smooth_softmax")])
 def test_gqa_attention_sinks_on_cuda_follow_the_policy(dtype, sink, policy):
     """float16 / bfloat16 nodes with attention sinks (CUDA): ort_flash's op computes them there and
-    was timed faster than ONNX Runtime's op with them in float16, so the default policy maps float16
-    ones and leaves bfloat16 ones to ONNX Runtime's, saying so (and how to map them); "all" maps
-    both (head_sink and smooth_softmax kept, the report noting the sinks), "none" neither."""
+    was timed faster than ONNX Runtime's op with them in both dtypes at head sizes 64 and 128, so the
+    default policy maps them as "all" does (head_sink and smooth_softmax kept, the report noting the
+    sinks); "none" maps neither, saying how to map them."""
     feeds, attrs = _feeds(dtype=dtype, d=64)
     extra = (("head_sink", np.zeros(4, dtype)),) if sink == "head_sink" else ()
     if sink == "smooth_softmax":
@@ -196,7 +196,7 @@ def test_gqa_attention_sinks_on_cuda_follow_the_policy(dtype, sink, policy):
     model = _model(feeds, attrs, extra_inputs=extra)
     result = rewrite(model, gqa_cuda=policy)
     [node] = result.model.graph.node
-    if policy == "all" or (policy == "measured" and dtype == np.float16):
+    if policy in ("all", "measured"):
         assert result.report.counts["group_query_attention"] == 1, result.report.format_table()
         assert node.domain == "ort_flash" and "attention sinks" in result.report.fused[0].note
         if sink == "head_sink":
@@ -206,12 +206,20 @@ def test_gqa_attention_sinks_on_cuda_follow_the_policy(dtype, sink, policy):
         return
     assert result.report.total_fused == 0 and node.domain == "com.microsoft"
     [unfused] = result.report.unfused
-    if policy == "none":
-        assert "(ORT_FLASH_GQA_CUDA=0)" in unfused.reason, unfused.reason
-    else:
-        for want in ("attention sinks", "computes them on CUDA", "only in float16 at head sizes 64 and 128",
-                     "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it"):
-            assert want in unfused.reason, unfused.reason
+    assert "(ORT_FLASH_GQA_CUDA=0)" in unfused.reason, unfused.reason
+
+
+def test_gqa_attention_sinks_at_other_head_sizes_stay_with_ort():
+    """A node with attention sinks at a head size the sinks were not timed at (96) stays with ONNX
+    Runtime's op by default, the reason naming the sinks and how to map it."""
+    feeds, attrs = _feeds(dtype=np.float16, d=96)
+    model = _model(feeds, attrs, extra_inputs=(("head_sink", np.zeros(4, np.float16)),))
+    result = rewrite(model)
+    assert result.report.total_fused == 0
+    [unfused] = result.report.unfused
+    for want in ("attention sinks", "computes them on CUDA", "only at head sizes 64 and 128",
+                 "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it"):
+        assert want in unfused.reason, unfused.reason
 
 
 def test_gqa_qk_norm_on_cuda_mapped_by_default():

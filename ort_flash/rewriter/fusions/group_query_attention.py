@@ -18,9 +18,9 @@
 # ort_flash's op does not compute (a quantized cache, an attention bias, the QK output), and
 # float16 / bfloat16 nodes (CUDA: cpp/gqa_launch.cc) where ort_flash's op is not measured faster
 # than ONNX Runtime's own (_cuda_decision: mapped for float16 and bfloat16 at head sizes 64 and 128
-# by rewrite()'s default gqa_cuda="measured", fused Q/K norms included, attention sinks at float16
-# only (bfloat16 with sinks untimed), a windowed cache not (slower than ONNX Runtime's op at
-# decode); "all" maps the others, "none" none).
+# by rewrite()'s default gqa_cuda="measured", fused Q/K norms and attention sinks included, a
+# windowed cache not (slower than ONNX Runtime's op at decode once the window is full); "all" maps
+# the others, "none" none).
 from __future__ import annotations
 
 import math
@@ -53,10 +53,11 @@ _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 # prefill against the plain op"). Head sizes 96 and 256 were measured slower (their calls run the
 # generic pointer kernels): they stay with ONNX Runtime's op.
 _CUDA_MEASURED = {(dtype, d) for dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) for d in (64, 128)}
-# With attention sinks: float16 measured faster than ONNX Runtime's op at every prefill length and
-# decode shape timed (1.66-2.20x prefill, 1.01-1.28x decode; perf-notes "A key bound per row for
-# batched first prompts"); bfloat16 with sinks not timed.
-_CUDA_SINKS_MEASURED = {(ir.DataType.FLOAT16, d) for d in (64, 128)}
+# With attention sinks: measured faster than ONNX Runtime's op at every prefill length and decode
+# shape timed, float16 (1.66-2.20x prefill, 1.01-1.28x decode; perf-notes "A key bound per row for
+# batched first prompts") and bfloat16 (1.64-2.72x, 1.02-1.28x; perf-notes "Q's rotary in the Gluon
+# kernels' load path").
+_CUDA_SINKS_MEASURED = {(dtype, d) for dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) for d in (64, 128)}
 # rewrite()'s gqa_cuda: which float16 / bfloat16 (CUDA) nodes the rule maps.
 CUDA_POLICIES = ("measured", "all", "none")
 
@@ -176,12 +177,13 @@ def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str, sin
         _fail(f"{what}: --gqa-cuda none (ORT_FLASH_GQA_CUDA=0) leaves it to ONNX Runtime's op")
     if policy != "all" and sinks and (dtype, head_dim) not in _CUDA_SINKS_MEASURED:
         _fail(f"{what} and attention sinks (head_sink or smooth_softmax=1): ort_flash's op computes them on "
-              "CUDA but is measured against ONNX Runtime's with them only in float16 at head sizes 64 and 128: "
+              "CUDA but is measured against ONNX Runtime's with them only at head sizes 64 and 128: "
               "left to ONNX Runtime's; --gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
     if policy != "all" and _int(node, "sliding_window_cache", 0):
-        _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes it on CUDA "
-              "but is measured slower than ONNX Runtime's at decode (it restages the whole window every "
-              "step): left to ONNX Runtime's; --gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
+        _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes it on CUDA, "
+              "faster than ONNX Runtime's while the cache holds every token, but measured slower at decode "
+              "once the window is full (it restages the window every step): left to ONNX Runtime's; "
+              "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
     if policy != "all" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
               "sizes 64 and 128 (other sizes run generic kernels, measured slower): left to ONNX Runtime's; "
