@@ -33,6 +33,10 @@ CASES = [
     dict(b=8, hq=4, hkv=2, d=80, cap=9, window=9, shared=False, packed=True, rotary=1, dtype="bfloat16", rows=4),
     dict(b=7, hq=8, hkv=2, d=128, cap=16, window=16, shared=True, rotary=1, rows=2),
     dict(b=8, hq=2, hkv=2, d=64, cap=20, window=7, shared=True, dtype="float32", rows=16, one_program=True),
+    # Head sizes below BLOCK_D: the shift's last column slices partly or wholly masked (d80 in 128:
+    # slices of 32, the third holds 16 columns, the fourth none; d48 in 64: the fourth none).
+    dict(b=9, hq=4, hkv=2, d=80, cap=11, window=6, shared=True, packed=True, rotary=1, rows=4),
+    dict(b=9, hq=2, hkv=1, d=48, cap=8, window=8, shared=True, dtype="bfloat16", rows=2, one_program=True),
 ]
 
 
