@@ -41,7 +41,7 @@ from .variants import (DTYPE_CODES, FP8_KINDS, GQA_KINDS, KIND_CODES, MASK_KINDS
 KERNELS = {"fwd": flash_fwd.flash_fwd, "fwd_tma": flash_fwd.flash_fwd,
            "decode": flash_decode.flash_decode_split, "combine": flash_decode.flash_decode_combine,
            "gqa_prepare": gqa_prepare.gqa_prepare, "gqa_past": gqa_prepare.gqa_prepare,
-           "gqa_compact": gqa_prepare.gqa_prepare,
+           "gqa_compact": gqa_prepare.gqa_prepare, "gqa_shift": gqa_prepare.gqa_prepare,
            "fp8_stats": fp8_prepare.fp8_stats, "fp8_quantize": fp8_prepare.fp8_quantize,
            "fwd_fp8": flash_fwd_fp8.flash_fwd_fp8, "sink_rescale": sink_rescale.sink_rescale}
 

@@ -20,7 +20,7 @@ ENUMS = {
     "KernelKind": (("fwd", "kFwd"), ("decode", "kDecode"), ("combine", "kCombine"), ("fwd_tma", "kFwdTma"),
                    ("fwd_gluon", "kFwdGluon"), ("gqa_prepare", "kGqaPrepare"), ("gqa_past", "kGqaPast"),
                    ("fp8_stats", "kFp8Stats"), ("fp8_quantize", "kFp8Quantize"), ("fwd_fp8", "kFwdFp8"),
-                   ("sink_rescale", "kSinkRescale"), ("gqa_compact", "kGqaCompact")),
+                   ("sink_rescale", "kSinkRescale"), ("gqa_compact", "kGqaCompact"), ("gqa_shift", "kGqaShift")),
 }
 
 
@@ -69,7 +69,7 @@ ABIS = {
     "Combine": (("OPart", "ptr:f32"), ("LsePart", "ptr:f32"), ("Y", "ptr:dtype"), ("Lse", "ptr:f32"), ("Hq", "i32"),
                 ("Sq", "i32"), ("Dv", "i32"), ("num_splits", "i32"), ("store_lse", "i32"), ("stride_yb", "i64"),
                 ("stride_yh", "i64"), ("stride_ym", "i64")),
-    # gqa_prepare (its three kinds). K and V may point into packed QKV. StageK / StageV, cap, gap,
+    # gqa_prepare (its four kinds). K and V may point into packed QKV. StageK / StageV, cap, gap,
     # stage_len and shared: a windowed cache's stage (cap 0: none).
     "GqaPrepare": tuple((n, "ptr:dtype") for n in ("Q", "K", "V", "PastK", "PastV", "PresentK", "PresentV", "QRot",
                                                    "Cos", "Sin", "StageK", "StageV"))
@@ -100,6 +100,7 @@ ABIS = {
 }
 KIND_ABIS = {"fwd": "Fwd", "fwd_tma": "Fwd", "fwd_gluon": "FwdGluon", "decode": "Decode", "combine": "Combine",
              "gqa_prepare": "GqaPrepare", "gqa_past": "GqaPrepare", "gqa_compact": "GqaPrepare",
+             "gqa_shift": "GqaPrepare",
              "fp8_stats": "Fp8Stats",
              "fp8_quantize": "Fp8Quantize", "fwd_fp8": "FwdFp8", "sink_rescale": "SinkRescale"}
 # fwd_tma, fwd_gluon: these are (B, H, S, D) TMA descriptors. Each is, in the launch, the
@@ -126,6 +127,9 @@ MAX_DECODE_ROWS = 64
 # launcher fuses the merge where the tile it picks takes few round trips (merge_round_trips).
 MERGE_WIDE = (4, 16)
 MERGE_TALL = (16, 4)
+# gqa_shift (aot/gqa_prepare.py MODE 3) moves one (batch row, KV head)'s rows in place, each program
+# one slice of BLOCK_D / GQA_SHIFT_SLICES columns: the launch's grid is (GQA_SHIFT_SLICES, B * Hkv).
+GQA_SHIFT_SLICES = 4
 
 
 def runtime_args(kind: str) -> tuple[str, ...]:

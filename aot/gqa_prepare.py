@@ -2,7 +2,7 @@
 before the attention kernel runs (cpp/gqa_call.cc run_gqa_cpu is the same on the host; the
 semantics are ort_flash/reference_gqa.py's rules 5-9).
 
-One Triton function, three modes (constexpr MODE):
+One Triton function, four modes (constexpr MODE):
 
 - new tokens (MODE 0), grid (B * cdiv(S * NH, BLOCK_ROWS),): a program takes BLOCK_ROWS
   consecutive rows p = s * NH + h of one batch row b, a row being one head of one token, NH =
@@ -46,15 +46,33 @@ present's rows [0, L(T_b)) from the stage's last L(T_b) rows of the batch row, a
 of a present of its own (`shared` 0; a shared buffer keeps them). A first prompt into a windowed
 cache must fill every row (T_b = S, as the CPU op requires): a shorter row is impossible here.
 
+Present as the stage (`stage_len` == `cap`: StageK / StageV are present's buffers): where the call
+either cannot pass C (total_sequence_length <= C) or adds one token (S = 1), each row ends with its
+L(past_b + S) kept rows where present keeps them, so no stage is needed: the row's key count is
+L(past_b + S), its first new token goes to row0 = L(past_b + S) - S, and its resident rows [E_b,
+L(past_b)) move down to [0, row0) first, E_b = L(past_b) + S - L(past_b + S) being the rows it
+drops (0 within the capacity). A present of its own takes them from the past in the past copy
+(MODE 1, from row E_b); a buffer shared with the past moves them in place in the fourth mode
+(MODE 3, shift; grid (GQA_SHIFT_SLICES, B * Hkv)): a program moves one slice of the columns of
+one (batch row, KV head), chunk by chunk in ascending order, each chunk read before a barrier and
+written after it, so that no row is written before every read of it (a left move: a chunk's rows
+are read only by its own chunk and the ones before it). A row with E_b = 0 moves nothing. The
+compaction after the attention (a present of its own only) then copies rows [0, L(T_b)) onto
+themselves and zeros the rest, as it does within the capacity.
+
 seqlens_k is device data: a row whose length is impossible (T_b < 1 or > total_max, fewer keys
-than the new tokens, past the cache) writes no K/V row and gets T_b = 0 (its attention output is
-0) and an all-false mask row; nothing is ever written outside the buffers.
+than the new tokens, past the cache) writes no K/V row, moves no row and gets T_b = 0 (its
+attention output is 0) and an all-false mask row; nothing is ever written outside the buffers.
 """
 import triton
 import triton.language as tl
 
+from .contract import GQA_SHIFT_SLICES
+
 # Key-mask entries written per step.
 MASK_STEP = tl.constexpr(1024)
+# The shift's column slices of a (batch row, KV head) (its launch's grid rows).
+SHIFT_SLICES = tl.constexpr(GQA_SHIFT_SLICES)
 
 
 @triton.jit
@@ -66,21 +84,28 @@ def _kept(t, cap, gap):
 
 @triton.jit
 def _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt, cap, gap, stage_len):
-    """(keys_b, past_b, row0_b, valid) of batch row b: the keys its attention reads, the absolute
-    position of its first new token, that token's row in the cache buffer; (0, 0, 0, False) where
-    seqlens_k[b] is impossible. Without a windowed cache (cap 0) keys = T_b and row0 = past_b."""
+    """(keys_b, past_b, row0_b, drop_b, valid) of batch row b: the keys its attention reads, the
+    absolute position of its first new token, that token's row in the cache buffer, the resident
+    rows dropped from its front (E_b: present as a windowed cache's stage, else 0); (0, 0, 0, 0,
+    False) where seqlens_k[b] is impossible. Without a windowed cache (cap 0) keys = T_b and row0 =
+    past_b."""
     total = tl.load(Seqlens + b).to(tl.int64) + 1
     past = tl.where(first_prompt != 0, 0, total - S)
     ok = (total >= 1) & (total <= total_max) & (past >= 0)
     if cap > 0:
-        row0 = _kept(tl.maximum(past, 0), cap, gap)
-        ok = ok & ((first_prompt == 0) | (total == S)) & (row0 + S <= stage_len)
-        keys = row0 + S
+        resident = _kept(tl.maximum(past, 0), cap, gap)
+        # present as the stage keeps L(past + S) rows, the new tokens last; a stage of its own
+        # holds every resident row, the new tokens after them
+        keys = tl.where(stage_len == cap, _kept(tl.maximum(past, 0) + S, cap, gap), resident + S)
+        row0 = keys - S
+        ok = ok & ((first_prompt == 0) | (total == S)) & (row0 >= 0) & (keys <= stage_len)
+        drop = resident - row0
     else:
         row0 = past
         ok = ok & (past + S <= present_len)
         keys = total
-    return tl.where(ok, keys, 0), tl.where(ok, past, 0), tl.where(ok, row0, 0), ok
+        drop = row0 * 0
+    return tl.where(ok, keys, 0), tl.where(ok, past, 0), tl.where(ok, row0, 0), tl.where(ok, drop, 0), ok
 
 
 @triton.jit
@@ -221,15 +246,17 @@ def _copy_past(PastK, PastV, PresentK, PresentV, Seqlens, S, Hkv, D, first_promp
     d_ok = dd < D
     bh = tl.program_id(1)
     b = bh // Hkv
-    keys, past, row0, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt, cap, gap, present_len)
+    keys, past, row0, drop, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt, cap, gap,
+                                              present_len)
     jj = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     new_end = tl.where(ok, row0 + S, 0)
-    copy = (jj < tl.minimum(row0, past_len))[:, None] & d_ok[None, :]
+    # row jj from the past's row jj + E_b (E_b > 0 only where present is a full windowed cache's stage)
+    copy = ((jj < row0) & (jj + drop < past_len))[:, None] & d_ok[None, :]
     if cap > 0:
         write = copy
     else:
         write = ((jj < present_len) & ((jj < row0) | (jj >= new_end)))[:, None] & d_ok[None, :]
-    src = (bh.to(tl.int64) * past_len + jj)[:, None] * D + dd[None, :]
+    src = (bh.to(tl.int64) * past_len + drop + jj)[:, None] * D + dd[None, :]
     dst = (bh.to(tl.int64) * present_len + jj)[:, None] * D + dd[None, :]
     tl.store(PresentK + dst, tl.load(PastK + src, mask=copy, other=0.0), mask=write)
     tl.store(PresentV + dst, tl.load(PastV + src, mask=copy, other=0.0), mask=write)
@@ -244,7 +271,7 @@ def _compact(StageK, StageV, PresentK, PresentV, Seqlens, S, Hkv, D, first_promp
     d_ok = dd < D
     bh = tl.program_id(1)
     b = bh // Hkv
-    keys, past, row0, ok = _row_lengths(Seqlens, b, S, total_max, cap, first_prompt, cap, gap, stage_len)
+    keys, past, row0, drop, ok = _row_lengths(Seqlens, b, S, total_max, cap, first_prompt, cap, gap, stage_len)
     kept = tl.where(ok, _kept(past + S, cap, gap), 0)
     jj = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     copy = (jj < kept)[:, None] & d_ok[None, :]
@@ -256,6 +283,43 @@ def _compact(StageK, StageV, PresentK, PresentV, Seqlens, S, Hkv, D, first_promp
 
 
 @triton.jit
+def _shift(PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap,
+           BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """MODE 3: present (shared with the past) as a windowed cache's stage: rows [E_b, L(past_b)) of
+    one (batch row, KV head) moved down to [0, row0_b) in place, the columns of slices
+    program_id(0), program_id(0) + num_programs(0), ... (the module's docstring)."""
+    COLS: tl.constexpr = BLOCK_D // SHIFT_SLICES
+    bh = tl.program_id(1)
+    b = bh // Hkv
+    keys, past, row0, drop, ok = _row_lengths(Seqlens, b, S, total_max, cap, first_prompt, cap, gap, cap)
+    if drop > 0:
+        n = row0.to(tl.int32)
+        rr = tl.arange(0, BLOCK_ROWS)
+        base = bh.to(tl.int64) * cap * D
+        src = drop * D  # a row's source, elements after its destination
+        for sl in range(tl.program_id(0), SHIFT_SLICES, tl.num_programs(0)):
+            cols = sl * COLS + tl.arange(0, COLS)
+            c_ok = (cols < D)[None, :]
+            at = base + rr[:, None].to(tl.int64) * D + cols[None, :]
+            m = (rr < n)[:, None] & c_ok
+            k = tl.load(PresentK + at + src, mask=m, other=0.0)
+            v = tl.load(PresentV + at + src, mask=m, other=0.0)
+            tl.debug_barrier()
+            for j0 in range(0, n, BLOCK_ROWS):
+                # The next chunk's rows (sources past every row written so far) are read before
+                # this chunk is written; the barrier then orders this chunk's reads (of rows the
+                # next chunk writes where E_b < BLOCK_ROWS) before those writes.
+                at_next = at + BLOCK_ROWS * D
+                m_next = (j0 + BLOCK_ROWS + rr < n)[:, None] & c_ok
+                k_next = tl.load(PresentK + at_next + src, mask=m_next, other=0.0)
+                v_next = tl.load(PresentV + at_next + src, mask=m_next, other=0.0)
+                tl.store(PresentK + at, k, mask=m)
+                tl.store(PresentV + at, v, mask=m)
+                tl.debug_barrier()
+                at, m, k, v = at_next, m_next, k_next, v_next
+
+
+@triton.jit
 def gqa_prepare(
     Q, K, V, PastK, PastV, PresentK, PresentV, QRot, Cos, Sin, StageK, StageV, PositionIds, Seqlens, Totals, KeyMask,
     QNorm, KNorm,
@@ -264,7 +328,8 @@ def gqa_prepare(
     stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
     BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr, MODE: tl.constexpr,
 ):
-    # The cache writes of modes 0 and 1: present, or a windowed cache's stage.
+    # The cache writes of modes 0 and 1: present, or a windowed cache's stage (present's own
+    # buffers where stage_len == cap).
     if cap > 0:
         CacheK = StageK
         CacheV = StageV
@@ -279,11 +344,14 @@ def gqa_prepare(
     elif MODE == 2:
         _compact(StageK, StageV, PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap, stage_len,
                  shared, BLOCK_ROWS, BLOCK_D)
+    elif MODE == 3:
+        _shift(PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap, BLOCK_ROWS, BLOCK_D)
     else:
         tiles = tl.cdiv(S * (q_heads + 2 * Hkv), BLOCK_ROWS)
         b = tl.program_id(0) // tiles
         p0 = (tl.program_id(0) % tiles) * BLOCK_ROWS
-        keys, past, row0, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt, cap, gap, stage_len)
+        keys, past, row0, drop, ok = _row_lengths(Seqlens, b, S, total_max, present_len, first_prompt, cap, gap,
+                                                  stage_len)
         b64 = b.to(tl.int64)
         _new_tokens(Q, K, V, CacheK, CacheV, QRot, Cos, Sin, PositionIds, QNorm, KNorm, b64, p0, S, Hq, Hkv, D,
                     q_heads, rotary, rotary_half, max_position, has_position_ids, first_prompt, cache_len, past, row0,

@@ -5,9 +5,10 @@ with Q/K/V/Y as TMA tensor descriptors: sm_90+, fp16/bf16, exact head dims 64 an
 key-vector mask), "fwd_gluon" (the Gluon Hopper kernels, aot/flash_fwd_gluon.py and the
 warp-specialized aot/gluon_ws/, with the same arguments and descriptors: sm_90, the calls GLUON_*
 below allow), "decode" (aot/flash_decode.py's split-KV kernel, few query rows against a long cache)
-and "combine" (its merge step); and outside attention "gqa_prepare", "gqa_past" and
-"gqa_compact" (aot/gqa_prepare.py: GroupQueryAttention's rotary, KV-cache writes and lengths before
-its attention, and a windowed cache's compaction after it; one per dtype). The opt-in FP8 prefill path (sm_90, fp16/bf16 in and out, head dims 64
+and "combine" (its merge step); and outside attention "gqa_prepare", "gqa_past", "gqa_compact" and
+"gqa_shift" (aot/gqa_prepare.py: GroupQueryAttention's rotary, KV-cache writes and lengths before
+its attention, a windowed cache's compaction after it, and the in-place move of a full windowed
+cache's kept rows before a decode step; one per dtype). The opt-in FP8 prefill path (sm_90, fp16/bf16 in and out, head dims 64
 and 128) adds "fp8_stats" and "fp8_quantize" (aot/fp8_prepare.py: the e4m3 operands and their
 scales) and "fwd_fp8" (aot/flash_fwd_fp8.py: the attention on e4m3 tensor cores). "sink_rescale"
 (aot/sink_rescale.py) applies GroupQueryAttention's attention sinks to the attention's output from
@@ -154,7 +155,7 @@ DECODE_WIDE_MIN_ARCH = 90
 # GroupQueryAttention's prepare kernels (aot/gqa_prepare.py): one cubin per (kind, dtype, BLOCK_D),
 # BLOCK_D 64, 128 and the largest head size the CUDA op takes (cpp/gqa_shapes.cc); the launcher
 # takes the smallest that holds the call's head size, columns masked past D.
-GQA_KINDS = ("gqa_prepare", "gqa_past", "gqa_compact")
+GQA_KINDS = ("gqa_prepare", "gqa_past", "gqa_compact", "gqa_shift")
 GQA_DTYPES = ("fp16", "bf16", "fp32")
 GQA_HEAD_DIMS = (64, 128, 256)
 # The FP8 prefill path's kernels (aot/fp8_prepare.py, aot/flash_fwd_fp8.py): sm_90 (e4m3 wgmma),

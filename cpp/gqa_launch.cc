@@ -82,9 +82,12 @@ Status gqa_cuda_ready(int device, DType dtype, bool sinks, bool windowed) {
   for (KernelKind kind : {KernelKind::kGqaPrepare, KernelKind::kGqaPast}) {
     if (!gqa_kernel(*dk, kind, dtype, 0)) return Status::Error(missing_prepare(*dk, dtype));
   }
-  if (windowed && !gqa_kernel(*dk, KernelKind::kGqaCompact, dtype, 0)) {
-    return Status::Error(missing_prepare(*dk, dtype) + ": its compaction kernel, which a windowed KV cache "
-                         "(sliding_window_cache=1) needs");
+  for (KernelKind kind : {KernelKind::kGqaCompact, KernelKind::kGqaShift}) {
+    if (windowed && !gqa_kernel(*dk, kind, dtype, 0)) {
+      return Status::Error(missing_prepare(*dk, dtype) + ": its " +
+                           (kind == KernelKind::kGqaCompact ? "compaction" : "shift") +
+                           " kernel, which a windowed KV cache (sliding_window_cache=1) needs");
+    }
   }
   if (sinks && !gqa_kernel(*dk, KernelKind::kSinkRescale, dtype, 0)) return Status::Error(missing_rescale(*dk, dtype));
   return Status::Ok();
@@ -104,9 +107,17 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // writes present (aot/gqa_prepare.py). Which rows a batch row keeps depends on its length, which
   // lives on the device. Where total_sequence_length (the rows' largest total) is at most C, no row
   // can pass C and each keeps all its T_b positions where they lie: present itself is the stage
-  // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed.
+  // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed. One
+  // new token past C (decode at a full window) runs over present too: each row's kept rows move
+  // down by the E_b rows it drops (a buffer shared with past in place, by the shift kernel; a
+  // present of its own from the past, by the past copy), the new token after them. Past and
+  // present must then be one buffer each or distinct (never K shared and V not).
   const bool windowed = d.windowed;
-  const bool in_place = windowed && c.total_sequence_length <= plen;
+  const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
+  const bool distinct = c.past_key != c.present_key && c.past_value != c.present_value &&
+                        c.past_key != c.present_value && c.past_value != c.present_key;
+  const bool full = windowed && c.total_sequence_length > plen && d.sq == 1 && (shared || distinct);
+  const bool in_place = windowed && (c.total_sequence_length <= plen || full);
   const bool staged = windowed && !in_place;  // a stage of its own in the scratch block
   const int64_t stage_len = staged ? plen + d.sq : (in_place ? plen : 0);
   for (int64_t n : {plen, d.past_len, d.max_position, d.batch * d.sq, d.hq + 2 * d.hkv, stage_len}) {
@@ -119,7 +130,10 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   const LoadedKernel* prepare = gqa_kernel(*dk, KernelKind::kGqaPrepare, d.dtype, d.d);
   const LoadedKernel* past = gqa_kernel(*dk, KernelKind::kGqaPast, d.dtype, d.d);
   const LoadedKernel* compact = windowed ? gqa_kernel(*dk, KernelKind::kGqaCompact, d.dtype, d.d) : nullptr;
-  if (!prepare || !past || (windowed && !compact)) return fail(missing_prepare(*dk, d.dtype));
+  const LoadedKernel* shift = full && shared ? gqa_kernel(*dk, KernelKind::kGqaShift, d.dtype, d.d) : nullptr;
+  if (!prepare || !past || (windowed && !compact) || (full && shared && !shift)) {
+    return fail(missing_prepare(*dk, d.dtype));
+  }
   // Attention sinks: the attention stores its log-sum-exp, then the rescale kernel applies them
   // (a window of 0 keys runs no attention: its zero rows stay zero).
   const bool sinks = gqa_has_sinks(c) && !gqa_attends_nothing(c);
@@ -211,7 +225,6 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   a.cap = windowed ? static_cast<int32_t>(plen) : 0;
   a.gap = windowed ? static_cast<int32_t>(plen - c.attrs.local_window_size + 1) : 1;
   a.stage_len = static_cast<int32_t>(stage_len);
-  const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
   a.shared = shared;
   a.stride_qb = d.sq * q_row; a.stride_qs = q_row;
   a.stride_kb = d.sq * kv_row; a.stride_ks = kv_row;
@@ -219,10 +232,13 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
 
   // A present of its own: zeros and each row's past (rows the new tokens take are left to them);
   // a windowed cache's stage: each row's resident rows (at most C); where present is the stage,
-  // a buffer shared with past holds them already.
+  // a present of its own the kept ones (from row E_b), and a buffer shared with past holds them
+  // already, moved down in place past C (a program per column slice of a (batch row, KV head)).
   const int64_t cache_rows = past->entry->block_m;
   if (!shared || staged) {
     ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + cache_rows - 1) / cache_rows, d.batch * d.hkv, a, stream));
+  } else if (shift) {
+    ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *shift, kGqaShiftSlices, d.batch * d.hkv, a, stream));
   }
   // BLOCK_ROWS rows of one batch row per program, a row being one head of one token: the Q heads
   // (only where Q is rotated or normed), then the K heads, then the V heads of each token. The
@@ -241,7 +257,7 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   if (on_load) set_rotary(c, &p);
   ORT_FLASH_RETURN_IF_ERROR(launch_flash_cuda(p, stream, scratch));
   // Present's C rows from the stage, after the attention read it (same stream). Where present is
-  // the stage, rows [0, T_b) stay where they are: a shared buffer needs nothing, a present of its
+  // the stage, rows [0, L(T_b)) stay where they are: a shared buffer needs nothing, a present of its
   // own the compaction's zeros after them.
   if (staged || (in_place && !shared)) {
     const int64_t compact_rows = compact->entry->block_m;

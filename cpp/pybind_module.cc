@@ -385,7 +385,7 @@ PYBIND11_MODULE(_C, m) {
                          sinks, windowed));
   }, py::arg("device"), py::arg("dtype"), py::arg("sinks") = false, py::arg("windowed") = false,
      "What the op's CUDA kernel creation checks: the device's kernels load and the GQA prepare kernels exist "
-     "(with `sinks`, the attention-sink rescale kernel too; with `windowed`, the windowed cache's compaction).");
+     "(with `sinks`, the attention-sink rescale kernel too; with `windowed`, the windowed cache's compaction and shift).");
   m.def("launch_with_table", &launch_with_table, py::arg("p"), py::arg("rows"), py::arg("stream"),
         "run_cuda over a table of `rows` (plan_with_table's, each with \"cubin_of\": the variant of "
         "this build whose cubin it launches) instead of the build's (tests, over tests/fake_cuda).");

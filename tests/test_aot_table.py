@@ -483,15 +483,18 @@ def test_gqa_prepare_variants():
     assert sorted((x.kind, x.dtype, x.head_dim) for x in g) == sorted(
         (k, t, hd) for k in v.GQA_KINDS for t in v.GQA_DTYPES for hd in (64, 128, 256))
     assert v.GQA_HEAD_DIMS[-1] == 256 and all(x.min_arch == 0 and not v.edge_loop(x) for x in g)
-    assert build.KERNELS["gqa_prepare"] is build.KERNELS["gqa_past"] is build.KERNELS["gqa_compact"]
-    from aot import contract  # codes are append-only: the compaction came after sink_rescale
-    assert contract.KIND_CODES["gqa_compact"] == 11 == len(contract.ENUMS["KernelKind"]) - 1
+    assert all(build.KERNELS[k] is build.KERNELS["gqa_prepare"] for k in v.GQA_KINDS)
+    from aot import contract  # codes are append-only: the compaction came after sink_rescale, the shift after it
+    assert contract.KIND_CODES["gqa_compact"] == 11 and contract.KIND_CODES["gqa_shift"] == 12
+    assert len(contract.ENUMS["KernelKind"]) == 13
     for x in g:
         src, _, _, sig, constexprs = build.triton_source(x, 90, v.get_fwd_config(90, x))
         cfg = v.get_fwd_config(90, x)
         rows, gather = cfg.block_m, cfg.block_n
-        # gqa_prepare: 4096 elements a CTA, its general path 512 at a time; the copies: 2048
-        assert rows * x.head_dim == (4096 if x.kind == "gqa_prepare" else 2048), x.name
+        # gqa_prepare: 4096 elements a CTA, its general path 512 at a time; the copies: 2048 (the
+        # shift's rows a slice of the columns)
+        cols = x.head_dim // (contract.GQA_SHIFT_SLICES if x.kind == "gqa_shift" else 1)
+        assert rows * cols == (4096 if x.kind == "gqa_prepare" else 2048), x.name
         assert gather == min(rows, 512 // x.head_dim) and rows % gather == 0 and cfg.num_warps == 4
         assert x.name == f"{x.kind}_{x.dtype}_d{x.head_dim}" and cfg == v.get_fwd_config(80, x)
         assert constexprs == {"BLOCK_ROWS": rows, "BLOCK_D": x.head_dim, "GATHER_ROWS": gather,

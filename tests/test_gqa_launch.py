@@ -4,9 +4,10 @@ cubins and lays out each launch's parameters by the cubin's own table. Checked: 
 (rotated Q, lengths, key mask, with attention sinks the log-sum-exp, with a windowed cache its
 stage), the prepare kernels' grids, blocks, shared memory and every argument, the attention launch
 that follows, reading the Q, lengths and mask the prepare kernel wrote (a windowed cache: the
-stage, then the compaction into present; one whose rows cannot pass the cache's capacity: present
-in place of the stage), and with attention sinks (head_sink, smooth_softmax=1)
-the attention storing its log-sum-exp and the rescale kernel launched after it on that buffer;
+stage, then the compaction into present; where no row can pass the cache's capacity, or for one
+new token, present in place of the stage, past the capacity after the shift of the kept rows),
+and with attention sinks (head_sink, smooth_softmax=1) the attention storing its log-sum-exp and
+the rescale kernel launched after it on that buffer;
 what the op's CUDA kernel creation checks; the errors it gives instead of launching. The kernels'
 arithmetic is tests/test_gqa_prepare_kernel.py's and tests/test_sink_rescale_kernel.py's
 (interpreter) and the GPU suite's."""
@@ -22,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 import _fake_cuda  # noqa: E402
+from aot.contract import GQA_SHIFT_SLICES as SHIFT_SLICES  # noqa: E402 (the shift's grid rows)
 from test_launch_abi import ARCH, SMS, Log, _fwd_expected, abi_names, decode_params, f32  # noqa: E402
 
 _C = pytest.importorskip("ort_flash._C", reason="the native module is not built")
@@ -95,10 +97,25 @@ def windowed(c: dict) -> bool:
     return bool(c.get("sliding_window_cache"))
 
 
+def shared_cache(c: dict) -> bool:
+    """past_key / past_value are present_key / present_value's buffers."""
+    return c.get("past_key") == c["present_key"] and c.get("past_value") == c["present_value"]
+
+
+def full_window(c: dict) -> bool:
+    """A windowed cache's decode step (S = 1) whose rows may pass its capacity C: present is the
+    stage, each row's kept rows moved down (a shared buffer by the shift kernel); past and present
+    one buffer each or four distinct ones."""
+    distinct = len({c.get("past_key"), c.get("past_value"), c["present_key"], c["present_value"]}) == 4
+    return (windowed(c) and c["total_sequence_length"] > c["present_len"] and c["sq"] == 1
+            and (shared_cache(c) or distinct))
+
+
 def staged(c: dict) -> bool:
-    """A windowed cache whose rows may pass its capacity C (total_sequence_length > C): each row's
-    resident rows and new tokens go to a stage of C + S rows in the scratch block."""
-    return windowed(c) and c["total_sequence_length"] > c["present_len"]
+    """A windowed cache whose rows may pass its capacity C (total_sequence_length > C) by more than
+    one token: each row's resident rows and new tokens go to a stage of C + S rows in the scratch
+    block."""
+    return windowed(c) and c["total_sequence_length"] > c["present_len"] and not full_window(c)
 
 
 def in_place(c: dict) -> bool:
@@ -180,7 +197,7 @@ def prepare_expected(c: dict, scratch: int, stage: int = 0, on_load: bool = Fals
         first_prompt=int(first), write_mask=int(mask), total_max=c["total_sequence_length"],
         present_len=c["present_len"], past_len=c["past_len"], qk_norm=int("q_norm_weight" in c),
         cap=cap, gap=cap - c["local_window_size"] + 1 if cap else 1, stage_len=cap + s if staged(c) else cap,
-        shared=int(c.get("past_key") == c["present_key"]),
+        shared=int(shared_cache(c)),
         qk_eps=f32(c.get("qk_norm_epsilon", 1e-6)), stride_qb=s * q_row, stride_qs=q_row,
         stride_kb=s * kv_row, stride_ks=kv_row, stride_vb=s * kv_row, stride_vs=kv_row,
         global_scratch=0, profile_scratch=0)
@@ -268,6 +285,17 @@ CALLS = {
         b=3, s=1, total=160, past_len=160, local_window_size=128, sliding_window_cache=1),
     "windowed cache one past its capacity, decode, shared buffer": gqa_call(
         b=3, s=1, total=161, past_len=160, local_window_size=128, sliding_window_cache=1),
+    # Decode past the capacity: present is the stage, the kept rows moved down first (a shared
+    # buffer: the shift; a present of its own: the past copy, then the compaction's zeros); a past
+    # whose K is present's and whose V is not stays on the stage.
+    "windowed cache past its capacity, decode, separate present, bf16 d64": gqa_call(
+        "bfloat16", b=2, s=1, hq=8, hkv=2, d=64, total=5000, past_len=4096, shared=False, local_window_size=4096,
+        sliding_window_cache=1),
+    "windowed cache past its capacity, decode, shared buffer, head_sink, fp32 d256": gqa_call(
+        "float32", b=2, s=1, hq=4, hkv=2, d=256, total=300, past_len=256, local_window_size=200,
+        sliding_window_cache=1, head_sink=0x10000000),
+    "windowed cache past its capacity, decode, past K shared, past V not": gqa_call(
+        b=2, s=1, total=300, past_len=256, local_window_size=256, sliding_window_cache=1, past_value=0xd000000),
     "windowed cache within its capacity, decode, separate present, bf16": gqa_call(
         "bfloat16", b=2, s=1, total=100, past_len=128, shared=False, packed=False, local_window_size=128,
         sliding_window_cache=1),
@@ -364,14 +392,21 @@ def test_gqa_launches(runs, what):
     scratch_bytes, lse_offset, stage_offset = scratch_layout(c, q_bytes)
     want = prepare_expected(c, scratch["ptr"], scratch["ptr"] + stage_offset if staged(c) else 0, on_load)
     assert scratch["stream"] == STREAM and scratch["bytes"] == scratch_bytes
-    shared = c.get("past_key") == c["present_key"]
+    shared = shared_cache(c)
     copies = not shared or staged(c)  # a stage of its own takes each row's resident rows in any case
-    prepares = got[:2 if copies else 1]
+    shifts = full_window(c) and shared  # the kept rows moved down in place
+    prepares = got[:2 if copies or shifts else 1]
     if copies:  # the past copy first: rows of present_len, one (batch, KV head) per grid row
         ev, e, args = prepares[0]
         assert e["variant"] == f"gqa_past_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
         assert ev["grid"] == [math.ceil(c["present_len"] / e["block_m"]), b * hkv, 1]
         assert e["block_m"] * block_d(c["d"]) == 2048
+    elif shifts:  # the shift first: a program per column slice of a (batch, KV head)
+        ev, e, args = prepares[0]
+        assert e["variant"] == f"gqa_shift_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
+        assert ev["grid"] == [SHIFT_SLICES, b * hkv, 1]
+        assert e["block_m"] * block_d(c["d"]) == 2048 * SHIFT_SLICES
+    assert not [r for r in got[len(prepares):] if r[1]["kind"] in ("gqa_past", "gqa_shift")], what
     ev, e, args = prepares[-1]
     # the smallest BLOCK_D holding the head size; block_m rows of one batch row per program, a
     # row being a (token, head) pair: the rotated Q heads, the K heads and the V heads of a token
@@ -446,10 +481,11 @@ def test_gqa_launches(runs, what):
     assert ev["block"] == [32 * e["num_warps"], 1, 1] and ev["shared"] == e["shared"] and ev["stream"] == STREAM
 
 
-def test_windowed_cache_within_its_capacity_runs_in_place(runs):
+def test_windowed_cache_decode_runs_in_place(runs):
     """A windowed cache's decode step into a shared buffer at total_sequence_length = C: the new
     token in place, the attention over present, no past copy, no stage, no compaction; one token
-    later (C + 1), when a row may pass C, the staged path."""
+    later (C + 1), when a row may pass C, the same after the shift; a chunked prefill past C, the
+    staged path."""
     errors, log = runs
 
     def run(what):
@@ -464,8 +500,11 @@ def test_windowed_cache_within_its_capacity_runs_in_place(runs):
     k = attention["K"] if "K" in attention else log.encodes[attention["K.map"][1]]["address"]
     assert k == c["present_key"]
     past, c = run("windowed cache one past its capacity, decode, shared buffer")
-    assert [k for k, _ in past[:2]] == ["gqa_past", "gqa_prepare"] and past[-1][0] == "gqa_compact"
-    assert past[1][1]["stage_len"] == c["present_len"] + 1
+    assert [k for k, _ in past[:2]] == ["gqa_shift", "gqa_prepare"] and "gqa_compact" not in {k for k, _ in past}
+    assert past[1][1]["StageK"] == c["present_key"] and past[1][1]["stage_len"] == c["present_len"]
+    prefill, c = run("windowed cache, chunked prefill, no rotary, fp32 d80")
+    assert [k for k, _ in prefill[:2]] == ["gqa_past", "gqa_prepare"] and prefill[-1][0] == "gqa_compact"
+    assert prefill[1][1]["stage_len"] == c["present_len"] + c["sq"]
 
 
 @pytest.mark.parametrize("what", list(REFUSED))
@@ -478,10 +517,10 @@ def test_gqa_refusals(runs, what):
 
 def test_gqa_kernels_load_with_the_table(runs):
     """The op's CUDA kernel creation (gqa_cuda_ready for each dtype, for a node with attention
-    sinks and a windowed cache, run first by the child) found the three prepare kinds and the sink
+    sinks and a windowed cache, run first by the child) found the four prepare kinds and the sink
     rescale for every dtype, loaded with the rest of the device's table."""
     _, log = runs
     loaded = {e["variant"] for e in log.entry_of_module.values()}
-    assert {f"{k}_{t}_d{hd}" for k in ("gqa_prepare", "gqa_past", "gqa_compact", "sink_rescale")
+    assert {f"{k}_{t}_d{hd}" for k in ("gqa_prepare", "gqa_past", "gqa_compact", "gqa_shift", "sink_rescale")
             for t in ("fp16", "bf16", "fp32")
             for hd in (64, 128, 256)} <= loaded
