@@ -107,8 +107,8 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // writes present (aot/gqa_prepare.py). Which rows a batch row keeps depends on its length, which
   // lives on the device. Where total_sequence_length (the rows' largest total) is at most C, no row
   // can pass C and each keeps all its T_b positions where they lie: present itself is the stage
-  // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed. One
-  // new token past C (decode at a full window) runs over present too: each row's kept rows move
+  // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed. With
+  // ORT_FLASH_WINDOW_SHIFT=1 one new token past C (decode at a full window) runs over present too: each row's kept rows move
   // down by the E_b rows it drops (a buffer shared with past in place, by the shift kernel; a
   // present of its own from the past, by the past copy), the new token after them. Past and
   // present must then be one buffer each or distinct (never K shared and V not).
@@ -116,7 +116,8 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
   const bool distinct = c.past_key != c.present_key && c.past_value != c.present_value &&
                         c.past_key != c.present_value && c.past_value != c.present_key;
-  const bool full = windowed && c.total_sequence_length > plen && d.sq == 1 && (shared || distinct);
+  const bool full = windowed && c.total_sequence_length > plen && d.sq == 1 && (shared || distinct) &&
+                    launch_switches().window_shift;
   const bool in_place = windowed && (c.total_sequence_length <= plen || full);
   const bool staged = windowed && !in_place;  // a stage of its own in the scratch block
   const int64_t stage_len = staged ? plen + d.sq : (in_place ? plen : 0);

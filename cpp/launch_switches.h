@@ -31,6 +31,10 @@ struct LaunchSwitches {
   // and the prepare kernel writes K and V only; otherwise (unset, "0": until a GPU has checked and
   // timed it) the prepare kernel writes a rotated copy of Q.
   bool rotary_on_load = false;
+  // ORT_FLASH_WINDOW_SHIFT: true ("1") = a decode step past a window-sized cache's capacity runs over
+  // present (the kept rows moved down in place by the shift kernel, no stage); otherwise (unset,
+  // "0": until a GPU has checked and timed it) over a stage, then the compaction.
+  bool window_shift = false;
 };
 
 // The switches of this process, read from the environment at the first call.

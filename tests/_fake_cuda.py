@@ -19,7 +19,8 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parent / "fake_cuda" / "fake_libcuda.c"
 # The environment variables the CUDA launcher reads to choose kernels (cpp/launch_switches.cc).
 LAUNCH_SWITCHES = ("ORT_FLASH_GLUON", "ORT_FLASH_TMA", "ORT_FLASH_PDL", "ORT_FLASH_FUSED_COMBINE",
-                   "ORT_FLASH_DECODE_SPLITS", "ORT_FLASH_KEY_BOUND", "ORT_FLASH_ROTARY_ON_LOAD")
+                   "ORT_FLASH_DECODE_SPLITS", "ORT_FLASH_KEY_BOUND", "ORT_FLASH_ROTARY_ON_LOAD",
+                   "ORT_FLASH_WINDOW_SHIFT")
 # The map the fake's cuTensorMapEncodeTiled writes: opaque[0] this, opaque[1] its log index.
 MAP_MAGIC = 0x70616d656b6166
 

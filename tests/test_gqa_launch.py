@@ -102,13 +102,17 @@ def shared_cache(c: dict) -> bool:
     return c.get("past_key") == c["present_key"] and c.get("past_value") == c["present_value"]
 
 
+# The opt-in paths the launches below take (tests/_fake_cuda.py passes no other switch).
+SWITCHES = {"ORT_FLASH_ROTARY_ON_LOAD": "1", "ORT_FLASH_WINDOW_SHIFT": "1"}
+
+
 def full_window(c: dict) -> bool:
     """A windowed cache's decode step (S = 1) whose rows may pass its capacity C: present is the
     stage, each row's kept rows moved down (a shared buffer by the shift kernel); past and present
     one buffer each or four distinct ones."""
     distinct = len({c.get("past_key"), c.get("past_value"), c["present_key"], c["present_value"]}) == 4
     return (windowed(c) and c["total_sequence_length"] > c["present_len"] and c["sq"] == 1
-            and (shared_cache(c) or distinct))
+            and (shared_cache(c) or distinct) and SWITCHES.get("ORT_FLASH_WINDOW_SHIFT") == "1")
 
 
 def staged(c: dict) -> bool:
@@ -350,11 +354,31 @@ def runs(tmp_path_factory):
     driver = _fake_cuda.build(tmp_path_factory.mktemp("fake_cuda"))
     calls = list(CALLS.values()) + [c for c, _ in REFUSED.values()]
     log_path = tmp_path_factory.mktemp("gqa") / "cuda.log"
-    # Q's rotary on load is opt-in (ORT_FLASH_ROTARY_ON_LOAD=1) until a GPU has checked it.
-    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), "ORT_FLASH_ROTARY_ON_LOAD": "1"}
+    # Q's rotary on load and the full window's shift are opt-in until a GPU has checked them.
+    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), **SWITCHES}
     out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
     events = [json.loads(line) for line in log_path.read_text().splitlines()]
     return json.loads(out.strip().splitlines()[-1]), Log(events)
+
+
+def test_full_window_staged_without_the_switch(tmp_path):
+    """Without ORT_FLASH_WINDOW_SHIFT=1 a decode step past a window-sized cache's capacity runs over
+    a stage of its own: the past copy into the scratch block, no shift, the compaction after."""
+    driver = _fake_cuda.build(tmp_path / "fake_cuda")
+    names = [w for w, c in CALLS.items() if windowed(c) and c["sq"] == 1 and c["total_sequence_length"] > c["present_len"]]
+    calls = [CALLS[w] for w in names]
+    assert len(calls) >= 3
+    log_path = tmp_path / "cuda.log"
+    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS)}
+    out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
+    assert json.loads(out.strip().splitlines()[-1]) == [None] * len(calls)
+    log = Log([json.loads(line) for line in log_path.read_text().splitlines()])
+    for i, (what, c) in enumerate(zip(names, calls)):
+        got = launches(log, i)
+        kinds = [e["kind"] for _, e, _ in got]
+        stage = [a["StageK"] for _, e, a in got if e["kind"] == "gqa_past"]
+        assert "gqa_shift" not in kinds and kinds[0] == "gqa_past" and "gqa_compact" in kinds, (what, kinds)
+        assert stage and stage[0] != c["present_key"], what  # the scratch block's stage, not present
 
 
 def test_rotary_copy_without_the_switch(tmp_path):

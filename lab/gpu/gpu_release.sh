@@ -226,6 +226,18 @@ case "${1:-}" in
     bench --suite gqa --caches 4096 --batches 1 --peers ort_flash --budget-s 40 --out "$OUT/bench-gqa-copy.json" \
       | tail -14
     ;;
+  window-shift)
+    # A decode step past a window-sized cache's capacity over present (ORT_FLASH_WINDOW_SHIFT=1):
+    # the windowed GQA GPU tests with it, then the window's decode both ways.
+    . lab/gpu/gpu_env.sh
+    built || exit 1
+    ORT_FLASH_WINDOW_SHIFT=1 timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=140 -n 12 \
+      tests/test_gqa_cuda.py -k windowed 2>&1 | tee "$OUT/pytest-window-shift.log" | grep -v "^\." | tail -4
+    ORT_FLASH_WINDOW_SHIFT=1 bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 \
+      --budget-s 60 --out "$OUT/bench-gqa-window-shift.json" | tail -14
+    bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 --peers ort_flash \
+      --budget-s 40 --out "$OUT/bench-gqa-window-staged.json" | tail -10
+    ;;
   gqa-prefill)
     # Every prefill length with the key bound (the default; decode shapes GQA_CACHES x GQA_BATCHES),
     # then the drop-in and the plain op again with the key mask (ORT_FLASH_KEY_BOUND=0).
@@ -300,5 +312,5 @@ f.prepare(g, 'cuda', pathlib.Path('/tmp/ort_flash_bench/genai'), [g['models'][$i
     bench --suite genai_fidelity --budget-s "${FIDELITY_S:-500}" ${FIDELITY_ARGS:-} \
       --out "$OUT/bench-genai-fidelity.json" | tail -50
     ;;
-  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|bounded|rotary|rotary-quick|gqa-rotary|gqa-prefill|gqa-variants|fp8|ab|start|part|genai-models|families|fidelity"; exit 2 ;;
+  *) echo "usage: $0 kernels|tests|bench|op|extra|tune|try|gqa|gqa-bf16|new|bounded|rotary|rotary-quick|window-shift|gqa-rotary|gqa-prefill|gqa-variants|fp8|ab|start|part|genai-models|families|fidelity"; exit 2 ;;
 esac
