@@ -11,13 +11,12 @@ TRITON_INTERPRET=1, as tests/test_gqa_prepare_kernel.py does."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _paths import child_env
+from _paths import run_interpreted
 
 from test_gqa_prepare_kernel import GUARD, kept
 
@@ -52,11 +51,7 @@ def seqlens(c: dict, total_max: int) -> list[int]:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_full_window_decode_matches_staged(case):
-    pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
-    pytest.importorskip("triton", reason="the kernel source needs Triton")
-    r = subprocess.run([sys.executable, __file__, json.dumps(case)], env=child_env(TRITON_INTERPRET="1"),
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted(__file__, case)
 
 
 def check_case(c: dict) -> None:

@@ -10,12 +10,11 @@ build."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from _paths import child_env
+from _paths import run_interpreted
 
 GUARD = 32  # NaN elements before and after every buffer
 
@@ -37,11 +36,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_sink_rescale_matches_numpy(case):
-    pytest.importorskip("torch", reason="the Triton interpreter runs on torch CPU tensors")
-    pytest.importorskip("triton", reason="the kernel source needs Triton")
-    r = subprocess.run([sys.executable, __file__, json.dumps(case)], env=child_env(TRITON_INTERPRET="1"),
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted(__file__, case)
 
 
 def block_d(d: int) -> int:
