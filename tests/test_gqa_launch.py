@@ -349,30 +349,32 @@ REFUSED = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    driver = _fake_cuda.build(tmp_path_factory.mktemp("fake_cuda"))
-    calls = list(CALLS.values()) + [c for c, _ in REFUSED.values()]
-    log_path = tmp_path_factory.mktemp("gqa") / "cuda.log"
-    # Q's rotary on load and the full window's shift are opt-in until a GPU has checked them.
-    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), **SWITCHES}
+def run_calls(folder: Path, calls: list[dict], switches: dict) -> tuple[list, Log]:
+    """`calls` run by the op's CUDA path in a child over the fake driver (built into `folder`), with
+    the launcher's `switches` set: (each call's error or None, the driver's log)."""
+    driver = _fake_cuda.build(folder / "fake_cuda")
+    log_path = folder / "cuda.log"
+    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS), **switches}
     out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
     events = [json.loads(line) for line in log_path.read_text().splitlines()]
     return json.loads(out.strip().splitlines()[-1]), Log(events)
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    # Q's rotary on load and the full window's shift are opt-in until a GPU has checked them.
+    return run_calls(tmp_path_factory.mktemp("gqa"), list(CALLS.values()) + [c for c, _ in REFUSED.values()],
+                     SWITCHES)
+
+
 def test_full_window_staged_without_the_switch(tmp_path):
     """Without ORT_FLASH_WINDOW_SHIFT=1 a decode step past a window-sized cache's capacity runs over
     a stage of its own: the past copy into the scratch block, no shift, the compaction after."""
-    driver = _fake_cuda.build(tmp_path / "fake_cuda")
     names = [w for w, c in CALLS.items() if windowed(c) and c["sq"] == 1 and c["total_sequence_length"] > c["present_len"]]
     calls = [CALLS[w] for w in names]
     assert len(calls) >= 3
-    log_path = tmp_path / "cuda.log"
-    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS)}
-    out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
-    assert json.loads(out.strip().splitlines()[-1]) == [None] * len(calls)
-    log = Log([json.loads(line) for line in log_path.read_text().splitlines()])
+    errors, log = run_calls(tmp_path, calls, {})
+    assert errors == [None] * len(calls)
     for i, (what, c) in enumerate(zip(names, calls)):
         got = launches(log, i)
         kinds = [e["kind"] for _, e, _ in got]
@@ -384,13 +386,9 @@ def test_full_window_staged_without_the_switch(tmp_path):
 def test_rotary_copy_without_the_switch(tmp_path):
     """Without ORT_FLASH_ROTARY_ON_LOAD=1 the calls that would take Q's rotary on load rotate Q
     into the scratch block's copy (every Q head a prepare row) and the attention gets no rotary."""
-    driver = _fake_cuda.build(tmp_path / "fake_cuda")
     calls = [CALLS[w] for w in sorted(ROTARY_ON_LOAD)]
-    log_path = tmp_path / "cuda.log"
-    env = {"FAKE_CUDA_ARCH": str(ARCH), "FAKE_CUDA_SMS": str(SMS)}
-    out = _fake_cuda.run_python(driver, log_path, _CHILD, json.dumps({"calls": calls, "stream": STREAM}), env)
-    assert json.loads(out.strip().splitlines()[-1]) == [None] * len(calls)
-    log = Log([json.loads(line) for line in log_path.read_text().splitlines()])
+    errors, log = run_calls(tmp_path, calls, {})
+    assert errors == [None] * len(calls)
     for i, c in enumerate(calls):
         got = launches(log, i)
         prepare = [a for _, e, a in got if e["kind"] == "gqa_prepare"]
