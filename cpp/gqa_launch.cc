@@ -41,7 +41,7 @@ void set_rotary(const GqaCall& c, FlashParams* p) {
 // rotated copy of Q: a first prompt (positions are the rows: no position_ids) with
 // half-split rotary over the whole head, no Q norm and no windowed cache, cos/sin rows 16-byte
 // aligned (the kernel loads them as vectors), that a Gluon kernel takes (gluon_takes_rotary), where
-// ORT_FLASH_ROTARY_ON_LOAD=1. The call is planned only, before the scratch block exists: present's
+// ORT_FLASH_ROTARY_ON_LOAD is not 0. The call is planned only, before the scratch block exists: present's
 // address stands in for the block's key counts, key mask and log-sum-exp, of which the planner
 // reads only whether they are given.
 Status rotary_on_load(const GqaCall& c, bool first, bool mask, bool sinks, CUstream stream, bool* on_load) {

@@ -29,7 +29,7 @@ LaunchSwitches read_switches() {
   s.tma = tristate(std::getenv("ORT_FLASH_TMA")) != 0;
   s.gluon = tristate(std::getenv("ORT_FLASH_GLUON"));
   s.key_bound = tristate(std::getenv("ORT_FLASH_KEY_BOUND")) != 0;
-  s.rotary_on_load = tristate(std::getenv("ORT_FLASH_ROTARY_ON_LOAD")) == 1;
+  s.rotary_on_load = tristate(std::getenv("ORT_FLASH_ROTARY_ON_LOAD")) != 0;
   s.window_shift = tristate(std::getenv("ORT_FLASH_WINDOW_SHIFT")) == 1;
   return s;
 }

@@ -26,14 +26,14 @@ struct LaunchSwitches {
   // reads the key mask given with it; otherwise it runs the unmasked Gluon kernel bounding each row,
   // where one takes it (perf-notes "A key bound per row for batched first prompts").
   bool key_bound = true;
-  // ORT_FLASH_ROTARY_ON_LOAD: true ("1") = the Gluon kernels turn a GroupQueryAttention first
+  // ORT_FLASH_ROTARY_ON_LOAD: true (unset, "1") = the Gluon kernels turn a GroupQueryAttention first
   // prompt's Q by its rotary as they load it where they take the call (FlashParams::rotary_half),
-  // and the prepare kernel writes K and V only; otherwise (unset, "0": until a GPU has checked and
-  // timed it) the prepare kernel writes a rotated copy of Q.
-  bool rotary_on_load = false;
+  // and the prepare kernel writes K and V only; false ("0") = the prepare kernel writes a rotated
+  // copy of Q (perf-notes "Q's rotary on load timed").
+  bool rotary_on_load = true;
   // ORT_FLASH_WINDOW_SHIFT: true ("1") = a decode step past a window-sized cache's capacity runs over
   // present (the kept rows moved down in place by the shift kernel, no stage); otherwise (unset,
-  // "0": until a GPU has checked and timed it) over a stage, then the compaction.
+  // "0": the shift was measured slower than the stage at batch 1) over a stage, then the compaction.
   bool window_shift = false;
 };
 

@@ -102,8 +102,9 @@ def shared_cache(c: dict) -> bool:
     return c.get("past_key") == c["present_key"] and c.get("past_value") == c["present_value"]
 
 
-# The opt-in paths the launches below take (tests/_fake_cuda.py passes no other switch).
-SWITCHES = {"ORT_FLASH_ROTARY_ON_LOAD": "1", "ORT_FLASH_WINDOW_SHIFT": "1"}
+# The paths the launches below take beside the defaults (tests/_fake_cuda.py passes no other
+# switch): the full-window shift, opt-in.
+SWITCHES = {"ORT_FLASH_WINDOW_SHIFT": "1"}
 
 
 def full_window(c: dict) -> bool:
@@ -362,7 +363,7 @@ def run_calls(folder: Path, calls: list[dict], switches: dict) -> tuple[list, Lo
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    # Q's rotary on load and the full window's shift are opt-in until a GPU has checked them.
+    # The full window's shift is opt-in: on an H100 it was slower than the stage at batch 1.
     return run_calls(tmp_path_factory.mktemp("gqa"), list(CALLS.values()) + [c for c, _ in REFUSED.values()],
                      SWITCHES)
 
@@ -383,11 +384,11 @@ def test_full_window_staged_without_the_switch(tmp_path):
         assert stage and stage[0] != c["present_key"], what  # the scratch block's stage, not present
 
 
-def test_rotary_copy_without_the_switch(tmp_path):
-    """Without ORT_FLASH_ROTARY_ON_LOAD=1 the calls that would take Q's rotary on load rotate Q
-    into the scratch block's copy (every Q head a prepare row) and the attention gets no rotary."""
+def test_rotary_copy_with_the_switch_off(tmp_path):
+    """With ORT_FLASH_ROTARY_ON_LOAD=0 the calls that would take Q's rotary on load rotate Q into
+    the scratch block's copy (every Q head a prepare row) and the attention gets no rotary."""
     calls = [CALLS[w] for w in sorted(ROTARY_ON_LOAD)]
-    errors, log = run_calls(tmp_path, calls, {})
+    errors, log = run_calls(tmp_path, calls, {"ORT_FLASH_ROTARY_ON_LOAD": "0"})
     assert errors == [None] * len(calls)
     for i, c in enumerate(calls):
         got = launches(log, i)

@@ -191,9 +191,9 @@ case "${1:-}" in
       -n 12 tests/test_gqa_cuda.py -k "prompt or sink" 2>&1 | tee "$OUT/pytest-gqa-mask.log" | grep -v "^\." | tail -15
     ;;
   rotary)
-    # Q's rotary applied by the Gluon kernels as they load Q (ORT_FLASH_ROTARY_ON_LOAD=1): the
-    # direct-kernel cases (ROTARY_CASES and the Gluon cases), then the GroupQueryAttention GPU
-    # tests with it and, for the prompts, without it (the rotated copy of Q, the default).
+    # Q's rotary applied by the Gluon kernels as they load Q (the default): the direct-kernel cases
+    # (ROTARY_CASES and the Gluon cases), then the GroupQueryAttention GPU tests with it and, for the
+    # prompts, without it (ORT_FLASH_ROTARY_ON_LOAD=0: the rotated copy of Q).
     . lab/gpu/gpu_env.sh
     built || exit 1
     timeout "${ROTARY_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=230 -n 3 \
@@ -201,15 +201,15 @@ case "${1:-}" in
       | grep -v "^\." | tail -12
     ORT_FLASH_ROTARY_ON_LOAD=1 timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
       --timeout=120 -n 12 tests/test_gqa_cuda.py 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -15
-    timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=120 -n 12 \
-      tests/test_gqa_cuda.py -k "prompt" 2>&1 | tee "$OUT/pytest-gqa-copy.log" | grep -v "^\." | tail -8
+    ORT_FLASH_ROTARY_ON_LOAD=0 timeout "${GQA_TEST_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+      --timeout=120 -n 12 tests/test_gqa_cuda.py -k "prompt" 2>&1 | tee "$OUT/pytest-gqa-copy.log" | grep -v "^\." | tail -8
     ;;
   gqa-rotary)
-    # Every prefill length with Q's rotary on load (ORT_FLASH_ROTARY_ON_LOAD=1), then the drop-in
-    # again with the rotated copy (the default); the window-sized cache's decode within its capacity.
+    # Every prefill length with Q's rotary on load (the default), then the drop-in again with the
+    # rotated copy (ORT_FLASH_ROTARY_ON_LOAD=0).
     ORT_FLASH_ROTARY_ON_LOAD=1 bench --suite gqa --caches 4096 --batches 1 --budget-s "${GQA_S:-200}" \
       --out "$OUT/bench-gqa-rotary.json" | tail -30
-    bench --suite gqa --caches 4096 --batches 1 --peers ort_flash --budget-s "${GQA_COPY_S:-100}" \
+    ORT_FLASH_ROTARY_ON_LOAD=0 bench --suite gqa --caches 4096 --batches 1 --peers ort_flash --budget-s "${GQA_COPY_S:-100}" \
       --out "$OUT/bench-gqa-copy.json" | tail -20
     ;;
   rotary-quick)
@@ -223,7 +223,8 @@ case "${1:-}" in
       tests/test_gqa_cuda.py -k prompt 2>&1 | tee "$OUT/pytest-gqa.log" | grep -v "^\." | tail -4
     ORT_FLASH_ROTARY_ON_LOAD=1 bench --suite gqa --caches 4096 --batches 1 --peers ort_flash ort_gqa ort_flash_fa \
       --budget-s 60 --out "$OUT/bench-gqa-rotary.json" | tail -16
-    bench --suite gqa --caches 4096 --batches 1 --peers ort_flash --budget-s 40 --out "$OUT/bench-gqa-copy.json" \
+    ORT_FLASH_ROTARY_ON_LOAD=0 bench --suite gqa --caches 4096 --batches 1 --peers ort_flash --budget-s 40 \
+      --out "$OUT/bench-gqa-copy.json" \
       | tail -14
     ;;
   window-shift)
