@@ -9,6 +9,13 @@
 namespace ort_flash {
 namespace {
 
+// The full-window decode step over present (the shift kernel) from this many (batch row, KV head)
+// pairs on, over a stage below: on an H100 (W = C = 4096, 8 KV heads) the shift took 0.217 / 0.119
+// ms at batch 8 (d128 / d64) against the stage's 0.330 / 0.169 and ONNX Runtime's 0.242 / 0.127,
+// but 0.085 / 0.048 at batch 1 against the stage's 0.057 / 0.032: its programs, four a pair, walk
+// the window in sequential chunks (perf-notes "Q's rotary on load timed").
+constexpr int64_t kWindowShiftMinPairs = 64;
+
 // The kernels' arguments: contract.gen.h's GqaPrepareArgs and SinkRescaleArgs (their fields the
 // kernels' parameters, their order the launch's). Pointers the call does not use are 0: the kernels
 // never read them.
@@ -107,8 +114,9 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // writes present (aot/gqa_prepare.py). Which rows a batch row keeps depends on its length, which
   // lives on the device. Where total_sequence_length (the rows' largest total) is at most C, no row
   // can pass C and each keeps all its T_b positions where they lie: present itself is the stage
-  // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed. With
-  // ORT_FLASH_WINDOW_SHIFT=1 one new token past C (decode at a full window) runs over present too: each row's kept rows move
+  // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed. One new
+  // token past C (decode at a full window) runs over present too where the shift is on (a batch of
+  // at least kWindowShiftMinPairs (batch row, KV head) pairs, or ORT_FLASH_WINDOW_SHIFT=1): each row's kept rows move
   // down by the E_b rows it drops (a buffer shared with past in place, by the shift kernel; a
   // present of its own from the past, by the past copy), the new token after them. Past and
   // present must then be one buffer each or distinct (never K shared and V not).
@@ -116,8 +124,9 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
   const bool distinct = c.past_key != c.present_key && c.past_value != c.present_value &&
                         c.past_key != c.present_value && c.past_value != c.present_key;
-  const bool full = windowed && c.total_sequence_length > plen && d.sq == 1 && (shared || distinct) &&
-                    launch_switches().window_shift;
+  const int shift_switch = launch_switches().window_shift;
+  const bool shift_on = shift_switch == 1 || (shift_switch == -1 && d.batch * d.hkv >= kWindowShiftMinPairs);
+  const bool full = windowed && c.total_sequence_length > plen && d.sq == 1 && (shared || distinct) && shift_on;
   const bool in_place = windowed && (c.total_sequence_length <= plen || full);
   const bool staged = windowed && !in_place;  // a stage of its own in the scratch block
   const int64_t stage_len = staged ? plen + d.sq : (in_place ? plen : 0);

@@ -103,7 +103,7 @@ def shared_cache(c: dict) -> bool:
 
 
 # The paths the launches below take beside the defaults (tests/_fake_cuda.py passes no other
-# switch): the full-window shift, opt-in.
+# switch): the full-window shift, on below 64 (batch row, KV head) pairs too.
 SWITCHES = {"ORT_FLASH_WINDOW_SHIFT": "1"}
 
 
@@ -363,14 +363,33 @@ def run_calls(folder: Path, calls: list[dict], switches: dict) -> tuple[list, Lo
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    # The full window's shift is opt-in: on an H100 it was slower than the stage at batch 1.
+    # The full window's shift at every batch (by default only from 64 (batch row, KV head) pairs).
     return run_calls(tmp_path_factory.mktemp("gqa"), list(CALLS.values()) + [c for c, _ in REFUSED.values()],
                      SWITCHES)
 
 
+def test_full_window_shift_by_batch(tmp_path):
+    """Without ORT_FLASH_WINDOW_SHIFT a full-window decode step runs over present (the shift kernel)
+    from 64 (batch row, KV head) pairs on and over a stage below; =0 keeps the stage, =1 the shift."""
+    big = gqa_call(b=8, s=1, hq=16, hkv=8, total=161, past_len=160, local_window_size=128, sliding_window_cache=1)
+    small = gqa_call(b=7, s=1, hq=18, hkv=9, total=161, past_len=160, local_window_size=128,
+                     sliding_window_cache=1)  # 63 pairs
+    runs = (({}, ["gqa_shift", "gqa_past"]), ({"ORT_FLASH_WINDOW_SHIFT": "0"}, ["gqa_past", "gqa_past"]),
+            ({"ORT_FLASH_WINDOW_SHIFT": "1"}, ["gqa_shift", "gqa_shift"]))
+    for n, (switches, want) in enumerate(runs):
+        errors, log = run_calls(tmp_path / str(n), [big, small], switches)
+        assert errors == [None, None], switches
+        firsts = [launches(log, i)[0][1]["kind"] for i in range(2)]
+        assert firsts == want, (switches, firsts)
+        for i, c in enumerate((big, small)):
+            kinds = [e["kind"] for _, e, _ in launches(log, i)]
+            assert ("gqa_compact" in kinds) == (firsts[i] == "gqa_past"), (switches, i, kinds)
+
+
 def test_full_window_staged_without_the_switch(tmp_path):
-    """Without ORT_FLASH_WINDOW_SHIFT=1 a decode step past a window-sized cache's capacity runs over
-    a stage of its own: the past copy into the scratch block, no shift, the compaction after."""
+    """Without ORT_FLASH_WINDOW_SHIFT=1 a decode step past a window-sized cache's capacity at these
+    batches (fewer than 64 (batch row, KV head) pairs) runs over a stage of its own: the past copy
+    into the scratch block, no shift, the compaction after."""
     names = [w for w, c in CALLS.items() if windowed(c) and c["sq"] == 1 and c["total_sequence_length"] > c["present_len"]]
     calls = [CALLS[w] for w in names]
     assert len(calls) >= 3
