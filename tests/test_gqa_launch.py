@@ -381,7 +381,7 @@ def test_full_window_shift_by_batch(tmp_path):
         assert errors == [None, None], switches
         firsts = [launches(log, i)[0][1]["kind"] for i in range(2)]
         assert firsts == want, (switches, firsts)
-        for i, c in enumerate((big, small)):
+        for i in range(2):
             kinds = [e["kind"] for _, e, _ in launches(log, i)]
             assert ("gqa_compact" in kinds) == (firsts[i] == "gqa_past"), (switches, i, kinds)
 
