@@ -47,8 +47,8 @@ void set_rotary(const GqaCall& c, FlashParams* p) {
 // Whether the attention turns Q by its rotary as it loads it, so that the prepare kernel writes no
 // rotated copy of Q: a first prompt (positions are the rows: no position_ids) with
 // half-split rotary over the whole head, no Q norm and no windowed cache, cos/sin rows 16-byte
-// aligned (the kernel loads them as vectors), that a Gluon kernel takes (gluon_takes_rotary), where
-// ORT_FLASH_ROTARY_ON_LOAD is not 0. The call is planned only, before the scratch block exists: present's
+// aligned (the kernel loads them as vectors), that a Gluon kernel takes (gluon_takes_rotary), unless
+// ORT_FLASH_ROTARY_ON_LOAD=0. The call is planned only, before the scratch block exists: present's
 // address stands in for the block's key counts, key mask and log-sum-exp, of which the planner
 // reads only whether they are given.
 Status rotary_on_load(const GqaCall& c, bool first, bool mask, bool sinks, CUstream stream, bool* on_load) {
@@ -115,9 +115,9 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // lives on the device. Where total_sequence_length (the rows' largest total) is at most C, no row
   // can pass C and each keeps all its T_b positions where they lie: present itself is the stage
   // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed. One new
-  // token past C (decode at a full window) runs over present too where the shift is on (a batch of
-  // at least kWindowShiftMinPairs (batch row, KV head) pairs, or ORT_FLASH_WINDOW_SHIFT=1): each row's kept rows move
-  // down by the E_b rows it drops (a buffer shared with past in place, by the shift kernel; a
+  // token past C (decode at a full window) runs over present too where the shift is on (at least
+  // kWindowShiftMinPairs (batch row, KV head) pairs, or ORT_FLASH_WINDOW_SHIFT=1): each row's kept
+  // rows move down by the E_b rows it drops (a buffer shared with past in place, by the shift kernel; a
   // present of its own from the past, by the past copy), the new token after them. Past and
   // present must then be one buffer each or distinct (never K shared and V not).
   const bool windowed = d.windowed;

@@ -56,8 +56,8 @@ _CUDA_MEASURED = {(dtype, d) for dtype in (ir.DataType.FLOAT16, ir.DataType.BFLO
 # With attention sinks: measured faster than ONNX Runtime's op at every prefill length and decode
 # shape timed, float16 (1.66-2.20x prefill, 1.01-1.28x decode; perf-notes "A key bound per row for
 # batched first prompts") and bfloat16 (1.64-2.72x, 1.02-1.28x; perf-notes "Q's rotary in the Gluon
-# kernels' load path").
-_CUDA_SINKS_MEASURED = {(dtype, d) for dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16) for d in (64, 128)}
+# kernels' load path"): the same head sizes and dtypes as without them.
+_CUDA_SINKS_MEASURED = _CUDA_MEASURED
 # rewrite()'s gqa_cuda: which float16 / bfloat16 (CUDA) nodes the rule maps.
 CUDA_POLICIES = ("measured", "all", "none")
 
@@ -183,8 +183,7 @@ def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str, sin
         _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes it on CUDA, "
               "faster than ONNX Runtime's while the cache holds every token, but measured slower at decode "
               "of small batches once the window is full (it moves the whole window every step): left to "
-              "ONNX Runtime's; "
-              "--gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
+              "ONNX Runtime's; --gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
     if policy != "all" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
               "sizes 64 and 128 (other sizes run generic kernels, measured slower): left to ONNX Runtime's; "
