@@ -70,7 +70,8 @@ ABIS = {
                 ("Sq", "i32"), ("Dv", "i32"), ("num_splits", "i32"), ("store_lse", "i32"), ("stride_yb", "i64"),
                 ("stride_yh", "i64"), ("stride_ym", "i64")),
     # gqa_prepare (its four kinds). K and V may point into packed QKV. StageK / StageV, cap, gap,
-    # stage_len and shared: a windowed cache's stage (cap 0: none).
+    # stage_len and shared: a windowed cache's stage (cap 0: none); in gqa_shift's launches StageK /
+    # StageV are its save buffers and shift_phase says which of its two launches runs (0 elsewhere).
     "GqaPrepare": tuple((n, "ptr:dtype") for n in ("Q", "K", "V", "PastK", "PastV", "PresentK", "PresentV", "QRot",
                                                    "Cos", "Sin", "StageK", "StageV"))
     + (("PositionIds", "ptr:i64"), ("Seqlens", "ptr:i32"), ("Totals", "ptr:i64"), ("KeyMask", "ptr:i8"),
@@ -79,7 +80,7 @@ ABIS = {
                                  "has_position_ids", "first_prompt", "write_mask", "total_max", "present_len",
                                  "past_len", "qk_norm", "cap", "gap", "stage_len", "shared"))
     + (("qk_eps", "f32"),)
-    + tuple((f"stride_{t}{d}", "i64") for t in "qkv" for d in "bs"),
+    + tuple((f"stride_{t}{d}", "i64") for t in "qkv" for d in "bs") + (("shift_phase", "i32"),),
     # The FP8 prefill path (aot/fp8_prepare.py, aot/flash_fwd_fp8.py): K's column sums and V's
     # column maxima per key head, then the e4m3 operands and their scales, then the attention.
     "Fp8Stats": (("K", "ptr:dtype"), ("V", "ptr:dtype"), ("Part", "ptr:f32"), ("H", "i32"), ("N", "i32"),
@@ -127,9 +128,6 @@ MAX_DECODE_ROWS = 64
 # launcher fuses the merge where the tile it picks takes few round trips (merge_round_trips).
 MERGE_WIDE = (4, 16)
 MERGE_TALL = (16, 4)
-# gqa_shift (aot/gqa_prepare.py MODE 3) moves one (batch row, KV head)'s rows in place, each program
-# one slice of BLOCK_D / GQA_SHIFT_SLICES columns: the launch's grid is (GQA_SHIFT_SLICES, B * Hkv).
-GQA_SHIFT_SLICES = 4
 
 
 def runtime_args(kind: str) -> tuple[str, ...]:

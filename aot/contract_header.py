@@ -80,9 +80,7 @@ def header() -> str:
               f"constexpr int64_t kMaxDecodeSq = {c.MAX_DECODE_SQ};", f"constexpr int64_t kMaxDecodeRows = {c.MAX_DECODE_ROWS};",
               "// The split-KV kernel's fused-merge tiles: packed rows x splits loaded in one L2 round trip.",
               f"constexpr int64_t kMergeWideRows = {c.MERGE_WIDE[0]}, kMergeWideSplits = {c.MERGE_WIDE[1]};",
-              f"constexpr int64_t kMergeTallRows = {c.MERGE_TALL[0]}, kMergeTallSplits = {c.MERGE_TALL[1]};",
-              "// gqa_shift's grid: column slices of a (batch row, KV head) a program.",
-              f"constexpr int64_t kGqaShiftSlices = {c.GQA_SHIFT_SLICES};", ""]
+              f"constexpr int64_t kMergeTallRows = {c.MERGE_TALL[0]}, kMergeTallSplits = {c.MERGE_TALL[1]};", ""]
     for abi, params in c.ABIS.items():
         lines += _struct(abi, params)
     lines += ["}  // namespace ort_flash", ""]

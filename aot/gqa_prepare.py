@@ -53,12 +53,15 @@ L(past_b + S), its first new token goes to row0 = L(past_b + S) - S, and its res
 L(past_b)) move down to [0, row0) first, E_b = L(past_b) + S - L(past_b + S) being the rows it
 drops (0 within the capacity). A present of its own takes them from the past in the past copy
 (MODE 1, from row E_b); a buffer shared with the past moves them in place in the fourth mode
-(MODE 3, shift; grid (GQA_SHIFT_SLICES, B * Hkv)): a program moves one slice of the columns of
-one (batch row, KV head), chunk by chunk in ascending order, each chunk read before a barrier and
-written after it, so that no row is written before every read of it (a left move: a chunk's rows
-are read only by its own chunk and the ones before it). A row with E_b = 0 moves nothing. The
-compaction after the attention (a present of its own only) then copies rows [0, L(T_b)) onto
-themselves and zeros the rest, as it does within the capacity.
+(MODE 3, shift; grid (cdiv(C, BLOCK_ROWS), B * Hkv), each program one block of BLOCK_ROWS
+destination rows of one (batch row, KV head), all blocks at once). A block's source rows past its
+own destinations may be another block's destinations, written while it runs, so the shift is two
+launches: shift_phase 0 copies each block's such rows (at most min(E_b, BLOCK_ROWS), and E_b is 0
+or G) into save buffers of min(G, BLOCK_ROWS) rows a block (StageK / StageV, in the call's
+scratch), then shift_phase 1 moves every block, those rows from the save buffers, the rest from
+present, each block's reads before its writes. A row with E_b = 0 moves nothing. The compaction
+after the attention (a present of its own only) then copies rows [0, L(T_b)) onto themselves and
+zeros the rest, as it does within the capacity.
 
 seqlens_k is device data: a row whose length is impossible (T_b < 1 or > total_max, fewer keys
 than the new tokens, past the cache) writes no K/V row, moves no row and gets T_b = 0 (its
@@ -67,12 +70,8 @@ attention output is 0) and an all-false mask row; nothing is ever written outsid
 import triton
 import triton.language as tl
 
-from .contract import GQA_SHIFT_SLICES
-
 # Key-mask entries written per step.
 MASK_STEP = tl.constexpr(1024)
-# The shift's column slices of a (batch row, KV head) (its launch's grid rows).
-SHIFT_SLICES = tl.constexpr(GQA_SHIFT_SLICES)
 
 
 @triton.jit
@@ -283,40 +282,56 @@ def _compact(StageK, StageV, PresentK, PresentV, Seqlens, S, Hkv, D, first_promp
 
 
 @triton.jit
-def _shift(PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap,
+def _shift(PresentK, PresentV, SaveK, SaveV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap, shift_phase,
            BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """MODE 3: present (shared with the past) as a windowed cache's stage: rows [E_b, L(past_b)) of
-    one (batch row, KV head) moved down to [0, row0_b) in place, the columns of slices
-    program_id(0), program_id(0) + num_programs(0), ... (the module's docstring)."""
-    COLS: tl.constexpr = BLOCK_D // SHIFT_SLICES
+    one (batch row, KV head) moved down to [0, row0_b) in place, block program_id(0) of BLOCK_ROWS
+    destination rows a program, in two launches (the module's docstring): shift_phase 0 saves the
+    block's source rows that other blocks overwrite into SaveK / SaveV, 1 moves the block."""
+    R: tl.constexpr = BLOCK_ROWS
     bh = tl.program_id(1)
     b = bh // Hkv
     keys, past, row0, drop, ok = _row_lengths(Seqlens, b, S, total_max, cap, first_prompt, cap, gap, cap)
     if drop > 0:
-        n = row0.to(tl.int32)
-        rr = tl.arange(0, BLOCK_ROWS)
+        k = tl.program_id(0).to(tl.int64)
+        dd = tl.arange(0, BLOCK_D)
+        d_ok = (dd < D)[None, :]
+        rr = tl.arange(0, R).to(tl.int64)
         base = bh.to(tl.int64) * cap * D
-        src = drop * D  # a row's source, elements after its destination
-        for sl in range(tl.program_id(0), SHIFT_SLICES, tl.num_programs(0)):
-            cols = sl * COLS + tl.arange(0, COLS)
-            c_ok = (cols < D)[None, :]
-            at = base + rr[:, None].to(tl.int64) * D + cols[None, :]
-            m = (rr < n)[:, None] & c_ok
-            k = tl.load(PresentK + at + src, mask=m, other=0.0)
-            v = tl.load(PresentV + at + src, mask=m, other=0.0)
+        # The saved rows of block k: sources k R + max(R, E_b) + i, i < min(E_b, R), the block's
+        # sources past its own destinations (those before are its own, read before its writes);
+        # min(G, R) rows a block in the save buffers (E_b <= G).
+        first_saved = k * R + tl.maximum(drop, R)
+        save_rows = tl.minimum(gap, R)
+        save = (bh.to(tl.int64) * tl.num_programs(0) + k) * save_rows
+        if shift_phase == 0:
+            src = first_saved + rr
+            m = ((rr < tl.minimum(drop, R)) & (src < row0))[:, None] & d_ok
+            at = (save + rr)[:, None] * D + dd[None, :]
+            from_row = base + src[:, None] * D + dd[None, :]
+            tl.store(SaveK + at, tl.load(PresentK + from_row, mask=m, other=0.0), mask=m)
+            tl.store(SaveV + at, tl.load(PresentV + from_row, mask=m, other=0.0), mask=m)
+        else:
+            dst = k * R + rr
+            src = dst + drop
+            valid = dst < row0
+            # a source another block writes (below row0, past this block's destinations) comes
+            # from the save buffers; every other one from present, before any write
+            saved = valid & (src >= (k + 1) * R) & (src < row0)
+            m_p = ((valid & ~saved)[:, None]) & d_ok
+            m_s = saved[:, None] & d_ok
+            from_row = base + src[:, None] * D + dd[None, :]
+            from_save = (save + src - first_saved)[:, None] * D + dd[None, :]
+            kk = tl.load(PresentK + from_row, mask=m_p, other=0.0)
+            vv = tl.load(PresentV + from_row, mask=m_p, other=0.0)
+            kk = tl.where(m_s, tl.load(SaveK + from_save, mask=m_s, other=0.0), kk)
+            vv = tl.where(m_s, tl.load(SaveV + from_save, mask=m_s, other=0.0), vv)
+            # every thread's reads of the block's rows before any thread's writes of them
             tl.debug_barrier()
-            for j0 in range(0, n, BLOCK_ROWS):
-                # The next chunk's rows (sources past every row written so far) are read before
-                # this chunk is written; the barrier then orders this chunk's reads (of rows the
-                # next chunk writes where E_b < BLOCK_ROWS) before those writes.
-                at_next = at + BLOCK_ROWS * D
-                m_next = (j0 + BLOCK_ROWS + rr < n)[:, None] & c_ok
-                k_next = tl.load(PresentK + at_next + src, mask=m_next, other=0.0)
-                v_next = tl.load(PresentV + at_next + src, mask=m_next, other=0.0)
-                tl.store(PresentK + at, k, mask=m)
-                tl.store(PresentV + at, v, mask=m)
-                tl.debug_barrier()
-                at, m, k, v = at_next, m_next, k_next, v_next
+            to_row = base + dst[:, None] * D + dd[None, :]
+            m = valid[:, None] & d_ok
+            tl.store(PresentK + to_row, kk, mask=m)
+            tl.store(PresentV + to_row, vv, mask=m)
 
 
 @triton.jit
@@ -327,6 +342,7 @@ def gqa_prepare(
     first_prompt, write_mask, total_max, present_len, past_len, qk_norm, cap, gap, stage_len, shared, qk_eps,
     stride_qb, stride_qs, stride_kb, stride_ks, stride_vb, stride_vs,
     BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GATHER_ROWS: tl.constexpr, MODE: tl.constexpr,
+    shift_phase=0,
 ):
     # The cache writes of modes 0 and 1: present, or a windowed cache's stage (present's own
     # buffers where stage_len == cap).
@@ -345,7 +361,8 @@ def gqa_prepare(
         _compact(StageK, StageV, PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap, stage_len,
                  shared, BLOCK_ROWS, BLOCK_D)
     elif MODE == 3:
-        _shift(PresentK, PresentV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap, BLOCK_ROWS, BLOCK_D)
+        _shift(PresentK, PresentV, StageK, StageV, Seqlens, S, Hkv, D, first_prompt, total_max, cap, gap, shift_phase,
+               BLOCK_ROWS, BLOCK_D)
     else:
         tiles = tl.cdiv(S * (q_heads + 2 * Hkv), BLOCK_ROWS)
         b = tl.program_id(0) // tiles

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .contract import GQA_SHIFT_SLICES
-
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -75,8 +73,8 @@ TMA_TILES = {
 # 72-127 registers, 4-7 CTAs (16-28 warps) an SM, so 32-56 KB of reads in flight per SM at fp16,
 # where about 10-20 KB keep HBM at the copy rate (Little: ~1.5 TB/s of reads x ~1 us / 132 SMs);
 # the whole tile at once took 186-255 registers (2 CTAs an SM, or spills). gqa_past and gqa_compact
-# (copies): 2048 elements a CTA (4096 took 232 registers). gqa_shift: tiles of 2048 elements too,
-# rows of a slice of BLOCK_D / GQA_SHIFT_SLICES columns, K's and V's of two chunks in flight.
+# (copies) and gqa_shift (a copy in each of its two launches): 2048 elements a CTA (4096 took 232
+# registers).
 GQA_ELEMENTS = 4096
 GQA_GATHER_ELEMENTS = 512
 GQA_PAST_ELEMENTS = 2048
@@ -85,10 +83,7 @@ GQA_PAST_ELEMENTS = 2048
 def gqa_tile(head_dim: int, kind: str = "gqa_prepare") -> tuple[int, int, int, int]:
     """(rows per CTA, rows per chunk of gqa_prepare's general path, num_warps, stages) of a prepare
     kernel of `kind` compiled for `head_dim`."""
-    if kind == "gqa_shift":
-        rows = GQA_PAST_ELEMENTS * GQA_SHIFT_SLICES // head_dim
-    else:
-        rows = (GQA_PAST_ELEMENTS if kind in ("gqa_past", "gqa_compact") else GQA_ELEMENTS) // head_dim
+    rows = (GQA_PAST_ELEMENTS if kind in ("gqa_past", "gqa_compact", "gqa_shift") else GQA_ELEMENTS) // head_dim
     return (rows, min(rows, GQA_GATHER_ELEMENTS // head_dim), 4, 1)
 
 # The one-partition Gluon kernel (aot/flash_fwd_gluon.py) per head dim (perf-notes prefill v6):

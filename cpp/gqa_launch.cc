@@ -2,6 +2,7 @@
 
 #include "launch_switches.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -9,11 +10,12 @@
 namespace ort_flash {
 namespace {
 
-// The full-window decode step over present (the shift kernel) from this many (batch row, KV head)
-// pairs on, over a stage below: on an H100 (W = C = 4096, 8 KV heads) the shift took 0.217 / 0.119
-// ms at batch 8 (d128 / d64) against the stage's 0.330 / 0.169 and ONNX Runtime's 0.242 / 0.127,
-// but 0.085 / 0.048 at batch 1 against the stage's 0.057 / 0.032: its programs, four a pair, walk
-// the window in sequential chunks (perf-notes "Q's rotary on load timed").
+// The full-window decode step over present (the shift kernels) from this many (batch row, KV head)
+// pairs on, over a stage below. An H100 (W = C = 4096, 8 KV heads) timed a shift of four programs
+// a pair, each walking the window in sequential chunks: 0.217 / 0.119 ms at batch 8 (d128 / d64)
+// against the stage's 0.330 / 0.169 and ONNX Runtime's 0.242 / 0.127, but 0.085 / 0.048 at batch 1
+// against the stage's 0.057 / 0.032 (perf-notes "Q's rotary on load timed"). The shift is now a
+// program per block of rows in two launches, not yet timed.
 constexpr int64_t kWindowShiftMinPairs = 64;
 
 // The kernels' arguments: contract.gen.h's GqaPrepareArgs and SinkRescaleArgs (their fields the
@@ -172,13 +174,22 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   const size_t len_bytes = static_cast<size_t>(d.batch) * sizeof(int64_t);
   const size_t mask_bytes = mask ? static_cast<size_t>(d.batch * plen) : 0;
   const size_t stage_bytes = staged ? static_cast<size_t>(d.batch * d.hkv * stage_len * d.d) * es : 0;
+  // The shift's save buffers: min(G, BLOCK_ROWS) rows for each of its blocks of BLOCK_ROWS rows
+  // (aot/gqa_prepare.py MODE 3).
+  const int64_t shift_rows = shift ? shift->entry->block_m : 1;
+  const int64_t shift_blocks = (plen + shift_rows - 1) / shift_rows;
+  const int64_t gap = windowed ? plen - c.attrs.local_window_size + 1 : 1;
+  const size_t save_bytes =
+      shift ? static_cast<size_t>(d.batch * d.hkv * shift_blocks * std::min(gap, shift_rows) * d.d) * es : 0;
   // The block: [rotated Q | lengths | key mask | the attention's log-sum-exp (B, Hq, S) with sinks
-  // | a staged windowed cache's stage K | stage V].
+  // | a staged windowed cache's stage K | stage V | the shift's save K | save V].
   size_t bytes = aligned(q_bytes) + aligned(len_bytes) + mask_bytes;
   const size_t lse_offset = aligned(bytes);
   if (sinks) bytes = lse_offset + static_cast<size_t>(d.batch * d.hq * d.sq) * sizeof(float);
   const size_t stage_offset = aligned(bytes);
   if (staged) bytes = stage_offset + 2 * aligned(stage_bytes);
+  const size_t save_offset = aligned(bytes);
+  if (shift) bytes = save_offset + 2 * aligned(save_bytes);
   void* buf = nullptr;
   ORT_FLASH_RETURN_IF_ERROR(scratch(bytes, &buf));
   char* q_rot = static_cast<char*>(buf);
@@ -233,7 +244,7 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   a.past_len = d.has_past ? static_cast<int32_t>(d.past_len) : 0;
   // cap > 0: the windowed cache's capacity C and G = C - W + 1 (C >= W > 0: validate_gqa).
   a.cap = windowed ? static_cast<int32_t>(plen) : 0;
-  a.gap = windowed ? static_cast<int32_t>(plen - c.attrs.local_window_size + 1) : 1;
+  a.gap = static_cast<int32_t>(gap);
   a.stage_len = static_cast<int32_t>(stage_len);
   a.shared = shared;
   a.stride_qb = d.sq * q_row; a.stride_qs = q_row;
@@ -243,12 +254,19 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // A present of its own: zeros and each row's past (rows the new tokens take are left to them);
   // a windowed cache's stage: each row's resident rows (at most C); where present is the stage,
   // a present of its own the kept ones (from row E_b), and a buffer shared with past holds them
-  // already, moved down in place past C (a program per column slice of a (batch row, KV head)).
+  // already, moved down in place past C: the rows of each block that another block overwrites saved
+  // first, then every block moved (a program per block of rows of a (batch row, KV head)).
   const int64_t cache_rows = past->entry->block_m;
   if (!shared || staged) {
     ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *past, (plen + cache_rows - 1) / cache_rows, d.batch * d.hkv, a, stream));
   } else if (shift) {
-    ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *shift, kGqaShiftSlices, d.batch * d.hkv, a, stream));
+    GqaPrepareArgs s = a;
+    s.StageK = dev(q_rot + save_offset);
+    s.StageV = dev(q_rot + save_offset + aligned(save_bytes));
+    for (int32_t phase : {0, 1}) {
+      s.shift_phase = phase;
+      ORT_FLASH_RETURN_IF_ERROR(launch(*drv, *shift, shift_blocks, d.batch * d.hkv, s, stream));
+    }
   }
   // BLOCK_ROWS rows of one batch row per program, a row being one head of one token: the Q heads
   // (only where Q is rotated or normed), then the K heads, then the V heads of each token. The

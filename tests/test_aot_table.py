@@ -491,10 +491,9 @@ def test_gqa_prepare_variants():
         src, _, _, sig, constexprs = build.triton_source(x, 90, v.get_fwd_config(90, x))
         cfg = v.get_fwd_config(90, x)
         rows, gather = cfg.block_m, cfg.block_n
-        # gqa_prepare: 4096 elements a CTA, its general path 512 at a time; the copies: 2048 (the
-        # shift's rows a slice of the columns)
-        cols = x.head_dim // (contract.GQA_SHIFT_SLICES if x.kind == "gqa_shift" else 1)
-        assert rows * cols == (4096 if x.kind == "gqa_prepare" else 2048), x.name
+        # gqa_prepare: 4096 elements a CTA, its general path 512 at a time; the copies and the
+        # shift: 2048
+        assert rows * x.head_dim == (4096 if x.kind == "gqa_prepare" else 2048), x.name
         assert gather == min(rows, 512 // x.head_dim) and rows % gather == 0 and cfg.num_warps == 4
         assert x.name == f"{x.kind}_{x.dtype}_d{x.head_dim}" and cfg == v.get_fwd_config(80, x)
         assert constexprs == {"BLOCK_ROWS": rows, "BLOCK_D": x.head_dim, "GATHER_ROWS": gather,

@@ -23,7 +23,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 import _fake_cuda  # noqa: E402
-from aot.contract import GQA_SHIFT_SLICES as SHIFT_SLICES  # noqa: E402 (the shift's grid rows)
 from test_launch_abi import ARCH, SMS, Log, _fwd_expected, abi_names, decode_params, f32  # noqa: E402
 
 _C = pytest.importorskip("ort_flash._C", reason="the native module is not built")
@@ -154,10 +153,25 @@ def stage_bytes(c: dict) -> int:
     return c["batch"] * c["hkv"] * (c["present_len"] + c["sq"]) * c["d"] * ES[c["dtype"]] if staged(c) else 0
 
 
+def shift_rows(c: dict) -> int:
+    """The shift kernel's block of rows (BLOCK_ROWS): 2048 elements of the smallest BLOCK_D."""
+    return 2048 // block_d(c["d"])
+
+
+def save_bytes(c: dict) -> int:
+    """One of the shift's two save buffers: min(G, BLOCK_ROWS) rows for each block of BLOCK_ROWS of
+    each (batch row, KV head)."""
+    if not (full_window(c) and shared_cache(c)):
+        return 0
+    rows, gap = shift_rows(c), c["present_len"] - c["local_window_size"] + 1
+    return c["batch"] * c["hkv"] * math.ceil(c["present_len"] / rows) * min(gap, rows) * c["d"] * ES[c["dtype"]]
+
+
 def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int, int]:
     """(bytes of the scratch block, offset of the log-sum-exp in it, 0 without sinks; offset of the
-    stage K, 0 without a staged windowed cache): the rotated Q, the lengths, the key mask, then the (B, Hq,
-    S) float32 log-sum-exp, then the stage K and V."""
+    stage K, 0 without a staged windowed cache, else of the shift's save K, 0 without the shift): the
+    rotated Q, the lengths, the key mask, then the (B, Hq, S) float32 log-sum-exp, then the stage K
+    and V or the shift's save K and V."""
     b, s, plen = c["batch"], c["sq"], c["present_len"]
     mask = b * plen if key_mask(c) else 0
     head = aligned(q_bytes) + aligned(8 * b) + mask
@@ -165,6 +179,8 @@ def scratch_layout(c: dict, q_bytes: int) -> tuple[int, int, int]:
     if has_sinks(c):
         lse = aligned(head)
         head = lse + 4 * b * c["hq"] * s
+    if save_bytes(c):
+        return aligned(head) + 2 * aligned(save_bytes(c)), lse, aligned(head)
     if not staged(c):
         return head, lse, 0
     return aligned(head) + 2 * aligned(stage_bytes(c)), lse, aligned(head)
@@ -204,7 +220,7 @@ def prepare_expected(c: dict, scratch: int, stage: int = 0, on_load: bool = Fals
         cap=cap, gap=cap - c["local_window_size"] + 1 if cap else 1, stage_len=cap + s if staged(c) else cap,
         shared=int(shared_cache(c)),
         qk_eps=f32(c.get("qk_norm_epsilon", 1e-6)), stride_qb=s * q_row, stride_qs=q_row,
-        stride_kb=s * kv_row, stride_ks=kv_row, stride_vb=s * kv_row, stride_vs=kv_row,
+        stride_kb=s * kv_row, stride_ks=kv_row, stride_vb=s * kv_row, stride_vs=kv_row, shift_phase=0,
         global_scratch=0, profile_scratch=0)
 
 
@@ -437,17 +453,19 @@ def test_gqa_launches(runs, what):
     shared = shared_cache(c)
     copies = not shared or staged(c)  # a stage of its own takes each row's resident rows in any case
     shifts = full_window(c) and shared  # the kept rows moved down in place
-    prepares = got[:2 if copies or shifts else 1]
+    prepares = got[:2 if copies else 3 if shifts else 1]
     if copies:  # the past copy first: rows of present_len, one (batch, KV head) per grid row
         ev, e, args = prepares[0]
         assert e["variant"] == f"gqa_past_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
         assert ev["grid"] == [math.ceil(c["present_len"] / e["block_m"]), b * hkv, 1]
         assert e["block_m"] * block_d(c["d"]) == 2048
-    elif shifts:  # the shift first: a program per column slice of a (batch, KV head)
-        ev, e, args = prepares[0]
-        assert e["variant"] == f"gqa_shift_{SHORT[c['dtype']]}_d{block_d(c['d'])}" and args == want
-        assert ev["grid"] == [SHIFT_SLICES, b * hkv, 1]
-        assert e["block_m"] * block_d(c["d"]) == 2048 * SHIFT_SLICES
+    elif shifts:  # the shift first, its save then its move: a program per block of a (batch, KV head)
+        save = scratch["ptr"] + stage_offset
+        for phase, (ev, e, args) in enumerate(prepares[:2]):
+            assert e["variant"] == f"gqa_shift_{SHORT[c['dtype']]}_d{block_d(c['d'])}", what
+            assert args == dict(want, StageK=save, StageV=save + aligned(save_bytes(c)), shift_phase=phase), what
+            assert ev["grid"] == [math.ceil(c["present_len"] / e["block_m"]), b * hkv, 1]
+            assert e["block_m"] == shift_rows(c)
     assert not [r for r in got[len(prepares):] if r[1]["kind"] in ("gqa_past", "gqa_shift")], what
     ev, e, args = prepares[-1]
     # the smallest BLOCK_D holding the head size; block_m rows of one batch row per program, a
@@ -542,8 +560,9 @@ def test_windowed_cache_decode_runs_in_place(runs):
     k = attention["K"] if "K" in attention else log.encodes[attention["K.map"][1]]["address"]
     assert k == c["present_key"]
     past, c = run("windowed cache one past its capacity, decode, shared buffer")
-    assert [k for k, _ in past[:2]] == ["gqa_shift", "gqa_prepare"] and "gqa_compact" not in {k for k, _ in past}
-    assert past[1][1]["StageK"] == c["present_key"] and past[1][1]["stage_len"] == c["present_len"]
+    assert [k for k, _ in past[:3]] == ["gqa_shift", "gqa_shift", "gqa_prepare"]
+    assert "gqa_compact" not in {k for k, _ in past}
+    assert past[2][1]["StageK"] == c["present_key"] and past[2][1]["stage_len"] == c["present_len"]
     prefill, c = run("windowed cache, chunked prefill, no rotary, fp32 d80")
     assert [k for k, _ in prefill[:2]] == ["gqa_past", "gqa_prepare"] and prefill[-1][0] == "gqa_compact"
     assert prefill[1][1]["stage_len"] == c["present_len"] + c["sq"]

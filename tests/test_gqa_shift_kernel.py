@@ -1,12 +1,14 @@
 """A windowed cache's decode step past its capacity over present (aot/gqa_prepare.py: present as the
-stage, the shift of MODE 3 or the past copy from row E_b) against the staged path (a stage of C + 1
+stage, the shift of MODE 3 (its save launch, then its move) or the past copy from row E_b) against the staged path (a stage of C + 1
 rows, then the compaction), both run by Triton's CPU interpreter on the same inputs: present must
 end bit for bit the same, each row's key count must be L(past_b + 1), and the keys the attention
 reads (present's rows [0, L(past_b + 1))) must be the stage's last rows of the row. Random lengths
 with rows that drop nothing (E_b = 0), rows at exactly C, rows that first pass C and impossible
 rows; a buffer shared with the past and a present of its own (poisoned: every row must be
-written); fp16 / bf16 / fp32, C = W and C > W; shift tiles smaller and larger than E_b, the shift's
-column slices a program each or all in one program. Each case runs in a subprocess under
+written; the shift's save buffers poisoned too); fp16 / bf16 / fp32, C = W and C > W; shift blocks
+of fewer rows than E_b and of more, the last block ragged. The interpreter runs a grid's programs
+one after another; each case runs with them in ascending order and again in descending order,
+so that a block that reads a row another block has already moved (a missing save) shows. Each case runs in a subprocess under
 TRITON_INTERPRET=1, as tests/test_gqa_prepare_kernel.py does."""
 from __future__ import annotations
 
@@ -23,19 +25,20 @@ from test_gqa_prepare_kernel import GUARD, kept
 ROOT = Path(__file__).resolve().parents[1]
 
 # b, hq, hkv, d; cap C, window W; shared: past and present one buffer; rotary 0/1/2 (R = d);
-# rows: the shift's BLOCK_ROWS; one_program: the shift's column slices all in one program.
+# rows: the shift's BLOCK_ROWS (E_b = G = C - W + 1 below it, at it and above it).
 CASES = [
     dict(b=9, hq=4, hkv=2, d=64, cap=12, window=12, shared=True, packed=True, rotary=1, rows=4),
-    dict(b=9, hq=4, hkv=2, d=32, cap=12, window=5, shared=True, rotary=2, rows=4, one_program=True,
-         dtype="bfloat16"),
+    dict(b=9, hq=4, hkv=2, d=32, cap=12, window=5, shared=True, rotary=2, rows=4, dtype="bfloat16"),
     dict(b=12, hq=2, hkv=1, d=64, cap=10, window=4, shared=False, dtype="float32", rows=8),
     dict(b=8, hq=4, hkv=2, d=80, cap=9, window=9, shared=False, packed=True, rotary=1, dtype="bfloat16", rows=4),
     dict(b=7, hq=8, hkv=2, d=128, cap=16, window=16, shared=True, rotary=1, rows=2),
-    dict(b=8, hq=2, hkv=2, d=64, cap=20, window=7, shared=True, dtype="float32", rows=16, one_program=True),
-    # Head sizes below BLOCK_D: the shift's last column slices partly or wholly masked (d80 in 128:
-    # slices of 32, the third holds 16 columns, the fourth none; d48 in 64: the fourth none).
+    dict(b=8, hq=2, hkv=2, d=64, cap=20, window=7, shared=True, dtype="float32", rows=16),
+    dict(b=8, hq=2, hkv=2, d=64, cap=13, window=10, shared=True, rows=4),
+    # E_b above BLOCK_ROWS and below the rows kept: a block's every source is another block's row.
+    dict(b=8, hq=4, hkv=2, d=64, cap=16, window=12, shared=True, rows=2, rotary=1),
+    # Head sizes below BLOCK_D: the columns past D masked.
     dict(b=9, hq=4, hkv=2, d=80, cap=11, window=6, shared=True, packed=True, rotary=1, rows=4),
-    dict(b=9, hq=2, hkv=1, d=48, cap=8, window=8, shared=True, dtype="bfloat16", rows=2, one_program=True),
+    dict(b=9, hq=2, hkv=1, d=48, cap=8, window=8, shared=True, dtype="bfloat16", rows=2),
 ]
 
 
@@ -49,9 +52,21 @@ def seqlens(c: dict, total_max: int) -> list[int]:
     return special + [int(x) for x in rng.integers(-2, total_max + 1, max(0, c["b"] - len(special)))]
 
 
+@pytest.mark.parametrize("order", ["ascending", "descending"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
-def test_full_window_decode_matches_staged(case):
-    run_interpreted(__file__, case)
+def test_full_window_decode_matches_staged(case, order):
+    run_interpreted(__file__, dict(case, order=order))
+
+
+def _programs_in_descending_order():
+    """The interpreter's programs run from the last grid index to the first (it runs them in
+    ascending order, one after another)."""
+    import triton.runtime.interpreter as interp
+
+    builder = interp.interpreter_builder
+    set_idx = builder.set_grid_idx
+    builder.set_grid_idx = lambda x, y, z: set_idx(builder.grid_dim[0] - 1 - x, builder.grid_dim[1] - 1 - y,
+                                                   builder.grid_dim[2] - 1 - z)
 
 
 def check_case(c: dict) -> None:
@@ -61,10 +76,11 @@ def check_case(c: dict) -> None:
     from test_kernel_interpreter import _patch_interpreter
     _patch_interpreter()
     _round_bf16_like_gpu()
-    from aot.contract import GQA_SHIFT_SLICES
+    if c.pop("order") == "descending":
+        _programs_in_descending_order()
     from aot.gqa_prepare import gqa_prepare
 
-    c = dict(dict(dtype="float16", rotary=0, packed=False, one_program=False), **c)
+    c = dict(dict(dtype="float16", rotary=0, packed=False), **c)
     dt = getattr(torch, c["dtype"])
     bits = torch.int32 if dt == torch.float32 else torch.int16
     rng = np.random.default_rng(sum(map(ord, json.dumps(c))) + 1)
@@ -119,16 +135,23 @@ def check_case(c: dict) -> None:
                 0, 0, total_max, cap, cap, 0, cap, gap, stage_len, int(c["shared"]), 1e-6,
                 q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1)]
         kw = dict(BLOCK_D=block_d, GATHER_ROWS=4)
-        if full and c["shared"]:  # cpp/gqa_launch.cc: the shift in place
-            grid_x = 1 if c["one_program"] else GQA_SHIFT_SLICES
-            gqa_prepare[(grid_x, bsz * hkv)](*args, BLOCK_ROWS=c["rows"], MODE=3, **kw)
+        rows = c["rows"]
+        blocks = -(-cap // rows)
+        save_n = bsz * hkv * blocks * min(gap, rows) * d
+        save_k_all, save_k = guarded(save_n)
+        save_v_all, save_v = guarded(save_n)
+        if full and c["shared"]:  # cpp/gqa_launch.cc: the shift in place, its save then its move
+            shift_args = list(args)
+            shift_args[10:12] = [save_k, save_v]  # StageK / StageV: the save buffers
+            for phase in (0, 1):
+                gqa_prepare[(blocks, bsz * hkv)](*shift_args, BLOCK_ROWS=rows, MODE=3, shift_phase=phase, **kw)
         else:  # the past copy: into the stage, or a present of its own from row E_b
             gqa_prepare[(-(-cap // 8), bsz * hkv)](*args, BLOCK_ROWS=8, MODE=1, **kw)
         gqa_prepare[(bsz * -(-(q_heads + 2 * hkv) // 8),)](*args, BLOCK_ROWS=8, MODE=0, **kw)
         keys = tuple(x.view(bsz, hkv, stage_len, d).clone() for x in stage)
         if not (full and c["shared"]):
             gqa_prepare[(-(-cap // 8), bsz * hkv)](*args, BLOCK_ROWS=8, MODE=2, **kw)
-        for whole in (pk_all, pv_all, sk_all, sv_all, qr_all):
+        for whole in (pk_all, pv_all, sk_all, sv_all, qr_all, save_k_all, save_v_all):
             assert torch.isnan(whole[:GUARD].float()).all() and torch.isnan(whole[-GUARD:].float()).all(), \
                 "a write outside a buffer"
         assert (tot_all[:GUARD] == -99).all() and (tot_all[-GUARD:] == -99).all(), "a write outside the lengths"
