@@ -10,14 +10,6 @@
 namespace ort_flash {
 namespace {
 
-// The full-window decode step over present (the shift kernels) from this many (batch row, KV head)
-// pairs on, over a stage below. An H100 (W = C = 4096, 8 KV heads) timed a shift of four programs
-// a pair, each walking the window in sequential chunks: 0.217 / 0.119 ms at batch 8 (d128 / d64)
-// against the stage's 0.330 / 0.169 and ONNX Runtime's 0.242 / 0.127, but 0.085 / 0.048 at batch 1
-// against the stage's 0.057 / 0.032 (perf-notes "Q's rotary on load timed"). The shift is now a
-// program per block of rows in two launches, not yet timed.
-constexpr int64_t kWindowShiftMinPairs = 64;
-
 // The kernels' arguments: contract.gen.h's GqaPrepareArgs and SinkRescaleArgs (their fields the
 // kernels' parameters, their order the launch's). Pointers the call does not use are 0: the kernels
 // never read them.
@@ -117,17 +109,18 @@ Status run_gqa_cuda(const std::string& node, const GqaCall& c, CUstream stream, 
   // lives on the device. Where total_sequence_length (the rows' largest total) is at most C, no row
   // can pass C and each keeps all its T_b positions where they lie: present itself is the stage
   // (C rows), the new tokens go in place at row past_b, as in a cache that is not windowed. One new
-  // token past C (decode at a full window) runs over present too where the shift is on (at least
-  // kWindowShiftMinPairs (batch row, KV head) pairs, or ORT_FLASH_WINDOW_SHIFT=1): each row's kept
-  // rows move down by the E_b rows it drops (a buffer shared with past in place, by the shift kernel; a
-  // present of its own from the past, by the past copy), the new token after them. Past and
-  // present must then be one buffer each or distinct (never K shared and V not).
+  // token past C (decode at a full window) runs over present too, unless ORT_FLASH_WINDOW_SHIFT=0
+  // (the stage; the shift measured faster on an H100 at batch 1 and 8, W = C = 4096, 8 KV heads:
+  // 0.047 / 0.284 ms against 0.057 / 0.330 at d128, 0.030 / 0.141 against 0.032 / 0.170 at d64,
+  // perf-notes "The full-window shift in parallel"): each row's kept rows move down by the E_b
+  // rows it drops (a buffer shared with past in place, by the shift kernels; a present of its own
+  // from the past, by the past copy), the new token after them. Past and present must then be one
+  // buffer each or distinct (never K shared and V not).
   const bool windowed = d.windowed;
   const bool shared = c.past_key == c.present_key && c.past_value == c.present_value;
   const bool distinct = c.past_key != c.present_key && c.past_value != c.present_value &&
                         c.past_key != c.present_value && c.past_value != c.present_key;
-  const int shift_switch = launch_switches().window_shift;
-  const bool shift_on = shift_switch == 1 || (shift_switch == -1 && d.batch * d.hkv >= kWindowShiftMinPairs);
+  const bool shift_on = launch_switches().window_shift;
   const bool full = windowed && c.total_sequence_length > plen && d.sq == 1 && (shared || distinct) && shift_on;
   const bool in_place = windowed && (c.total_sequence_length <= plen || full);
   const bool staged = windowed && !in_place;  // a stage of its own in the scratch block

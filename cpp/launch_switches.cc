@@ -30,7 +30,7 @@ LaunchSwitches read_switches() {
   s.gluon = tristate(std::getenv("ORT_FLASH_GLUON"));
   s.key_bound = tristate(std::getenv("ORT_FLASH_KEY_BOUND")) != 0;
   s.rotary_on_load = tristate(std::getenv("ORT_FLASH_ROTARY_ON_LOAD")) != 0;
-  s.window_shift = tristate(std::getenv("ORT_FLASH_WINDOW_SHIFT"));
+  s.window_shift = tristate(std::getenv("ORT_FLASH_WINDOW_SHIFT")) != 0;
   return s;
 }
 

@@ -31,11 +31,10 @@ struct LaunchSwitches {
   // and the prepare kernel writes K and V only; false ("0") = the prepare kernel writes a rotated
   // copy of Q (perf-notes "Q's rotary on load timed").
   bool rotary_on_load = true;
-  // ORT_FLASH_WINDOW_SHIFT: 1 ("1") = a decode step past a window-sized cache's capacity runs over
-  // present (the kept rows moved down in place by the shift kernel, no stage); 0 ("0") = over a
-  // stage, then the compaction; -1 (unset) = the shift where batch x KV heads is at least
-  // kWindowShiftMinPairs (cpp/gqa_launch.cc), the stage below.
-  int window_shift = -1;
+  // ORT_FLASH_WINDOW_SHIFT: true (unset, "1") = a decode step past a window-sized cache's capacity
+  // runs over present (the kept rows moved down in place by the shift kernels, no stage); false
+  // ("0") = over a stage, then the compaction.
+  bool window_shift = true;
 };
 
 // The switches of this process, read from the environment at the first call.

@@ -161,9 +161,9 @@ def test_gqa_cuda_computes_attention_sinks(name, dtype, library):
 @pytest.mark.parametrize("name", sorted(WINDOWED))
 def test_gqa_cuda_windowed_cache_matches_cpu_op(name, shared, dtype, library):
     """A windowed KV cache on CUDA (each row's resident rows and new tokens staged, the attention
-    over the stage, the compaction into present; within the capacity, and with
-    ORT_FLASH_WINDOW_SHIFT=1 for a decode step past it after the shift of each row's kept rows, over
-    present): the chains of calls of test_gqa_op's windowed
+    over the stage, the compaction into present; within the capacity, and for a decode step past it
+    after the shift of each row's kept rows, over present; with ORT_FLASH_WINDOW_SHIFT=0 that step
+    staged too): the chains of calls of test_gqa_op's windowed
     cases (prompts longer than the cache, compactions, chunked continuations, a batch of three),
     each op on its own buffers, the CUDA op against the CPU op (checked against ONNX Runtime's
     there): every output within twice the dtype's rounding of the CPU op's, the kept rows [0, L(T))

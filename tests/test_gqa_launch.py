@@ -101,9 +101,9 @@ def shared_cache(c: dict) -> bool:
     return c.get("past_key") == c["present_key"] and c.get("past_value") == c["present_value"]
 
 
-# The paths the launches below take beside the defaults (tests/_fake_cuda.py passes no other
-# switch): the full-window shift, on below 64 (batch row, KV head) pairs too.
-SWITCHES = {"ORT_FLASH_WINDOW_SHIFT": "1"}
+# The switches the launches below run with (tests/_fake_cuda.py passes no other): the defaults
+# (the full-window shift at every batch; ORT_FLASH_WINDOW_SHIFT=0, the stage, in its own test).
+SWITCHES = {}
 
 
 def full_window(c: dict) -> bool:
@@ -112,7 +112,7 @@ def full_window(c: dict) -> bool:
     one buffer each or four distinct ones."""
     distinct = len({c.get("past_key"), c.get("past_value"), c["present_key"], c["present_value"]}) == 4
     return (windowed(c) and c["total_sequence_length"] > c["present_len"] and c["sq"] == 1
-            and (shared_cache(c) or distinct) and SWITCHES.get("ORT_FLASH_WINDOW_SHIFT") == "1")
+            and (shared_cache(c) or distinct) and SWITCHES.get("ORT_FLASH_WINDOW_SHIFT") != "0")
 
 
 def staged(c: dict) -> bool:
@@ -379,18 +379,17 @@ def run_calls(folder: Path, calls: list[dict], switches: dict) -> tuple[list, Lo
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    # The full window's shift at every batch (by default only from 64 (batch row, KV head) pairs).
     return run_calls(tmp_path_factory.mktemp("gqa"), list(CALLS.values()) + [c for c, _ in REFUSED.values()],
                      SWITCHES)
 
 
-def test_full_window_shift_by_batch(tmp_path):
-    """Without ORT_FLASH_WINDOW_SHIFT a full-window decode step runs over present (the shift kernel)
-    from 64 (batch row, KV head) pairs on and over a stage below; =0 keeps the stage, =1 the shift."""
+def test_full_window_shift_at_every_batch(tmp_path):
+    """A full-window decode step runs over present (the shift kernels) at every batch, with
+    ORT_FLASH_WINDOW_SHIFT unset or 1; =0 runs it over a stage, then the compaction."""
     big = gqa_call(b=8, s=1, hq=16, hkv=8, total=161, past_len=160, local_window_size=128, sliding_window_cache=1)
-    small = gqa_call(b=7, s=1, hq=18, hkv=9, total=161, past_len=160, local_window_size=128,
-                     sliding_window_cache=1)  # 63 pairs
-    runs = (({}, ["gqa_shift", "gqa_past"]), ({"ORT_FLASH_WINDOW_SHIFT": "0"}, ["gqa_past", "gqa_past"]),
+    small = gqa_call(b=1, s=1, hq=4, hkv=1, total=161, past_len=160, local_window_size=128,
+                     sliding_window_cache=1)  # one (batch row, KV head) pair
+    runs = (({}, ["gqa_shift", "gqa_shift"]), ({"ORT_FLASH_WINDOW_SHIFT": "0"}, ["gqa_past", "gqa_past"]),
             ({"ORT_FLASH_WINDOW_SHIFT": "1"}, ["gqa_shift", "gqa_shift"]))
     for n, (switches, want) in enumerate(runs):
         errors, log = run_calls(tmp_path / str(n), [big, small], switches)
@@ -402,14 +401,13 @@ def test_full_window_shift_by_batch(tmp_path):
             assert ("gqa_compact" in kinds) == (firsts[i] == "gqa_past"), (switches, i, kinds)
 
 
-def test_full_window_staged_without_the_switch(tmp_path):
-    """Without ORT_FLASH_WINDOW_SHIFT=1 a decode step past a window-sized cache's capacity at these
-    batches (fewer than 64 (batch row, KV head) pairs) runs over a stage of its own: the past copy
-    into the scratch block, no shift, the compaction after."""
+def test_full_window_staged_with_the_switch_off(tmp_path):
+    """With ORT_FLASH_WINDOW_SHIFT=0 a decode step past a window-sized cache's capacity runs over a
+    stage of its own: the past copy into the scratch block, no shift, the compaction after."""
     names = [w for w, c in CALLS.items() if windowed(c) and c["sq"] == 1 and c["total_sequence_length"] > c["present_len"]]
     calls = [CALLS[w] for w in names]
     assert len(calls) >= 3
-    errors, log = run_calls(tmp_path, calls, {})
+    errors, log = run_calls(tmp_path, calls, {"ORT_FLASH_WINDOW_SHIFT": "0"})
     assert errors == [None] * len(calls)
     for i, (what, c) in enumerate(zip(names, calls)):
         got = launches(log, i)

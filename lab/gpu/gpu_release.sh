@@ -228,13 +228,15 @@ case "${1:-}" in
       | tail -14
     ;;
   window-shift)
-    # A decode step past a window-sized cache's capacity over present (ORT_FLASH_WINDOW_SHIFT=1; by
-    # default from 64 (batch row, KV head) pairs): the windowed GQA GPU tests with it at every batch,
-    # then the window's decode both ways (=0: the stage), fp16 and bf16 (SHIFT_S, STAGED_S).
+    # A decode step past a window-sized cache's capacity over present (the default) and over a stage
+    # (ORT_FLASH_WINDOW_SHIFT=0): the windowed GQA GPU tests both ways, then the window's decode both
+    # ways, fp16 and bf16 (SHIFT_S, STAGED_S).
     . lab/gpu/gpu_env.sh
     built || exit 1
-    ORT_FLASH_WINDOW_SHIFT=1 timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=140 -n 12 \
-      tests/test_gqa_cuda.py -k windowed 2>&1 | tee "$OUT/pytest-window-shift.log" | grep -v "^\." | tail -4
+    for shift in 1 0; do
+      ORT_FLASH_WINDOW_SHIFT=$shift timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=140 -n 12 \
+        tests/test_gqa_cuda.py -k windowed 2>&1 | tee "$OUT/pytest-window-shift$shift.log" | grep -v "^\." | tail -4
+    done
     ORT_FLASH_WINDOW_SHIFT=1 bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 \
       --dtypes float16 bfloat16 --budget-s "${SHIFT_S:-120}" --out "$OUT/bench-gqa-window-shift.json" | tail -26
     ORT_FLASH_WINDOW_SHIFT=0 bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 --peers ort_flash \
