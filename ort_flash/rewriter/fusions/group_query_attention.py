@@ -182,7 +182,7 @@ def _cuda_decision(node: ir.Node, dtype: ir.DataType, head_dim, policy: str, sin
     if policy != "all" and _int(node, "sliding_window_cache", 0):
         _fail(f"{what} and a windowed KV cache (sliding_window_cache=1): ort_flash's op computes it on CUDA, "
               "faster than ONNX Runtime's while the cache holds every token, but measured slower at decode "
-              "of small batches once the window is full (it moves the whole window every step): left to "
+              "once the window is full (it moves the whole window every step): left to "
               "ONNX Runtime's; --gqa-cuda all (ORT_FLASH_GQA_CUDA=1) maps it")
     if policy != "all" and (dtype, head_dim) not in _CUDA_MEASURED:
         _fail(f"{what}: ort_flash's op is measured faster than ONNX Runtime's on CUDA only at head "
