@@ -207,6 +207,13 @@ def test_gqa_probe_reads_ort_kernel_line():
     assert gqa_probe._kernel("").startswith("not printed")
 
 
+def test_gqa_grid_takes_one_dtype_a_run():
+    """--dtypes names the suite's one dtype; several are refused by name, never timed as the first."""
+    assert gqa_suite.grid("cuda", True, {"dtypes": ["bfloat16"]})["dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="--dtypes float16 bfloat16: the gqa suite times one dtype a run"):
+        gqa_suite.grid("cuda", True, {"dtypes": ["float16", "bfloat16"]})
+
+
 def test_gqa_grids():
     cuda = gqa_suite.configs(gqa_suite.grid("cuda", quick=False))
     prefill = [c for c in cuda if c["phase"] == "prefill"]

@@ -237,10 +237,12 @@ case "${1:-}" in
       ORT_FLASH_WINDOW_SHIFT=$shift timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout=140 -n 12 \
         tests/test_gqa_cuda.py -k windowed 2>&1 | tee "$OUT/pytest-window-shift$shift.log" | grep -v "^\." | tail -4
     done
-    ORT_FLASH_WINDOW_SHIFT=1 bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 \
-      --dtypes float16 bfloat16 --budget-s "${SHIFT_S:-120}" --out "$OUT/bench-gqa-window-shift.json" | tail -26
-    ORT_FLASH_WINDOW_SHIFT=0 bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 --peers ort_flash \
-      --dtypes float16 bfloat16 --budget-s "${STAGED_S:-80}" --out "$OUT/bench-gqa-window-staged.json" | tail -18
+    for dt in float16 bfloat16; do
+      ORT_FLASH_WINDOW_SHIFT=1 bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 \
+        --dtypes $dt --budget-s "${SHIFT_S:-60}" --out "$OUT/bench-gqa-window-shift-$dt.json" | tail -14
+      ORT_FLASH_WINDOW_SHIFT=0 bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 \
+        --peers ort_flash --dtypes $dt --budget-s "${STAGED_S:-40}" --out "$OUT/bench-gqa-window-staged-$dt.json" | tail -10
+    done
     ;;
   gqa-prefill)
     # Every prefill length with the key bound (the default; decode shapes GQA_CACHES x GQA_BATCHES),

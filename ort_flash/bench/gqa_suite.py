@@ -71,6 +71,9 @@ def grid(device: str, quick: bool, overrides: dict | None = None) -> dict:
             raise ValueError(f"--window {o['window']}: a window-sized cache needs W >= 1")
         g["window"] = int(o["window"])
     if o.get("dtypes"):
+        if len(o["dtypes"]) > 1:
+            raise ValueError(f"--dtypes {' '.join(o['dtypes'])}: the gqa suite times one dtype a run; "
+                             "run it once per dtype")
         g["dtype"] = o["dtypes"][0]
     return g
 
