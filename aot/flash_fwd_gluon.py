@@ -10,8 +10,9 @@ dispatcher keeps every other call on flash_fwd. has_seqlens != 0 bounds batch ro
 SeqlensK[b] with every position kept (FlashParams::key_bound: a GroupQueryAttention first prompt,
 whose shorter rows keep their queries' positions), not flash_fwd's bottom-right key lengths.
 rotary_half != 0 turns Q's tile in shared memory by the rotary of each row's position as it
-arrives (_rope_rows, _rotate_q: a first prompt's Q read straight from the op's input, not from a
-rotated copy).
+arrives (_rope_rows, _rotate_rows: a first prompt's Q read straight from the op's input, not from a
+rotated copy). `attend` is the body; with APPEND_KV (an experiment, lab/experiments/gqa_append.py,
+not built) it also writes a first prompt's new K (turned on load) and V to present.
 
 Q, K, V and Y are TMA descriptors over the (B, H, S, D) view, box (1, 1, rows, D), 128-byte
 swizzle, zero fill past S, stores clipped per (b, h). Grid (cdiv(Sq, BLOCK_M), B * Hq), query
@@ -106,7 +107,7 @@ def half_layout_of(num_warps, half):
 @gluon.jit
 def _rope_rows(Cos, Sin, r0, Sq, rotary_half, max_position, ROWS: gl.constexpr, BLOCK_D: gl.constexpr):
     """The cos and sin rows of query rows r0 .. r0 + ROWS - 1 (their positions; D = BLOCK_D = 2 *
-    rotary_half), in the layout _rotate_q turns Q's halves in, and which rows turn: those below Sq
+    rotary_half), in the layout _rotate_rows turns Q's halves in, and which rows turn: those below Sq
     and max_position. Loaded before Q's tile has arrived, so that their latency hides under its
     TMA. The launcher passes 16-byte aligned tables (cpp/gqa_launch.cc), so that each thread's 8
     consecutive entries load as one vector."""
@@ -127,12 +128,13 @@ def _rope_rows(Cos, Sin, r0, Sq, rotary_half, max_position, ROWS: gl.constexpr, 
 
 
 @gluon.jit
-def _rotate_q(q, cos, sin, t, BLOCK_D: gl.constexpr):
-    """Q's rows in shared memory (q: their [rows, BLOCK_D] tile) turned in place by the rotary of
-    their positions (_rope_rows' cos, sin and `t`, the rows that turn; contract.py's FwdGluon ABI):
-    (x_lo, x_hi) -> (x_lo cos - x_hi sin, x_hi cos + x_lo sin) in fp32, the same operations in the
-    same order as aot/gqa_prepare.py's, so that Q rounds as its copy there would. Every warp of the
-    caller takes part; the rows are in place for the tensor cores when it returns."""
+def _rotate_rows(q, cos, sin, t, BLOCK_D: gl.constexpr):
+    """Q's (or new K's) rows in shared memory (q: their [rows, BLOCK_D] tile) turned in place by
+    the rotary of their positions (_rope_rows' cos, sin and `t`, the rows that turn; contract.py's
+    FwdGluon ABI): (x_lo, x_hi) -> (x_lo cos - x_hi sin, x_hi cos + x_lo sin) in fp32, the same
+    operations in the same order as aot/gqa_prepare.py's, so that a row rounds as its copy there
+    would. Every warp of the caller takes part; the rows are in place for the tensor cores and TMA
+    when it returns."""
     HALF: gl.constexpr = BLOCK_D // 2
     layout: gl.constexpr = half_layout_of(gl.num_warps(), HALF)
     lo_s = q.slice(0, HALF, dim=1)
@@ -187,6 +189,44 @@ def _softmax(s, m_i, l_i, start_n, mask_from, limit, pos, qk_scale,
 
 
 @gluon.jit
+def _key_block(k_ring, k_bars, slot, phase, Kout, b, hk, block, own, cos, sin, turn, rotary_half,
+               BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, APPEND_KV: gl.constexpr):
+    """Wait for key block `block` in ring slot `slot`. With APPEND_KV its rows are new tokens read
+    from the op's input: turned by the rotary of their positions where rotary_half is set (_rope_rows'
+    cos, sin and turn for the block's rows, loaded before the wait), then, where `own`, stored to
+    Kout (present) from the slot."""
+    mbarrier.wait(k_bars.index(slot), phase)
+    if APPEND_KV:
+        if rotary_half != 0:
+            _rotate_rows(k_ring.index(slot).reshape([BLOCK_N, BLOCK_D]), cos, sin, turn, BLOCK_D)
+        if own:
+            tma.async_copy_shared_to_global(Kout, [b, hk, block * BLOCK_N, 0], k_ring.index(slot))
+
+
+@gluon.jit
+def _append_rest(K, V, Kout, Vout, k_ring, v_ring, k_bars, v_bars, b, hk, first, last, ring0, Cos, Sin, Sq,
+                 rotary_half, max_position, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
+                 NUM_STAGES: gl.constexpr):
+    """APPEND_KV: key blocks first .. last - 1 that this CTA writes to present but its attention
+    did not load (rows past its key bound: a padded row's new tokens), each loaded into the ring
+    (slot and phase as if the ring's count went on from ring0), its K turned, both stored. Every
+    wgmma and every earlier store from the ring has retired."""
+    for j in range(first, last):
+        n = ring0 + j - first
+        slot = n % NUM_STAGES
+        phase = (n // NUM_STAGES) & 1
+        cos, sin, turn = _rope_rows(Cos, Sin, j * BLOCK_N, Sq, rotary_half, max_position, BLOCK_N, BLOCK_D)
+        _load_kv(K, k_ring, k_bars, b, hk, j, slot, True, BLOCK_N)
+        _load_kv(V, v_ring, v_bars, b, hk, j, slot, True, BLOCK_N)
+        _key_block(k_ring, k_bars, slot, phase, Kout, b, hk, j, True, cos, sin, turn, rotary_half,
+                   BLOCK_N, BLOCK_D, True)
+        mbarrier.wait(v_bars.index(slot), phase)
+        tma.async_copy_shared_to_global(Vout, [b, hk, j * BLOCK_N, 0], v_ring.index(slot))
+    tma.store_wait(0)
+    gl.thread_barrier()
+
+
+@gluon.jit
 def flash_fwd_gluon(
     Q, K, V, Y, Lse, Mask, SeqlensK,
     scale, softcap,
@@ -201,6 +241,23 @@ def flash_fwd_gluon(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
     OVERLAP_PV: gl.constexpr = False,
 ):
+    attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, causal, has_seqlens, store_lse,
+           Cos, Sin, rotary_half, max_position, None, None, BLOCK_M, BLOCK_N, BLOCK_D, NUM_STAGES, OVERLAP_PV,
+           False)
+
+
+@gluon.jit
+def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, causal, has_seqlens, store_lse,
+           Cos, Sin, rotary_half, max_position, Kout, Vout,
+           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, NUM_STAGES: gl.constexpr,
+           OVERLAP_PV: gl.constexpr, APPEND_KV: gl.constexpr):
+    """flash_fwd_gluon's body. APPEND_KV (a GroupQueryAttention first prompt with no past: Sq ==
+    Skv, offset 0, key j the new token j): K and V are the op's new tokens, not present; each CTA
+    turns K's blocks by the rotary as they arrive (Q's tables and rotary_half), and the CTA of each
+    (batch row, KV head)'s first query head stores the new rows of its own query rows, [m0, m0 +
+    BLOCK_M) below Sq, rotated K and V, into present through Kout and Vout ((B, Hkv, Sq, D)
+    descriptors over present's rows), those its attention loads as they pass through the ring and
+    the rest (past the row's key bound) after it; a row with no keys (SeqlensK 0) writes none."""
     # A slot is refilled two iterations after its block was loaded, before the next K wait: with
     # two slots the refill of block j would wait behind the wait for block j (deadlock).
     gl.static_assert(NUM_STAGES >= 3, "the K/V ring needs at least 3 slots")
@@ -234,6 +291,12 @@ def flash_fwd_gluon(
     if causal == 0:
         pos = rows * 0 + Skv
     qk_scale = scale * LOG2E
+    # APPEND_KV: the key blocks this CTA writes to present, [own_from, own_to): those of its query
+    # rows [m0, m0 + BLOCK_M) below Sq, for the group's first head of a row with keys, else none.
+    if APPEND_KV:
+        owner = ((h % group) == 0) & (Skv > 0)
+        own_from = m0 // BLOCK_N
+        own_to = gl.cdiv(gl.where(owner, gl.minimum(m0 + BLOCK_M, Sq), m0), BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, BLOCK_D], Q.layout)
     k_ring = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, BLOCK_D], K.layout)
@@ -255,13 +318,19 @@ def flash_fwd_gluon(
     q = q_smem.reshape([BLOCK_M, BLOCK_D])
 
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    if APPEND_KV:
+        kc, ks, kt = _rope_rows(Cos, Sin, 0, Sq, rotary_half, max_position, BLOCK_N, BLOCK_D)
     if rotary_half != 0:
         cos, sin, turn = _rope_rows(Cos, Sin, m0, Sq, rotary_half, max_position, BLOCK_M, BLOCK_D)
         mbarrier.wait(q_bar, 0)
-        _rotate_q(q, cos, sin, turn, BLOCK_D)
+        _rotate_rows(q, cos, sin, turn, BLOCK_D)
     else:
         mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
+    if APPEND_KV:
+        _key_block(k_ring, k_bars, 0, 0, Kout, b, hk, 0, (own_from == 0) & (own_to > 0), kc, ks, kt,
+                   rotary_half, BLOCK_N, BLOCK_D, True)
+    else:
+        mbarrier.wait(k_bars.index(0), 0)
     k0 = k_ring.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s])
@@ -276,12 +345,22 @@ def flash_fwd_gluon(
         # runs while P_{j-1} V_{j-1} is still in flight. Every wgmma retires in its iteration.
         st = j % NUM_STAGES
         prev = (j - 1) % NUM_STAGES
-        mbarrier.wait(k_bars.index(st), (j // NUM_STAGES) & 1)
+        if APPEND_KV:
+            kc, ks, kt = _rope_rows(Cos, Sin, j * BLOCK_N, Sq, rotary_half, max_position, BLOCK_N, BLOCK_D)
+            _key_block(k_ring, k_bars, st, (j // NUM_STAGES) & 1, Kout, b, hk, j,
+                       (j >= own_from) & (j < own_to), kc, ks, kt, rotary_half, BLOCK_N, BLOCK_D, True)
+        else:
+            mbarrier.wait(k_bars.index(st), (j // NUM_STAGES) & 1)
         k_j = k_ring.index(st).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
         s_tok = warpgroup_mma(q, k_j, s_zero, use_acc=False, is_async=True)
         mbarrier.wait(v_bars.index(prev), ((j - 1) // NUM_STAGES) & 1)
+        if APPEND_KV:
+            if (j - 1 >= own_from) & (j - 1 < own_to):
+                tma.async_copy_shared_to_global(Vout, [b, hk, (j - 1) * BLOCK_N, 0], v_ring.index(prev))
         v_prev = v_ring.index(prev).reshape([BLOCK_N, BLOCK_D])
         acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
+        if APPEND_KV:  # the slot refilled below is no longer read by a store to present
+            tma.store_wait(0)
         # Slot j-2 was last read by P_{j-2} V_{j-2}, retired in the previous iteration: refill it
         # once every warpgroup is past that point (here, as early as that is known).
         gl.thread_barrier()
@@ -313,9 +392,17 @@ def flash_fwd_gluon(
 
     last = (n_blocks - 1) % NUM_STAGES
     mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)
+    if APPEND_KV:
+        if (n_blocks - 1 >= own_from) & (n_blocks - 1 < own_to):
+            tma.async_copy_shared_to_global(Vout, [b, hk, (n_blocks - 1) * BLOCK_N, 0], v_ring.index(last))
     v_last = v_ring.index(last).reshape([BLOCK_N, BLOCK_D])
     acc = warpgroup_mma(p, v_last, acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc])
+    if APPEND_KV:
+        tma.store_wait(0)
+        gl.thread_barrier()
+        _append_rest(K, V, Kout, Vout, k_ring, v_ring, k_bars, v_bars, b, hk, gl.maximum(own_from, n_blocks),
+                     own_to, n_blocks, Cos, Sin, Sq, rotary_half, max_position, BLOCK_N, BLOCK_D, NUM_STAGES)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(NUM_STAGES):

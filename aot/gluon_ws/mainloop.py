@@ -9,7 +9,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from ..flash_fwd_gluon import (_epilogue, _rope_rows, _rotate_q, o_layout_of, p_layout_of, row_layout_of,
+from ..flash_fwd_gluon import (_epilogue, _rope_rows, _rotate_rows, o_layout_of, p_layout_of, row_layout_of,
                                s_layout_of)
 from .params import Acc, Call, Tile
 from .mask_prefix import _publish_range, _visible_range
@@ -94,7 +94,7 @@ def _consumer_rows(Y, Lse, bufs, call, tile, rope, WG: gl.constexpr, cfg, QB: gl
         cos, sin, turn = _rope_rows(rope.Cos, rope.Sin, r0, call.Sq, rope.half, rope.max_position, cfg.WG_M,
                                     cfg.BLOCK_D)
         mbarrier.wait(bufs.q_ready.index(q_idx), (tile.t // QB) & 1)
-        _rotate_q(q, cos, sin, turn, cfg.BLOCK_D)
+        _rotate_rows(q, cos, sin, turn, cfg.BLOCK_D)
     else:
         mbarrier.wait(bufs.q_ready.index(q_idx), (tile.t // QB) & 1)
     st0 = tile.c0 % cfg.NUM_STAGES

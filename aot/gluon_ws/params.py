@@ -158,7 +158,7 @@ class Work:
 
 @aggregate
 class Rope:
-    """Q's rotary as the consumers apply it to their Q rows (flash_fwd_gluon._rotate_q; contract.py's
+    """Q's rotary as the consumers apply it to their Q rows (flash_fwd_gluon._rotate_rows; contract.py's
     FwdGluon ABI): the cos and sin tables, half the rotated dims (0: none) and the tables' rows."""
     Cos: base_value
     Sin: base_value

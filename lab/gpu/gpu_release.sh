@@ -26,6 +26,9 @@
 #                                     # has_seqlens): the Gluon direct-kernel cases (both switches,
 #                                     # BOUNDED_TEST_S), the FP8 GPU tests, tests/test_gqa_cuda.py,
 #                                     # its prompts again with the key mask (ORT_FLASH_KEY_BOUND=0)
+#   bash lab/gpu/gpu_release.sh append  # the first prompt's K/V append inside the one-partition Gluon
+#                                     # kernel, JIT (lab/experiments/gqa_append.py): checked bit for bit
+#                                     # against the prepare path, then timed (no build, no ORT needed)
 #   bash lab/gpu/gpu_release.sh gqa-prefill # `bench --suite gqa` fp16 (every prefill length, fewer
 #                                     # decode shapes: GQA_CACHES, GQA_BATCHES; GQA_S) with
 #                                     # the key bound, then the drop-in with the key mask (=0)
@@ -243,6 +246,15 @@ case "${1:-}" in
       ORT_FLASH_WINDOW_SHIFT=0 bench --suite gqa --window 4096 --seqlens 512 --caches 32768 --batches 1 8 \
         --peers ort_flash --dtypes $dt --budget-s "${STAGED_S:-40}" --out "$OUT/bench-gqa-window-staged-$dt.json" | tail -10
     done
+    ;;
+  append)
+    # The first prompt's K/V append inside the one-partition Gluon kernel (lab/experiments/gqa_append.py,
+    # JIT: needs neither the build nor onnxruntime-gpu): its checks alone first, under a timeout of their
+    # own (APPEND_CHECK_S), then the timings against the op's prepare-then-attention path (APPEND_S).
+    timeout "${APPEND_CHECK_S:-240}" python3 lab/experiments/gqa_append.py --check-only --out "$OUT/gqa-append-check.json" \
+      2>&1 | tail -8 || exit 1
+    timeout "${APPEND_S:-300}" python3 lab/experiments/gqa_append.py --d 64 128 --seqlens 128 512 1024 2048 \
+      --dtypes fp16 bf16 --out "$OUT/gqa-append.json" 2>&1 | tail -20
     ;;
   gqa-prefill)
     # Every prefill length with the key bound (the default; decode shapes GQA_CACHES x GQA_BATCHES),
