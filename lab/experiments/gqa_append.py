@@ -15,8 +15,9 @@ reference (tolerance of the dtype). A right-padded batch (each row's key count b
 the rows past it are written by the pass after the attention) and present rows past S left as
 they were are checked too.
 
-Then timed (triton.testing.do_bench medians, fresh inputs): the prepare path (both kernels), the
-fused path, and the plain kernel on the already-rotated tensors (ort_flash's FlashAttention on
+Then timed (triton.testing.do_bench medians, fresh inputs), with the rotary and without it (a node
+whose rotary is done outside it: the fused path then turns nothing): the prepare path (both
+kernels, and each alone), the fused path, and the plain kernel on the already-rotated tensors (ort_flash's FlashAttention on
 the same attention, the #49 yardstick), with cuDNN (torch SDPA, K/V heads repeated) for context.
 Prints a table, writes JSON.
 
@@ -133,8 +134,8 @@ def _desc(t, rows, d):
 class Case:
     """One first prompt: inputs, present (capacity S + cap_extra), the key counts T_b."""
 
-    def __init__(self, torch, b, s, d, dt, seqlens, cap_extra, seed):
-        self.torch, self.b, self.s, self.d, self.dt = torch, b, s, d, dt
+    def __init__(self, torch, b, s, d, dt, seqlens, cap_extra, seed, rotary=True):
+        self.torch, self.b, self.s, self.d, self.dt, self.rotary = torch, b, s, d, dt, rotary
         self.qkv, self.cos, self.sin = _inputs(torch, b, s, d, dt, cap_extra, seed)
         self.cap = s + cap_extra
         self.totals = torch.tensor(seqlens, dtype=torch.int64, device="cuda")
@@ -149,20 +150,22 @@ class Case:
         for t in (self.pk, self.pv, self.y, self.lse):
             t.fill_(float("nan"))
 
-    def _args(self, k, v, rotary):
+    def _args(self, k, v):
         from tune import fwd_values
         q, _, _ = _views(self.qkv, self.d)
         c = self.cfg
         descs = dict(Q=_desc(q, c["BLOCK_M"], self.d), K=_desc(k, c["BLOCK_N"], self.d),
                      V=_desc(v, c["BLOCK_N"], self.d), Y=_desc(self.y, c["BLOCK_M"], self.d))
-        rope = dict(Cos=self.cos, Sin=self.sin, rotary_half=self.d // 2, max_position=self.cos.shape[0]) if rotary \
-            else dict(Cos=self.null, Sin=self.null, rotary_half=0, max_position=0)
+        # Without rotary the tables stay (never read: no row turns), as the op passes them.
+        rope = dict(Cos=self.cos, Sin=self.sin, rotary_half=self.d // 2 if self.rotary else 0,
+                    max_position=self.cos.shape[0] if self.rotary else 0)
         args = fwd_values(q, k, v, self.y, self.lse, **descs, Mask=self.null, SeqlensK=self.totals,
                           TileCounter=self.null, causal=1, has_seqlens=1, **rope)
         return contract_ordered(args)
 
     def prepare(self):
-        """The op's prepare kernel: K turned and K, V written to present (q_heads 0: Q is turned on load)."""
+        """The op's prepare kernel: K turned (with rotary) and K, V written to present (q_heads 0: Q
+        is turned on load)."""
         from aot.gqa_prepare import gqa_prepare
         torch = self.torch
         b, s, d = self.b, self.s, self.d
@@ -175,21 +178,23 @@ class Case:
         pos = torch.empty(1, dtype=torch.int64, device=self.qkv.device)  # no position_ids
         args = [q_in, q_in[..., HQ * d:], q_in[..., (HQ + HKV) * d:], self.pk, self.pv, self.pk, self.pv, none,
                 self.cos, self.sin, self.pk, self.pv, pos, seqlens, tot, self.null, none, none,
-                s, HQ, HKV, d, 0, 1, d // 2, self.cos.shape[0], 0,
+                s, HQ, HKV, d, 0, int(self.rotary), d // 2 if self.rotary else 0, self.cos.shape[0], 0,
                 1, 0, s, self.cap, self.cap, 0, 0, 1, 0, 1, 1e-6,
                 q_in.stride(0), w, q_in.stride(0), w, q_in.stride(0), w]
         gqa_prepare[(b * -(-s * 2 * HKV // rows),)](*args, BLOCK_ROWS=rows, BLOCK_D=d, GATHER_ROWS=gather, MODE=0,
                                                     num_warps=warps)
         return tot
 
-    def run_prepare_path(self):
-        self.prepare()
-        k = self.pk[:, :, :self.s]
-        v = self.pv[:, :, :self.s]
+    def run_attention(self):
+        """The attention the op runs after the prepare kernel: present's keys, Q turned on load."""
         c = self.cfg
         fg.flash_fwd_gluon[(-(-self.s // c["BLOCK_M"]), self.b * HQ)](
-            *self._args(k, v, True), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=self.d,
-            NUM_STAGES=c["NUM_STAGES"], num_warps=c["num_warps"])
+            *self._args(self.pk[:, :, :self.s], self.pv[:, :, :self.s]), BLOCK_M=c["BLOCK_M"],
+            BLOCK_N=c["BLOCK_N"], BLOCK_D=self.d, NUM_STAGES=c["NUM_STAGES"], num_warps=c["num_warps"])
+
+    def run_prepare_path(self):
+        self.prepare()
+        self.run_attention()
 
     def run_fused(self):
         _, k, v = _views(self.qkv, self.d)
@@ -197,11 +202,11 @@ class Case:
         kout = _desc(self.pk[:, :, :self.s], c["BLOCK_N"], self.d)
         vout = _desc(self.pv[:, :, :self.s], c["BLOCK_N"], self.d)
         flash_fwd_gluon_append[(-(-self.s // c["BLOCK_M"]), self.b * HQ)](
-            *self._args(k, v, True), kout, vout, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=self.d,
+            *self._args(k, v), kout, vout, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=self.d,
             NUM_STAGES=c["NUM_STAGES"], num_warps=c["num_warps"])
 
     def rotated(self):
-        """Q, K, V with the rotary applied in float32 by torch, (B, H, S, D) contiguous."""
+        """Q, K, V with the rotary (where on) applied in float32 by torch, (B, H, S, D)."""
         torch = self.torch
         q, k, v = (x.float() for x in _views(self.qkv, self.d))
         half = self.d // 2
@@ -209,6 +214,8 @@ class Case:
         s = self.sin[:self.s].float()[None, None]
 
         def turn(x):
+            if not self.rotary:
+                return x
             lo, hi = x[..., :half], x[..., half:]
             return torch.cat([lo * c - hi * s, hi * c + lo * s], dim=-1)
         return turn(q), turn(k), v
@@ -240,12 +247,13 @@ def _same(torch, a, b, what):
                              f"{int((diff != 0).sum())} elements differ)")
 
 
-def check(torch, d, dt, b, s, padded, seed) -> dict:
+def check(torch, d, dt, b, s, padded, seed, rotary=True) -> dict:
     rng = torch.Generator().manual_seed(seed)
     seqlens = ([int(x) for x in torch.randint(max(1, s // 3), s + 1, (b,), generator=rng)] if padded else [s] * b)
     if padded:
         seqlens[0] = s  # one full row beside the padded ones
-    c = Case(torch, b, s, d, dt, seqlens, cap_extra=9, seed=seed)
+    c = Case(torch, b, s, d, dt, seqlens, cap_extra=9, seed=seed, rotary=rotary)
+    what = f"d{d} {dt} B{b} S{s}{' padded' if padded else ''}{'' if rotary else ' no rotary'}"
     c.poison()
     tail_k = torch.randn(b, HKV, c.cap - s, d, device="cuda").to(dt)
     c.pk[:, :, s:] = tail_k
@@ -258,8 +266,8 @@ def check(torch, d, dt, b, s, padded, seed) -> dict:
     c.pv[:, :, s:] = tail_k
     c.run_fused()
     torch.cuda.synchronize()
-    for got, ref, what in zip((c.y, c.lse, c.pk, c.pv), want, ("Y", "Lse", "present K", "present V")):
-        _same(torch, got, ref, f"d{d} {dt} B{b} S{s}{' padded' if padded else ''} {what}")
+    for got, ref, name in zip((c.y, c.lse, c.pk, c.pv), want, ("Y", "Lse", "present K", "present V")):
+        _same(torch, got, ref, f"{what} {name}")
     # Against float32: each row b attends its first T_b keys, rows past T_b are any value.
     q, k, v = c.rotated()
     ref = torch.empty(b, HQ, s, d, device="cuda")
@@ -273,17 +281,17 @@ def check(torch, d, dt, b, s, padded, seed) -> dict:
     k_err = (c.pk[:, :, :s].float() - k).abs().max().item()
     v_err = (c.pv[:, :, :s].float() - v).abs().max().item()
     if not (err <= tol and k_err <= tol and v_err == 0.0):
-        raise AssertionError(f"d{d} {dt} B{b} S{s}: against float32 |Y| {err:.3g}, |K| {k_err:.3g}, |V| {v_err:.3g}")
-    if not torch.equal(c.pk[:, :, s:], tail_k):
-        raise AssertionError(f"d{d} {dt} B{b} S{s}: present rows past S changed")
-    return dict(d=d, dtype=str(dt), b=b, s=s, padded=padded, y_err=err, k_err=k_err)
+        raise AssertionError(f"{what}: against float32 |Y| {err:.3g}, |K| {k_err:.3g}, |V| {v_err:.3g}")
+    if not (torch.equal(c.pk[:, :, s:], tail_k) and torch.equal(c.pv[:, :, s:], tail_k)):
+        raise AssertionError(f"{what}: present rows past S changed")
+    return dict(d=d, dtype=str(dt), b=b, s=s, padded=padded, rotary=rotary, y_err=err, k_err=k_err)
 
 
-def timings(torch, d, dt, s, tokens, seed) -> dict:
+def timings(torch, d, dt, s, tokens, seed, rotary=True) -> dict:
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     b = max(1, tokens // s)
-    c = Case(torch, b, s, d, dt, [s] * b, cap_extra=0, seed=seed)
+    c = Case(torch, b, s, d, dt, [s] * b, cap_extra=0, seed=seed, rotary=rotary)
     q, k, v = (x.to(dt).contiguous() for x in c.rotated())
     y = torch.empty_like(q)
     lse = torch.empty(b * HQ * s, device="cuda", dtype=torch.float32)
@@ -295,15 +303,17 @@ def timings(torch, d, dt, s, tokens, seed) -> dict:
 
     ms = dict(prepare_path=triton.testing.do_bench(c.run_prepare_path, warmup=50, rep=200),
               prepare_only=triton.testing.do_bench(c.prepare, warmup=50, rep=200),
+              attention_only=triton.testing.do_bench(c.run_attention, warmup=50, rep=200),
               fused=triton.testing.do_bench(c.run_fused, warmup=50, rep=200),
               plain=triton.testing.do_bench(lambda: c.run_plain(q, k, v, y, lse), warmup=50, rep=200),
               cudnn=triton.testing.do_bench(cudnn, warmup=50, rep=200))
     flops = 4 * b * HQ * s * s * d / 2
-    row = dict(d=d, dtype=str(dt), b=b, s=s, ms=ms, tflops={k_: flops / t * 1e-9 for k_, t in ms.items()},
+    row = dict(d=d, dtype=str(dt), b=b, s=s, rotary=rotary, ms=ms, tflops={k_: flops / t * 1e-9 for k_, t in ms.items()},
                fused_over_prepare_path=ms["prepare_path"] / ms["fused"], plain_over_fused=ms["plain"] / ms["fused"],
                plain_over_prepare_path=ms["plain"] / ms["prepare_path"])
-    print(f"d{d} {str(dt):14s} {b:4d}x{s:<6d} prepare+attn {ms['prepare_path'] * 1e3:8.1f} us "
-          f"(prepare {ms['prepare_only'] * 1e3:6.1f})  fused {ms['fused'] * 1e3:8.1f}  plain {ms['plain'] * 1e3:8.1f}  "
+    print(f"d{d} {str(dt):14s} {'rotary' if rotary else 'none  '} {b:4d}x{s:<6d} prepare+attn "
+          f"{ms['prepare_path'] * 1e3:8.1f} us (prepare {ms['prepare_only'] * 1e3:6.1f}, attention "
+          f"{ms['attention_only'] * 1e3:6.1f})  fused {ms['fused'] * 1e3:8.1f}  plain {ms['plain'] * 1e3:8.1f}  "
           f"cuDNN {ms['cudnn'] * 1e3:8.1f}  | fused gain {row['fused_over_prepare_path']:.2f}x  "
           f"plain/fused {row['plain_over_fused']:.2f}  plain/prepare path {row['plain_over_prepare_path']:.2f}",
           flush=True)
@@ -331,13 +341,15 @@ def main(argv=None) -> int:
         doc["checks"] = []
         for dt in a.dtypes:
             for d in a.d:
-                for b, s, padded in ((3, 77, False), (2, 200, True), (4, 129, True), (1, 64, False), (2, 300, True)):
-                    doc["checks"].append(check(torch, d, dts[dt], b, s, padded, seed=len(doc["checks"])))
+                for b, s, padded, rotary in ((3, 77, False, True), (2, 200, True, True), (4, 129, True, True),
+                                             (1, 64, False, True), (2, 300, True, True), (2, 150, True, False)):
+                    doc["checks"].append(check(torch, d, dts[dt], b, s, padded, seed=len(doc["checks"]),
+                                               rotary=rotary))
         print(f"checks: {len(doc['checks'])} cases bit-identical to the prepare path, within the dtype of float32",
               flush=True)
         if not a.check_only:
-            doc["timings"] = [timings(torch, d, dts[dt], s, a.tokens, seed=7)
-                              for dt in a.dtypes for d in a.d for s in a.seqlens]
+            doc["timings"] = [timings(torch, d, dts[dt], s, a.tokens, seed=7, rotary=rotary)
+                              for dt in a.dtypes for d in a.d for rotary in (True, False) for s in a.seqlens]
     if a.out:
         a.out.write_text(json.dumps(doc, indent=1))
     return 0
