@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("tune", "tune_decode", "levers", "decode_floor", "decode_flat", "gluon_attn", "merged_variants",
            "ws_profile", "tile_schedule", "genai_case", "fp8_error", "e2e_kernels", "ab_tma", "ab_grids",
-           "profile_model", "bench_big_models", "fp8_kernel_bench")
+           "profile_model", "bench_big_models", "fp8_kernel_bench", "gqa_append")
 
 # One interpreter for all five (torch and triton load once); each script runs as __main__ with
 # --help, which must end in exit status 0 after its module-level imports ran.
@@ -50,6 +50,21 @@ def test_aot_holds_only_what_the_build_compiles():
     names = {p.name for p in (ROOT / "aot").glob("*.py")}
     assert not names & {f"{s}.py" for s in SCRIPTS + ("gluon_sass", "merged_pairs")}, names
     assert {"build.py", "variants.py", "flash_fwd.py", "flash_decode.py"} <= names
+
+
+def test_gqa_append_kernel_compiles_for_sm90():
+    """lab/experiments/gqa_append.py's kernel (the one-partition kernel with APPEND_KV) compiles
+    for sm_90 as the build would, without spills and in the shipped kernel's shared memory, so that
+    the GPU run times what its tile allows (two CTAs an SM at d128)."""
+    pytest.importorskip("triton.experimental.gluon", reason="the kernel is Gluon")
+    sys.path.insert(0, str(ROOT / "lab" / "experiments"))
+    import gqa_append
+    rows = {(r["kernel"], r["dtype"], r["head_dim"]): r for r in gqa_append.sass(["fp16"], [64, 128])}
+    for d in (64, 128):
+        shipped, append = rows[("shipped", "fp16", d)], rows[("append", "fp16", d)]
+        assert append["stack"] == 0 and append["shared"] == shipped["shared"], (shipped, append)
+        regs = -(-append["registers"] // 8) * 8  # allocated a warp at a time, in units of 8 a thread
+        assert 2 * regs * 32 * append["num_warps"] <= 65536, append  # two CTAs in an SM's register file
 
 
 def test_fp8_error_emulation_orders_the_schemes():
