@@ -22,7 +22,8 @@ loaded.
 Schedule of one CTA (all warps are consumers; each warpgroup owns 64 rows): S_j = Q K_j^T and
 P_{j-1} V_{j-1} go to the tensor cores back to back as two async wgmma groups; wait(1) retires
 S_j, the softmax of block j follows, wait(0) retires P V. K/V sit in NUM_STAGES-deep rings on
-mbarriers, refilled by TMA once every warpgroup is past the wgmma that read the slot. With
+mbarriers, refilled by TMA once every warpgroup is past the wgmma that read the slot (with two
+slots, at the end of the iteration that retired it). With
 OVERLAP_PV the softmax also runs under P V in the SASS (see the comment at the wait).
 """
 from triton.experimental import gluon
@@ -210,8 +211,10 @@ def _append_rest(K, V, Kout, Vout, k_ring, v_ring, k_bars, v_bars, b, hk, first,
     """APPEND_KV: key blocks first .. last - 1 that this CTA writes to present but its attention
     did not load (rows past its key bound: a padded row's new tokens), each loaded into the ring
     (slot and phase as if the ring's count went on from ring0), its K turned, both stored. Every
-    wgmma and every earlier store from the ring has retired."""
+    wgmma has retired."""
     for j in range(first, last):
+        tma.store_wait(0)  # a slot used again here is no longer read by a store
+        gl.thread_barrier()
         n = ring0 + j - first
         slot = n % NUM_STAGES
         phase = (n // NUM_STAGES) & 1
@@ -258,9 +261,12 @@ def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, c
     BLOCK_M) below Sq, rotated K and V, into present through Kout and Vout ((B, Hkv, Sq, D)
     descriptors over present's rows), those its attention loads as they pass through the ring and
     the rest (past the row's key bound) after it; a row with no keys (SeqlensK 0) writes none."""
-    # A slot is refilled two iterations after its block was loaded, before the next K wait: with
-    # two slots the refill of block j would wait behind the wait for block j (deadlock).
-    gl.static_assert(NUM_STAGES >= 3, "the K/V ring needs at least 3 slots")
+    # With three slots or more a slot is refilled two iterations after its block was loaded, before
+    # the next K wait (with two, that refill of block j would wait behind the wait for block j:
+    # deadlock); with two, block j + 1 goes into block j - 1's slot at the end of iteration j, once
+    # P_{j-1} V_{j-1} has retired (a smaller ring, for more CTAs an SM at short lengths, whose one
+    # or two key blocks need no refill).
+    gl.static_assert(NUM_STAGES >= 2, "the K/V ring needs at least 2 slots")
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     s_layout: gl.constexpr = s_layout_of(NW, BLOCK_N)
@@ -361,13 +367,14 @@ def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, c
         acc_tok = warpgroup_mma(p, v_prev, acc, is_async=True)
         if APPEND_KV:  # the slot refilled below is no longer read by a store to present
             tma.store_wait(0)
-        # Slot j-2 was last read by P_{j-2} V_{j-2}, retired in the previous iteration: refill it
-        # once every warpgroup is past that point (here, as early as that is known).
-        gl.thread_barrier()
-        old_blk = j - 2 + NUM_STAGES
-        refill = (j >= 2) & (old_blk < n_blocks)
-        _load_kv(K, k_ring, k_bars, b, hk, old_blk, old_blk % NUM_STAGES, refill, BLOCK_N)
-        _load_kv(V, v_ring, v_bars, b, hk, old_blk, old_blk % NUM_STAGES, refill, BLOCK_N)
+        if NUM_STAGES >= 3:
+            # Slot j-2 was last read by P_{j-2} V_{j-2}, retired in the previous iteration: refill
+            # it once every warpgroup is past that point (here, as early as that is known).
+            gl.thread_barrier()
+            old_blk = j - 2 + NUM_STAGES
+            refill = (j >= 2) & (old_blk < n_blocks)
+            _load_kv(K, k_ring, k_bars, b, hk, old_blk, old_blk % NUM_STAGES, refill, BLOCK_N)
+            _load_kv(V, v_ring, v_bars, b, hk, old_blk, old_blk % NUM_STAGES, refill, BLOCK_N)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, mask_from, hi, pos, qk_scale,
                                       s_layout, BLOCK_N)
@@ -389,6 +396,11 @@ def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, c
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = p16
+        if NUM_STAGES == 2:
+            # Block j - 1's slot: read by S_{j-1} and P_{j-1} V_{j-1}, both retired now.
+            gl.thread_barrier()
+            _load_kv(K, k_ring, k_bars, b, hk, j + 1, (j + 1) % 2, j + 1 < n_blocks, BLOCK_N)
+            _load_kv(V, v_ring, v_bars, b, hk, j + 1, (j + 1) % 2, j + 1 < n_blocks, BLOCK_N)
 
     last = (n_blocks - 1) % NUM_STAGES
     mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)

@@ -1,6 +1,7 @@
-"""The one-partition Gluon kernel's append of a first prompt's K and V to present
-(aot/flash_fwd_gluon.py `attend` with APPEND_KV, the kernel lab/experiments/gqa_append.py times),
-played out on the CPU by the kernel's own code (tests/_gluon_host.py: Gluon has no interpreter).
+"""The one-partition Gluon kernel's protocol (aot/flash_fwd_gluon.py `attend`), played out on the
+CPU by the kernel's own code (tests/_gluon_host.py: Gluon has no interpreter): its K/V ring at the
+shipped tiles and with two slots (the refill after P V), and the append of a first prompt's K and
+V to present (APPEND_KV, the kernel lab/experiments/gqa_append.py times).
 
 Every CTA of a launch runs on a thread of its own, in a random order, over Hopper's stand-ins
 (mbarriers by phase parity, TMA loads that land later, TMA stores that read their slot until a
@@ -9,16 +10,17 @@ it) releases the slots whose reads have retired: the ring is refilled by program
 an arrival. The rotary's arithmetic is not followed: its stand-in marks a slot's block as turned.
 
 Checked for right-padded batches (rows with every key, some, one, and none), GQA groups, causal
-and not, the d64 and d128 tiles: no deadlock and no aliased phase; no ring slot reloaded while a
-store to present still reads it; every K block an S product reads turned (Q too), every V block
-not; and present written exactly once per (batch row, KV head, key block) of a row with keys,
-rows [0, Sq), from a slot holding that block (K turned, V as loaded), and nothing for a row with
-none. The checks are themselves tested: with the store_wait before the ring's refill dropped, a
-non-causal launch fails.
+and not: no deadlock and no aliased phase; no slot reloaded while an MMA or a store still reads
+it; each CTA's S and P V products read its key blocks in order, all it sees (K turned where it
+is the new tokens, Q turned with the rotary, V never); with the append, present written exactly
+once per (batch row, KV head, key block) of a row with keys, rows [0, Sq), from a slot holding
+that block, and nothing for a row with none. The checks are themselves tested: with the
+store_wait before the ring's refill dropped, a non-causal launch fails.
 """
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 
 import pytest
@@ -58,10 +60,12 @@ class OnePartitionGl(HostGl):
 
 
 class Launch:
-    def __init__(self, *, b, hq, group, sq, totals, causal, tile, rotary=True, seed=0, drop_store_wait=False):
+    def __init__(self, *, b, hq, group, sq, totals, causal, tile, rotary=True, seed=0, drop_store_wait=False,
+                 append=True):
         self.b, self.hq, self.group, self.sq, self.totals, self.causal = b, hq, group, sq, totals, causal
         self.block_m, self.block_n, self.stages = tile
-        self.rotary = rotary
+        self.rotary, self.append = rotary, append
+        self.reads = collections.defaultdict(lambda: {"K": [], "V": []})  # CTA -> the rows of each block read
         self.rng = random.Random(seed)
         self.drop_store_wait = drop_store_wait
         self.stores = collections.Counter()
@@ -77,12 +81,16 @@ class Launch:
             slot.content = ("turned", *slot.content)
         return turn
 
-    def on_read(self, _thread, _slot_, content):
+    def on_read(self, thread, _slot_, content):
         if content is None or content[0] == "regs":
             return
         name = content[1] if content[0] == "turned" else content[0]
         turned = content[0] == "turned"
-        if name in ("Q", "K") and turned != self.rotary:
+        if name in ("K", "V"):
+            self.reads[self.run_.name(thread)][name].append(content[-1])
+        # Q turns on load with the rotary; K too where it is the new tokens (without the append K
+        # is present's, already turned).
+        if (name == "Q" and turned != self.rotary) or (name == "K" and turned != (self.rotary and self.append)):
             self.errors.append(f"an S product read {content}")
         if name == "V" and turned:
             self.errors.append(f"a P V product read {content}")
@@ -101,7 +109,7 @@ class Launch:
         self.stores[(desc, b, hk, row)] += 1
 
     def run(self):
-        run = Interleaving(self.rng)
+        run = self.run_ = Interleaving(self.rng)
         hop = Hopper(run, on_read=self.on_read, on_store=self.on_store)
         stubs = hop.stubs()
         if self.drop_store_wait:  # the mutation: no store ever retires
@@ -120,20 +128,32 @@ class Launch:
                     fn(Desc("Q", nbytes_q), Desc("K", nbytes_kv), Desc("V", nbytes_kv), Desc("Y", nbytes_q),
                        Inert(), Inert(), bounds, Inert(), self.hq, self.group, self.sq, self.sq, 0, int(self.causal),
                        1, 0, Inert(), Inert(), D // 2 if self.rotary else 0, 4 * self.sq,
-                       Desc("Kout", nbytes_kv), Desc("Vout", nbytes_kv),
-                       self.block_m, self.block_n, D, self.stages, False, True)
+                       Desc("Kout", nbytes_kv) if self.append else None,
+                       Desc("Vout", nbytes_kv) if self.append else None,
+                       self.block_m, self.block_n, D, self.stages, False, self.append)
                 fns.append(cta)
                 names.append(f"CTA {pm}.{pid_bh}")
         run.run(fns, names)
         assert not self.errors, self.errors[:5]
+        for pid_bh in range(grid[1]):  # each CTA read its key blocks in order, K and V alike
+            t = self.totals[pid_bh // self.hq]
+            for pm in range(grid[0]):
+                last_row = min((grid[0] - 1 - pm + 1) * self.block_m, self.sq)
+                hi = min(t, last_row) if self.causal else t
+                want = list(range(0, max(-(-hi // self.block_n), 1) * self.block_n, self.block_n))
+                got = self.reads[f"CTA {pm}.{pid_bh}"]
+                assert got == {"K": want, "V": want}, (pm, pid_bh, got, want)
         hkv = self.hq // self.group
         want = collections.Counter({(d, b, hk, r): 1 for d in ("Kout", "Vout") for b in range(self.b)
-                                    if self.totals[b] > 0 for hk in range(hkv) for r in range(0, self.sq, self.block_n)})
+                                    if self.totals[b] > 0 and self.append for hk in range(hkv)
+                                    for r in range(0, self.sq, self.block_n)})
         assert self.stores == want, (sorted((want - self.stores).elements())[:6],
                                      sorted((self.stores - want).elements())[:6])
 
 
-TILES = {"d128": (64, 64, 3), "d64": (128, 64, 4)}
+# The shipped tiles, and smaller rings (two slots: the refill after P V) with more key blocks a
+# query block.
+TILES = {"d128": (64, 64, 3), "d64": (128, 64, 4), "two-slots": (64, 32, 2), "two-slots-128": (128, 32, 2)}
 CASES = [
     # (batch rows' key counts, Sq, Hq, group, causal)
     ((200, 77, 1, 0), 200, 2, 2, True),
@@ -151,6 +171,15 @@ def test_append_protocol(tile, case):
     for seed in range(3):
         Launch(b=len(totals), hq=hq, group=group, sq=sq, totals=totals, causal=causal, tile=TILES[tile],
                seed=seed).run()
+
+
+@pytest.mark.parametrize("tile", sorted(TILES))
+def test_kernel_without_append(tile):
+    """The shipped kernel's own protocol (APPEND_KV off), on the smaller rings too."""
+    for case, seed in itertools.product(range(len(CASES)), range(2)):
+        totals, sq, hq, group, causal = CASES[case]
+        Launch(b=len(totals), hq=hq, group=group, sq=sq, totals=totals, causal=causal, tile=TILES[tile],
+               seed=seed, append=False).run()
 
 
 def test_append_without_rotary():

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import math
 import re
@@ -47,6 +48,9 @@ from aot import flash_fwd_gluon as fg  # noqa: E402
 from aot.tiles import gluon_config, gqa_tile  # noqa: E402
 
 HQ, HKV = 32, 8
+# Checked shapes: (batch, S, right-padded, rotary); odd lengths, one row, ragged last blocks.
+CHECKS = ((3, 77, False, True), (2, 200, True, True), (4, 129, True, True), (1, 64, False, True),
+          (2, 300, True, True), (2, 150, True, False))
 
 
 @gluon.jit
@@ -134,12 +138,15 @@ def _desc(t, rows, d):
 class Case:
     """One first prompt: inputs, present (capacity S + cap_extra), the key counts T_b."""
 
-    def __init__(self, torch, b, s, d, dt, seqlens, cap_extra, seed, rotary=True):
+    def __init__(self, torch, b, s, d, dt, seqlens, cap_extra, seed, rotary=True, tile=None):
         self.torch, self.b, self.s, self.d, self.dt, self.rotary = torch, b, s, d, dt, rotary
         self.qkv, self.cos, self.sin = _inputs(torch, b, s, d, dt, cap_extra, seed)
         self.cap = s + cap_extra
         self.totals = torch.tensor(seqlens, dtype=torch.int64, device="cuda")
+        # The shipped tile, or `tile` (BLOCK_M, BLOCK_N, NUM_STAGES, num_warps) for every kernel.
         self.cfg = gluon_config({torch.float16: "fp16", torch.bfloat16: "bf16"}[dt], d, True)
+        if tile:
+            self.cfg = dict(zip(("BLOCK_M", "BLOCK_N", "NUM_STAGES", "num_warps"), tile))
         self.pk = torch.empty(b, HKV, self.cap, d, device="cuda", dtype=dt)
         self.pv = torch.empty_like(self.pk)
         self.y = torch.empty(b, HQ, s, d, device="cuda", dtype=dt)
@@ -247,13 +254,13 @@ def _same(torch, a, b, what):
                              f"{int((diff != 0).sum())} elements differ)")
 
 
-def check(torch, d, dt, b, s, padded, seed, rotary=True) -> dict:
+def check(torch, d, dt, b, s, padded, seed, rotary=True, tile=None) -> dict:
     rng = torch.Generator().manual_seed(seed)
     seqlens = ([int(x) for x in torch.randint(max(1, s // 3), s + 1, (b,), generator=rng)] if padded else [s] * b)
     if padded:
         seqlens[0] = s  # one full row beside the padded ones
-    c = Case(torch, b, s, d, dt, seqlens, cap_extra=9, seed=seed, rotary=rotary)
-    what = f"d{d} {dt} B{b} S{s}{' padded' if padded else ''}{'' if rotary else ' no rotary'}"
+    c = Case(torch, b, s, d, dt, seqlens, cap_extra=9, seed=seed, rotary=rotary, tile=tile)
+    what = f"d{d} {dt} B{b} S{s}{' padded' if padded else ''}{'' if rotary else ' no rotary'} tile {c.cfg}"
     c.poison()
     tail_k = torch.randn(b, HKV, c.cap - s, d, device="cuda").to(dt)
     c.pk[:, :, s:] = tail_k
@@ -284,14 +291,14 @@ def check(torch, d, dt, b, s, padded, seed, rotary=True) -> dict:
         raise AssertionError(f"{what}: against float32 |Y| {err:.3g}, |K| {k_err:.3g}, |V| {v_err:.3g}")
     if not (torch.equal(c.pk[:, :, s:], tail_k) and torch.equal(c.pv[:, :, s:], tail_k)):
         raise AssertionError(f"{what}: present rows past S changed")
-    return dict(d=d, dtype=str(dt), b=b, s=s, padded=padded, rotary=rotary, y_err=err, k_err=k_err)
+    return dict(d=d, dtype=str(dt), b=b, s=s, padded=padded, rotary=rotary, tile=c.cfg, y_err=err, k_err=k_err)
 
 
-def timings(torch, d, dt, s, tokens, seed, rotary=True) -> dict:
+def timings(torch, d, dt, s, tokens, seed, rotary=True, tile=None) -> dict:
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     b = max(1, tokens // s)
-    c = Case(torch, b, s, d, dt, [s] * b, cap_extra=0, seed=seed, rotary=rotary)
+    c = Case(torch, b, s, d, dt, [s] * b, cap_extra=0, seed=seed, rotary=rotary, tile=tile)
     q, k, v = (x.to(dt).contiguous() for x in c.rotated())
     y = torch.empty_like(q)
     lse = torch.empty(b * HQ * s, device="cuda", dtype=torch.float32)
@@ -308,10 +315,11 @@ def timings(torch, d, dt, s, tokens, seed, rotary=True) -> dict:
               plain=triton.testing.do_bench(lambda: c.run_plain(q, k, v, y, lse), warmup=50, rep=200),
               cudnn=triton.testing.do_bench(cudnn, warmup=50, rep=200))
     flops = 4 * b * HQ * s * s * d / 2
-    row = dict(d=d, dtype=str(dt), b=b, s=s, rotary=rotary, ms=ms, tflops={k_: flops / t * 1e-9 for k_, t in ms.items()},
+    row = dict(d=d, dtype=str(dt), b=b, s=s, rotary=rotary, tile=c.cfg, ms=ms, tflops={k_: flops / t * 1e-9 for k_, t in ms.items()},
                fused_over_prepare_path=ms["prepare_path"] / ms["fused"], plain_over_fused=ms["plain"] / ms["fused"],
                plain_over_prepare_path=ms["plain"] / ms["prepare_path"])
-    print(f"d{d} {str(dt):14s} {'rotary' if rotary else 'none  '} {b:4d}x{s:<6d} prepare+attn "
+    tile_name = ",".join(str(c.cfg[k_]) for k_ in ("BLOCK_M", "BLOCK_N", "NUM_STAGES", "num_warps"))
+    print(f"d{d} {str(dt):14s} {tile_name:12s} {'rotary' if rotary else 'none  '} {b:4d}x{s:<6d} prepare+attn "
           f"{ms['prepare_path'] * 1e3:8.1f} us (prepare {ms['prepare_only'] * 1e3:6.1f}, attention "
           f"{ms['attention_only'] * 1e3:6.1f})  fused {ms['fused'] * 1e3:8.1f}  plain {ms['plain'] * 1e3:8.1f}  "
           f"cuDNN {ms['cudnn'] * 1e3:8.1f}  | fused gain {row['fused_over_prepare_path']:.2f}x  "
@@ -326,6 +334,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=["fp16", "bf16"])
     ap.add_argument("--tokens", type=int, default=16384, help="batch x sequence length of each timed shape")
+    ap.add_argument("--tiles", nargs="*", default=[], metavar="D:BM,BN,STAGES,WARPS",
+                    help="tiles to check and time besides the shipped one (every kernel of both paths at it)")
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--sass", action="store_true", help="no GPU: compile for sm_90 and print registers")
     ap.add_argument("--out", type=Path)
@@ -339,17 +349,22 @@ def main(argv=None) -> int:
         dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
         doc["device"] = torch.cuda.get_device_name()
         doc["checks"] = []
+        tiles = {d: [None] for d in a.d}
+        for item in a.tiles:
+            d, tile = item.split(":")
+            if int(d) in tiles:
+                tiles[int(d)].append(tuple(int(x) for x in tile.split(",")))
         for dt in a.dtypes:
             for d in a.d:
-                for b, s, padded, rotary in ((3, 77, False, True), (2, 200, True, True), (4, 129, True, True),
-                                             (1, 64, False, True), (2, 300, True, True), (2, 150, True, False)):
+                for (b, s, padded, rotary), tile in itertools.product(CHECKS, tiles[d]):
                     doc["checks"].append(check(torch, d, dts[dt], b, s, padded, seed=len(doc["checks"]),
-                                               rotary=rotary))
+                                               rotary=rotary, tile=tile))
         print(f"checks: {len(doc['checks'])} cases bit-identical to the prepare path, within the dtype of float32",
               flush=True)
         if not a.check_only:
-            doc["timings"] = [timings(torch, d, dts[dt], s, a.tokens, seed=7, rotary=rotary)
-                              for dt in a.dtypes for d in a.d for rotary in (True, False) for s in a.seqlens]
+            doc["timings"] = [timings(torch, d, dts[dt], s, a.tokens, seed=7, rotary=rotary, tile=tile)
+                              for dt in a.dtypes for d in a.d for tile in tiles[d] for rotary in (True, False)
+                              for s in a.seqlens]
     if a.out:
         a.out.write_text(json.dumps(doc, indent=1))
     return 0

@@ -29,6 +29,8 @@
 #   bash lab/gpu/gpu_release.sh append  # the first prompt's K/V append inside the one-partition Gluon
 #                                     # kernel, JIT (lab/experiments/gqa_append.py): checked bit for bit
 #                                     # against the prepare path, then timed (no build, no ORT needed)
+#   bash lab/gpu/gpu_release.sh short   # the one-partition Gluon kernel's two-slot tiles at N 128-1024,
+#                                     # JIT beside cuDNN (lab/experiments/gluon_attn.py --configs)
 #   bash lab/gpu/gpu_release.sh gqa-prefill # `bench --suite gqa` fp16 (every prefill length, fewer
 #                                     # decode shapes: GQA_CACHES, GQA_BATCHES; GQA_S) with
 #                                     # the key bound, then the drop-in with the key mask (=0)
@@ -249,12 +251,24 @@ case "${1:-}" in
     ;;
   append)
     # The first prompt's K/V append inside the one-partition Gluon kernel (lab/experiments/gqa_append.py,
-    # JIT: needs neither the build nor onnxruntime-gpu): its checks alone first, under a timeout of their
-    # own (APPEND_CHECK_S), then the timings against the op's prepare-then-attention path (APPEND_S).
-    timeout "${APPEND_CHECK_S:-240}" python3 lab/experiments/gqa_append.py --check-only --out "$OUT/gqa-append-check.json" \
-      2>&1 | tail -8 || exit 1
+    # JIT: needs neither the build nor onnxruntime-gpu), at the shipped tiles and at two-slot tiles of
+    # more CTAs an SM (APPEND_TILES): its checks alone first (fp16 and bf16), under a timeout of their
+    # own (APPEND_CHECK_S), then the fp16 timings against the op's prepare-then-attention path (APPEND_S).
+    # shellcheck disable=SC2086 # APPEND_TILES: a list
+    timeout "${APPEND_CHECK_S:-240}" python3 lab/experiments/gqa_append.py --check-only \
+      --tiles ${APPEND_TILES:-128:64,32,2,4 64:64,64,2,4} --out "$OUT/gqa-append-check.json" 2>&1 | tail -8 || exit 1
+    # shellcheck disable=SC2086
     timeout "${APPEND_S:-300}" python3 lab/experiments/gqa_append.py --d 64 128 --seqlens 128 512 1024 2048 \
-      --dtypes fp16 bf16 --out "$OUT/gqa-append.json" 2>&1 | tail -20
+      --dtypes fp16 --tiles ${APPEND_TILES:-128:64,32,2,4 64:64,64,2,4} --out "$OUT/gqa-append.json" 2>&1 | tail -34
+    ;;
+  short)
+    # The one-partition Gluon kernel at short lengths with two-slot rings (more CTAs an SM), JIT beside
+    # cuDNN (lab/experiments/gluon_attn.py --configs: checked against fp32 first, NaN-poisoned), N 128-1024,
+    # causal and not, fp16 (SHORT_CONFIGS, SHORT_S).
+    timeout "${SHORT_S:-360}" python3 lab/experiments/gluon_attn.py --runtime-ints --no-triton --dtypes fp16 \
+      --head-dims 64,128 --seqs 128,256,512,1024 \
+      --configs "${SHORT_CONFIGS:-128:64,32,2,4;128:64,64,2,4;64:64,64,2,4;64:64,32,2,4}" \
+      --out "$OUT/gluon-short.json" 2>&1 | grep -v "^check" | tail -20
     ;;
   gqa-prefill)
     # Every prefill length with the key bound (the default; decode shapes GQA_CACHES x GQA_BATCHES),
