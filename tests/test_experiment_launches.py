@@ -1,5 +1,6 @@
 """The launches the JIT experiments make (lab/experiments/gluon_attn.py run_gluon and run_ws,
-gluon_mask.py run_ws_masked, tune.py launch), recorded on CPU tensors instead of run: each passes
+gluon_mask.py run_ws_masked, tune.py launch, gqa_append.py's fused kernel and the prepare path it
+is measured against), recorded on CPU tensors instead of run: each passes
 one argument per runtime parameter of the kernel it launches, and read by the kernel's own
 parameter names (its `params`, not aot/contract.py, which builds the lists) each argument is what
 the call means: the tensors, shapes, strides, mask and the experiment's own switches
@@ -136,3 +137,66 @@ def test_tune_launch(exp, monkeypatch, tma, mask_rows, mask_keys):
         want.update(Mask=mask, stride_mb=mask.stride(0), stride_mm=mask.stride(2) if mask_rows > 1 else 0)
     assert a["SeqlensK"].dtype == torch.int64
     _check(a, q, k, v, y, lse, **want)
+
+
+@pytest.fixture()
+def append_case(monkeypatch):
+    """lab/experiments/gqa_append.py's Case on CPU tensors: a right-padded first prompt, packed QKV."""
+    sys.path[:0] = [str(ROOT / "lab" / "experiments"), str(ROOT)]
+    import gqa_append
+    monkeypatch.setattr(gqa_append, "DEVICE", "cpu")
+    return gqa_append, gqa_append.Case(torch, 2, 77, 64, torch.float16, [77, 30], cap_extra=9, seed=0)
+
+
+def _descriptor_of(desc, t):
+    """A TMA descriptor's tensor is `t` (the same storage, offset, shape and strides)."""
+    return (desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides)) == (t.data_ptr(), tuple(t.shape), t.stride())
+
+
+def test_gqa_append_launches(append_case, monkeypatch):
+    """The fused kernel reads K and V from packed QKV and writes present's first S rows; the path it
+    is measured against runs the prepare kernel over the same buffers, then the shipped kernel over
+    present; both turn Q on load, bound each row's keys at T_b and are causal."""
+    m, c = append_case
+    q, k, v = m._views(c.qkv, c.d)
+    fused = _record(monkeypatch, m, "flash_fwd_gluon_append", c.run_fused)
+    attn = _record(monkeypatch, m.fg, "flash_fwd_gluon", c.run_attention)
+    for a, keys in ((fused, (k, v)), (attn, (c.pk[:, :, :c.s], c.pv[:, :, :c.s]))):
+        assert _descriptor_of(a["Q"], q) and _descriptor_of(a["Y"], c.y)
+        assert _descriptor_of(a["K"], keys[0]) and _descriptor_of(a["V"], keys[1])
+        assert (a["Sq"], a["Skv"], a["Hq"], a["group"], a["causal"], a["has_seqlens"], a["offset"]) == (
+            77, 77, m.HQ, m.HQ // m.HKV, 1, 1, 0)
+        assert a["SeqlensK"] is c.totals and c.totals.tolist() == [77, 30]
+        assert (a["Cos"], a["Sin"], a["rotary_half"], a["max_position"]) == (c.cos, c.sin, 32, c.cos.shape[0])
+        assert a["stride_kn"] == keys[0].stride(2) and a["stride_qm"] == q.stride(2)
+    assert _descriptor_of(fused["Kout"], c.pk[:, :, :c.s]) and _descriptor_of(fused["Vout"], c.pv[:, :, :c.s])
+
+
+def test_gqa_append_prepare_launch(append_case, monkeypatch):
+    """The prepare kernel as the op launches it for a first prompt whose Q turns on load: K and V
+    heads only (q_heads 0), half-split rotary over the head, present a buffer shared with the past
+    (no windowed cache), seqlens_k = T_b - 1, packed QKV's strides."""
+    import inspect
+
+    import aot.gqa_prepare as gp
+    m, c = append_case
+    rec = _Recorder(gp.gqa_prepare)
+    monkeypatch.setattr(gp, "gqa_prepare", rec)
+    c.prepare()
+    (_, args, kw), = rec.launches
+    options = {k_: kw.pop(k_) for k_ in ("num_warps", "num_stages") if k_ in kw}  # launch options
+    assert options == {"num_warps": 4}, options
+    bound = inspect.signature(rec.real.fn).bind(*args, **kw)  # every parameter, by its own name
+    bound.apply_defaults()
+    a = bound.arguments
+    assert (a["MODE"], a["shift_phase"]) == (0, 0)
+    assert a["Q"] is c.qkv and a["K"].data_ptr() == c.qkv.data_ptr() + m.HQ * c.d * 2
+    assert a["V"].data_ptr() == c.qkv.data_ptr() + (m.HQ + m.HKV) * c.d * 2
+    for name in ("PastK", "PresentK", "StageK"):
+        assert a[name] is c.pk, name
+    assert a["Seqlens"].tolist() == [76, 29]
+    want = dict(S=77, Hq=m.HQ, Hkv=m.HKV, D=64, q_heads=0, rotary=1, rotary_half=32, max_position=c.cos.shape[0],
+                has_position_ids=0, first_prompt=1, write_mask=0, total_max=77, present_len=c.cap, past_len=c.cap,
+                qk_norm=0, cap=0, stage_len=0, shared=1, stride_qb=c.qkv.stride(0), stride_qs=c.qkv.stride(1),
+                stride_kb=c.qkv.stride(0), stride_ks=c.qkv.stride(1))
+    assert {n: a[n] for n in want} == want

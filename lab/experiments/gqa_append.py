@@ -48,6 +48,7 @@ from aot import flash_fwd_gluon as fg  # noqa: E402
 from aot.tiles import gluon_config, gqa_tile  # noqa: E402
 
 HQ, HKV = 32, 8
+DEVICE = "cuda"  # tests record the launches on the CPU
 # Checked shapes: (batch, S, right-padded, rotary); odd lengths, one row, ragged last blocks.
 CHECKS = ((3, 77, False, True), (2, 200, True, True), (4, 129, True, True), (1, 64, False, True),
           (2, 300, True, True), (2, 150, True, False))
@@ -114,12 +115,12 @@ def sass(dtypes, head_dims) -> list[dict]:
 # On the GPU.
 
 def _inputs(torch, b, s, d, dt, cap_extra, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    qkv = torch.randn(b, s, (HQ + 2 * HKV) * d, device="cuda", dtype=dt, generator=g)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    qkv = torch.randn(b, s, (HQ + 2 * HKV) * d, device=DEVICE, dtype=dt, generator=g)
     max_pos = s + cap_extra + 7
     half = d // 2
-    inv = 1.0 / (10000.0 ** (torch.arange(0, half, device="cuda", dtype=torch.float64) / half))
-    ang = torch.arange(max_pos, device="cuda", dtype=torch.float64)[:, None] * inv[None, :]
+    inv = 1.0 / (10000.0 ** (torch.arange(0, half, device=DEVICE, dtype=torch.float64) / half))
+    ang = torch.arange(max_pos, device=DEVICE, dtype=torch.float64)[:, None] * inv[None, :]
     return qkv, ang.cos().to(dt).contiguous(), ang.sin().to(dt).contiguous()
 
 
@@ -142,16 +143,16 @@ class Case:
         self.torch, self.b, self.s, self.d, self.dt, self.rotary = torch, b, s, d, dt, rotary
         self.qkv, self.cos, self.sin = _inputs(torch, b, s, d, dt, cap_extra, seed)
         self.cap = s + cap_extra
-        self.totals = torch.tensor(seqlens, dtype=torch.int64, device="cuda")
+        self.totals = torch.tensor(seqlens, dtype=torch.int64, device=DEVICE)
         # The shipped tile, or `tile` (BLOCK_M, BLOCK_N, NUM_STAGES, num_warps) for every kernel.
         self.cfg = gluon_config({torch.float16: "fp16", torch.bfloat16: "bf16"}[dt], d, True)
         if tile:
             self.cfg = dict(zip(("BLOCK_M", "BLOCK_N", "NUM_STAGES", "num_warps"), tile))
-        self.pk = torch.empty(b, HKV, self.cap, d, device="cuda", dtype=dt)
+        self.pk = torch.empty(b, HKV, self.cap, d, device=DEVICE, dtype=dt)
         self.pv = torch.empty_like(self.pk)
-        self.y = torch.empty(b, HQ, s, d, device="cuda", dtype=dt)
-        self.lse = torch.empty(b * HQ * s, device="cuda", dtype=torch.float32)
-        self.null = torch.empty(1, dtype=torch.int8, device="cuda")
+        self.y = torch.empty(b, HQ, s, d, device=DEVICE, dtype=dt)
+        self.lse = torch.empty(b * HQ * s, device=DEVICE, dtype=torch.float32)
+        self.null = torch.empty(1, dtype=torch.int8, device=DEVICE)
 
     def poison(self):
         for t in (self.pk, self.pv, self.y, self.lse):
@@ -262,7 +263,7 @@ def check(torch, d, dt, b, s, padded, seed, rotary=True, tile=None) -> dict:
     c = Case(torch, b, s, d, dt, seqlens, cap_extra=9, seed=seed, rotary=rotary, tile=tile)
     what = f"d{d} {dt} B{b} S{s}{' padded' if padded else ''}{'' if rotary else ' no rotary'} tile {c.cfg}"
     c.poison()
-    tail_k = torch.randn(b, HKV, c.cap - s, d, device="cuda").to(dt)
+    tail_k = torch.randn(b, HKV, c.cap - s, d, device=DEVICE).to(dt)
     c.pk[:, :, s:] = tail_k
     c.pv[:, :, s:] = tail_k
     c.run_prepare_path()
@@ -277,11 +278,11 @@ def check(torch, d, dt, b, s, padded, seed, rotary=True, tile=None) -> dict:
         _same(torch, got, ref, f"{what} {name}")
     # Against float32: each row b attends its first T_b keys, rows past T_b are any value.
     q, k, v = c.rotated()
-    ref = torch.empty(b, HQ, s, d, device="cuda")
+    ref = torch.empty(b, HQ, s, d, device=DEVICE)
     for i, t in enumerate(seqlens):
         kk = k[i:i + 1, :, :t].repeat_interleave(HQ // HKV, 1)
         vv = v[i:i + 1, :, :t].repeat_interleave(HQ // HKV, 1)
-        mask = torch.arange(t, device="cuda")[None, :] <= torch.arange(s, device="cuda")[:, None]
+        mask = torch.arange(t, device=DEVICE)[None, :] <= torch.arange(s, device=DEVICE)[:, None]
         ref[i:i + 1] = torch.nn.functional.scaled_dot_product_attention(q[i:i + 1], kk, vv, attn_mask=mask)
     err = (c.y.float() - ref).abs().max().item()
     tol = 1e-2 if dt == torch.float16 else 4e-2
@@ -301,7 +302,7 @@ def timings(torch, d, dt, s, tokens, seed, rotary=True, tile=None) -> dict:
     c = Case(torch, b, s, d, dt, [s] * b, cap_extra=0, seed=seed, rotary=rotary, tile=tile)
     q, k, v = (x.to(dt).contiguous() for x in c.rotated())
     y = torch.empty_like(q)
-    lse = torch.empty(b * HQ * s, device="cuda", dtype=torch.float32)
+    lse = torch.empty(b * HQ * s, device=DEVICE, dtype=torch.float32)
     kr, vr = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
 
     def cudnn():
