@@ -86,8 +86,15 @@ GLUON_WS_GRIDS = {
 # place of the two-tile cubins below 8192 keys (perf-notes "Prefill v15 in JIT").
 # d128-causal-tile-8192: d128 causal calls on a CTA per tile from 8192 keys, dynamic tiles below
 # (perf-notes "Prefill v15 and prepare v2 from the AOT build").
+# A candidate may also set the one-partition kernel's tiles by length, under the key ("one", head
+# dim): (min length, TileConfig) steps over that kernel's range (None: aot/tiles.py's tile).
+# short-two-slots: a two-slot K/V ring and more CTAs an SM below 1024 keys (d128 BLOCK_N 32: four
+# CTAs; d64 BLOCK_M 64 on one warpgroup: four), the shipped tile from 1024 (perf-notes "The append
+# in the attention's load path and a two-slot ring").
 GLUON_WS_CANDIDATES = {"d128-persistent": {(128, False): {0: _DYNAMIC}},
-                       "d128-causal-tile-8192": {(128, True): {1024: _DYNAMIC, 8192: WsGrid()}}}
+                       "d128-causal-tile-8192": {(128, True): {1024: _DYNAMIC, 8192: WsGrid()}},
+                       "short-two-slots": {("one", 128): ((0, TileConfig(64, 32, 4, 2)), (1024, None)),
+                                           ("one", 64): ((0, TileConfig(64, 64, 4, 2)), (1024, None))}}
 
 
 def with_candidates(names: str | Iterable[str]) -> dict:
@@ -108,7 +115,8 @@ def with_candidates(names: str | Iterable[str]) -> dict:
 def ws_lengths(grids: dict) -> dict:
     """GLUON_WS_LENGTHS for a GLUON_WS_GRIDS (with_candidates' grids, tests' own): per (dtype, head
     dim, causal) the warp-specialized kernel's range, from its grids' first length on."""
-    return {(dt, hd, c): (min(steps), 0) for dt in GLUON_DTYPES for (hd, c), steps in grids.items()}
+    return {(dt, hd, c): (min(steps), 0) for dt in GLUON_DTYPES for (hd, c), steps in grids.items()
+            if hd != "one"}
 
 
 GLUON_WS_LENGTHS = ws_lengths(GLUON_WS_GRIDS)
@@ -258,7 +266,7 @@ def get_fwd_config(arch: int, v: Variant, grids: dict | None = None) -> TileConf
             mine = [g for lo, _, g in gluon_ws_entries(v.dtype, v.head_dim, v.tile_causal == 1, v.mask, grids)
                     if lo == v.tile_min_len]
             return gluon_ws_tile(v.dtype, v.head_dim, v.tile_causal == 1, mine[0] if mine else WsGrid(), v.mask)
-        return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1)
+        return gluon_tile(v.dtype, v.head_dim, v.tile_causal == 1, v.tile_min_len, grids)
     if v.dtype == "fp32":
         # IEEE dots run on the CUDA cores, each thread's share of the tile unrolled into FMAs: at 4
         # warps they spilled from d64 on, so those take 8 (docs/build-time.md, "Spilling tiles").
@@ -309,11 +317,20 @@ def tma_tile(head_dim: int, causal: bool, length: int, extras: bool = False) -> 
     return TileConfig(*max(entries)[1])
 
 
-def gluon_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
-    """The one-partition Gluon kernel's tile for a call (aot/tiles.py gluon_config: BLOCK_M,
-    BLOCK_N, NUM_STAGES and num_warps)."""
+def gluon_tile(dtype: str, head_dim: int, causal: bool, length: int = 0, grids: dict | None = None) -> TileConfig:
+    """The one-partition Gluon kernel's tile for a call of min(Sq, Skv) = `length`: aot/tiles.py
+    gluon_config's (BLOCK_M, BLOCK_N, NUM_STAGES and num_warps), or that of the last of `grids`'
+    ("one", head dim) steps at or below `length` (a candidate's; GLUON_WS_GRIDS' for None)."""
+    tile = max(((k, t) for k, t in one_partition_steps(head_dim, grids) if k <= length), key=lambda kt: kt[0])[1]
+    if tile is not None:
+        return tile
     c = gluon_config(dtype, head_dim, causal)
     return TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["NUM_STAGES"])
+
+
+def one_partition_steps(head_dim: int, grids: dict | None = None) -> tuple:
+    """The one-partition kernel's (min length, tile) steps at `head_dim` (a tile None: aot/tiles.py's)."""
+    return (GLUON_WS_GRIDS if grids is None else grids).get(("one", head_dim), ((0, None),))
 
 
 def gluon_ws_tile(dtype: str, head_dim: int, causal: bool, grid: WsGrid = WsGrid(), mask: str = "none") -> TileConfig:
@@ -374,9 +391,12 @@ def gluon_variants(grids: dict | None = None) -> list[Variant]:
                 if ws:
                     entries = [(lo, hi, gluon_ws_tile(dtype, hd, bool(c), g, mask))
                                for lo, hi, g in gluon_ws_entries(dtype, hd, bool(c), mask, grids)]
-                else:
+                else:  # its range, split where the tile steps change
                     r = gluon_lengths(dtype, hd, bool(c), grids=grids)
-                    entries = [] if r is None else [(r[0], r[1], gluon_tile(dtype, hd, bool(c)))]
+                    cuts = [] if r is None else [r[0]] + [k for k, _ in one_partition_steps(hd, grids)
+                                                          if r[0] < k and (r[1] == 0 or k < r[1])]
+                    entries = [(a, b, gluon_tile(dtype, hd, bool(c), a, grids))
+                               for a, b in zip(cuts, cuts[1:] + [r[1] if r else 0])]
                 if entries:
                     per[c] = entries
             shared = len(per) == 2 and per[0] == per[1]

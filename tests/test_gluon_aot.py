@@ -468,7 +468,8 @@ def test_gluon_ws_candidates_only_when_asked():
     for bad in ("persistent,dynamic,skip", ["d128-persistent", "persistent"]):
         with pytest.raises(ValueError) as e:
             variants.with_candidates(bad)
-        assert str(e.value) == "unknown candidate 'persistent' (d128-persistent, d128-causal-tile-8192)"
+        assert str(e.value) == ("unknown candidate 'persistent' (d128-persistent, d128-causal-tile-8192, "
+                                "short-two-slots)")
 
 
 def test_build_reads_candidates_from_its_option(monkeypatch, tmp_path, capsys):
@@ -504,7 +505,7 @@ def test_build_reads_candidates_from_its_option(monkeypatch, tmp_path, capsys):
         d128_ws()
     assert e.value.code == 2 and not jobs
     assert ("--gluon-ws-on / ORT_FLASH_GLUON_WS_ON: unknown candidate 'persistent' "
-            "(d128-persistent, d128-causal-tile-8192)") in capsys.readouterr().err
+            "(d128-persistent, d128-causal-tile-8192, short-two-slots)") in capsys.readouterr().err
 
 
 def test_shipped_gluon_ranges_split_the_lengths():
@@ -715,3 +716,45 @@ def test_library_table_gluon_entries():
         q_rows, kv_rows = cfg.desc_rows  # a consumer warpgroup's rows in the warp-specialized kernel
         for (swizzle, rows, cols), r in zip(k["tma"], [q_rows, kv_rows, kv_rows, q_rows]):
             assert swizzle == 3 and rows == r and k["head_dim"] % cols == 0
+
+
+def _one_partition(grids) -> list[tuple]:
+    """The one-partition kernel's fp16 cubins in a table built on `grids`: (head dim, causal flag,
+    range, BLOCK_M, BLOCK_N, warps, slots)."""
+    return sorted((x.head_dim, x.tile_causal, x.tile_min_len, x.tile_max_len, *dataclasses.astuple(
+        variants.get_fwd_config(90, x, grids))[:4]) for x in variants.gluon_variants(grids)
+        if not x.ws and x.dtype == "fp16")
+
+
+def test_short_two_slots_candidate():
+    """`short-two-slots` splits the one-partition kernel's range at 1024 keys: below it the two-slot
+    tiles (d128 64 x 32, d64 64 x 64, one warpgroup), from it the shipped tile; the shipped table and
+    the warp-specialized kernel's grids are left as they were, and the candidate's cubin compiles
+    for sm_90 without spills in the shared memory of four CTAs an SM."""
+    shipped = _one_partition(None)
+    assert shipped == [(64, 0, 0, 1024, 128, 64, 8, 4), (64, 1, 0, 2048, 128, 64, 8, 4),
+                       (128, 1, 0, 1024, 64, 64, 4, 3)]
+    grids = variants.with_candidates("short-two-slots")
+    assert _one_partition(grids) == [(64, 0, 0, 1024, 64, 64, 4, 2), (64, 1, 0, 1024, 64, 64, 4, 2),
+                                     (64, 1, 1024, 2048, 128, 64, 8, 4), (128, 1, 0, 1024, 64, 32, 4, 2)]
+    assert variants.ws_tables(grids)[1] == variants.GLUON_WS_LENGTHS
+    assert sorted(x.name for x in variants.gluon_variants(grids) if x.ws) == sorted(
+        x.name for x in variants.gluon_variants() if x.ws)
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        pytest.skip("no cuobjdump in the triton wheel")
+    x = next(x for x in variants.gluon_variants(grids) if not x.ws and (x.dtype, x.head_dim) == ("fp16", 128))
+    cfg = variants.get_fwd_config(90, x, grids)
+    src, options = build.triton_source(x, 90, cfg)[:2]
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(ck.asm["cubin"])
+        res = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"STACK:0 ", res) and re.search(r"LOCAL:0 ", res), res
+    # An SM's 228 KB hold four such CTAs (with the 1 KB each the hardware reserves).
+    assert ck.metadata.num_warps == 4 and 4 * (ck.metadata.shared + 1024) <= 228 * 1024, ck.metadata.shared

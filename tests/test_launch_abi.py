@@ -496,7 +496,7 @@ def test_info_verdict_matches_loader(driver, tmp_path, arch):
 # The table a build with candidate grids of aot/variants.py makes (aot/build.py --gluon-ws-on,
 # variants.with_candidates), launched with this build's cubins (_C.launch_with_table): the
 # candidates' entries reach the launcher on every CI run, while the shipped table lacks them.
-CANDIDATES = "d128-persistent"
+CANDIDATES = "d128-persistent,short-two-slots"
 DTYPES = {0: "float32", 1: "float16", 2: "bfloat16"}
 MASKS = {0: "none", 1: "bool", 2: "add"}
 
@@ -534,6 +534,9 @@ def switched_table():
     if all(e["variant"] == e["cubin_of"] for e in entries):  # a build with these candidates (lab/gpu/gpu_release.sh try)
         pytest.skip(f"this build's table has the {CANDIDATES} entries itself: the tests above launch them")
     assert any(e["variant"] != e["cubin_of"] and e["persistent"] for e in entries)
+    # short-two-slots: the one-partition kernel's d64 cubins below 1024 keys on 64-row tiles.
+    assert any("_ws_" not in e["variant"] and e["head_dim"] == 64 and e["block_m"] == 64
+               and e["tile_max_len"] == 1024 for e in entries), [e["variant"] for e in entries]
     return rows, entries
 
 
