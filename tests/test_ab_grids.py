@@ -40,3 +40,21 @@ def test_compare_takes_medians_per_side_and_the_ratio():
     assert "shipped_over_candidate" not in only and only["rounds"] == 0
     text = ab_grids.format_rows(rows)
     assert "1.500" in text and "0.950" in text and "n/a" in text
+
+
+def test_compare_gqa_suite_rows():
+    """--suite gqa: the drop-in (ort_flash) and the plain op on the same attention (ort_flash_fa)
+    are the two rows compared; ONNX Runtime's own op is left out."""
+    config = {"dtype": "float16", "hq": 32, "hkv": 8, "d": 128, "phase": "prefill", "batch": 128, "seqlen": 128}
+
+    def doc(ours, plain):
+        return {"suites": {"gqa": {"rows": [{"peer": "ort_flash", "status": "ok", "ms": ours, "config": config},
+                                            {"peer": "ort_flash_fa", "status": "ok", "ms": plain, "config": config},
+                                            {"peer": "ort_gqa", "status": "ok", "ms": 0.6, "config": config}]}}}
+    rows = ab_grids.compare({"shipped": [doc(0.21, 0.14)], "candidate": [doc(0.175, 0.12)]}, "gqa")
+    (r,) = rows
+    assert set(r) == {"config", "ort_flash", "ort_flash_fa"}
+    assert r["ort_flash"]["shipped_over_candidate"] == pytest.approx(1.2)
+    assert r["ort_flash_fa"]["shipped_over_candidate"] == pytest.approx(0.14 / 0.12)
+    text = ab_grids.format_rows(rows, "gqa")
+    assert "plain-op ratio" in text and "1.200" in text and "prefill" in text

@@ -159,7 +159,7 @@ case "${1:-}" in
     python3 -m pip uninstall -q -y ort-flash 2>/dev/null
     # shellcheck disable=SC2086 # AB_ARGS is a list of bench arguments
     timeout "${AB_S:-540}" python3 lab/experiments/ab_grids.py --candidate "${AB_CANDIDATE:-d128-causal-tile-8192}" \
-      --rounds "${ROUNDS:-2}" --out "$OUT/ab-grids.json" -- \
+      --suite "${AB_SUITE:-op}" --rounds "${ROUNDS:-2}" --out "$OUT/ab-grids.json" -- \
       ${AB_ARGS:---head-dims 128 --seqlens 2048 4096 8192 16384 --dtypes float16 bfloat16} 2>&1 | tail -40
     build_ort_flash  # the editable install back, for the steps after (op, gqa, ... run from the tree)
     ;;
