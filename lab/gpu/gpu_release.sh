@@ -264,11 +264,12 @@ case "${1:-}" in
   short)
     # The one-partition Gluon kernel at short lengths with two-slot rings (more CTAs an SM), JIT beside
     # cuDNN (lab/experiments/gluon_attn.py --configs: checked against fp32 first, NaN-poisoned), N 128-1024,
-    # causal and not, fp16 (SHORT_CONFIGS, SHORT_S).
+    # causal and not, fp16 (SHORT_CONFIGS, SHORT_S); with the warp-specialized tile d128 non-causal
+    # ships at these lengths (two query tiles a CTA), its peer there.
     timeout "${SHORT_S:-360}" python3 lab/experiments/gluon_attn.py --runtime-ints --no-triton --dtypes fp16 \
       --head-dims 64,128 --seqs 128,256,512,1024 \
       --configs "${SHORT_CONFIGS:-128:64,32,2,4;128:64,64,2,4;64:64,64,2,4;64:64,32,2,4}" \
-      --out "$OUT/gluon-short.json" 2>&1 | grep -v "^check" | tail -20
+      --ws "128:128,128,2,1,168,2,240,2" --out "$OUT/gluon-short.json" 2>&1 | grep -v "^check" | tail -20
     ;;
   gqa-prefill)
     # Every prefill length with the key bound (the default; decode shapes GQA_CACHES x GQA_BATCHES),
