@@ -27,8 +27,8 @@
 #                                     # BOUNDED_TEST_S), the FP8 GPU tests, tests/test_gqa_cuda.py,
 #                                     # its prompts again with the key mask (ORT_FLASH_KEY_BOUND=0)
 #   bash lab/gpu/gpu_release.sh append  # the first prompt's K/V append inside the one-partition Gluon
-#                                     # kernel, JIT (lab/experiments/gqa_append.py): checked bit for bit
-#                                     # against the prepare path, then timed (no build, no ORT needed)
+#                                     # kernel, JIT (lab/experiments/gqa_append.py): checked against
+#                                     # float32 and the prepare path, then timed (no build, no ORT needed)
 #   bash lab/gpu/gpu_release.sh short   # the one-partition Gluon kernel's two-slot tiles at N 128-1024,
 #                                     # JIT beside cuDNN (lab/experiments/gluon_attn.py --configs)
 #   bash lab/gpu/gpu_release.sh gqa-prefill # `bench --suite gqa` fp16 (every prefill length, fewer
