@@ -304,10 +304,13 @@ def check(torch, d, dt, b, s, padded, seed, rotary=True, tile=None) -> dict:
                 bit_identical=identical, differences=diffs)
 
 
-def timings(torch, d, dt, s, tokens, seed, rotary=True, tile=None) -> dict:
+def timings(torch, d, dt, s, tokens, seed, rotary=True, tile=None, batch=0, graph=False) -> dict:
+    """Each path's median time at one shape: B = `batch`, else tokens // s. With `graph` each is a
+    CUDA graph's replay (do_bench_cudagraph), for shapes small enough that a Python launch would
+    outlast the kernels (batch 1: a first prompt's time to first token)."""
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    b = max(1, tokens // s)
+    b = batch or max(1, tokens // s)
     c = Case(torch, b, s, d, dt, [s] * b, cap_extra=0, seed=seed, rotary=rotary, tile=tile)
     q, k, v = (x.to(dt).contiguous() for x in c.rotated())
     y = torch.empty_like(q)
@@ -318,14 +321,16 @@ def timings(torch, d, dt, s, tokens, seed, rotary=True, tile=None) -> dict:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             torch.nn.functional.scaled_dot_product_attention(q, kr, vr, is_causal=True)
 
-    ms = dict(prepare_path=triton.testing.do_bench(c.run_prepare_path, warmup=50, rep=200),
-              prepare_only=triton.testing.do_bench(c.prepare, warmup=50, rep=200),
-              attention_only=triton.testing.do_bench(c.run_attention, warmup=50, rep=200),
-              fused=triton.testing.do_bench(c.run_fused, warmup=50, rep=200),
-              plain=triton.testing.do_bench(lambda: c.run_plain(q, k, v, y, lse), warmup=50, rep=200),
-              cudnn=triton.testing.do_bench(cudnn, warmup=50, rep=200))
+    def bench(fn):
+        if graph:
+            fn()  # compiled and warm before the capture
+            return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
+        return triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+
+    ms = dict(prepare_path=bench(c.run_prepare_path), prepare_only=bench(c.prepare), attention_only=bench(c.run_attention),
+              fused=bench(c.run_fused), plain=bench(lambda: c.run_plain(q, k, v, y, lse)), cudnn=bench(cudnn))
     flops = 4 * b * HQ * s * s * d / 2
-    row = dict(d=d, dtype=str(dt), b=b, s=s, rotary=rotary, tile=c.cfg, ms=ms, tflops={k_: flops / t * 1e-9 for k_, t in ms.items()},
+    row = dict(d=d, dtype=str(dt), b=b, s=s, rotary=rotary, tile=c.cfg, graph=graph, ms=ms, tflops={k_: flops / t * 1e-9 for k_, t in ms.items()},
                fused_over_prepare_path=ms["prepare_path"] / ms["fused"], plain_over_fused=ms["plain"] / ms["fused"],
                plain_over_prepare_path=ms["plain"] / ms["prepare_path"])
     tile_name = ",".join(str(c.cfg[k_]) for k_ in ("BLOCK_M", "BLOCK_N", "NUM_STAGES", "num_warps"))
@@ -344,9 +349,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=["fp16", "bf16"])
     ap.add_argument("--tokens", type=int, default=16384, help="batch x sequence length of each timed shape")
+    ap.add_argument("--batch", type=int, default=0, help="this batch at every length instead (--tokens ignored)")
+    ap.add_argument("--graph", action="store_true", help="time CUDA graph replays (small shapes)")
     ap.add_argument("--tiles", nargs="*", default=[], metavar="D:BM,BN,STAGES,WARPS",
                     help="tiles to check and time besides the shipped one (every kernel of both paths at it)")
     ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--no-check", action="store_true", help="time only (an earlier run checked these tiles)")
     ap.add_argument("--sass", action="store_true", help="no GPU: compile for sm_90 and print registers")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -364,16 +372,18 @@ def main(argv=None) -> int:
             d, tile = item.split(":")
             if int(d) in tiles:
                 tiles[int(d)].append(tuple(int(x) for x in tile.split(",")))
-        for dt in a.dtypes:
+        for dt in [] if a.no_check else a.dtypes:
             for d in a.d:
                 for (b, s, padded, rotary), tile in itertools.product(CHECKS, tiles[d]):
                     doc["checks"].append(check(torch, d, dts[dt], b, s, padded, seed=len(doc["checks"]),
                                                rotary=rotary, tile=tile))
-        same = sum(r["bit_identical"] for r in doc["checks"])
-        print(f"checks: {len(doc['checks'])} cases within the dtype of float32, no NaN; {same} bit-identical to the "
-              f"prepare path", flush=True)
+        if not a.no_check:
+            same = sum(r["bit_identical"] for r in doc["checks"])
+            print(f"checks: {len(doc['checks'])} cases within the dtype of float32, no NaN; {same} bit-identical to "
+                  f"the prepare path", flush=True)
         if not a.check_only:
-            doc["timings"] = [timings(torch, d, dts[dt], s, a.tokens, seed=7, rotary=rotary, tile=tile)
+            doc["timings"] = [timings(torch, d, dts[dt], s, a.tokens, seed=7, rotary=rotary, tile=tile,
+                                      batch=a.batch, graph=a.graph)
                               for dt in a.dtypes for d in a.d for tile in tiles[d] for rotary in (True, False)
                               for s in a.seqlens]
     if a.out:

@@ -255,11 +255,16 @@ case "${1:-}" in
     # more CTAs an SM (APPEND_TILES): its checks alone first (fp16 and bf16), under a timeout of their
     # own (APPEND_CHECK_S), then the fp16 timings against the op's prepare-then-attention path (APPEND_S).
     # shellcheck disable=SC2086 # APPEND_TILES: a list
-    timeout "${APPEND_CHECK_S:-240}" python3 lab/experiments/gqa_append.py --check-only \
+    timeout "${APPEND_CHECK_S:-180}" python3 lab/experiments/gqa_append.py --check-only \
       --tiles ${APPEND_TILES:-128:64,32,2,4 64:64,64,2,4} --out "$OUT/gqa-append-check.json" 2>&1 | tail -8 || exit 1
     # shellcheck disable=SC2086
-    timeout "${APPEND_S:-300}" python3 lab/experiments/gqa_append.py --d 64 128 --seqlens 128 512 1024 2048 \
+    timeout "${APPEND_S:-260}" python3 lab/experiments/gqa_append.py --no-check --d 64 128 --seqlens 128 512 1024 2048 \
       --dtypes fp16 --tiles ${APPEND_TILES:-128:64,32,2,4 64:64,64,2,4} --out "$OUT/gqa-append.json" 2>&1 | tail -34
+    # Batch 1 (a first prompt's time to first token), CUDA graph replays.
+    # shellcheck disable=SC2086
+    timeout "${APPEND_B1_S:-120}" python3 lab/experiments/gqa_append.py --no-check --d 64 128 --seqlens 128 512 --batch 1 \
+      --graph \
+      --dtypes fp16 --tiles ${APPEND_TILES:-128:64,32,2,4 64:64,64,2,4} --out "$OUT/gqa-append-b1.json" 2>&1 | tail -12
     ;;
   short)
     # The one-partition Gluon kernel at short lengths with two-slot rings (more CTAs an SM), JIT beside
