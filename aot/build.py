@@ -12,7 +12,7 @@ Writes into --out: one .cubin per (variant, arch), `kernels.gen.S` (embeds them 
 
 The table is aot/variants.py's as shipped, or with --gluon-ws-on (default: the environment
 variable ORT_FLASH_GLUON_WS_ON, which the CMake step passes through) the named candidate grids of
-the warp-specialized kernel (variants.GLUON_WS_CANDIDATES) in place of the shipped ones: a
+the warp-specialized kernel (tiles.GLUON_WS_CANDIDATES) in place of the shipped ones: a
 development build that measures them without an edit.
 """
 from __future__ import annotations

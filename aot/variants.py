@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .contract import DTYPE_CODES, KIND_CODES, MASK_KINDS, PRECISION_CODES  # noqa: F401 (the table's codes)
+from .tiles import GLUON_WS_CANDIDATES, GLUON_WS_GRIDS  # noqa: F401 (the table's grids, named here too)
 from .tiles import TMA_TILES, TileConfig, WsGrid, gluon_config, gqa_tile, ws_config  # noqa: F401 (TileConfig: the table's type)
 
 TRITON_VERSION = "3.6.0"
@@ -61,40 +62,8 @@ GLUON_HEAD_DIMS = (64, 128)
 # as tile_min_len / tile_max_len, which the C++ pick_tile reads from the generated table, so it is
 # stated here only.
 #
-# GLUON_WS_GRIDS: per (head dim, causal flag) of unmasked calls, the grid the warp-specialized
-# kernel runs (aot/tiles.py WsGrid) from which min(Sq, Skv) on; its first length is where the kernel
-# takes over from the one-partition kernel, each later one starts a cubin of its own.
-# - d128 non-causal: a CTA per two query tiles (the next tile's Q and K/V loads under the last one's
-#   epilogue) below 8192 keys, one from 8192 (perf-notes prefill v7). The persistent grid is the
-#   candidate below, measured in JIT only.
-# - Causal, and d64 non-causal: the persistent grid, its CTAs claiming tiles through the stream's
-#   counter as they free up (DYNAMIC_TILES: heads in groups that share L2, each group's longest
-#   tiles first), where JIT on an H100 measured it the fastest kernel: causal from 1024 keys at
-#   d128 (+3-10 % over a CTA per tile), 2048 at d64, d64 non-causal from 1024 (+3-15 %). At d64
-#   (192-row tiles) consumers without rows in a tile skip its GEMMs (SKIP_PAST_ROWS), as measured;
-#   d128's dynamic cubins were measured without. perf-notes "Prefill v15 in JIT".
-_DYNAMIC = WsGrid(persistent=True, dynamic=True)
-GLUON_WS_GRIDS = {
-    (128, False): {0: WsGrid(tiles=2), 8192: WsGrid()},
-    (128, True): {1024: _DYNAMIC},
-    (64, False): {1024: WsGrid(persistent=True, dynamic=True, skip=True)},
-    (64, True): {2048: WsGrid(persistent=True, dynamic=True, skip=True)},
-}
-# Candidate grids: entries a development build may put in place of GLUON_WS_GRIDS' own, by name
-# (with_candidates; aot/build.py --gluon-ws-on), so that one GPU build measures what they would
-# ship. d128-persistent: d128 non-causal calls on the dynamic persistent grid at every length, in
-# place of the two-tile cubins below 8192 keys (perf-notes "Prefill v15 in JIT").
-# d128-causal-tile-8192: d128 causal calls on a CTA per tile from 8192 keys, dynamic tiles below
-# (perf-notes "Prefill v15 and prepare v2 from the AOT build").
-# A candidate may also set the one-partition kernel's tiles by length, under the key ("one", head
-# dim): (min length, TileConfig) steps over that kernel's range (None: aot/tiles.py's tile).
-# short-two-slots: a two-slot K/V ring and more CTAs an SM below 1024 keys (d128 BLOCK_N 32: four
-# CTAs; d64 BLOCK_M 64 on one warpgroup: four), the shipped tile from 1024 (perf-notes "The append
-# in the attention's load path and a two-slot ring").
-GLUON_WS_CANDIDATES = {"d128-persistent": {(128, False): {0: _DYNAMIC}},
-                       "d128-causal-tile-8192": {(128, True): {1024: _DYNAMIC, 8192: WsGrid()}},
-                       "short-two-slots": {("one", 128): ((0, TileConfig(64, 32, 4, 2)), (1024, None)),
-                                           ("one", 64): ((0, TileConfig(64, 64, 4, 2)), (1024, None))}}
+# The warp-specialized kernel's grids (GLUON_WS_GRIDS) and the candidate tables of a development
+# build (GLUON_WS_CANDIDATES): aot/tiles.py.
 
 
 def with_candidates(names: str | Iterable[str]) -> dict:

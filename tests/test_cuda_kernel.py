@@ -64,7 +64,7 @@ CASES = [
     dict(b=1, hq=1, hkv=1, sq=8193, skv=8193, d=128, causal=True),
     # More query tiles than SMs, GQA, lengths off the tile: on sm_90 the warp-specialized kernel
     # (d128 non-causal: two tiles per CTA), the one-partition one (d64 below 1024), and the dynamic
-    # persistent grid (aot/variants.py GLUON_WS_GRIDS: d64 non-causal from 1024, 288 tiles; d128
+    # persistent grid (aot/tiles.py GLUON_WS_GRIDS: d64 non-causal from 1024, 288 tiles; d128
     # causal from 1024 at a key offset, 360 tiles; over 132 CTAs, tiles of several heads per CTA).
     dict(b=5, hq=8, hkv=2, sq=600, skv=650, d=128),
     dict(b=3, hq=16, hkv=4, sq=700, skv=700, d=64),

@@ -21,5 +21,5 @@ as running counts over the CTA's tiles), a persistent grid (PERSISTENT_GRID) or 
 (DYNAMIC_TILES). Under a key-vector mask every cubin first checks whether the keys a tile sees
 show one visible run and then runs unmasked over it (mask_prefix.py). SKIP_PAST_ROWS lets a
 consumer without rows in a tile pass its barriers without GEMMs (mainloop.py _consumer_pass).
-Which grid each cubin runs is the variant table's (aot/variants.py GLUON_WS_GRIDS).
+Which grid each cubin runs is the variant table's (aot/tiles.py GLUON_WS_GRIDS, read by aot/variants.py).
 """

@@ -1,4 +1,4 @@
-"""A/B of a candidate grid of the Gluon kernels (aot/variants.py GLUON_WS_CANDIDATES) against the
+"""A/B of a candidate grid of the Gluon kernels (aot/tiles.py GLUON_WS_CANDIDATES) against the
 shipped table, through ONNX Runtime (`ort-flash bench --suite op`, or `--suite gqa`: the
 GroupQueryAttention drop-in beside the plain op), on the GPU machine.
 

@@ -24,7 +24,7 @@ keys=$(sm90_keys "")
 missing=0
 for k in $keys; do [ -f "$cache/$k/kernel.cubin" ] || missing=$((missing + 1)); done
 [ "$missing" -eq 0 ] || { echo "$missing sm_90 kernels are not in $cache: build with ORT_FLASH_CUDA_ARCHS=90 first"; exit 1; }
-# The candidate grids' own cubins (aot/variants.py GLUON_WS_CANDIDATES), where a local build with
+# The candidate grids' own cubins (aot/tiles.py GLUON_WS_CANDIDATES), where a local build with
 # ORT_FLASH_GLUON_WS_ON=<name> ORT_FLASH_CUDA_ARCHS=90 compiled them, so that the GPU machine's
 # candidate builds (lab/gpu/gpu_release.sh try, ab) skip the compile too.
 for name in $(python3 -c "from aot import variants; print(' '.join(variants.GLUON_WS_CANDIDATES))"); do
