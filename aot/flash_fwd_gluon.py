@@ -23,7 +23,7 @@ Schedule of one CTA (all warps are consumers; each warpgroup owns 64 rows): S_j 
 P_{j-1} V_{j-1} go to the tensor cores back to back as two async wgmma groups; wait(1) retires
 S_j, the softmax of block j follows, wait(0) retires P V. K/V sit in NUM_STAGES-deep rings on
 mbarriers, refilled by TMA once every warpgroup is past the wgmma that read the slot (with two
-slots, at the end of the iteration that retired it). With
+slots, K and V each as soon as theirs is). With
 OVERLAP_PV the softmax also runs under P V in the SASS (see the comment at the wait).
 """
 from triton.experimental import gluon
@@ -263,9 +263,9 @@ def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, c
     the rest (past the row's key bound) after it; a row with no keys (SeqlensK 0) writes none."""
     # With three slots or more a slot is refilled two iterations after its block was loaded, before
     # the next K wait (with two, that refill of block j would wait behind the wait for block j:
-    # deadlock); with two, block j + 1 goes into block j - 1's slot at the end of iteration j, once
-    # P_{j-1} V_{j-1} has retired (a smaller ring, for more CTAs an SM at short lengths, whose one
-    # or two key blocks need no refill).
+    # deadlock). With two (a smaller ring, for more CTAs an SM at short lengths, whose one or two
+    # key blocks need no refill) K and V are refilled apart, each as soon as its slot is read: K_{j+2}
+    # into K_j's slot once S_j has retired, V_{j+1} into V_{j-1}'s once P_{j-1} V_{j-1} has.
     gl.static_assert(NUM_STAGES >= 2, "the K/V ring needs at least 2 slots")
     NW: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
@@ -340,6 +340,11 @@ def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, c
     k0 = k_ring.index(0).reshape([BLOCK_N, BLOCK_D]).permute((1, 0))
     s = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s])
+    if NUM_STAGES == 2:  # K_0's slot: read by S_0, retired (and stored to present)
+        if APPEND_KV:
+            tma.store_wait(0)
+        gl.thread_barrier()
+        _load_kv(K, k_ring, k_bars, b, hk, 2, 0, 2 < n_blocks, BLOCK_N)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, mask_from, hi, pos, qk_scale, s_layout, BLOCK_N)
@@ -376,6 +381,9 @@ def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, c
             _load_kv(K, k_ring, k_bars, b, hk, old_blk, old_blk % NUM_STAGES, refill, BLOCK_N)
             _load_kv(V, v_ring, v_bars, b, hk, old_blk, old_blk % NUM_STAGES, refill, BLOCK_N)
         s = warpgroup_mma_wait(1, deps=[s_tok])
+        if NUM_STAGES == 2:  # K_j's slot: read by S_j, retired
+            gl.thread_barrier()
+            _load_kv(K, k_ring, k_bars, b, hk, j + 2, j % 2, j + 2 < n_blocks, BLOCK_N)
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, mask_from, hi, pos, qk_scale,
                                       s_layout, BLOCK_N)
         # Only now may P_j overwrite the registers P_{j-1} V_{j-1} reads from (P passes through
@@ -396,10 +404,8 @@ def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, c
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = p16
-        if NUM_STAGES == 2:
-            # Block j - 1's slot: read by S_{j-1} and P_{j-1} V_{j-1}, both retired now.
+        if NUM_STAGES == 2:  # V_{j-1}'s slot: read by P_{j-1} V_{j-1}, retired
             gl.thread_barrier()
-            _load_kv(K, k_ring, k_bars, b, hk, j + 1, (j + 1) % 2, j + 1 < n_blocks, BLOCK_N)
             _load_kv(V, v_ring, v_bars, b, hk, j + 1, (j + 1) % 2, j + 1 < n_blocks, BLOCK_N)
 
     last = (n_blocks - 1) % NUM_STAGES

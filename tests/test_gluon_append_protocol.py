@@ -1,7 +1,8 @@
 """The one-partition Gluon kernel's protocol (aot/flash_fwd_gluon.py `attend`), played out on the
 CPU by the kernel's own code (tests/_gluon_host.py: Gluon has no interpreter): its K/V ring at the
-shipped tiles and with two slots (the refill after P V), and the append of a first prompt's K and
-V to present (APPEND_KV, the kernel lab/experiments/gqa_append.py times).
+shipped tiles and with two slots (K and V refilled apart, each once its reader has retired), and
+the append of a first prompt's K and V to present (APPEND_KV, the kernel
+lab/experiments/gqa_append.py times).
 
 Every CTA of a launch runs on a thread of its own, in a random order, over Hopper's stand-ins
 (mbarriers by phase parity, TMA loads that land later, TMA stores that read their slot until a
@@ -151,8 +152,7 @@ class Launch:
                                      sorted((self.stores - want).elements())[:6])
 
 
-# The shipped tiles, and smaller rings (two slots: the refill after P V) with more key blocks a
-# query block.
+# The shipped tiles, and smaller rings (two slots) with more key blocks a query block.
 TILES = {"d128": (64, 64, 3), "d64": (128, 64, 4), "two-slots": (64, 32, 2), "two-slots-128": (128, 32, 2)}
 CASES = [
     # (batch rows' key counts, Sq, Hq, group, causal)

@@ -18,7 +18,7 @@ they were are checked too.
 Then timed (triton.testing.do_bench medians, fresh inputs), with the rotary and without it (a node
 whose rotary is done outside it: the fused path then turns nothing): the prepare path (both
 kernels, and each alone), the fused path, and the plain kernel on the already-rotated tensors (ort_flash's FlashAttention on
-the same attention, the #49 yardstick), with cuDNN (torch SDPA, K/V heads repeated) for context.
+the same attention, the drop-in's yardstick), with cuDNN (torch SDPA, K/V heads repeated) for context.
 Prints a table, writes JSON.
 
     python3 lab/experiments/gqa_append.py --d 64 128 --seqlens 128 512 1024 2048 --out gqa-append.json
