@@ -416,9 +416,7 @@ def attend(Q, K, V, Y, Lse, Mask, SeqlensK, scale, Hq, group, Sq, Skv, offset, c
     v_last = v_ring.index(last).reshape([BLOCK_N, BLOCK_D])
     acc = warpgroup_mma(p, v_last, acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=[acc])
-    if APPEND_KV:
-        tma.store_wait(0)
-        gl.thread_barrier()
+    if APPEND_KV:  # (each of its blocks first waits for the stores from the ring)
         _append_rest(K, V, Kout, Vout, k_ring, v_ring, k_bars, v_bars, b, hk, gl.maximum(own_from, n_blocks),
                      own_to, n_blocks, Cos, Sin, Sq, rotary_half, max_position, BLOCK_N, BLOCK_D, NUM_STAGES)
 

@@ -101,18 +101,14 @@ def shared_cache(c: dict) -> bool:
     return c.get("past_key") == c["present_key"] and c.get("past_value") == c["present_value"]
 
 
-# The switches the launches below run with (tests/_fake_cuda.py passes no other): the defaults
-# (the full-window shift at every batch; ORT_FLASH_WINDOW_SHIFT=0, the stage, in its own test).
-SWITCHES = {}
-
-
 def full_window(c: dict) -> bool:
     """A windowed cache's decode step (S = 1) whose rows may pass its capacity C: present is the
     stage, each row's kept rows moved down (a shared buffer by the shift kernel); past and present
-    one buffer each or four distinct ones."""
+    one buffer each or four distinct ones. The launches below run with the default switches (the
+    shift at every batch; ORT_FLASH_WINDOW_SHIFT=0, the stage, has a test of its own)."""
     distinct = len({c.get("past_key"), c.get("past_value"), c["present_key"], c["present_value"]}) == 4
     return (windowed(c) and c["total_sequence_length"] > c["present_len"] and c["sq"] == 1
-            and (shared_cache(c) or distinct) and SWITCHES.get("ORT_FLASH_WINDOW_SHIFT") != "0")
+            and (shared_cache(c) or distinct))
 
 
 def staged(c: dict) -> bool:
@@ -379,8 +375,7 @@ def run_calls(folder: Path, calls: list[dict], switches: dict) -> tuple[list, Lo
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return run_calls(tmp_path_factory.mktemp("gqa"), list(CALLS.values()) + [c for c, _ in REFUSED.values()],
-                     SWITCHES)
+    return run_calls(tmp_path_factory.mktemp("gqa"), list(CALLS.values()) + [c for c, _ in REFUSED.values()], {})
 
 
 def test_full_window_shift_at_every_batch(tmp_path):

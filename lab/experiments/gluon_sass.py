@@ -25,21 +25,44 @@ from aot.tiles import gluon_config
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def compile_variant(dtype: str, d: int, cfg: dict):
-    """One variant's CompiledKernel; `cfg` holds BLOCK_M, BLOCK_N, NUM_STAGES, num_warps and
-    optionally OVERLAP_PV."""
+# Descriptor parameters of key rows (BLOCK_N): the ABI's K and V, and present's Kout and Vout of
+# lab/experiments/gqa_append.py's entry; the other descriptors have query rows (BLOCK_M).
+KEY_DESCRIPTORS = ("K", "V", "Kout", "Vout")
+
+
+def compile_variant(dtype: str, d: int, cfg: dict, fn=None):
+    """One variant's CompiledKernel of `fn` (flash_fwd_gluon, or an entry with its ABI and more
+    key-row descriptors); `cfg` holds BLOCK_M, BLOCK_N, NUM_STAGES, num_warps and optionally
+    OVERLAP_PV."""
+    fn = fn or fg.flash_fwd_gluon
     types = dict(contract.ABIS[contract.KIND_ABIS["fwd_gluon"]])
     sig = {}
-    for name in inspect.signature(fg.flash_fwd_gluon.fn).parameters:
-        if name in contract.TMA_ARGS:
-            sig[name] = fg.desc_signature(dtype, cfg["BLOCK_N" if name in "KV" else "BLOCK_M"], d)
+    for name in inspect.signature(fn.fn).parameters:
+        if name in contract.TMA_ARGS or name in KEY_DESCRIPTORS:
+            sig[name] = fg.desc_signature(dtype, cfg["BLOCK_N" if name in KEY_DESCRIPTORS else "BLOCK_M"], d)
         else:  # aot/contract.py's types, as aot/build.py gives them (no mask)
             sig[name] = contract.triton_type(types[name], dtype, "none") if name in types else "constexpr"
     consts = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, NUM_STAGES=cfg["NUM_STAGES"])
     if "OVERLAP_PV" in cfg:
         consts["OVERLAP_PV"] = cfg["OVERLAP_PV"]
-    src = GluonASTSource(fg.flash_fwd_gluon, sig, consts)
+    src = GluonASTSource(fn, sig, consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg["num_warps"]))
+
+
+def cuobjdump(ck, flag: str) -> str:
+    """cuobjdump's output for a CompiledKernel's cubin (-res-usage, --dump-sass)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(ck.asm["cubin"])
+        return subprocess.run([str(BIN / "cuobjdump"), flag, str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def resources(ck) -> dict:
+    """Registers a thread, stack bytes (spills) and shared memory of a CompiledKernel."""
+    res = cuobjdump(ck, "-res-usage")
+    return dict(registers=int(re.search(r"REG:(\d+)", res).group(1)),
+                stack=int(re.search(r"STACK:(\d+)", res).group(1)), shared=ck.metadata.shared)
 
 
 def loop_overlap(sass: str) -> list[int]:
@@ -62,18 +85,10 @@ def report(dtypes, head_dims, cfgs) -> int:
             continue
         full = dict(gluon_config(dt, d, False), **{k: v for k, v in (cfg or {}).items() if k != "BLOCK_D"})
         ck = compile_variant(dt, d, full)
-        with tempfile.TemporaryDirectory() as tmp:
-            cubin = Path(tmp) / "k.cubin"
-            cubin.write_bytes(ck.asm["cubin"])
-            res = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", str(cubin)],
-                                 capture_output=True, text=True, check=True).stdout
-            sass = subprocess.run([str(BIN / "cuobjdump"), "--dump-sass", str(cubin)],
-                                  capture_output=True, text=True, check=True).stdout
-        regs = re.search(r"REG:(\d+)", res).group(1)
-        stack = re.search(r"STACK:(\d+)", res).group(1)
+        r, sass = resources(ck), cuobjdump(ck, "--dump-sass")
         serial = sass.count("HGMMA") and all(
             "DEPBAR" in nxt for cur, nxt in zip(sass.splitlines(), sass.splitlines()[2:]) if "HGMMA" in cur)
-        print(f"{dt} d{d} {full}: {regs} registers, stack {stack} B, shared {ck.metadata.shared} B, "
+        print(f"{dt} d{d} {full}: {r['registers']} registers, stack {r['stack']} B, shared {r['shared']} B, "
               f"{ck.metadata.num_warps} warps; MUFU.EX2 between the S and P V waits: "
               f"{loop_overlap(sass)}{'  (every HGMMA waited: serialized)' if serial else ''}", flush=True)
     return 0

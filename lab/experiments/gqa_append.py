@@ -27,14 +27,9 @@ Prints a table, writes JSON.
 from __future__ import annotations
 
 import argparse
-import inspect
 import itertools
 import json
-import math
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,8 +38,8 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 
-from aot import contract  # noqa: E402
 from aot import flash_fwd_gluon as fg  # noqa: E402
+from aot.contract import ordered_args  # noqa: E402
 from aot.tiles import gluon_config, gqa_tile  # noqa: E402
 
 HQ, HKV = 32, 8
@@ -78,33 +73,13 @@ def flash_fwd_gluon_append(
 def sass(dtypes, head_dims) -> list[dict]:
     """Compile the fused kernel (and the shipped one beside it) for sm_90 as aot/build.py would,
     on any machine: registers, spills, shared memory."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    types = dict(contract.ABIS[contract.KIND_ABIS["fwd_gluon"]])
+    from gluon_sass import compile_variant, resources
     rows = []
     for dt in dtypes:
         for d in head_dims:
             cfg = gluon_config(dt, d, True)
             for name, fn in (("shipped", fg.flash_fwd_gluon), ("append", flash_fwd_gluon_append)):
-                sig = {}
-                for p in inspect.signature(fn.fn).parameters:
-                    if p in contract.TMA_ARGS or p in ("Kout", "Vout"):
-                        sig[p] = fg.desc_signature(dt, cfg["BLOCK_N" if p in ("K", "V", "Kout", "Vout") else "BLOCK_M"], d)
-                    else:
-                        sig[p] = contract.triton_type(types[p], dt, "none") if p in types else "constexpr"
-                consts = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=d, NUM_STAGES=cfg["NUM_STAGES"])
-                ck = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
-                                    options=dict(num_warps=cfg["num_warps"]))
-                with tempfile.TemporaryDirectory() as tmp:
-                    cubin = Path(tmp) / "k.cubin"
-                    cubin.write_bytes(ck.asm["cubin"])
-                    res = subprocess.run([str(bin_dir / "cuobjdump"), "-res-usage", str(cubin)],
-                                         capture_output=True, text=True, check=True).stdout
-                row = dict(kernel=name, dtype=dt, head_dim=d, registers=int(re.search(r"REG:(\d+)", res).group(1)),
-                           stack=int(re.search(r"STACK:(\d+)", res).group(1)), shared=ck.metadata.shared, **cfg)
+                row = dict(kernel=name, dtype=dt, head_dim=d, **resources(compile_variant(dt, d, cfg, fn)), **cfg)
                 print(f"{name:8s} {dt} d{d}: {row['registers']} registers, stack {row['stack']} B, "
                       f"shared {row['shared']} B", flush=True)
                 rows.append(row)
@@ -158,18 +133,30 @@ class Case:
         for t in (self.pk, self.pv, self.y, self.lse):
             t.fill_(float("nan"))
 
+    def _descs(self, q, k, v, y) -> dict:
+        """Q, K, V and Y as TMA descriptors at the case's tile."""
+        c = self.cfg
+        return dict(Q=_desc(q, c["BLOCK_M"], self.d), K=_desc(k, c["BLOCK_N"], self.d),
+                    V=_desc(v, c["BLOCK_N"], self.d), Y=_desc(y, c["BLOCK_M"], self.d))
+
+    def _launch(self, kernel, args):
+        """One launch of a one-partition kernel at the case's tile: a CTA per query tile and head."""
+        c = self.cfg
+        kernel[(-(-self.s // c["BLOCK_M"]), self.b * HQ)](
+            *args, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=self.d, NUM_STAGES=c["NUM_STAGES"],
+            num_warps=c["num_warps"])
+
     def _args(self, k, v):
+        """The FwdGluon arguments of a first prompt over keys k, v: causal, Q read from packed QKV
+        (turned on load with the rotary), each row's keys bounded at T_b."""
         from tune import fwd_values
         q, _, _ = _views(self.qkv, self.d)
-        c = self.cfg
-        descs = dict(Q=_desc(q, c["BLOCK_M"], self.d), K=_desc(k, c["BLOCK_N"], self.d),
-                     V=_desc(v, c["BLOCK_N"], self.d), Y=_desc(self.y, c["BLOCK_M"], self.d))
         # Without rotary the tables stay (never read: no row turns), as the op passes them.
         rope = dict(Cos=self.cos, Sin=self.sin, rotary_half=self.d // 2 if self.rotary else 0,
                     max_position=self.cos.shape[0] if self.rotary else 0)
-        args = fwd_values(q, k, v, self.y, self.lse, **descs, Mask=self.null, SeqlensK=self.totals,
-                          TileCounter=self.null, causal=1, has_seqlens=1, **rope)
-        return contract_ordered(args)
+        args = fwd_values(q, k, v, self.y, self.lse, **self._descs(q, k, v, self.y), Mask=self.null,
+                          SeqlensK=self.totals, TileCounter=self.null, causal=1, has_seqlens=1, **rope)
+        return ordered_args("fwd_gluon", args)
 
     def prepare(self):
         """The op's prepare kernel: K turned (with rotary) and K, V written to present (q_heads 0: Q
@@ -195,10 +182,7 @@ class Case:
 
     def run_attention(self):
         """The attention the op runs after the prepare kernel: present's keys, Q turned on load."""
-        c = self.cfg
-        fg.flash_fwd_gluon[(-(-self.s // c["BLOCK_M"]), self.b * HQ)](
-            *self._args(self.pk[:, :, :self.s], self.pv[:, :, :self.s]), BLOCK_M=c["BLOCK_M"],
-            BLOCK_N=c["BLOCK_N"], BLOCK_D=self.d, NUM_STAGES=c["NUM_STAGES"], num_warps=c["num_warps"])
+        self._launch(fg.flash_fwd_gluon, self._args(self.pk[:, :, :self.s], self.pv[:, :, :self.s]))
 
     def run_prepare_path(self):
         self.prepare()
@@ -206,12 +190,8 @@ class Case:
 
     def run_fused(self):
         _, k, v = _views(self.qkv, self.d)
-        c = self.cfg
-        kout = _desc(self.pk[:, :, :self.s], c["BLOCK_N"], self.d)
-        vout = _desc(self.pv[:, :, :self.s], c["BLOCK_N"], self.d)
-        flash_fwd_gluon_append[(-(-self.s // c["BLOCK_M"]), self.b * HQ)](
-            *self._args(k, v), kout, vout, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=self.d,
-            NUM_STAGES=c["NUM_STAGES"], num_warps=c["num_warps"])
+        present = [_desc(t[:, :, :self.s], self.cfg["BLOCK_N"], self.d) for t in (self.pk, self.pv)]
+        self._launch(flash_fwd_gluon_append, [*self._args(k, v), *present])
 
     def rotated(self):
         """Q, K, V with the rotary (where on) applied in float32 by torch, (B, H, S, D)."""
@@ -231,20 +211,10 @@ class Case:
     def run_plain(self, q, k, v, y, lse):
         """The one-partition kernel on rotated contiguous tensors, no key bound: the plain op's attention."""
         from tune import fwd_values
-        c = self.cfg
-        descs = dict(Q=_desc(q, c["BLOCK_M"], self.d), K=_desc(k, c["BLOCK_N"], self.d),
-                     V=_desc(v, c["BLOCK_N"], self.d), Y=_desc(y, c["BLOCK_M"], self.d))
-        args = fwd_values(q, k, v, y, lse, **descs, Mask=self.null, SeqlensK=self.null, TileCounter=self.null,
-                          causal=1, Cos=self.null, Sin=self.null, rotary_half=0, max_position=0)
-        fg.flash_fwd_gluon[(-(-self.s // c["BLOCK_M"]), self.b * HQ)](
-            *contract_ordered(args), BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_D=self.d,
-            NUM_STAGES=c["NUM_STAGES"], num_warps=c["num_warps"])
-
-
-def contract_ordered(args: dict) -> list:
-    """The FwdGluon ABI's arguments in launch order."""
-    from aot.contract import ordered_args
-    return list(ordered_args("fwd_gluon", args))
+        args = fwd_values(q, k, v, y, lse, **self._descs(q, k, v, y), Mask=self.null, SeqlensK=self.null,
+                          TileCounter=self.null, causal=1, Cos=self.null, Sin=self.null, rotary_half=0,
+                          max_position=0)
+        self._launch(fg.flash_fwd_gluon, ordered_args("fwd_gluon", args))
 
 
 def _difference(torch, got, want) -> dict:
@@ -263,18 +233,18 @@ def check(torch, d, dt, b, s, padded, seed, rotary=True, tile=None) -> dict:
         seqlens[0] = s  # one full row beside the padded ones
     c = Case(torch, b, s, d, dt, seqlens, cap_extra=9, seed=seed, rotary=rotary, tile=tile)
     what = f"d{d} {dt} B{b} S{s}{' padded' if padded else ''}{'' if rotary else ' no rotary'} tile {c.cfg}"
-    c.poison()
-    tail_k = torch.randn(b, HKV, c.cap - s, d, device=DEVICE).to(dt)
-    c.pk[:, :, s:] = tail_k
-    c.pv[:, :, s:] = tail_k
-    c.run_prepare_path()
-    torch.cuda.synchronize()
-    want = [t.clone() for t in (c.y, c.lse, c.pk, c.pv)]
-    c.poison()
-    c.pk[:, :, s:] = tail_k
-    c.pv[:, :, s:] = tail_k
-    c.run_fused()
-    torch.cuda.synchronize()
+    tail = torch.randn(b, HKV, c.cap - s, d, device=DEVICE).to(dt)  # present's rows past S: kept
+
+    def run(path):
+        c.poison()
+        c.pk[:, :, s:] = tail
+        c.pv[:, :, s:] = tail
+        path()
+        torch.cuda.synchronize()
+        return [t.clone() for t in (c.y, c.lse, c.pk, c.pv)]
+
+    want = run(c.run_prepare_path)
+    run(c.run_fused)
     # Bit for bit against the prepare path (the same rounded K, the same kernel arithmetic): recorded,
     # not required (a compiler's different contraction would round apart; the float32 check decides).
     diffs = {name: _difference(torch, got, ref)
@@ -295,7 +265,7 @@ def check(torch, d, dt, b, s, padded, seed, rotary=True, tile=None) -> dict:
     v_err = (c.pv[:, :, :s].float() - v).abs().max().item()
     if not (err <= tol and k_err <= tol and v_err == 0.0):
         raise AssertionError(f"{what}: against float32 |Y| {err:.3g}, |K| {k_err:.3g}, |V| {v_err:.3g}")
-    if not (torch.equal(c.pk[:, :, s:], tail_k) and torch.equal(c.pv[:, :, s:], tail_k)):
+    if not (torch.equal(c.pk[:, :, s:], tail) and torch.equal(c.pv[:, :, s:], tail)):
         raise AssertionError(f"{what}: present rows past S changed")
     identical = all(x["elements"] == 0 for x in diffs.values())
     print(f"check {what}: {'bit-identical to the prepare path' if identical else f'differs from the prepare path {diffs}'}"
